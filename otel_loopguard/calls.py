@@ -1,0 +1,241 @@
+"""Tool calls, canonical arguments and the keys that identify a call.
+
+Two calls are "the same call" when their tool names are equal and their canonical arguments are
+equal. Canonical arguments are JSON with object keys sorted at every depth; a JSON string argument
+is parsed first; an unparsable string is compared as the raw string; top-level cosmetic fields
+(``ignored_args``) are stripped. Nothing else is fuzzy.
+
+Cost is bounded on hostile input: strings longer than :data:`MAX_PARSE_CHARS` are not parsed as
+JSON (they are compared raw), structures deeper than :data:`MAX_DEPTH` are cut at that depth (the
+cut subtree is replaced by a digest of its ``repr``-free JSON-ish walk, so different deep values
+still differ), and every key derivation is linear in the size of its input.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import orjson
+
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_PARSE_CHARS",
+    "MAX_TOOL_NAME_CHARS",
+    "SIGNATURE_CHARS",
+    "ToolCall",
+    "args_key",
+    "canonical_arguments",
+    "canonical_json",
+    "outcome_key",
+    "tool_name",
+]
+
+#: Deepest nesting kept in canonical arguments; deeper subtrees are replaced by a digest.
+MAX_DEPTH: Final = 64
+#: Longest string argument that is parsed as JSON; longer strings are compared raw.
+MAX_PARSE_CHARS: Final = 1 << 20
+#: Tool names are cut to this many characters (a hostile name must not grow keys or labels).
+MAX_TOOL_NAME_CHARS: Final = 256
+#: Length of the display prefix of a key (hex characters), e.g. in decision events.
+SIGNATURE_CHARS: Final = 12
+
+_DIGEST_BYTES: Final = 16  # 128-bit keys: collisions are out of reach for any session size
+_SORT: Final = orjson.OPT_SORT_KEYS
+_SEPARATOR: Final = b"\x00"
+
+
+def tool_name(tool: object) -> str:
+    """Return a bounded string name for ``tool``, whatever its type.
+
+    Strings are used as given (cut to :data:`MAX_TOOL_NAME_CHARS`); numbers and booleans by their
+    text; bytes decoded leniently; any other object by its type name, so a hostile ``__str__`` is
+    never called.
+    """
+    if isinstance(tool, str):
+        name = tool
+    elif isinstance(tool, (bool, int, float)):
+        name = repr(tool)
+    elif isinstance(tool, (bytes, bytearray)):
+        name = bytes(tool[: MAX_TOOL_NAME_CHARS * 4]).decode("utf-8", "replace")
+    elif tool is None:
+        name = ""
+    else:
+        name = f"<{type(tool).__name__}>"
+    return name[:MAX_TOOL_NAME_CHARS]
+
+
+def _parse_json_string(text: str) -> object:
+    """Parse ``text`` as JSON when it plausibly is JSON; otherwise return it unchanged."""
+    if len(text) > MAX_PARSE_CHARS:
+        return text
+    stripped = text.lstrip()
+    # Only containers and quoted strings are parsed: "42" or "true" given as a string stay strings,
+    # so the raw text a model sent is compared as sent.
+    if not stripped or stripped[0] not in "{[\"":
+        return text
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return text
+
+
+def _normalise(value: object, depth: int) -> object:
+    """Turn ``value`` into plain JSON-able data (dict/list/str/int/float/bool/None), bounded.
+
+    Used only when the fast path (orjson on the value as given) fails: unsupported types, non-str
+    keys, integers beyond 64 bits, NaN, or nesting deeper than orjson allows.
+    """
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return value if -(2**63) <= value < 2**64 else str(value)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)  # NaN/inf as distinct strings
+    if depth >= MAX_DEPTH:
+        return {"$loopguard_truncated_depth": _digest(repr(type(value)).encode())}
+    if isinstance(value, Mapping):
+        return {_key_text(k): _normalise(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_normalise(v, depth + 1) for v in value]
+    if isinstance(value, (set, frozenset)):
+        items = [_normalise(v, depth + 1) for v in value]
+        return sorted(items, key=lambda item: orjson.dumps(item, option=_SORT))
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", "replace")
+    return f"<{type(value).__name__}>"
+
+
+def _key_text(key: object) -> str:
+    return key if isinstance(key, str) else tool_name(key)
+
+
+def canonical_arguments(arguments: object, ignored_args: Iterable[str] = ()) -> object:
+    """Return the canonical form of ``arguments`` (before serialisation).
+
+    1. A JSON string is parsed (an unparsable one stays the raw string).
+    2. If the result is an object, the top-level keys in ``ignored_args`` are dropped.
+    Nested values are left as they are; :func:`canonical_json` sorts keys at every depth.
+    """
+    value = _parse_json_string(arguments) if isinstance(arguments, str) else arguments
+    if isinstance(value, Mapping) and ignored_args:
+        ignored = ignored_args if isinstance(ignored_args, (set, frozenset)) else set(ignored_args)
+        if any(key in ignored for key in value):
+            value = {k: v for k, v in value.items() if k not in ignored}
+    return value
+
+
+def canonical_json(value: object) -> bytes:
+    """Serialise canonical arguments to compact JSON with keys sorted at every depth.
+
+    Never raises: values orjson cannot serialise as given take the bounded slow path.
+    NaN and infinities become the strings ``"nan"``/``"inf"``/``"-inf"`` (JSON has no such numbers),
+    so they stay distinct from ``null``.
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        return orjson.dumps(repr(value))
+    try:
+        data = orjson.dumps(value, option=_SORT)
+    except (TypeError, orjson.JSONEncodeError, RecursionError):
+        return orjson.dumps(_normalise(value, 0), option=_SORT)
+    if b"null" in data and _has_non_finite(value, 0):
+        # orjson writes NaN/inf as null; take the slow path so they stay distinct.
+        return orjson.dumps(_normalise(value, 0), option=_SORT)
+    return data
+
+
+def _has_non_finite(value: object, depth: int) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if depth >= MAX_DEPTH:
+        return False
+    if isinstance(value, Mapping):
+        return any(_has_non_finite(v, depth + 1) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_has_non_finite(v, depth + 1) for v in value)
+    return False
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=_DIGEST_BYTES).hexdigest()
+
+
+def args_key(tool: str, canonical: bytes) -> str:
+    """Return the 128-bit key (32 hex characters) of a tool name and its canonical arguments."""
+    return _digest(tool.encode("utf-8", "surrogatepass") + _SEPARATOR + canonical)
+
+
+_OUTCOME_TYPES: Final = (str, bytes, bytearray, int, float, bool, Mapping, list, tuple)
+
+
+def outcome_key(result: object, is_error: bool | None) -> str | None:
+    """Return the key of a call's outcome, or ``None`` when nothing is known about it.
+
+    The result is normalised like arguments (JSON strings parsed, keys sorted). An error without a
+    result still has an outcome (``error``); a success without a result has none.
+    """
+    if result is None:
+        return _digest(b"error") if is_error else None
+    if not isinstance(result, _OUTCOME_TYPES):
+        # An arbitrary object has no comparable value here: treat the outcome as unknown rather
+        # than letting every object of one type look like "the same result".
+        return _digest(b"error") if is_error else None
+    canonical = canonical_json(canonical_arguments(result))
+    prefix = b"E" if is_error else b"R"
+    return _digest(prefix + _SEPARATOR + canonical)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One tool-call attempt, reduced to what detection needs.
+
+    ``args_key`` identifies tool + canonical arguments; ``outcome_key`` the normalised result or
+    error (``None`` while unknown). ``canonical`` is kept so messages can preview the arguments.
+    """
+
+    tool: str
+    canonical: bytes
+    args_key: str
+    session: str
+    agent: str | None = None
+    call_id: str | None = None
+    is_error: bool | None = None
+    outcome_key: str | None = None
+    duration_seconds: float | None = None
+
+    @property
+    def signature(self) -> str:
+        """The display prefix of ``args_key`` (:data:`SIGNATURE_CHARS` hex characters)."""
+        return self.args_key[:SIGNATURE_CHARS]
+
+    @classmethod
+    def build(
+        cls,
+        tool: object,
+        arguments: object,
+        *,
+        session: str,
+        ignored_args: Iterable[str] = (),
+        agent: str | None = None,
+        call_id: str | None = None,
+        is_error: bool | None = None,
+        result: Any = None,
+        duration_seconds: float | None = None,
+    ) -> ToolCall:
+        """Canonicalise ``arguments`` and derive the keys of one call."""
+        name = tool_name(tool)
+        canonical = canonical_json(canonical_arguments(arguments, ignored_args))
+        return cls(
+            tool=name,
+            canonical=canonical,
+            args_key=args_key(name, canonical),
+            session=session,
+            agent=agent,
+            call_id=call_id,
+            is_error=is_error,
+            outcome_key=outcome_key(result, is_error),
+            duration_seconds=duration_seconds,
+        )

@@ -1,0 +1,517 @@
+"""The policy: one frozen, validated configuration object, its presets, TOML and environment.
+
+Three error zones (STYLE.md): a bad value given in code or in a config file raises ``ValueError``
+naming the field and the value; a bad ``LOOPGUARD_*`` environment value logs a warning naming the
+variable and keeps the value it would have replaced.
+
+Every field is declared once, on :class:`Policy`; its environment variable is
+``LOOPGUARD_`` + the field name in upper case (see :func:`env_var`), and its TOML key is the field
+name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import re
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any, Final
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+__all__ = [
+    "DEFAULT_IGNORED_ARGS",
+    "DEFAULT_MUTATING_COMMANDS",
+    "DEFAULT_MUTATING_TOOLS",
+    "DEFAULT_SHELL_TOOLS",
+    "ENV_PREFIX",
+    "Mode",
+    "PRESETS",
+    "Policy",
+    "Rule",
+    "env_var",
+    "load_policy",
+    "policy_from_env",
+    "policy_from_mapping",
+    "wildcard_regex",
+]
+
+_log = logging.getLogger("otel_loopguard")
+
+ENV_PREFIX: Final = "LOOPGUARD_"
+
+
+class Mode(str, Enum):
+    """What the guard does with a decision."""
+
+    #: Metrics and events only: decisions are computed, every hook is answered ``allow``.
+    OBSERVE = "observe"
+    #: Reminders only: blocking actions are given as (detailed) reminders.
+    ADVISE = "advise"
+    #: The whole ladder: remind, deny, rescue, stop.
+    ENFORCE = "enforce"
+
+
+class Rule(str, Enum):
+    """The detection rules of DESIGN §4; values are the wire strings used in events and metrics."""
+
+    CONSECUTIVE = "consecutive"
+    WINDOW = "window"
+    NO_PROGRESS = "no_progress"
+    STALL = "stall"
+
+
+#: Top-level argument fields that only narrate a call and never change what it does.
+DEFAULT_IGNORED_ARGS: Final = frozenset(
+    {"description", "explanation", "reasoning", "thought", "comment", "task_progress"}
+)
+
+#: Tool names (``*`` wildcards, case-insensitive) whose successful call changes the agent's world.
+DEFAULT_MUTATING_TOOLS: Final = (
+    "write",
+    "write_file",
+    "edit",
+    "edit_file",
+    "multiedit",
+    "multi_edit",
+    "create_file",
+    "delete_file",
+    "apply_patch",
+    "str_replace*",
+    "replace",
+    "notebookedit",
+    "insert",
+)
+
+#: Tool names whose ``command`` argument is a shell command (checked against the command regexes).
+DEFAULT_SHELL_TOOLS: Final = (
+    "bash",
+    "shell",
+    "sh",
+    "run_shell_command",
+    "exec_command",
+    "local_shell",
+    "execute_command",
+    "run_terminal_cmd",
+    "terminal",
+    "container.exec",
+)
+
+#: Regexes over a shell command; a successful match starts a new progress epoch.
+DEFAULT_MUTATING_COMMANDS: Final = (
+    r"\bsed\s+(-[a-zA-Z]*\s+)*-[a-zA-Z]*i",  # sed -i, sed -Ei, sed -n -i ...
+    r"\bperl\s+(-[a-zA-Z]*\s+)*-[a-zA-Z]*i",
+    r"(^|[^0-9&<>|])>>?\s*(?!&|/dev/null\b)[^\s|&;<>]",  # > file, >> file (not >&2, not /dev/null)
+    r"\btee\b",
+    r"\bgit\s+(commit|apply|checkout|switch|restore|reset|merge|rebase|cherry-pick|stash|am|pull|rm|mv)\b",
+    r"\b(pip3?|uv\s+pip|npm|pnpm|yarn|poetry|cargo|gem|apt(-get)?|brew)\s+(install|add|remove|uninstall)\b",
+    r"(^|[;&|(]\s*|\bsudo\s+)(rm|mv|cp|mkdir|rmdir|touch|ln|chmod|chown|truncate|patch|unzip|tar\s+-?x)\b",
+)
+
+
+def env_var(field_name: str) -> str:
+    """Return the environment variable that overrides the policy field ``field_name``."""
+    return ENV_PREFIX + field_name.upper()
+
+
+def wildcard_regex(pattern: str) -> re.Pattern[str]:
+    """Compile a tool-name pattern: ``*`` matches any run of characters, everything else is
+    literal (regex metacharacters included); matching is whole-name and case-insensitive."""
+    return re.compile(".*".join(re.escape(part) for part in pattern.split("*")), re.IGNORECASE)
+
+
+def _doc(text: str) -> dict[str, str]:
+    return {"doc": text}
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """Everything that decides what the guard detects and what it does about it.
+
+    Counts are attempts of one signature (tool + canonical arguments) in the current progress
+    epoch, including the attempt being decided, as measured by the strongest enabled rule.
+    """
+
+    mode: Mode = field(default=Mode.ENFORCE, metadata=_doc("observe, advise or enforce"))
+    rules: frozenset[Rule] = field(
+        default=frozenset(Rule),
+        metadata=_doc("enabled rules: consecutive, window, no_progress, stall"),
+    )
+    window_size: int = field(
+        default=20, metadata=_doc("tracked calls the window rule looks back over")
+    )
+    remind_thresholds: tuple[int, ...] = field(
+        default=(3, 5),
+        metadata=_doc(
+            "counts at which to remind: gentle text at the first, detailed at later ones,"
+            " and on every call past the last one"
+        ),
+    )
+    deny_threshold: int | None = field(
+        default=6, metadata=_doc("count from which a call without progress is denied (none: never)")
+    )
+    rescue_threshold: int | None = field(
+        default=8,
+        metadata=_doc("count from which a denial carries advice from the advisor (none: never)"),
+    )
+    poll_limit: int | None = field(
+        default=12,
+        metadata=_doc(
+            "count from which a call whose outcome keeps changing is denied too"
+            " (none: outcomes never spare a call)"
+        ),
+    )
+    stop_after_denials: int | None = field(
+        default=3, metadata=_doc("denied attempts in an epoch after which the agent is stopped")
+    )
+    stall_threshold: int = field(
+        default=40, metadata=_doc("redundant calls in one epoch that stop the agent (stall rule)")
+    )
+    arguments_preview_chars: int = field(
+        default=200, metadata=_doc("characters of canonical arguments shown in detailed texts")
+    )
+    ignored_args: frozenset[str] = field(
+        default=DEFAULT_IGNORED_ARGS, metadata=_doc("top-level argument fields ignored in keys")
+    )
+    include: tuple[str, ...] = field(
+        default=("*",), metadata=_doc("tool-name patterns that are tracked (* wildcard)")
+    )
+    exclude: tuple[str, ...] = field(
+        default=(), metadata=_doc("tool-name patterns that are never tracked (* wildcard)")
+    )
+    exclude_commands: tuple[str, ...] = field(
+        default=(), metadata=_doc("regexes over a shell command that make the call untracked")
+    )
+    shell_tools: tuple[str, ...] = field(
+        default=DEFAULT_SHELL_TOOLS, metadata=_doc("tool-name patterns whose `command` is shell")
+    )
+    mutating_tools: tuple[str, ...] = field(
+        default=DEFAULT_MUTATING_TOOLS,
+        metadata=_doc("tool-name patterns whose successful call starts a new epoch"),
+    )
+    mutating_commands: tuple[str, ...] = field(
+        default=DEFAULT_MUTATING_COMMANDS,
+        metadata=_doc("regexes over a shell command whose successful run starts a new epoch"),
+    )
+    max_rescues: int = field(default=3, metadata=_doc("advisor asks per session"))
+    cooldown_seconds: float = field(
+        default=60.0, metadata=_doc("minimum seconds between two advisor asks in one session")
+    )
+    advisor_timeout_seconds: float = field(
+        default=30.0, metadata=_doc("longest wait for advice; a command is killed after it")
+    )
+    advisor_command: str | None = field(
+        default=None, metadata=_doc("advisor command line (advice on stdout, exit 0)")
+    )
+    max_sessions: int = field(default=10_000, metadata=_doc("sessions kept (LRU eviction)"))
+    session_ttl_seconds: float = field(
+        default=3600.0, metadata=_doc("idle seconds after which a session is forgotten")
+    )
+    max_signatures_per_session: int = field(
+        default=256, metadata=_doc("distinct signatures remembered per session and epoch")
+    )
+
+    def __post_init__(self) -> None:
+        """Normalise collections and validate; raises ``ValueError`` naming field and value."""
+        _set = object.__setattr__
+        _set(self, "mode", _enum(Mode, "mode", self.mode))
+        rules = _as_tuple("rules", self.rules)
+        _set(self, "rules", frozenset(_enum(Rule, "rules", r) for r in rules))
+        for name in ("include", "exclude", "exclude_commands", "shell_tools", "mutating_tools",
+                     "mutating_commands"):
+            _set(self, name, _str_tuple(name, getattr(self, name)))
+        _set(self, "ignored_args", frozenset(_str_tuple("ignored_args", self.ignored_args)))
+
+        thresholds = _as_tuple("remind_thresholds", self.remind_thresholds)
+        for value in thresholds:
+            _threshold("remind_thresholds", value)
+        if len(set(thresholds)) != len(thresholds):
+            raise ValueError(f"remind_thresholds: duplicate thresholds in {list(thresholds)!r}")
+        _set(self, "remind_thresholds", tuple(sorted(thresholds)))
+
+        for name in ("deny_threshold", "rescue_threshold", "poll_limit", "stop_after_denials"):
+            value = getattr(self, name)
+            if value is not None:
+                _threshold(name, value, minimum=1 if name == "stop_after_denials" else 2)
+        _threshold("stall_threshold", self.stall_threshold)
+        for name in ("window_size", "arguments_preview_chars", "max_sessions",
+                     "max_signatures_per_session"):
+            _positive_int(name, getattr(self, name))
+        _non_negative_int("max_rescues", self.max_rescues)
+        for name in ("cooldown_seconds",):
+            _non_negative_float(name, getattr(self, name))
+        for name in ("advisor_timeout_seconds", "session_ttl_seconds"):
+            _positive_float(name, getattr(self, name))
+        if self.advisor_command is not None and not isinstance(self.advisor_command, str):
+            raise ValueError(f"advisor_command: expected a string, got {self.advisor_command!r}")
+
+        deny = self.deny_threshold
+        if deny is not None and self.remind_thresholds and self.remind_thresholds[-1] >= deny:
+            raise ValueError(
+                f"remind_thresholds: every reminder must come before deny_threshold={deny},"
+                f" got {list(self.remind_thresholds)!r}"
+            )
+        if self.rescue_threshold is not None:
+            if deny is None:
+                raise ValueError(
+                    f"rescue_threshold: {self.rescue_threshold!r} needs a deny_threshold"
+                    " (a rescue is a denial with advice)"
+                )
+            if self.rescue_threshold < deny:
+                raise ValueError(
+                    f"rescue_threshold: {self.rescue_threshold!r} must not be below"
+                    f" deny_threshold={deny}"
+                )
+        if self.poll_limit is not None and deny is not None and self.poll_limit <= deny:
+            raise ValueError(
+                f"poll_limit: {self.poll_limit!r} must be above deny_threshold={deny}"
+                " (polling is spared up to it)"
+            )
+        if Rule.WINDOW in self.rules and self.window_size < 2:
+            raise ValueError(f"window_size: must be >= 2 for the window rule, got {self.window_size!r}")
+        for name in ("include", "exclude", "shell_tools", "mutating_tools"):
+            for pattern in getattr(self, name):
+                wildcard_regex(pattern)  # literal apart from *, always compiles
+        for name in ("exclude_commands", "mutating_commands"):
+            for pattern in getattr(self, name):
+                try:
+                    re.compile(pattern)
+                except re.error as exc:
+                    raise ValueError(f"{name}: pattern {pattern!r} does not compile: {exc}") from None
+
+    def replace(self, **changes: Any) -> Policy:
+        """Return a copy with ``changes`` applied (validated like a new policy)."""
+        unknown = set(changes) - _FIELD_NAMES
+        if unknown:
+            raise ValueError(f"unknown policy field(s): {', '.join(sorted(unknown))}")
+        return dataclasses.replace(self, **changes)
+
+
+_FIELDS: Final = {f.name: f for f in dataclasses.fields(Policy)}
+_FIELD_NAMES: Final = frozenset(_FIELDS)
+
+
+def _enum(kind: type[Enum], name: str, value: object) -> Any:
+    try:
+        return kind(value)
+    except ValueError:
+        choices = ", ".join(str(m.value) for m in kind)
+        raise ValueError(f"{name}: {value!r} is not one of {choices}") from None
+
+
+def _as_tuple(name: str, value: object) -> tuple[Any, ...]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise ValueError(f"{name}: expected a list, got {value!r}")
+    return tuple(value)
+
+
+def _str_tuple(name: str, value: object) -> tuple[str, ...]:
+    items = _as_tuple(name, value)
+    for item in items:
+        if not isinstance(item, str):
+            raise ValueError(f"{name}: expected strings, got {item!r}")
+    return items
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _threshold(name: str, value: object, minimum: int = 2) -> None:
+    if not _is_int(value) or value < minimum:  # type: ignore[operator]
+        raise ValueError(f"{name}: thresholds must be integers >= {minimum}, got {value!r}")
+
+
+def _positive_int(name: str, value: object) -> None:
+    if not _is_int(value) or value < 1:  # type: ignore[operator]
+        raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+
+
+def _non_negative_int(name: str, value: object) -> None:
+    if not _is_int(value) or value < 0:  # type: ignore[operator]
+        raise ValueError(f"{name}: expected an integer >= 0, got {value!r}")
+
+
+def _number(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name}: expected a finite number, got {value!r}")
+    return float(value)
+
+
+def _non_negative_float(name: str, value: object) -> None:
+    if _number(name, value) < 0:
+        raise ValueError(f"{name}: expected a number >= 0, got {value!r}")
+
+
+def _positive_float(name: str, value: object) -> None:
+    if _number(name, value) <= 0:
+        raise ValueError(f"{name}: expected a number > 0, got {value!r}")
+
+
+PRESETS: Final[Mapping[str, Policy]] = {
+    # Ours: window + outcome awareness; see README "Choosing thresholds" for the scenarios.
+    "default": Policy(),
+    # The advisory reminder plugin: consecutive identical calls, reminders at 3, 5 and 8.
+    "reminder": Policy(
+        mode=Mode.ADVISE,
+        rules=frozenset({Rule.CONSECUTIVE}),
+        remind_thresholds=(3, 5, 8),
+        deny_threshold=None,
+        rescue_threshold=None,
+        poll_limit=None,
+        stop_after_denials=None,
+    ),
+    # The brake plugin: deny the 4th consecutive identical call, whatever its outcome.
+    "brake": Policy(
+        rules=frozenset({Rule.CONSECUTIVE}),
+        remind_thresholds=(),
+        deny_threshold=4,
+        rescue_threshold=None,
+        poll_limit=None,
+        stop_after_denials=None,
+    ),
+    # The rescue plugin: 12-call window, deny the 3rd occurrence, rescue at the 5th, stall at 40.
+    "rescue": Policy(
+        rules=frozenset({Rule.WINDOW, Rule.STALL}),
+        window_size=12,
+        remind_thresholds=(),
+        deny_threshold=3,
+        rescue_threshold=5,
+        poll_limit=None,
+        stop_after_denials=None,
+        stall_threshold=40,
+    ),
+}
+
+
+def _coerce(name: str, value: object) -> object:
+    """Bring a TOML or environment value into the field's type (validation happens in Policy)."""
+    if name in ("remind_thresholds", "include", "exclude", "exclude_commands", "shell_tools",
+                "mutating_tools", "mutating_commands"):
+        return tuple(_as_tuple(name, value))
+    if name in ("rules", "ignored_args"):
+        return frozenset(_as_tuple(name, value))
+    return value
+
+
+def policy_from_mapping(values: Mapping[str, object], base: Policy | None = None) -> Policy:
+    """Apply ``values`` (field name -> value, as in a TOML file) to ``base``.
+
+    ``preset`` selects the base when given. Unknown keys raise ``ValueError`` naming them.
+    ``false`` turns off an optional threshold (deny, rescue, poll limit, stop after denials).
+    """
+    values = dict(values)
+    preset = values.pop("preset", None)
+    if preset is not None:
+        if not isinstance(preset, str) or preset not in PRESETS:
+            raise ValueError(f"preset: {preset!r} is not one of {', '.join(PRESETS)}")
+        base = PRESETS[preset]
+    base = base if base is not None else PRESETS["default"]
+    unknown = set(values) - _FIELD_NAMES
+    if unknown:
+        raise ValueError(f"unknown policy field(s): {', '.join(sorted(unknown))}")
+    changes: dict[str, object] = {}
+    for name, value in values.items():
+        if value is False and _FIELDS[name].default is not False and name in _OPTIONAL_FIELDS:
+            value = None  # TOML has no null
+        changes[name] = _coerce(name, value)
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+
+
+_OPTIONAL_FIELDS: Final = frozenset(
+    {"deny_threshold", "rescue_threshold", "poll_limit", "stop_after_denials", "advisor_command"}
+)
+
+
+def _parse_env(name: str, text: str) -> object:
+    """Parse one environment value for field ``name``; raises ``ValueError`` when unparsable."""
+    text = text.strip()
+    current = _FIELDS[name].default
+    if name in _OPTIONAL_FIELDS and text.lower() in ("", "none", "off", "false"):
+        return None
+    if name in ("remind_thresholds",):
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    if name in ("rules", "ignored_args"):
+        return frozenset(part.strip() for part in text.split(",") if part.strip())
+    if isinstance(current, tuple):
+        # Regex lists may contain commas; they are separated by newlines or ';;'.
+        separator = "\n" if "\n" in text else ";;" if name.endswith("commands") else ","
+        return tuple(part.strip() for part in text.split(separator) if part.strip())
+    if name == "mode":
+        return text.lower()
+    if name == "advisor_command":
+        return text
+    if name.endswith("_seconds"):
+        return float(text)
+    return int(text)
+
+
+def policy_from_env(base: Policy | None = None, environ: Mapping[str, str] | None = None) -> Policy:
+    """Apply ``LOOPGUARD_*`` overrides to ``base`` (default: the ``LOOPGUARD_PRESET`` preset).
+
+    A bad value (unparsable, or one the policy rejects) logs a warning naming the variable and the
+    value, and keeps the value it would have replaced. Never raises.
+    """
+    env = os.environ if environ is None else environ
+    if base is None:
+        preset = env.get(ENV_PREFIX + "PRESET", "default").strip() or "default"
+        if preset not in PRESETS:
+            _log.warning(
+                "%sPRESET=%r is not one of %s; using the default preset",
+                ENV_PREFIX, preset, ", ".join(PRESETS),
+            )
+            preset = "default"
+        base = PRESETS[preset]
+    policy = base
+    for name in _FIELDS:
+        variable = env_var(name)
+        text = env.get(variable)
+        if text is None:
+            continue
+        try:
+            policy = dataclasses.replace(policy, **{name: _parse_env(name, text)})  # type: ignore[arg-type]
+        except (ValueError, TypeError) as exc:
+            _log.warning("%s=%r ignored: %s", variable, text, exc)
+    return policy
+
+
+def load_policy(
+    preset: str | None = None,
+    config_path: str | Path | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Policy:
+    """Build the policy a command-line entrance uses.
+
+    Order, later wins: the preset (``preset``, else ``LOOPGUARD_PRESET``, else ``default``), then
+    ``LOOPGUARD_*`` environment overrides, then the TOML file at ``config_path`` (top-level keys
+    or a ``[loopguard]`` table). A bad preset name or file raises ``ValueError`` naming it.
+    """
+    if preset is not None and preset not in PRESETS:
+        raise ValueError(f"preset: {preset!r} is not one of {', '.join(PRESETS)}")
+    policy = policy_from_env(PRESETS[preset] if preset else None, environ)
+    if config_path is None:
+        return policy
+    path = Path(config_path)
+    try:
+        with path.open("rb") as handle:
+            data = tomllib.load(handle)
+    except OSError as exc:
+        raise ValueError(f"config file {str(path)!r}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"config file {str(path)!r}: not valid TOML: {exc}") from None
+    table = data.get("loopguard", data)
+    if not isinstance(table, dict):
+        raise ValueError(f"config file {str(path)!r}: [loopguard] must be a table")
+    try:
+        return policy_from_mapping(table, policy)
+    except ValueError as exc:
+        raise ValueError(f"config file {str(path)!r}: {exc}") from None

@@ -1,0 +1,314 @@
+"""Per-session state, bounded, and the bookkeeping that feeds the rules.
+
+Nothing here locks, logs or counts metrics: the guard holds its lock around these calls and
+reports what they return. Every structure is bounded: sessions by ``max_sessions`` (LRU) and
+``session_ttl_seconds`` (idle), signatures per session by ``max_signatures_per_session`` (LRU),
+the window by ``window_size``, pending hook calls by :data:`MAX_PENDING_CALLS`.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from .config import Policy, wildcard_regex
+
+__all__ = [
+    "MAX_COMMAND_CHARS",
+    "MAX_PENDING_CALLS",
+    "Classifier",
+    "Pending",
+    "SessionState",
+    "SessionStore",
+    "SignatureState",
+    "shell_command",
+]
+
+#: Hook calls awaiting their ``after_tool`` per session; the oldest is forgotten beyond this.
+MAX_PENDING_CALLS: Final = 64
+#: Shell commands longer than this are matched on their first this-many characters only.
+MAX_COMMAND_CHARS: Final = 4096
+_COMMAND_KEYS: Final = ("command", "cmd", "script", "commands")
+_MAX_CACHED_TOOL_NAMES: Final = 1024
+
+
+def shell_command(arguments: object) -> str | None:
+    """Return the shell command in a shell tool's (canonical) arguments, if there is one.
+
+    Accepts ``{"command": "..."}`` (and ``cmd``/``script``), an argv list such as Codex's
+    ``["bash", "-lc", "..."]`` (joined with spaces), or a bare string.
+    """
+    value: object = arguments
+    if isinstance(arguments, Mapping):
+        for key in _COMMAND_KEYS:
+            if key in arguments:
+                value = arguments[key]
+                break
+        else:
+            return None
+    if isinstance(value, str):
+        return value[:MAX_COMMAND_CHARS]
+    if isinstance(value, (list, tuple)) and all(isinstance(part, str) for part in value):
+        return " ".join(value)[:MAX_COMMAND_CHARS]
+    return None
+
+
+class Classifier:
+    """Answers "is this call tracked?" and "does it make progress?" from the policy's patterns.
+
+    Tool-name answers are cached (bounded); command regexes run per call, on shell tools only.
+    """
+
+    def __init__(self, policy: Policy) -> None:
+        self._include = [wildcard_regex(p) for p in policy.include]
+        self._exclude = [wildcard_regex(p) for p in policy.exclude]
+        self._shell = [wildcard_regex(p) for p in policy.shell_tools]
+        self._mutating = [wildcard_regex(p) for p in policy.mutating_tools]
+        self._exclude_commands = _union(policy.exclude_commands)
+        self._mutating_commands = _union(policy.mutating_commands)
+        # tool -> (tracked by name, is a shell tool, mutating by name)
+        self._cache: dict[str, tuple[bool, bool, bool]] = {}
+
+    def tool_kind(self, tool: str) -> tuple[bool, bool, bool]:
+        """Return (tracked by name, shell tool, mutating by name) for ``tool``."""
+        kind = self._cache.get(tool)
+        if kind is None:
+            tracked = any(p.fullmatch(tool) for p in self._include) and not any(
+                p.fullmatch(tool) for p in self._exclude
+            )
+            kind = (
+                tracked,
+                any(p.fullmatch(tool) for p in self._shell),
+                any(p.fullmatch(tool) for p in self._mutating),
+            )
+            if len(self._cache) >= _MAX_CACHED_TOOL_NAMES:
+                self._cache.clear()
+            self._cache[tool] = kind
+        return kind
+
+    def classify(self, tool: str, arguments: object) -> tuple[bool, bool]:
+        """Return (tracked, mutating) for a call of ``tool`` with canonical ``arguments``."""
+        tracked, shell, mutating = self.tool_kind(tool)
+        if not tracked or not shell:
+            return tracked, mutating
+        command = shell_command(arguments)
+        if command is None:
+            return True, mutating
+        if self._exclude_commands is not None and self._exclude_commands.search(command):
+            return False, False
+        if self._mutating_commands is not None and self._mutating_commands.search(command):
+            return True, True
+        return True, mutating
+
+
+def _union(patterns: tuple[str, ...]) -> re.Pattern[str] | None:
+    return re.compile("|".join(f"(?:{p})" for p in patterns)) if patterns else None
+
+
+class SignatureState:
+    """What one session remembers about one signature in the current epoch."""
+
+    __slots__ = ("count", "last_outcome", "outcome_counts", "previous_outcome")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.last_outcome: str | None = None
+        self.previous_outcome: str | None = None
+        self.outcome_counts: dict[str, int] | None = None  # created at the first known outcome
+
+
+@dataclass(slots=True)
+class Pending:
+    """A hook attempt whose outcome has not been reported yet."""
+
+    args_key: str
+    blocked: bool
+    mutating: bool
+    outstanding: int = 1
+
+
+class SessionState:
+    """One session's state: the current epoch's history plus the ladder's bookkeeping.
+
+    Implements :class:`otel_loopguard.rules.History`.
+    """
+
+    __slots__ = (
+        "advice",
+        "denials",
+        "epoch",
+        "last_key",
+        "last_rescue_at",
+        "last_seen",
+        "pending",
+        "redundant",
+        "rescues",
+        "run_length",
+        "signatures",
+        "stopped",
+        "window",
+    )
+
+    def __init__(self, now: float) -> None:
+        self.epoch = 0
+        self.window: list[str] = []
+        self.last_key: str | None = None
+        self.run_length = 0
+        self.redundant = 0
+        self.signatures: dict[str, SignatureState] = {}
+        self.denials = 0
+        self.stopped = False
+        self.pending: dict[str, Pending] | None = None
+        self.advice: dict[str, str] | None = None  # args key -> advice, this epoch
+        self.rescues = 0
+        self.last_rescue_at: float | None = None
+        self.last_seen = now
+
+    def signature(self, key: str) -> SignatureState | None:
+        return self.signatures.get(key)
+
+    def new_epoch(self, *, clear_stop: bool = False) -> None:
+        """Forget the repeat evidence: the agent's world changed."""
+        self.epoch += 1
+        self.window.clear()
+        self.last_key = None
+        self.run_length = 0
+        self.redundant = 0
+        self.signatures = {}
+        self.denials = 0
+        self.advice = None
+        if clear_stop:
+            self.stopped = False
+
+    def record_attempt(self, key: str, policy: Policy, *, blocked: bool) -> bool:
+        """Count one tracked attempt of ``key``; return whether it repeats an earlier one."""
+        signatures = self.signatures
+        signature = signatures.pop(key, None)
+        repeated = signature is not None
+        if signature is None:
+            signature = SignatureState()
+            if len(signatures) >= policy.max_signatures_per_session:
+                del signatures[next(iter(signatures))]
+        else:
+            self.redundant += 1
+        signatures[key] = signature  # (re)inserted last: the dict's order is least recent first
+        signature.count += 1
+        if self.last_key == key:
+            self.run_length += 1
+        else:
+            self.last_key = key
+            self.run_length = 1
+        window = self.window
+        window.append(key)
+        if len(window) >= policy.window_size:
+            del window[0]
+        if blocked:
+            self.denials += 1
+        return repeated
+
+    def record_outcome(self, key: str, outcome: str | None) -> None:
+        """Add the outcome of a finished attempt of ``key`` (ignored if the signature was evicted)."""
+        if outcome is None:
+            return
+        signature = self.signatures.get(key)
+        if signature is None:
+            return
+        signature.previous_outcome = signature.last_outcome
+        signature.last_outcome = outcome
+        counts = signature.outcome_counts
+        if counts is None:
+            signature.outcome_counts = {outcome: 1}
+        else:
+            counts[outcome] = counts.get(outcome, 0) + 1
+
+    def add_pending(self, ref: str, pending: Pending) -> None:
+        table = self.pending
+        if table is None:
+            table = self.pending = {}
+        existing = table.get(ref)
+        if existing is not None and existing.args_key == pending.args_key:
+            existing.outstanding += 1
+            existing.blocked = pending.blocked
+            return
+        if len(table) >= MAX_PENDING_CALLS:
+            del table[next(iter(table))]
+        table[ref] = pending
+
+    def take_pending(self, ref: str) -> Pending | None:
+        """Match a finished call to the hook attempt that counted it (``ref``: call id, else
+        args key)."""
+        table = self.pending
+        if not table:
+            return None
+        pending = table.get(ref)
+        if pending is None:
+            return None
+        pending.outstanding -= 1
+        if pending.outstanding <= 0:
+            del table[ref]
+        return pending
+
+
+class SessionStore:
+    """Sessions by key, bounded by count (LRU) and idle time (TTL), on an injected clock.
+
+    Not thread-safe: the owner locks around every call.
+    """
+
+    def __init__(
+        self,
+        max_sessions: int,
+        ttl_seconds: float,
+        clock: Callable[[], float] = time.monotonic,
+        on_evict: Callable[[str], None] | None = None,
+    ) -> None:
+        self._sessions: OrderedDict[object, SessionState] = OrderedDict()
+        self._max = max_sessions
+        self._ttl = ttl_seconds
+        self.clock = clock
+        self._on_evict = on_evict
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._sessions
+
+    def get(self, key: object, *, create: bool = True) -> SessionState | None:
+        """Return the session for ``key`` (created when missing and ``create``), marking it used."""
+        now = self.clock()
+        self._expire(now)
+        sessions = self._sessions
+        state = sessions.get(key)
+        if state is None:
+            if not create:
+                return None
+            state = SessionState(now)
+            sessions[key] = state
+            if len(sessions) > self._max:
+                sessions.popitem(last=False)
+                if self._on_evict is not None:
+                    self._on_evict("capacity")
+        else:
+            sessions.move_to_end(key)
+            state.last_seen = now
+        return state
+
+    def _expire(self, now: float) -> None:
+        sessions = self._sessions
+        deadline = now - self._ttl
+        while sessions:
+            oldest = next(iter(sessions.values()))
+            if oldest.last_seen > deadline:
+                return
+            sessions.popitem(last=False)
+            if self._on_evict is not None:
+                self._on_evict("ttl")
+
+    def expire(self) -> None:
+        """Drop sessions idle for longer than the TTL now (also done on every ``get``)."""
+        self._expire(self.clock())

@@ -1,0 +1,586 @@
+"""LoopGuard: one engine, one state per session, fed by the hook API (and later by spans).
+
+Threading contract: every public method may be called from any application thread, concurrently.
+State updates happen under one short lock; canonicalisation, hashing, message building, metrics
+and advisor calls happen outside it. ``before_tool``/``after_tool``/``user_message``/``new_run``
+never raise: an internal error is logged once per kind, counted, and answered with ``allow``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, Final, Literal, TypeVar, cast, overload
+
+from .calls import args_key, canonical_arguments, canonical_json, outcome_key, tool_name
+from .config import Mode, Policy, policy_from_env
+from .engine import Classifier, Pending, SessionState, SessionStore
+from .metrics import NoopRecorder, Recorder
+from .policy import (
+    ALLOW,
+    Action,
+    AdviceRequest,
+    Advisor,
+    CommandAdvisor,
+    Decision,
+    MAX_ADVICE_CHARS,
+    LoopDetected,
+    Step,
+    arguments_preview,
+    climb,
+    message_for,
+)
+from .rules import evaluate, trend
+
+__all__ = ["LoopGuard"]
+
+_log = logging.getLogger("otel_loopguard")
+
+_BLOCKING: Final = frozenset({Action.DENY, Action.RESCUE, Action.STOP})
+#: Extra seconds a hook waits beyond a command advisor's own timeout, so the kill is reported.
+_ADVISOR_GRACE_SECONDS: Final = 2.0
+_RECENT_CALLS: Final = 8
+
+F = TypeVar("F", bound=Callable[..., Any])
+SessionKey = tuple[str, "str | None"]
+
+
+def _clean_advice(advice: object) -> str | None:
+    if not isinstance(advice, str) or not advice.strip():
+        return None
+    return advice.strip()[:MAX_ADVICE_CHARS]
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else tool_name(value)
+
+
+class LoopGuard:
+    """Detects repeated tool calls and decides what to do about them.
+
+    ``policy`` defaults to the ``default`` preset with ``LOOPGUARD_*`` environment overrides.
+    ``advisor`` is asked for advice at rescue (default: ``policy.advisor_command`` if set).
+    ``clock`` (seconds, monotonic) drives session TTL and advisor cooldown; tests inject one.
+    ``recorder`` receives metrics (default: none).
+    """
+
+    def __init__(
+        self,
+        policy: Policy | None = None,
+        *,
+        advisor: Advisor | None = None,
+        clock: Callable[[], float] | None = None,
+        recorder: Recorder | None = None,
+    ) -> None:
+        if policy is not None and not isinstance(policy, Policy):
+            raise ValueError(f"policy: expected a Policy, got {type(policy).__name__}")
+        self.policy: Final = policy if policy is not None else policy_from_env()
+        if advisor is None and self.policy.advisor_command:
+            advisor = CommandAdvisor(
+                self.policy.advisor_command, self.policy.advisor_timeout_seconds
+            )
+        if advisor is not None and not callable(advisor):
+            raise ValueError(f"advisor: expected a callable, got {type(advisor).__name__}")
+        self.advisor = advisor
+        self._clock = clock if clock is not None else time.monotonic
+        self._recorder: Recorder = recorder if recorder is not None else NoopRecorder()
+        self._lock = threading.Lock()
+        self._evictions: list[str] = []
+        self._store = SessionStore(
+            self.policy.max_sessions,
+            self.policy.session_ttl_seconds,
+            self._clock,
+            on_evict=self._evictions.append,
+        )
+        self._classifier = Classifier(self.policy)
+        self._executor: ThreadPoolExecutor | None = None
+        self._errors: dict[str, int] = {}
+        self._logged: set[tuple[str, str]] = set()
+
+    # -- public hook API ---------------------------------------------------------------------
+
+    def before_tool(
+        self,
+        tool: str,
+        arguments: object,
+        *,
+        session: str,
+        agent: str | None = None,
+        call_id: str | None = None,
+    ) -> Decision:
+        """Decide whether a tool call may run; counts the attempt (a denied attempt counts too).
+
+        Called on the thread about to run the tool. Blocks only at rescue, for at most the
+        policy's ``advisor_timeout_seconds`` while the advisor is asked. Never raises.
+        """
+        try:
+            return self._attempt(tool, arguments, session, agent, call_id, wait_for_advice=True)
+        except Exception as exc:  # the hot path never raises (STYLE.md, error zone 3)
+            self._internal_error("before_tool", exc)
+            return ALLOW
+
+    def after_tool(
+        self,
+        tool: str,
+        arguments: object,
+        *,
+        session: str,
+        agent: str | None = None,
+        call_id: str | None = None,
+        error: bool | None = False,
+        result: object = None,
+        duration_seconds: float | None = None,
+    ) -> Decision | None:
+        """Report how a call ended. Returns ``None`` when ``before_tool`` already counted this
+        call (matched by ``call_id``, else by session and arguments): only its outcome is added.
+        Otherwise the call is counted now and its decision returned (what the guard would have
+        said before it ran). A successful mutating call starts a new progress epoch; a call the
+        guard blocked never does. ``error=None`` means unknown (treated as not failed).
+        Never raises.
+        """
+        try:
+            return self._finish(tool, arguments, session, agent, call_id, error, result,
+                                duration_seconds)
+        except Exception as exc:
+            self._internal_error("after_tool", exc)
+            return None
+
+    def user_message(self, session: str, *, agent: str | None = None) -> None:
+        """A real user message arrived: start a new progress epoch and lift a stop."""
+        self._reset(session, agent, "user_message")
+
+    def new_run(self, session: str, *, agent: str | None = None) -> None:
+        """A new agent run started in this session: start a new progress epoch and lift a stop."""
+        self._reset(session, agent, "new_run")
+
+    @property
+    def internal_errors(self) -> Mapping[str, int]:
+        """Caught internal errors so far, by where they happened."""
+        with self._lock:
+            return dict(self._errors)
+
+    @property
+    def session_count(self) -> int:
+        """Sessions currently tracked."""
+        with self._lock:
+            return len(self._store)
+
+    def close(self) -> None:
+        """Stop the advisor worker (pending asks are abandoned). The guard stays usable."""
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
+
+    # -- wrapping plain Python tools ---------------------------------------------------------
+
+    @overload
+    def wrap(self, fn: F, *, tool: str | None = ..., session: str | Callable[[], str] = ...,
+             agent: str | None = ..., on_block: Literal["raise", "return"] = ...,
+             append_reminders: bool = ...) -> F: ...
+    @overload
+    def wrap(self, fn: None = ..., *, tool: str | None = ...,
+             session: str | Callable[[], str] = ..., agent: str | None = ...,
+             on_block: Literal["raise", "return"] = ...,
+             append_reminders: bool = ...) -> Callable[[F], F]: ...
+
+    def wrap(
+        self,
+        fn: F | None = None,
+        *,
+        tool: str | None = None,
+        session: str | Callable[[], str] = "default",
+        agent: str | None = None,
+        on_block: Literal["raise", "return"] = "raise",
+        append_reminders: bool = True,
+    ) -> F | Callable[[F], F]:
+        """Guard a plain Python tool function (sync or async); usable as a decorator.
+
+        Before each call the bound arguments (defaults applied) go to ``before_tool``. A blocking
+        decision raises :class:`LoopDetected` (``on_block="raise"``) or returns the message for
+        the model instead of running the tool (``on_block="return"``). After the call,
+        ``after_tool`` gets the result or the error and the duration. With ``append_reminders``,
+        a reminder is appended to a string result so the model sees it.
+        ``session`` is a string or a callable returning one per call.
+        """
+        if on_block not in ("raise", "return"):
+            raise ValueError(f"on_block: expected 'raise' or 'return', got {on_block!r}")
+        if fn is None:
+            return lambda f: self.wrap(f, tool=tool, session=session, agent=agent,
+                                       on_block=on_block, append_reminders=append_reminders)
+        if not callable(fn):
+            raise ValueError(f"fn: expected a callable, got {type(fn).__name__}")
+        name = tool or getattr(fn, "__name__", None) or type(fn).__name__
+        try:
+            signature: inspect.Signature | None = inspect.signature(fn)
+        except (TypeError, ValueError):
+            signature = None
+
+        def bind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> object:
+            if signature is None:
+                return {"args": list(args), "kwargs": kwargs}
+            try:
+                bound = signature.bind(*args, **kwargs)
+            except TypeError:
+                return {"args": list(args), "kwargs": kwargs}
+            bound.apply_defaults()
+            return dict(bound.arguments)
+
+        def session_id() -> str:
+            return session() if callable(session) else session
+
+        def blocked(decision: Decision) -> Any:
+            if on_block == "raise":
+                raise LoopDetected(decision)
+            return decision.message
+
+        def finish(decision: Decision, result: Any) -> Any:
+            if append_reminders and decision.action is Action.REMIND and isinstance(result, str):
+                return f"{result}\n\n{decision.message}"
+            return result
+
+        if inspect.iscoroutinefunction(fn):
+            async_fn = cast(Callable[..., Awaitable[Any]], fn)
+
+            @functools.wraps(fn)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                arguments = bind(args, kwargs)
+                sid = session_id()
+                decision = self.before_tool(name, arguments, session=sid, agent=agent)
+                if decision.blocks:
+                    return blocked(decision)
+                started = time.perf_counter()
+                try:
+                    result = await async_fn(*args, **kwargs)
+                except BaseException:
+                    self.after_tool(name, arguments, session=sid, agent=agent, error=True,
+                                    duration_seconds=time.perf_counter() - started)
+                    raise
+                self.after_tool(name, arguments, session=sid, agent=agent, result=result,
+                                duration_seconds=time.perf_counter() - started)
+                return finish(decision, result)
+
+            return cast(F, async_wrapper)
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            arguments = bind(args, kwargs)
+            sid = session_id()
+            decision = self.before_tool(name, arguments, session=sid, agent=agent)
+            if decision.blocks:
+                return blocked(decision)
+            started = time.perf_counter()
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException:
+                self.after_tool(name, arguments, session=sid, agent=agent, error=True,
+                                duration_seconds=time.perf_counter() - started)
+                raise
+            self.after_tool(name, arguments, session=sid, agent=agent, result=result,
+                            duration_seconds=time.perf_counter() - started)
+            return finish(decision, result)
+
+        return cast(F, wrapper)
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _key(self, session: object, agent: object) -> SessionKey:
+        return (_text(session), None if agent is None else _text(agent))
+
+    def _attempt(
+        self,
+        tool: object,
+        arguments: object,
+        session: object,
+        agent: object,
+        call_id: object,
+        *,
+        wait_for_advice: bool,
+        after_the_fact: bool = False,
+        outcome: str | None = None,
+        error: bool | None = None,
+        duration_seconds: float | None = None,
+    ) -> Decision:
+        """Count one attempt and decide. ``after_the_fact``: the attempt already ran (reported
+        only when it ended), so its outcome is recorded at once and it is never pending."""
+        policy = self.policy
+        name = tool_name(tool)
+        value = canonical_arguments(arguments, policy.ignored_args)
+        tracked, mutating = self._classifier.classify(name, value)
+        if not tracked:
+            return ALLOW
+        canonical = canonical_json(value)
+        key = args_key(name, canonical)
+        skey = self._key(session, agent)
+        ask: tuple[SessionState, int, float | None] | None = None
+        advice: str | None = None
+        rescue_outcome: str | None = None
+        with self._lock:
+            state = cast(SessionState, self._store.get(skey))
+            verdict, stalled = evaluate(state, key, policy)
+            step = climb(
+                verdict,
+                stalled,
+                trend(state.signature(key)),
+                denials=state.denials,
+                stopped=state.stopped,
+                policy=policy,
+            )
+            detected_block = step.action in _BLOCKING
+            enforced_block = detected_block and policy.mode is Mode.ENFORCE and not after_the_fact
+            repeated = state.record_attempt(key, policy, blocked=detected_block)
+            if step.action is Action.STOP:
+                state.stopped = True
+            if after_the_fact:
+                state.record_outcome(key, outcome)
+                if mutating and error is not True:
+                    state.new_epoch()  # it ran (we only heard of it afterwards): progress
+            else:
+                state.add_pending(
+                    _text(call_id) if call_id is not None else key,
+                    Pending(key, enforced_block, mutating),
+                )
+            if step.action is Action.RESCUE:
+                advice, rescue_outcome, ask = self._reserve_rescue(state, key)
+            recent = tuple(state.window[-_RECENT_CALLS:])
+            evictions = self._take_evictions()
+
+        recorder = self._recorder
+        for reason in evictions:
+            recorder.evicted(reason)
+        recorder.tool_call(skey[1], name, repeated)
+        if after_the_fact and repeated and duration_seconds:
+            recorder.wasted(skey[1], name, duration_seconds)
+
+        if ask is not None:
+            advice = self._ask(ask, key, name, canonical, step, skey, recent, wait_for_advice)
+        if rescue_outcome is not None:
+            recorder.rescue(rescue_outcome)
+        if step.action is Action.RESCUE and advice is None:
+            step = Step(Action.DENY, step.rule, step.count, policy.deny_threshold or step.threshold)
+
+        if step.action is Action.ALLOW:
+            if not repeated:
+                return ALLOW
+            return Decision(Action.ALLOW, rule=step.rule, count=step.count,
+                            signature=key[:12], tool=name, session=skey[0], repeated=True)
+        recorder.decision(skey[1], name, step.rule.value if step.rule else "none",
+                          step.action.value, step.count)
+        action: Action = step.action
+        if policy.mode is Mode.OBSERVE:
+            action = Action.ALLOW
+        elif policy.mode is Mode.ADVISE and action in _BLOCKING:
+            action = Action.REMIND
+        message = "" if action is Action.ALLOW else message_for(
+            step, name, canonical, policy, advice, action=action
+        )
+        return Decision(
+            action=action,
+            message=message,
+            rule=step.rule,
+            count=step.count,
+            threshold=step.threshold,
+            signature=key[:12],
+            tool=name,
+            session=skey[0],
+            repeated=repeated,
+            detected=step.action,
+        )
+
+    def _finish(
+        self,
+        tool: object,
+        arguments: object,
+        session: object,
+        agent: object,
+        call_id: object,
+        error: bool | None,
+        result: object,
+        duration_seconds: float | None,
+    ) -> Decision | None:
+        skey = self._key(session, agent)
+        ref = _text(call_id) if call_id is not None else None
+        outcome = outcome_key(result, error)
+        if ref is not None:
+            with self._lock:
+                state = self._store.get(skey, create=False)
+                pending = state.take_pending(ref) if state is not None else None
+                if pending is not None:
+                    self._apply_outcome(state, pending, outcome, error)  # type: ignore[arg-type]
+            if pending is not None:
+                self._record_wasted(state, pending, skey, tool, duration_seconds)
+                return None
+        policy = self.policy
+        name = tool_name(tool)
+        value = canonical_arguments(arguments, policy.ignored_args)
+        tracked, _ = self._classifier.classify(name, value)
+        if not tracked:
+            return None
+        key = args_key(name, canonical_json(value))
+        # The hook may have counted this call without an id (pending under its args key).
+        with self._lock:
+            state = self._store.get(skey, create=False)
+            pending = state.take_pending(key) if state is not None else None
+            if pending is not None:
+                self._apply_outcome(state, pending, outcome, error)  # type: ignore[arg-type]
+        if pending is not None:
+            self._record_wasted(state, pending, skey, name, duration_seconds)
+            return None
+        return self._attempt(
+            name, arguments, session, agent, call_id, wait_for_advice=False, after_the_fact=True,
+            outcome=outcome, error=error, duration_seconds=duration_seconds,
+        )
+
+    @staticmethod
+    def _apply_outcome(
+        state: SessionState, pending: Pending, outcome: str | None, error: bool | None
+    ) -> None:
+        if pending.blocked:
+            return  # a denied call never ran: its "result" is our message, and never progress
+        state.record_outcome(pending.args_key, outcome)
+        if pending.mutating and error is not True:
+            state.new_epoch()
+
+    def _record_wasted(self, state: SessionState | None, pending: Pending, skey: SessionKey,
+                       tool: object, duration_seconds: float | None) -> None:
+        if not duration_seconds or pending.blocked or state is None:
+            return
+        signature = state.signatures.get(pending.args_key)
+        if signature is not None and signature.count > 1:
+            self._recorder.wasted(skey[1], tool_name(tool), duration_seconds)
+
+    def _reserve_rescue(
+        self, state: SessionState, key: str
+    ) -> tuple[str | None, str | None, tuple[SessionState, int, float | None] | None]:
+        """Under the lock: cached advice, or a reserved ask, or why not (budget, cooldown)."""
+        if self.advisor is None:
+            return None, None, None
+        cached = state.advice.get(key) if state.advice else None
+        if cached is not None:
+            return cached, "cached", None
+        policy = self.policy
+        if state.rescues >= policy.max_rescues:
+            return None, "budget", None
+        now = self._clock()
+        if state.last_rescue_at is not None and now - state.last_rescue_at < policy.cooldown_seconds:
+            return None, "cooldown", None
+        # Reserve the budget now; a failed ask refunds it (and the cooldown) in _advice_done.
+        previous = state.last_rescue_at
+        state.rescues += 1
+        state.last_rescue_at = now
+        return None, None, (state, state.epoch, previous)
+
+    def _ask(
+        self,
+        ask: tuple[SessionState, int, float | None],
+        key: str,
+        name: str,
+        canonical: bytes,
+        step: Step,
+        skey: SessionKey,
+        recent: tuple[str, ...],
+        wait: bool,
+    ) -> str | None:
+        """Ask the advisor off the lock; wait only when ``wait`` (hooks), never for spans.
+
+        The outcome (advice cached, or budget refunded) is settled by :meth:`_advice_done` when
+        the ask ends, whether or not anyone waited for it."""
+        state, epoch, previous = ask
+        advisor = self.advisor
+        assert advisor is not None
+        policy = self.policy
+        request = AdviceRequest(
+            session=skey[0],
+            tool=name,
+            arguments_preview=arguments_preview(canonical, policy.arguments_preview_chars),
+            count=step.count,
+            rule=step.rule.value if step.rule else "",
+            denial=message_for(step, name, canonical, policy, action=Action.DENY),
+            recent_calls=tuple(k[:12] for k in recent),
+        )
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="loopguard-advisor")
+        future: Future[str | None] = self._executor.submit(advisor, request)
+        future.add_done_callback(
+            lambda done: self._advice_done(done, state, epoch, previous, key)
+        )
+        if not wait:
+            return None
+        timeout = policy.advisor_timeout_seconds
+        if isinstance(advisor, CommandAdvisor):
+            timeout += _ADVISOR_GRACE_SECONDS  # let its own timeout kill it and say so first
+        try:
+            advice = future.result(timeout=timeout)
+        except (FutureTimeout, Exception):
+            return None
+        return _clean_advice(advice)
+
+    def _advice_done(self, future: Future[str | None], state: SessionState, epoch: int,
+                     previous: float | None, key: str) -> None:
+        """On the advisor thread: cache advice for this signature and epoch, or refund."""
+        try:
+            error = future.exception() if not future.cancelled() else None
+            advice = None if future.cancelled() or error is not None else (
+                _clean_advice(future.result()))
+            with self._lock:
+                if advice:
+                    if state.epoch == epoch:
+                        if state.advice is None:
+                            state.advice = {}
+                        state.advice[key] = advice
+                else:
+                    state.rescues = max(0, state.rescues - 1)
+                    if state.last_rescue_at is not None:
+                        state.last_rescue_at = previous
+            self._recorder.rescue("advice" if advice else "failed")
+            if error is not None:
+                self._internal_once("advisor", error)
+        except Exception as exc:  # never let a callback kill the advisor thread
+            self._internal_error("advisor_callback", exc)
+
+    def _reset(self, session: object, agent: object, where: str) -> None:
+        try:
+            with self._lock:
+                state = self._store.get(self._key(session, agent))
+                if state is not None:
+                    state.new_epoch(clear_stop=True)
+                evictions = self._take_evictions()
+            for reason in evictions:
+                self._recorder.evicted(reason)
+        except Exception as exc:
+            self._internal_error(where, exc)
+
+    def _take_evictions(self) -> list[str]:
+        if not self._evictions:
+            return []
+        taken = list(self._evictions)
+        self._evictions.clear()
+        return taken
+
+    def _internal_once(self, kind: str, exc: BaseException) -> None:
+        """Log an advisor failure once per kind (it is expected, not an internal error)."""
+        signature = (kind, type(exc).__name__)
+        if signature not in self._logged:
+            self._logged.add(signature)
+            _log.warning("loopguard %s unavailable: %s (further such failures are not logged)",
+                         kind, exc)
+
+    def _internal_error(self, where: str, exc: BaseException) -> None:
+        """Count and log (once per kind) an exception caught on the hot path."""
+        try:
+            with self._lock:
+                self._errors[where] = self._errors.get(where, 0) + 1
+                first = (where, type(exc).__name__) not in self._logged
+                self._logged.add((where, type(exc).__name__))
+            if first:
+                _log.error("loopguard internal error in %s; falling back to allow"
+                           " (further %s errors here are counted, not logged)",
+                           where, type(exc).__name__, exc_info=exc)
+            self._recorder.internal_error(where)
+        except Exception:  # pragma: no cover - logging itself failed; nothing left to do
+            pass

@@ -1,0 +1,153 @@
+"""The four detection rules of DESIGN §4, as pure functions over one session's history.
+
+A rule reads the history of the current progress epoch and the args key of the attempt being
+decided, and returns a :class:`Verdict` (which rule, how strong the evidence is) or ``None``. Rules
+never log, count, raise, mutate or read global configuration: what they need is passed in.
+
+Counts include the attempt being decided, so "count 3" means "this would be the third".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Protocol
+
+from .config import Policy, Rule
+
+__all__ = [
+    "History",
+    "SignatureHistory",
+    "Trend",
+    "Verdict",
+    "consecutive",
+    "evaluate",
+    "no_progress",
+    "stall",
+    "trend",
+    "window",
+]
+
+
+class Trend(str, Enum):
+    """What the known outcomes of one signature say about progress."""
+
+    #: No outcome known yet (hook without an after call, span still open).
+    UNKNOWN = "unknown"
+    #: The last known outcome equals the one before it, or only one is known.
+    SAME = "same"
+    #: The last two known outcomes differ: something is changing (polling).
+    CHANGING = "changing"
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """A rule's finding: ``count`` attempts count as evidence under ``rule``."""
+
+    rule: Rule
+    count: int
+
+
+class SignatureHistory(Protocol):
+    """What the rules read about one signature in the current epoch."""
+
+    @property
+    def count(self) -> int: ...  # attempts so far (not including the one being decided)
+    @property
+    def last_outcome(self) -> str | None: ...
+    @property
+    def previous_outcome(self) -> str | None: ...
+    @property
+    def outcome_counts(self) -> Mapping[str, int] | None: ...
+
+
+class History(Protocol):
+    """What the rules read about one session's current epoch."""
+
+    @property
+    def window(self) -> Sequence[str]: ...  # args keys of the latest tracked calls, oldest first
+    @property
+    def last_key(self) -> str | None: ...
+    @property
+    def run_length(self) -> int: ...
+    @property
+    def redundant(self) -> int: ...  # calls this epoch whose args key had been seen before
+    def signature(self, key: str) -> SignatureHistory | None: ...
+
+
+def consecutive(history: History, key: str) -> Verdict | None:
+    """The same args key N times in a row among tracked calls (the plain stuck call)."""
+    if history.last_key != key:
+        return None
+    return Verdict(Rule.CONSECUTIVE, history.run_length + 1)
+
+
+def window(history: History, key: str, size: int) -> Verdict | None:
+    """The same args key N times within the last ``size`` tracked calls of the epoch.
+
+    1. Look at the latest ``size - 1`` tracked calls (the attempt itself is the ``size``-th).
+    2. Count those with this args key; add one for the attempt.
+    Catches periodic loops (A,B,A,B; grep,grep,read,grep,...) that break a consecutive run.
+    """
+    recent = history.window
+    start = len(recent) - (size - 1)
+    count = 1 + (recent.count(key) if start <= 0 else recent[start:].count(key))
+    return Verdict(Rule.WINDOW, count) if count > 1 else None
+
+
+def no_progress(history: History, key: str) -> Verdict | None:
+    """The same args key with the same outcome key N times in the epoch (a loop that learns nothing).
+
+    1. Take the signature's latest known outcome.
+    2. Count the earlier attempts of this signature in the epoch that gave that same outcome.
+    3. Add one for the attempt, which is expected to give it again.
+    A poll whose result changes every time keeps this count at 2 at most.
+    """
+    signature = history.signature(key)
+    if signature is None or signature.last_outcome is None or not signature.outcome_counts:
+        return None
+    same = signature.outcome_counts.get(signature.last_outcome, 0)
+    return Verdict(Rule.NO_PROGRESS, same + 1) if same else None
+
+
+def stall(history: History, key: str, threshold: int) -> Verdict | None:
+    """S redundant calls (args key already seen this epoch) in one epoch, any signature."""
+    seen = history.signature(key) is not None
+    count = history.redundant + (1 if seen else 0)
+    return Verdict(Rule.STALL, count) if seen and count >= threshold else None
+
+
+def trend(signature: SignatureHistory | None) -> Trend:
+    """Classify the known outcomes of a signature (see :class:`Trend`)."""
+    if signature is None or signature.last_outcome is None:
+        return Trend.UNKNOWN
+    previous = signature.previous_outcome
+    if previous is not None and previous != signature.last_outcome:
+        return Trend.CHANGING
+    return Trend.SAME
+
+
+# Tie-break between signature rules of equal count: the most specific explanation wins
+# ("in a row" says more than "with the same result", which says more than "recently").
+_PREFERENCE = {Rule.CONSECUTIVE: 0, Rule.NO_PROGRESS: 1, Rule.WINDOW: 2}
+
+
+def evaluate(history: History, key: str, policy: Policy) -> tuple[Verdict | None, Verdict | None]:
+    """Run the enabled rules; return (strongest signature verdict, stall verdict)."""
+    rules = policy.rules
+    best: Verdict | None = None
+    candidates = (
+        consecutive(history, key) if Rule.CONSECUTIVE in rules else None,
+        no_progress(history, key) if Rule.NO_PROGRESS in rules else None,
+        window(history, key, policy.window_size) if Rule.WINDOW in rules else None,
+    )
+    for verdict in candidates:
+        if verdict is not None and (
+            best is None
+            or verdict.count > best.count
+            or (verdict.count == best.count and _PREFERENCE[verdict.rule] < _PREFERENCE[best.rule])
+        ):
+            best = verdict
+    stalled = stall(history, key, policy.stall_threshold) if Rule.STALL in rules else None
+    return best, stalled
