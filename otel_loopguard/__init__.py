@@ -18,7 +18,6 @@ from .policy import (
 )
 
 __all__ = [
-    "PRESETS",
     "Action",
     "AdviceRequest",
     "Advisor",
@@ -28,6 +27,7 @@ __all__ = [
     "LoopDetected",
     "LoopGuard",
     "Mode",
+    "PRESETS",
     "Policy",
     "Rule",
     "__version__",

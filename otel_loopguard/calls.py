@@ -14,7 +14,9 @@ still differ), and every key derivation is linear in the size of its input.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -46,6 +48,7 @@ SIGNATURE_CHARS: Final = 12
 _DIGEST_BYTES: Final = 16  # 128-bit keys: collisions are out of reach for any session size
 _SORT: Final = orjson.OPT_SORT_KEYS
 _SEPARATOR: Final = b"\x00"
+_LONG_DIGITS: Final = re.compile(r"\d{19}")
 
 
 def tool_name(tool: object) -> str:
@@ -77,9 +80,16 @@ def _parse_json_string(text: str) -> object:
     # so the raw text a model sent is compared as sent.
     if not stripped or stripped[0] not in "{[\"":
         return text
+    if _LONG_DIGITS.search(text) is None:  # orjson reads integers beyond 64 bits as floats
+        try:
+            return orjson.loads(text)
+        except orjson.JSONDecodeError:
+            pass
+    # Python's json keeps big integers exact and reads NaN/Infinity, as models may send them;
+    # nesting too deep for it stays raw.
     try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError:
+        return json.loads(text)
+    except (ValueError, RecursionError):
         return text
 
 

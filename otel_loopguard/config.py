@@ -471,16 +471,29 @@ def policy_from_env(base: Policy | None = None, environ: Mapping[str, str] | Non
             )
             preset = "default"
         base = PRESETS[preset]
-    policy = base
+    changes: dict[str, object] = {}
     for name in _FIELDS:
         variable = env_var(name)
         text = env.get(variable)
         if text is None:
             continue
         try:
-            policy = dataclasses.replace(policy, **{name: _parse_env(name, text)})  # type: ignore[arg-type]
+            changes[name] = _parse_env(name, text)
         except (ValueError, TypeError) as exc:
             _log.warning("%s=%r ignored: %s", variable, text, exc)
+    if not changes:
+        return base
+    try:
+        # All together first: overrides that only make sense jointly (deny and rescue) apply.
+        return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+    except (ValueError, TypeError):
+        pass
+    policy = base
+    for name, value in changes.items():
+        try:
+            policy = dataclasses.replace(policy, **{name: value})  # type: ignore[arg-type]
+        except (ValueError, TypeError) as exc:
+            _log.warning("%s=%r ignored: %s", env_var(name), env[env_var(name)], exc)
     return policy
 
 

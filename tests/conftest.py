@@ -1,0 +1,86 @@
+"""Shared test helpers: a fake clock and a scripted-call runner."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from otel_loopguard import Action, Decision, LoopGuard
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+FIXTURES = SHARED / "fixtures"
+
+
+def require_shared() -> Path:
+    """The ../shared folder; a failure in CI when missing, a skip elsewhere."""
+    if not FIXTURES.is_dir():
+        if os.environ.get("CI"):
+            pytest.fail(f"{FIXTURES} is missing; CI must have ../shared beside the clone")
+        pytest.skip(f"{FIXTURES} is missing")
+    return SHARED
+
+
+@dataclass
+class FakeClock:
+    """A monotonic clock the test moves by hand."""
+
+    now: float = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@dataclass
+class Call:
+    """One scripted tool call: what the agent asks and what the tool returns."""
+
+    tool: str
+    arguments: Any
+    result: Any = None
+    error: bool | None = False
+    session: str = "s"
+    report: bool = True  # call after_tool when the call ran
+
+
+@dataclass
+class Transcript:
+    decisions: list[Decision] = field(default_factory=list)
+
+    @property
+    def actions(self) -> list[Action]:
+        return [d.action for d in self.decisions]
+
+    def first(self, action: Action) -> int | None:
+        """1-based index of the first decision with ``action``."""
+        for index, decision in enumerate(self.decisions, 1):
+            if decision.action is action:
+                return index
+        return None
+
+    def count(self, action: Action) -> int:
+        return sum(1 for d in self.decisions if d.action is action)
+
+
+def run(guard: LoopGuard, calls: Iterable[Call]) -> Transcript:
+    """Drive the hook API as a framework adapter would: before, then after when it ran."""
+    transcript = Transcript()
+    for call in calls:
+        decision = guard.before_tool(call.tool, call.arguments, session=call.session)
+        transcript.decisions.append(decision)
+        if call.report and not decision.blocks:
+            guard.after_tool(call.tool, call.arguments, session=call.session,
+                             error=call.error, result=call.result)
+    return transcript
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()

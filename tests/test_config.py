@@ -1,0 +1,147 @@
+"""The policy object, presets, TOML and environment overrides (config.py)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from otel_loopguard import PRESETS, Mode, Policy, Rule, load_policy
+from otel_loopguard.config import env_var, policy_from_env, wildcard_regex
+
+
+def test_policy_is_frozen() -> None:
+    with pytest.raises(AttributeError):
+        Policy().deny_threshold = 3  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "value"),
+    [
+        ({"remind_thresholds": (1, 3)}, "remind_thresholds", "1"),
+        ({"remind_thresholds": (3, 3)}, "remind_thresholds", "[3, 3]"),
+        ({"remind_thresholds": (2.5,)}, "remind_thresholds", "2.5"),
+        ({"deny_threshold": 1}, "deny_threshold", "1"),
+        ({"deny_threshold": True}, "deny_threshold", "True"),
+        ({"remind_thresholds": (3, 6)}, "remind_thresholds", "[3, 6]"),
+        ({"rescue_threshold": 5}, "rescue_threshold", "5"),
+        ({"poll_limit": 6}, "poll_limit", "6"),
+        ({"arguments_preview_chars": 0}, "arguments_preview_chars", "0"),
+        ({"cooldown_seconds": -1}, "cooldown_seconds", "-1"),
+        ({"exclude_commands": ("(unclosed",)}, "exclude_commands", "'(unclosed'"),
+        ({"mutating_commands": ("[z-a]",)}, "mutating_commands", "'[z-a]'"),
+        ({"mode": "loud"}, "mode", "'loud'"),
+        ({"rules": ("consecutive", "psychic")}, "rules", "'psychic'"),
+        ({"include": "bash"}, "include", "'bash'"),
+        ({"max_sessions": 0}, "max_sessions", "0"),
+        ({"stall_threshold": 1}, "stall_threshold", "1"),
+    ],
+)
+def test_nonsense_fails_loudly_naming_field_and_value(
+    changes: dict[str, object], field: str, value: str
+) -> None:
+    with pytest.raises(ValueError) as info:
+        PRESETS["default"].replace(**changes)
+    assert field in str(info.value) and value in str(info.value)
+
+
+def test_unknown_field_is_named() -> None:
+    with pytest.raises(ValueError, match="deny_treshold"):
+        PRESETS["default"].replace(deny_treshold=3)
+
+
+def test_thresholds_are_sorted_on_load() -> None:
+    assert Policy(remind_thresholds=[5, 2, 3]).remind_thresholds == (2, 3, 5)  # type: ignore[arg-type]
+
+
+def test_rescue_needs_deny() -> None:
+    with pytest.raises(ValueError, match="rescue_threshold"):
+        Policy(deny_threshold=None, rescue_threshold=8, poll_limit=None)
+
+
+def test_presets_reproduce_the_plugins() -> None:
+    reminder, brake, rescue = PRESETS["reminder"], PRESETS["brake"], PRESETS["rescue"]
+    assert reminder.mode is Mode.ADVISE and reminder.rules == {Rule.CONSECUTIVE}
+    assert reminder.remind_thresholds == (3, 5, 8) and reminder.deny_threshold is None
+    assert brake.rules == {Rule.CONSECUTIVE} and brake.deny_threshold == 4
+    assert rescue.rules == {Rule.WINDOW, Rule.STALL} and rescue.window_size == 12
+    assert (rescue.deny_threshold, rescue.rescue_threshold, rescue.stall_threshold) == (3, 5, 40)
+
+
+def test_wildcards_treat_regex_metacharacters_literally() -> None:
+    assert wildcard_regex("mcp__*").fullmatch("mcp__github__search")
+    assert not wildcard_regex("a.c").fullmatch("abc")
+    assert wildcard_regex("a.c").fullmatch("A.C")
+    assert not wildcard_regex("read").fullmatch("read_file")
+
+
+def test_env_overrides_defaults() -> None:
+    env = {env_var("deny_threshold"): "7", env_var("remind_thresholds"): "4,2",
+           env_var("mode"): "ADVISE", env_var("exclude_commands"): r"^docker ps;;^kubectl get"}
+    policy = policy_from_env(environ=env)
+    assert policy.deny_threshold == 7
+    assert policy.remind_thresholds == (2, 4)
+    assert policy.mode is Mode.ADVISE
+    assert policy.exclude_commands == ("^docker ps", "^kubectl get")
+
+
+@pytest.mark.parametrize(
+    ("variable", "text"),
+    [("LOOPGUARD_DENY_THRESHOLD", "six"), ("LOOPGUARD_DENY_THRESHOLD", "1"),
+     ("LOOPGUARD_MODE", "loud"), ("LOOPGUARD_COOLDOWN_SECONDS", "-3"),
+     ("LOOPGUARD_EXCLUDE_COMMANDS", "(oops"), ("LOOPGUARD_PRESET", "nope")],
+)
+def test_bad_env_value_warns_naming_the_variable_and_keeps_default(
+    variable: str, text: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="otel_loopguard"):
+        policy = policy_from_env(environ={variable: text})
+    assert policy == PRESETS["default"]
+    assert variable in caplog.text and repr(text) in caplog.text
+
+
+def test_env_can_turn_off_an_optional_threshold() -> None:
+    env = {"LOOPGUARD_RESCUE_THRESHOLD": "none"}
+    assert policy_from_env(environ=env).rescue_threshold is None
+
+
+def test_load_policy_from_toml(tmp_path: Path) -> None:
+    path = tmp_path / "loopguard.toml"
+    path.write_text('[loopguard]\npreset = "brake"\ndeny_threshold = 5\nexclude = ["todo_*"]\n')
+    policy = load_policy(config_path=path, environ={})
+    assert policy.deny_threshold == 5 and policy.rules == {Rule.CONSECUTIVE}
+    assert policy.exclude == ("todo_*",)
+
+
+def test_toml_false_turns_off_optional_thresholds(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text("rescue_threshold = false\npoll_limit = false\n")
+    policy = load_policy(config_path=path, environ={})
+    assert policy.rescue_threshold is None and policy.poll_limit is None
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [("deny_threshold = 1\n", "deny_threshold"), ("colour = 3\n", "colour"),
+     ("deny_threshold = \n", "not valid TOML"), ('preset = "x"\n', "preset")],
+)
+def test_bad_config_file_names_file_and_field(tmp_path: Path, text: str, needle: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ValueError) as info:
+        load_policy(config_path=path, environ={})
+    assert str(path) in str(info.value) and needle in str(info.value)
+
+
+def test_missing_config_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="nope.toml"):
+        load_policy(config_path=tmp_path / "nope.toml", environ={})
+
+
+def test_config_file_beats_environment(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text("deny_threshold = 9\nrescue_threshold = 10\npoll_limit = 15\n")
+    env = {"LOOPGUARD_DENY_THRESHOLD": "7", "LOOPGUARD_WINDOW_SIZE": "30"}
+    policy = load_policy(config_path=path, environ=env)
+    assert policy.deny_threshold == 9 and policy.window_size == 30

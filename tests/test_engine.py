@@ -1,0 +1,106 @@
+"""Session state and the bounded store (engine.py)."""
+
+from __future__ import annotations
+
+from otel_loopguard import PRESETS
+from otel_loopguard.engine import (
+    MAX_PENDING_CALLS,
+    Classifier,
+    Pending,
+    SessionState,
+    SessionStore,
+    shell_command,
+)
+
+from .conftest import FakeClock
+
+POLICY = PRESETS["default"]
+
+
+def test_store_evicts_least_recently_used_beyond_capacity(clock: FakeClock) -> None:
+    evicted: list[str] = []
+    store = SessionStore(max_sessions=2, ttl_seconds=60, clock=clock, on_evict=evicted.append)
+    store.get("a")
+    store.get("b")
+    store.get("a")  # a is now the most recent
+    store.get("c")
+    assert "b" not in store and "a" in store and "c" in store
+    assert evicted == ["capacity"]
+
+
+def test_store_expires_idle_sessions_on_the_injected_clock(clock: FakeClock) -> None:
+    evicted: list[str] = []
+    store = SessionStore(max_sessions=10, ttl_seconds=60, clock=clock, on_evict=evicted.append)
+    store.get("a")
+    clock.advance(30)
+    store.get("b")
+    clock.advance(30)  # a idle for 60s: gone at the next access; b idle for 30s: kept
+    store.get("b")
+    assert "a" not in store and "b" in store
+    assert evicted == ["ttl"]
+    assert store.get("x", create=False) is None and len(store) == 1
+
+
+def test_signatures_per_session_are_bounded_lru() -> None:
+    policy = POLICY.replace(max_signatures_per_session=3)
+    state = SessionState(0.0)
+    for key in ["a", "b", "c", "a", "d"]:
+        state.record_attempt(key, policy, blocked=False)
+    assert list(state.signatures) == ["c", "a", "d"]  # b was least recently used
+    assert state.signatures["a"].count == 2
+
+
+def test_window_is_bounded_and_epoch_clears_evidence() -> None:
+    state = SessionState(0.0)
+    for n in range(100):
+        state.record_attempt(str(n % 7), POLICY, blocked=n % 2 == 0)
+    assert len(state.window) == POLICY.window_size - 1
+    assert state.redundant == 93 and state.denials == 50
+    state.stopped = True
+    state.new_epoch()
+    assert (state.window, state.signatures, state.redundant, state.denials) == ([], {}, 0, 0)
+    assert state.stopped and state.epoch == 1
+    state.new_epoch(clear_stop=True)
+    assert not state.stopped
+
+
+def test_pending_calls_are_bounded_and_matched_once() -> None:
+    state = SessionState(0.0)
+    for n in range(MAX_PENDING_CALLS + 10):
+        state.add_pending(f"id{n}", Pending("k", blocked=False, mutating=False))
+    assert state.pending is not None and len(state.pending) == MAX_PENDING_CALLS
+    assert state.take_pending("id0") is None  # the oldest were forgotten
+    last = f"id{MAX_PENDING_CALLS + 9}"
+    assert state.take_pending(last) is not None
+    assert state.take_pending(last) is None
+
+
+def test_outcomes_feed_the_signature() -> None:
+    state = SessionState(0.0)
+    state.record_attempt("k", POLICY, blocked=False)
+    state.record_outcome("k", "r1")
+    state.record_outcome("k", "r2")
+    state.record_outcome("gone", "r1")  # unknown signature: ignored
+    sig = state.signatures["k"]
+    assert (sig.previous_outcome, sig.last_outcome, sig.outcome_counts) == ("r1", "r2",
+                                                                           {"r1": 1, "r2": 1})
+
+
+def test_shell_command_shapes() -> None:
+    assert shell_command({"command": "ls"}) == "ls"
+    assert shell_command({"command": ["bash", "-lc", "ls -la"]}) == "bash -lc ls -la"
+    assert shell_command({"path": "x"}) is None
+    assert shell_command("echo hi") == "echo hi"
+
+
+def test_classifier_tracks_and_detects_mutation() -> None:
+    classifier = Classifier(POLICY.replace(exclude=("todo*",), exclude_commands=(r"^docker ps",)))
+    assert classifier.classify("TodoWrite", {}) == (False, False)
+    assert classifier.classify("Bash", {"command": "docker ps -a"}) == (False, False)
+    assert classifier.classify("Edit", {"file_path": "a"}) == (True, True)
+    for command in ["sed -i 's/a/b/' f", "echo x > out.txt", "git commit -m x", "pip install y",
+                    "rm -rf build", "cat a | tee b", "patch -p1 < fix.diff", "npm install"]:
+        assert classifier.classify("bash", {"command": command}) == (True, True), command
+    for command in ["cat a.txt", "grep -r x .", "ls > /dev/null", "echo x >&2", "git status",
+                    "pytest -q 2>&1", "cargo clippy"]:
+        assert classifier.classify("bash", {"command": command}) == (True, False), command

@@ -1,0 +1,210 @@
+"""LoopGuard's hook API: counting once, modes, wrap, errors (guard.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+
+from otel_loopguard import PRESETS, Action, LoopDetected, LoopGuard, Mode, Rule
+
+from .conftest import Call, run
+
+DEFAULT = PRESETS["default"]
+DENY = DEFAULT.deny_threshold
+FIRST_REMIND = DEFAULT.remind_thresholds[0]
+assert DENY is not None
+
+
+def test_before_and_after_for_one_call_count_once() -> None:
+    guard = LoopGuard(DEFAULT)
+    for n in range(1, DENY):
+        decision = guard.before_tool("search", {"q": "x"}, session="s", call_id=f"c{n}")
+        assert decision.count == (n if n > 1 else 0)
+        assert guard.after_tool("search", {"q": "x"}, session="s", call_id=f"c{n}",
+                                result="r") is None
+    assert guard.before_tool("search", {"q": "x"}, session="s").action is Action.DENY
+
+
+def test_after_without_call_id_matches_the_pending_hook_call() -> None:
+    guard = LoopGuard(DEFAULT)
+    for _ in range(DENY - 1):
+        guard.before_tool("search", {"q": "x"}, session="s")
+        # the span reports it with an id the hook never saw: still the same call
+        assert guard.after_tool("search", '{"q": "x"}', session="s", call_id="span-id") is None
+    assert guard.before_tool("search", {"q": "x"}, session="s").action is Action.DENY
+
+
+def test_after_alone_counts_the_call() -> None:
+    guard = LoopGuard(DEFAULT)
+    decisions = [guard.after_tool("search", {"q": "x"}, session="s", result="r")
+                 for _ in range(DENY)]
+    assert decisions[FIRST_REMIND - 1] is not None
+    assert decisions[FIRST_REMIND - 1].action is Action.REMIND  # type: ignore[union-attr]
+    assert decisions[-1] is not None and decisions[-1].detected is Action.DENY
+
+
+def test_denied_attempts_count_and_are_never_progress() -> None:
+    policy = DEFAULT.replace(mutating_tools=("write",))
+    guard = LoopGuard(policy)
+    run(guard, [Call("write", {"path": "a", "text": "x"}, report=False)] * DENY)
+    denied = guard.before_tool("write", {"path": "a", "text": "x"}, session="s", call_id="d")
+    assert denied.blocks
+    # the framework still reports the blocked call as finished "successfully": no new epoch
+    guard.after_tool("write", {"path": "a", "text": "x"}, session="s", call_id="d",
+                     result=denied.message)
+    assert guard.before_tool("write", {"path": "a", "text": "x"}, session="s").blocks
+
+
+def test_successful_mutating_call_starts_a_new_epoch() -> None:
+    guard = LoopGuard(DEFAULT)
+    run(guard, [Call("read", {"path": "a"}, result="A")] * (DENY - 1))
+    run(guard, [Call("write_file", {"path": "a", "text": "B"}, result="ok")])
+    assert guard.before_tool("read", {"path": "a"}, session="s").action is Action.ALLOW
+
+
+def test_failed_mutating_call_is_not_progress() -> None:
+    guard = LoopGuard(DEFAULT)
+    run(guard, [Call("read", {"path": "a"}, result="A")] * (DENY - 1))
+    run(guard, [Call("write_file", {"path": "a"}, error=True, result="denied")])
+    assert guard.before_tool("read", {"path": "a"}, session="s").action is Action.DENY
+
+
+def test_agents_in_one_session_have_separate_chains() -> None:
+    guard = LoopGuard(DEFAULT)
+    for agent in ("main", "sub-1", "sub-2"):
+        for _ in range(DENY - 1):
+            assert not guard.before_tool("ls", {}, session="s", agent=agent).blocks
+    assert guard.before_tool("ls", {}, session="s", agent="sub-1").blocks
+
+
+def test_observe_mode_answers_allow_but_detects() -> None:
+    guard = LoopGuard(DEFAULT.replace(mode=Mode.OBSERVE))
+    transcript = run(guard, [Call("ls", {}, result="x")] * DENY)
+    assert set(transcript.actions) == {Action.ALLOW}
+    assert transcript.decisions[-1].detected is Action.DENY
+    assert transcript.decisions[-1].message == ""
+
+
+def test_advise_mode_turns_blocks_into_detailed_reminders() -> None:
+    guard = LoopGuard(DEFAULT.replace(mode=Mode.ADVISE))
+    transcript = run(guard, [Call("ls", {"path": "."}, result="x")] * (DENY + 5))
+    assert not any(d.blocks for d in transcript.decisions)
+    last = transcript.decisions[DENY - 1]
+    assert last.action is Action.REMIND and last.detected is Action.DENY
+    assert "Arguments:" in last.message
+
+
+def test_untracked_tools_are_allowed_without_counting() -> None:
+    guard = LoopGuard(DEFAULT.replace(include=("search*",)))
+    assert all(guard.before_tool("ls", {}, session="s") .count == 0 for _ in range(20))
+    assert not any(guard.before_tool("ls", {}, session="s").blocks for _ in range(20))
+    assert guard.session_count == 0
+
+
+def test_loop_detected_carries_no_arguments() -> None:
+    guard = LoopGuard(DEFAULT)
+    secret = "hunter2-secret-token"
+    run(guard, [Call("login", {"password": secret}, report=False)] * (DENY - 1))
+    decision = guard.before_tool("login", {"password": secret}, session="s")
+    error = LoopDetected(decision)
+    assert (error.code, error.tool, error.count, error.threshold) == ("deny", "login", DENY, DENY)
+    assert error.signature == decision.signature and error.session == "s"
+    assert secret not in str(error) and secret not in repr(error.args)
+
+
+def test_wrap_sync_raises_and_appends_reminders() -> None:
+    guard = LoopGuard(DEFAULT)
+    ran: list[str] = []
+
+    @guard.wrap
+    def search(query: str, limit: int = 10) -> str:
+        ran.append(query)
+        return f"results for {query}"
+
+    results = [search("x") if n % 2 else search(query="x", limit=10) for n in range(DENY - 1)]
+    assert "[loopguard]" in results[FIRST_REMIND - 1]
+    assert results[0] == "results for x"
+    with pytest.raises(LoopDetected) as info:
+        search("x")
+    assert info.value.code == "deny" and info.value.tool == "search"
+    assert len(ran) == DENY - 1  # the denied call did not run
+
+
+def test_wrap_async_returns_the_message_when_configured() -> None:
+    guard = LoopGuard(DEFAULT)
+
+    async def fetch(url: str) -> dict[str, Any]:
+        return {"status": 200}
+
+    wrapped = guard.wrap(fetch, tool="http_get", session=lambda: "conv-1", on_block="return")
+
+    async def main() -> list[Any]:
+        return [await wrapped("https://example.invalid") for _ in range(DENY)]
+
+    results = asyncio.run(main())
+    assert results[0] == {"status": 200}
+    assert isinstance(results[-1], str) and "Not run" in results[-1] and "`http_get`" in results[-1]
+
+
+def test_wrap_reports_errors_as_outcomes() -> None:
+    guard = LoopGuard(DEFAULT)
+
+    @guard.wrap(tool="flaky")
+    def flaky() -> None:
+        raise ConnectionError("down")
+
+    for _ in range(DENY - 1):
+        with pytest.raises(ConnectionError):
+            flaky()
+    with pytest.raises(LoopDetected):
+        flaky()
+
+
+def test_wrap_rejects_bad_options() -> None:
+    with pytest.raises(ValueError, match="on_block"):
+        LoopGuard(DEFAULT).wrap(len, on_block="explode")  # type: ignore[call-overload]
+
+
+class ExplodingRecorder:
+    def __getattr__(self, name: str) -> Any:
+        def explode(*args: object) -> None:
+            raise RuntimeError(f"recorder {name} failed")
+        return explode
+
+
+def test_internal_errors_fall_back_to_allow_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    guard = LoopGuard(DEFAULT, recorder=ExplodingRecorder())  # type: ignore[arg-type]
+    with caplog.at_level(logging.ERROR, logger="otel_loopguard"):
+        decisions = [guard.before_tool("ls", {}, session="s") for _ in range(5)]
+        assert guard.after_tool("ls", {}, session="t") is None
+    assert all(d.action is Action.ALLOW for d in decisions)
+    assert guard.internal_errors == {"before_tool": 5, "after_tool": 1}
+    assert caplog.text.count("internal error in before_tool") == 1
+
+
+def test_bad_constructor_values_fail_loudly() -> None:
+    with pytest.raises(ValueError, match="policy"):
+        LoopGuard("strict")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="advisor"):
+        LoopGuard(DEFAULT, advisor="gpt")  # type: ignore[arg-type]
+
+
+def test_stall_stops_varied_grinding() -> None:
+    policy = DEFAULT.replace(stall_threshold=10)
+    guard = LoopGuard(policy)
+    calls = [Call("read", {"path": f"f{n % 4}"}, result=f"content {n % 4}") for n in range(40)]
+    transcript = run(guard, calls)
+    stop = transcript.first(Action.STOP)
+    assert stop is not None
+    decision = transcript.decisions[stop - 1]
+    assert decision.rule is Rule.STALL and decision.count == policy.stall_threshold
+    assert "not making progress" in decision.message
+
+
+def test_default_policy_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOOPGUARD_DENY_THRESHOLD", "9")
+    monkeypatch.setenv("LOOPGUARD_RESCUE_THRESHOLD", "none")
+    assert LoopGuard().policy.deny_threshold == 9

@@ -1,0 +1,138 @@
+"""Invariants, property-tested: key order, transparency, isolation, never raising."""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from otel_loopguard import PRESETS, Action, LoopGuard
+from otel_loopguard.calls import ToolCall
+
+DEFAULT = PRESETS["default"]
+
+json_scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text()
+json_values = st.recursive(
+    json_scalars,
+    lambda children: st.lists(children, max_size=4)
+    | st.dictionaries(st.text(max_size=6), children, max_size=4),
+    max_leaves=20,
+)
+
+
+def shuffled(value: Any, rng: random.Random) -> Any:
+    """The same value with every object's keys in another insertion order."""
+    if isinstance(value, dict):
+        items = list(value.items())
+        rng.shuffle(items)
+        return {k: shuffled(v, rng) for k, v in items}
+    if isinstance(value, list):
+        return [shuffled(v, rng) for v in value]
+    return value
+
+
+@given(json_values, st.randoms())
+def test_key_order_never_matters(value: Any, rng: random.Random) -> None:
+    a = ToolCall.build("tool", value, session="s")
+    b = ToolCall.build("tool", shuffled(value, rng), session="s")
+    assert a.args_key == b.args_key
+
+
+@given(st.dictionaries(st.text(max_size=6), json_values, max_size=4), st.randoms())
+def test_json_string_and_object_give_one_key(value: dict[str, Any], rng: random.Random) -> None:
+    import json
+
+    if any(isinstance(v, float) and not math.isfinite(v) for v in _leaves(value)):
+        return  # JSON text has no NaN/inf
+    as_text = json.dumps(shuffled(value, rng))
+    assert ToolCall.build("t", as_text, session="s").args_key == ToolCall.build(
+        "t", value, session="s").args_key
+
+
+def _leaves(value: Any) -> list[Any]:
+    if isinstance(value, dict):
+        return [leaf for v in value.values() for leaf in _leaves(v)]
+    if isinstance(value, list):
+        return [leaf for v in value for leaf in _leaves(v)]
+    return [value]
+
+
+tracked_calls = st.lists(
+    st.tuples(st.sampled_from(["grep", "read", "ls"]), st.integers(0, 2), st.integers(0, 1)),
+    max_size=40,
+)
+
+
+@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@given(tracked_calls, st.lists(st.integers(0, 40), max_size=15))
+def test_untracked_calls_are_transparent(calls: list[tuple[str, int, int]],
+                                        positions: list[int]) -> None:
+    policy = DEFAULT.replace(exclude=("todo*",), exclude_commands=(r"^docker ps",))
+
+    def decide(with_noise: bool) -> list[tuple[Action, int]]:
+        guard = LoopGuard(policy)
+        noise = set(positions) if with_noise else set()
+        out = []
+        for index, (tool, arg, result) in enumerate(calls):
+            if index in noise:
+                guard.before_tool("TodoWrite", {"todos": [index]}, session="s")
+                guard.after_tool("TodoWrite", {"todos": [index]}, session="s", result="ok")
+                guard.before_tool("bash", {"command": "docker ps"}, session="s")
+                guard.after_tool("bash", {"command": "docker ps"}, session="s", result=index)
+            decision = guard.before_tool(tool, {"a": arg}, session="s")
+            out.append((decision.action, decision.count))
+            if not decision.blocks:
+                guard.after_tool(tool, {"a": arg}, session="s", result=result)
+        return out
+
+    assert decide(True) == decide(False)
+
+
+@settings(max_examples=100)
+@given(tracked_calls, tracked_calls, st.randoms())
+def test_sessions_are_isolated(a: list[tuple[str, int, int]], b: list[tuple[str, int, int]],
+                               rng: random.Random) -> None:
+    def alone(calls: list[tuple[str, int, int]]) -> list[Action]:
+        guard = LoopGuard(DEFAULT)
+        return [guard.before_tool(t, {"a": x}, session="only").action for t, x, _ in calls]
+
+    tagged = [("A", c) for c in a] + [("B", c) for c in b]
+    # interleave while keeping each session's own order
+    order = sorted(range(len(tagged)), key=lambda i: (rng.random(), i))
+    queues = {"A": list(a), "B": list(b)}
+    guard = LoopGuard(DEFAULT)
+    seen: dict[str, list[Action]] = {"A": [], "B": []}
+    for i in order:
+        session = tagged[i][0]
+        tool, x, _ = queues[session].pop(0)
+        seen[session].append(guard.before_tool(tool, {"a": x}, session=session).action)
+    assert seen["A"] == alone(a)
+    assert seen["B"] == alone(b)
+
+
+anything = st.one_of(
+    json_values,
+    st.binary(max_size=64),
+    st.builds(object),
+    st.sets(st.integers(), max_size=4),
+    st.dictionaries(st.integers() | st.text(max_size=3), json_values, max_size=3),
+    st.tuples(st.floats(), st.text()),
+)
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(anything, anything, anything, anything, anything, anything, st.none() | st.booleans())
+def test_no_input_makes_the_hooks_raise(tool: Any, arguments: Any, session: Any, agent: Any,
+                                        call_id: Any, result: Any, error: Any) -> None:
+    guard = LoopGuard(DEFAULT)
+    for _ in range(3):
+        decision = guard.before_tool(tool, arguments, session=session, agent=agent,
+                                     call_id=call_id)
+        assert isinstance(decision.action, Action)
+        guard.after_tool(tool, arguments, session=session, agent=agent, call_id=call_id,
+                         error=error, result=result, duration_seconds=result)  # type: ignore[arg-type]
+        guard.user_message(session)
+    assert guard.internal_errors == {}

@@ -1,0 +1,37 @@
+"""The public API is exactly what __all__ says (a change here is a release note)."""
+
+from __future__ import annotations
+
+import otel_loopguard
+
+
+def test_all_is_pinned_and_sorted() -> None:
+    assert otel_loopguard.__all__ == [
+        "Action",
+        "AdviceRequest",
+        "Advisor",
+        "AdvisorError",
+        "CommandAdvisor",
+        "Decision",
+        "LoopDetected",
+        "LoopGuard",
+        "Mode",
+        "PRESETS",
+        "Policy",
+        "Rule",
+        "__version__",
+        "load_policy",
+    ]
+    assert otel_loopguard.__all__ == sorted(otel_loopguard.__all__)
+
+
+def test_every_name_in_all_exists() -> None:
+    for name in otel_loopguard.__all__:
+        assert hasattr(otel_loopguard, name), name
+
+
+def test_enum_values_are_the_wire_strings() -> None:
+    assert [a.value for a in otel_loopguard.Action] == ["allow", "remind", "deny", "rescue", "stop"]
+    assert [r.value for r in otel_loopguard.Rule] == [
+        "consecutive", "window", "no_progress", "stall"]
+    assert [m.value for m in otel_loopguard.Mode] == ["observe", "advise", "enforce"]
