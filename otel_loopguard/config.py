@@ -276,6 +276,13 @@ class Policy:
                 f"poll_limit: {self.poll_limit!r} must be above deny_threshold={deny}"
                 " (polling is spared up to it)"
             )
+        if self.max_signatures_per_session < 2 * self.window_size:
+            # The rules rely on every key in the window being remembered as a signature, and
+            # pruning drops a quarter of the signatures at once.
+            raise ValueError(
+                f"max_signatures_per_session: {self.max_signatures_per_session!r} must be at least"
+                f" twice window_size={self.window_size}"
+            )
         if Rule.WINDOW in self.rules and self.window_size < 2:
             raise ValueError(f"window_size: must be >= 2 for the window rule, got {self.window_size!r}")
         for name in ("include", "exclude", "shell_tools", "mutating_tools"):

@@ -34,6 +34,7 @@ MAX_PENDING_CALLS: Final = 64
 MAX_COMMAND_CHARS: Final = 4096
 _COMMAND_KEYS: Final = ("command", "cmd", "script", "commands")
 _MAX_CACHED_TOOL_NAMES: Final = 1024
+_EXPIRY_INTERVAL_SECONDS: Final = 1.0
 
 
 def shell_command(arguments: object) -> str | None:
@@ -92,7 +93,8 @@ class Classifier:
 
     def classify(self, tool: str, arguments: object) -> tuple[bool, bool]:
         """Return (tracked, mutating) for a call of ``tool`` with canonical ``arguments``."""
-        tracked, shell, mutating = self.tool_kind(tool)
+        kind = self._cache.get(tool)
+        tracked, shell, mutating = kind if kind is not None else self.tool_kind(tool)
         if not tracked or not shell:
             return tracked, mutating
         command = shell_command(arguments)
@@ -112,13 +114,13 @@ def _union(patterns: tuple[str, ...]) -> re.Pattern[str] | None:
 class SignatureState:
     """What one session remembers about one signature in the current epoch."""
 
-    __slots__ = ("count", "last_outcome", "outcome_counts", "previous_outcome")
+    __slots__ = ("changed", "count", "last_outcome", "same_outcomes")
 
     def __init__(self) -> None:
         self.count = 0
         self.last_outcome: str | None = None
-        self.previous_outcome: str | None = None
-        self.outcome_counts: dict[str, int] | None = None  # created at the first known outcome
+        self.same_outcomes = 0
+        self.changed = False
 
 
 @dataclass(slots=True)
@@ -159,10 +161,10 @@ class SessionState:
         self.last_key: str | None = None
         self.run_length = 0
         self.redundant = 0
-        self.signatures: dict[str, SignatureState] = {}
+        self.signatures: dict[str, SignatureState] = {}  # least recently used first
         self.denials = 0
         self.stopped = False
-        self.pending: dict[str, Pending] | None = None
+        self.pending: OrderedDict[str, Pending] | None = None
         self.advice: dict[str, str] | None = None  # args key -> advice, this epoch
         self.rescues = 0
         self.last_rescue_at: float | None = None
@@ -192,10 +194,10 @@ class SessionState:
         if signature is None:
             signature = SignatureState()
             if len(signatures) >= policy.max_signatures_per_session:
-                del signatures[next(iter(signatures))]
+                self._prune(policy.max_signatures_per_session)
         else:
             self.redundant += 1
-        signatures[key] = signature  # (re)inserted last: the dict's order is least recent first
+        self.signatures[key] = signature  # (re)inserted last: least recently used stay first
         signature.count += 1
         if self.last_key == key:
             self.run_length += 1
@@ -210,6 +212,17 @@ class SessionState:
             self.denials += 1
         return repeated
 
+    def _prune(self, limit: int) -> None:
+        """Forget the least recently used quarter of the signatures at once.
+
+        Rebuilding in batches keeps eviction amortised O(1) and the dict compact (deleting from
+        the front one entry at a time makes each next(iter(...)) scan more deleted slots).
+        Keys still in the window are among the most recent (limit >= window size), so kept.
+        """
+        keep = limit - max(1, limit // 4)
+        items = list(self.signatures.items())
+        self.signatures = dict(items[len(items) - keep:])
+
     def record_outcome(self, key: str, outcome: str | None) -> None:
         """Add the outcome of a finished attempt of ``key`` (ignored if the signature was evicted)."""
         if outcome is None:
@@ -217,25 +230,25 @@ class SessionState:
         signature = self.signatures.get(key)
         if signature is None:
             return
-        signature.previous_outcome = signature.last_outcome
-        signature.last_outcome = outcome
-        counts = signature.outcome_counts
-        if counts is None:
-            signature.outcome_counts = {outcome: 1}
+        if outcome == signature.last_outcome:
+            signature.same_outcomes += 1
+            signature.changed = False
         else:
-            counts[outcome] = counts.get(outcome, 0) + 1
+            signature.changed = signature.last_outcome is not None
+            signature.last_outcome = outcome
+            signature.same_outcomes = 1
 
     def add_pending(self, ref: str, pending: Pending) -> None:
         table = self.pending
         if table is None:
-            table = self.pending = {}
+            table = self.pending = OrderedDict()
         existing = table.get(ref)
         if existing is not None and existing.args_key == pending.args_key:
             existing.outstanding += 1
             existing.blocked = pending.blocked
             return
         if len(table) >= MAX_PENDING_CALLS:
-            del table[next(iter(table))]
+            table.popitem(last=False)
         table[ref] = pending
 
     def take_pending(self, ref: str) -> Pending | None:
@@ -250,6 +263,8 @@ class SessionState:
         pending.outstanding -= 1
         if pending.outstanding <= 0:
             del table[ref]
+            if not table:
+                self.pending = None  # an idle session keeps no empty table
         return pending
 
 
@@ -269,6 +284,7 @@ class SessionStore:
         self._sessions: OrderedDict[object, SessionState] = OrderedDict()
         self._max = max_sessions
         self._ttl = ttl_seconds
+        self._next_expiry = float("-inf")
         self.clock = clock
         self._on_evict = on_evict
 
@@ -281,7 +297,8 @@ class SessionStore:
     def get(self, key: object, *, create: bool = True) -> SessionState | None:
         """Return the session for ``key`` (created when missing and ``create``), marking it used."""
         now = self.clock()
-        self._expire(now)
+        if now >= self._next_expiry:
+            self._expire(now)
         sessions = self._sessions
         state = sessions.get(key)
         if state is None:
@@ -299,6 +316,11 @@ class SessionStore:
         return state
 
     def _expire(self, now: float) -> None:
+        # Sweeping at most once per second keeps TTL eviction off the per-call cost; a session
+        # may outlive its TTL by up to that second.
+        if now < self._next_expiry:
+            return
+        self._next_expiry = now + _EXPIRY_INTERVAL_SECONDS
         sessions = self._sessions
         deadline = now - self._ttl
         while sessions:
@@ -310,5 +332,6 @@ class SessionStore:
                 self._on_evict("ttl")
 
     def expire(self) -> None:
-        """Drop sessions idle for longer than the TTL now (also done on every ``get``)."""
+        """Drop sessions idle for longer than the TTL now (``get`` does so at most once a second)."""
+        self._next_expiry = float("-inf")
         self._expire(self.clock())

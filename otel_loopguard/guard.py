@@ -18,7 +18,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Final, Literal, TypeVar, cast, overload
 
-from .calls import args_key, canonical_arguments, canonical_json, outcome_key, tool_name
+from .calls import (
+    MAX_TOOL_NAME_CHARS,
+    args_key,
+    canonical_arguments,
+    canonical_json,
+    outcome_key,
+    tool_name,
+)
 from .config import Mode, Policy, policy_from_env
 from .engine import Classifier, Pending, SessionState, SessionStore
 from .metrics import NoopRecorder, Recorder
@@ -43,12 +50,12 @@ __all__ = ["LoopGuard"]
 _log = logging.getLogger("otel_loopguard")
 
 _BLOCKING: Final = frozenset({Action.DENY, Action.RESCUE, Action.STOP})
+_ALLOW_STEP: Final = Step(Action.ALLOW)
 #: Extra seconds a hook waits beyond a command advisor's own timeout, so the kill is reported.
 _ADVISOR_GRACE_SECONDS: Final = 2.0
 _RECENT_CALLS: Final = 8
 
 F = TypeVar("F", bound=Callable[..., Any])
-SessionKey = tuple[str, "str | None"]
 
 
 def _clean_advice(advice: object) -> str | None:
@@ -100,6 +107,9 @@ class LoopGuard:
         )
         self._classifier = Classifier(self.policy)
         self._executor: ThreadPoolExecutor | None = None
+        # Per thread, the last call before_tool keyed: (arguments object, tool, args key). An
+        # after_tool with the very same objects reuses the key instead of hashing again.
+        self._last = threading.local()
         self._errors: dict[str, int] = {}
         self._logged: set[tuple[str, str]] = set()
 
@@ -120,7 +130,7 @@ class LoopGuard:
         policy's ``advisor_timeout_seconds`` while the advisor is asked. Never raises.
         """
         try:
-            return self._attempt(tool, arguments, session, agent, call_id, wait_for_advice=True)
+            return self._attempt(tool, arguments, session, agent, call_id, True)
         except Exception as exc:  # the hot path never raises (STYLE.md, error zone 3)
             self._internal_error("before_tool", exc)
             return ALLOW
@@ -289,8 +299,17 @@ class LoopGuard:
 
     # -- internals -----------------------------------------------------------------------------
 
-    def _key(self, session: object, agent: object) -> SessionKey:
-        return (_text(session), None if agent is None else _text(agent))
+    @staticmethod
+    def _ids(session: object, agent: object) -> tuple[str, str | None]:
+        return (
+            session if type(session) is str else _text(session),
+            agent if agent is None or type(agent) is str else _text(agent),
+        )
+
+    @staticmethod
+    def _store_key(sid: str, aid: str | None) -> object:
+        # The session string alone when there is no agent (the common case, and less memory).
+        return sid if aid is None else (sid, aid)
 
     def _attempt(
         self,
@@ -299,7 +318,6 @@ class LoopGuard:
         session: object,
         agent: object,
         call_id: object,
-        *,
         wait_for_advice: bool,
         after_the_fact: bool = False,
         outcome: str | None = None,
@@ -309,28 +327,38 @@ class LoopGuard:
         """Count one attempt and decide. ``after_the_fact``: the attempt already ran (reported
         only when it ended), so its outcome is recorded at once and it is never pending."""
         policy = self.policy
-        name = tool_name(tool)
+        name = tool if type(tool) is str and len(tool) <= MAX_TOOL_NAME_CHARS else tool_name(tool)
         value = canonical_arguments(arguments, policy.ignored_args)
         tracked, mutating = self._classifier.classify(name, value)
         if not tracked:
             return ALLOW
         canonical = canonical_json(value)
         key = args_key(name, canonical)
-        skey = self._key(session, agent)
+        store_key: object
+        if type(session) is str and agent is None:
+            sid, aid, store_key = session, None, session  # the common case, without the calls
+        else:
+            sid, aid = self._ids(session, agent)
+            store_key = self._store_key(sid, aid)
         ask: tuple[SessionState, int, float | None] | None = None
         advice: str | None = None
         rescue_outcome: str | None = None
         with self._lock:
-            state = cast(SessionState, self._store.get(skey))
+            state = cast(SessionState, self._store.get(store_key))
+            if not after_the_fact:
+                self._last.call = (arguments, tool, session, agent, key, state)
             verdict, stalled = evaluate(state, key, policy)
-            step = climb(
-                verdict,
-                stalled,
-                trend(state.signature(key)),
-                denials=state.denials,
-                stopped=state.stopped,
-                policy=policy,
-            )
+            if verdict is None and stalled is None and not state.stopped:
+                step = _ALLOW_STEP  # the common case: nothing repeats
+            else:
+                step = climb(
+                    verdict,
+                    stalled,
+                    trend(state.signature(key)),
+                    denials=state.denials,
+                    stopped=state.stopped,
+                    policy=policy,
+                )
             detected_block = step.action in _BLOCKING
             enforced_block = detected_block and policy.mode is Mode.ENFORCE and not after_the_fact
             repeated = state.record_attempt(key, policy, blocked=detected_block)
@@ -345,20 +373,22 @@ class LoopGuard:
                     _text(call_id) if call_id is not None else key,
                     Pending(key, enforced_block, mutating),
                 )
+            recent: tuple[str, ...] = ()
             if step.action is Action.RESCUE:
                 advice, rescue_outcome, ask = self._reserve_rescue(state, key)
-            recent = tuple(state.window[-_RECENT_CALLS:])
-            evictions = self._take_evictions()
+                recent = tuple(state.window[-_RECENT_CALLS:])
+            evictions = self._take_evictions() if self._evictions else None
 
         recorder = self._recorder
-        for reason in evictions:
-            recorder.evicted(reason)
-        recorder.tool_call(skey[1], name, repeated)
+        if evictions:
+            for reason in evictions:
+                recorder.evicted(reason)
+        recorder.tool_call(aid, name, repeated)
         if after_the_fact and repeated and duration_seconds:
-            recorder.wasted(skey[1], name, duration_seconds)
+            recorder.wasted(aid, name, duration_seconds)
 
         if ask is not None:
-            advice = self._ask(ask, key, name, canonical, step, skey, recent, wait_for_advice)
+            advice = self._ask(ask, key, name, canonical, step, sid, recent, wait_for_advice)
         if rescue_outcome is not None:
             recorder.rescue(rescue_outcome)
         if step.action is Action.RESCUE and advice is None:
@@ -368,8 +398,8 @@ class LoopGuard:
             if not repeated:
                 return ALLOW
             return Decision(Action.ALLOW, rule=step.rule, count=step.count,
-                            signature=key[:12], tool=name, session=skey[0], repeated=True)
-        recorder.decision(skey[1], name, step.rule.value if step.rule else "none",
+                            signature=key[:12], tool=name, session=sid, repeated=True)
+        recorder.decision(aid, name, step.rule.value if step.rule else "none",
                           step.action.value, step.count)
         action: Action = step.action
         if policy.mode is Mode.OBSERVE:
@@ -387,7 +417,7 @@ class LoopGuard:
             threshold=step.threshold,
             signature=key[:12],
             tool=name,
-            session=skey[0],
+            session=sid,
             repeated=repeated,
             detected=step.action,
         )
@@ -403,18 +433,32 @@ class LoopGuard:
         result: object,
         duration_seconds: float | None,
     ) -> Decision | None:
-        skey = self._key(session, agent)
         ref = _text(call_id) if call_id is not None else None
         outcome = outcome_key(result, error)
-        if ref is not None:
+        last = getattr(self._last, "call", None)
+        known_key: str | None = None
+        known_state: SessionState | None = None
+        if (last is not None and last[0] is arguments and last[1] is tool
+                and last[2] == session and last[3] == agent):
+            # The same objects this thread's last before_tool keyed: reuse its key and session.
+            known_key, known_state = last[4], last[5]
+        if ref is not None or known_key is not None:
             with self._lock:
-                state = self._store.get(skey, create=False)
-                pending = state.take_pending(ref) if state is not None else None
+                state = known_state or self._store.get(
+                    self._store_key(*self._ids(session, agent)), create=False)
+                pending = None
+                if state is not None:
+                    if ref is not None:
+                        pending = state.take_pending(ref)
+                    if pending is None and known_key is not None:
+                        pending = state.take_pending(known_key)
                 if pending is not None:
                     self._apply_outcome(state, pending, outcome, error)  # type: ignore[arg-type]
             if pending is not None:
-                self._record_wasted(state, pending, skey, tool, duration_seconds)
+                if duration_seconds:
+                    self._record_wasted(state, pending, agent, tool, duration_seconds)
                 return None
+        store_key = self._store_key(*self._ids(session, agent))
         policy = self.policy
         name = tool_name(tool)
         value = canonical_arguments(arguments, policy.ignored_args)
@@ -424,16 +468,16 @@ class LoopGuard:
         key = args_key(name, canonical_json(value))
         # The hook may have counted this call without an id (pending under its args key).
         with self._lock:
-            state = self._store.get(skey, create=False)
+            state = self._store.get(store_key, create=False)
             pending = state.take_pending(key) if state is not None else None
             if pending is not None:
                 self._apply_outcome(state, pending, outcome, error)  # type: ignore[arg-type]
         if pending is not None:
-            self._record_wasted(state, pending, skey, name, duration_seconds)
+            if duration_seconds:
+                self._record_wasted(state, pending, agent, name, duration_seconds)
             return None
         return self._attempt(
-            name, arguments, session, agent, call_id, wait_for_advice=False, after_the_fact=True,
-            outcome=outcome, error=error, duration_seconds=duration_seconds,
+            name, arguments, session, agent, call_id, False, True, outcome, error, duration_seconds,
         )
 
     @staticmethod
@@ -446,13 +490,13 @@ class LoopGuard:
         if pending.mutating and error is not True:
             state.new_epoch()
 
-    def _record_wasted(self, state: SessionState | None, pending: Pending, skey: SessionKey,
-                       tool: object, duration_seconds: float | None) -> None:
-        if not duration_seconds or pending.blocked or state is None:
+    def _record_wasted(self, state: SessionState | None, pending: Pending, agent: object,
+                       tool: object, duration_seconds: float) -> None:
+        if pending.blocked or state is None:
             return
         signature = state.signatures.get(pending.args_key)
         if signature is not None and signature.count > 1:
-            self._recorder.wasted(skey[1], tool_name(tool), duration_seconds)
+            self._recorder.wasted(self._ids("", agent)[1], tool_name(tool), duration_seconds)
 
     def _reserve_rescue(
         self, state: SessionState, key: str
@@ -482,7 +526,7 @@ class LoopGuard:
         name: str,
         canonical: bytes,
         step: Step,
-        skey: SessionKey,
+        sid: str,
         recent: tuple[str, ...],
         wait: bool,
     ) -> str | None:
@@ -495,7 +539,7 @@ class LoopGuard:
         assert advisor is not None
         policy = self.policy
         request = AdviceRequest(
-            session=skey[0],
+            session=sid,
             tool=name,
             arguments_preview=arguments_preview(canonical, policy.arguments_preview_chars),
             count=step.count,
@@ -546,7 +590,7 @@ class LoopGuard:
     def _reset(self, session: object, agent: object, where: str) -> None:
         try:
             with self._lock:
-                state = self._store.get(self._key(session, agent))
+                state = self._store.get(self._store_key(*self._ids(session, agent)))
                 if state is not None:
                     state.new_epoch(clear_stop=True)
                 evictions = self._take_evictions()

@@ -9,7 +9,7 @@ Counts include the attempt being decided, so "count 3" means "this would be the 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
@@ -55,11 +55,11 @@ class SignatureHistory(Protocol):
     @property
     def count(self) -> int: ...  # attempts so far (not including the one being decided)
     @property
-    def last_outcome(self) -> str | None: ...
+    def last_outcome(self) -> str | None: ...  # None while no outcome is known
     @property
-    def previous_outcome(self) -> str | None: ...
+    def same_outcomes(self) -> int: ...  # finished calls in a row that gave last_outcome
     @property
-    def outcome_counts(self) -> Mapping[str, int] | None: ...
+    def changed(self) -> bool: ...  # last_outcome differs from the outcome before it
 
 
 class History(Protocol):
@@ -100,15 +100,15 @@ def no_progress(history: History, key: str) -> Verdict | None:
     """The same args key with the same outcome key N times in the epoch (a loop that learns nothing).
 
     1. Take the signature's latest known outcome.
-    2. Count the earlier attempts of this signature in the epoch that gave that same outcome.
+    2. Count the attempts of this signature, latest first, that gave that same outcome without
+       a different one in between (calls elsewhere in the session do not interrupt it).
     3. Add one for the attempt, which is expected to give it again.
-    A poll whose result changes every time keeps this count at 2 at most.
+    A poll whose result changes every time keeps this count at 2.
     """
     signature = history.signature(key)
-    if signature is None or signature.last_outcome is None or not signature.outcome_counts:
+    if signature is None or signature.last_outcome is None:
         return None
-    same = signature.outcome_counts.get(signature.last_outcome, 0)
-    return Verdict(Rule.NO_PROGRESS, same + 1) if same else None
+    return Verdict(Rule.NO_PROGRESS, signature.same_outcomes + 1)
 
 
 def stall(history: History, key: str, threshold: int) -> Verdict | None:
@@ -122,10 +122,7 @@ def trend(signature: SignatureHistory | None) -> Trend:
     """Classify the known outcomes of a signature (see :class:`Trend`)."""
     if signature is None or signature.last_outcome is None:
         return Trend.UNKNOWN
-    previous = signature.previous_outcome
-    if previous is not None and previous != signature.last_outcome:
-        return Trend.CHANGING
-    return Trend.SAME
+    return Trend.CHANGING if signature.changed else Trend.SAME
 
 
 # Tie-break between signature rules of equal count: the most specific explanation wins
@@ -134,7 +131,13 @@ _PREFERENCE = {Rule.CONSECUTIVE: 0, Rule.NO_PROGRESS: 1, Rule.WINDOW: 2}
 
 
 def evaluate(history: History, key: str, policy: Policy) -> tuple[Verdict | None, Verdict | None]:
-    """Run the enabled rules; return (strongest signature verdict, stall verdict)."""
+    """Run the enabled rules; return (strongest signature verdict, stall verdict).
+
+    A key not seen in this epoch has no evidence under any rule (the window and the last key
+    only hold keys of this epoch, all remembered as signatures), so it returns at once.
+    """
+    if history.signature(key) is None:
+        return None, None
     rules = policy.rules
     best: Verdict | None = None
     candidates = (

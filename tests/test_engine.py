@@ -42,12 +42,16 @@ def test_store_expires_idle_sessions_on_the_injected_clock(clock: FakeClock) -> 
 
 
 def test_signatures_per_session_are_bounded_lru() -> None:
-    policy = POLICY.replace(max_signatures_per_session=3)
+    policy = POLICY.replace(max_signatures_per_session=4, window_size=2)
     state = SessionState(0.0)
-    for key in ["a", "b", "c", "a", "d"]:
+    for key in ["a", "b", "c", "d", "a", "e"]:
         state.record_attempt(key, policy, blocked=False)
-    assert list(state.signatures) == ["c", "a", "d"]  # b was least recently used
+    assert list(state.signatures) == ["c", "d", "a", "e"]  # b was least recently used
     assert state.signatures["a"].count == 2
+    big = POLICY.replace(max_signatures_per_session=40)
+    for n in range(1000):
+        state.record_attempt(f"k{n}", big, blocked=False)
+    assert len(state.signatures) <= 40 and "k999" in state.signatures
 
 
 def test_window_is_bounded_and_epoch_clears_evidence() -> None:
@@ -79,11 +83,14 @@ def test_outcomes_feed_the_signature() -> None:
     state = SessionState(0.0)
     state.record_attempt("k", POLICY, blocked=False)
     state.record_outcome("k", "r1")
+    state.record_outcome("k", "r1")
+    sig = state.signatures["k"]
+    assert (sig.last_outcome, sig.same_outcomes, sig.changed) == ("r1", 2, False)
     state.record_outcome("k", "r2")
     state.record_outcome("gone", "r1")  # unknown signature: ignored
-    sig = state.signatures["k"]
-    assert (sig.previous_outcome, sig.last_outcome, sig.outcome_counts) == ("r1", "r2",
-                                                                           {"r1": 1, "r2": 1})
+    assert (sig.last_outcome, sig.same_outcomes, sig.changed) == ("r2", 1, True)
+    state.record_outcome("k", None)  # unknown outcome: nothing learnt
+    assert (sig.last_outcome, sig.same_outcomes) == ("r2", 1)
 
 
 def test_shell_command_shapes() -> None:

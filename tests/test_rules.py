@@ -22,8 +22,8 @@ from otel_loopguard.rules import (
 class Sig:
     count: int = 1
     last_outcome: str | None = None
-    previous_outcome: str | None = None
-    outcome_counts: Mapping[str, int] | None = None
+    same_outcomes: int = 0
+    changed: bool = False
 
 
 @dataclass
@@ -52,7 +52,7 @@ def test_window_looks_back_size_minus_one_calls() -> None:
 
 
 def test_no_progress_counts_the_last_outcome() -> None:
-    sig = Sig(count=4, last_outcome="r1", previous_outcome="r1", outcome_counts={"r1": 3, "r2": 1})
+    sig = Sig(count=4, last_outcome="r1", same_outcomes=3)
     assert no_progress(Hist(sigs={"a": sig}), "a") == Verdict(Rule.NO_PROGRESS, 4)
     assert no_progress(Hist(sigs={"a": Sig()}), "a") is None  # outcome unknown
     assert no_progress(Hist(), "a") is None
@@ -71,14 +71,14 @@ def test_stall_boundary() -> None:
 def test_trend() -> None:
     assert trend(None) is Trend.UNKNOWN
     assert trend(Sig()) is Trend.UNKNOWN
-    assert trend(Sig(last_outcome="x")) is Trend.SAME
-    assert trend(Sig(last_outcome="x", previous_outcome="x")) is Trend.SAME
-    assert trend(Sig(last_outcome="x", previous_outcome="y")) is Trend.CHANGING
+    assert trend(Sig(last_outcome="x", same_outcomes=1)) is Trend.SAME
+    assert trend(Sig(last_outcome="x", same_outcomes=2)) is Trend.SAME
+    assert trend(Sig(last_outcome="x", same_outcomes=1, changed=True)) is Trend.CHANGING
 
 
 def test_evaluate_takes_the_strongest_and_prefers_the_specific_rule_on_ties() -> None:
     policy = PRESETS["default"]
-    sig = Sig(count=3, last_outcome="r", previous_outcome="r", outcome_counts={"r": 3})
+    sig = Sig(count=3, last_outcome="r", same_outcomes=3)
     history = Hist(window=["a", "a", "a"], last_key="a", run_length=3, sigs={"a": sig})
     best, stalled = evaluate(history, "a", policy)
     assert best == Verdict(Rule.CONSECUTIVE, 4) and stalled is None
