@@ -159,6 +159,13 @@ class Policy:
     deny_threshold: int | None = field(
         default=6, metadata=_doc("count from which a call without progress is denied (none: never)")
     )
+    no_progress_threshold: int | None = field(
+        default=4,
+        metadata=_doc(
+            "count from which a call whose outcome came back the same each time is denied"
+            " (no_progress rule; none: only deny_threshold blocks)"
+        ),
+    )
     rescue_threshold: int | None = field(
         default=8,
         metadata=_doc("count from which a denial carries advice from the advisor (none: never)"),
@@ -238,7 +245,8 @@ class Policy:
             raise ValueError(f"remind_thresholds: duplicate thresholds in {list(thresholds)!r}")
         _set(self, "remind_thresholds", tuple(sorted(thresholds)))
 
-        for name in ("deny_threshold", "rescue_threshold", "poll_limit", "stop_after_denials"):
+        for name in ("deny_threshold", "no_progress_threshold", "rescue_threshold", "poll_limit",
+                     "stop_after_denials"):
             value = getattr(self, name)
             if value is not None:
                 _threshold(name, value, minimum=1 if name == "stop_after_denials" else 2)
@@ -435,7 +443,8 @@ def policy_from_mapping(values: Mapping[str, object], base: Policy | None = None
 
 
 _OPTIONAL_FIELDS: Final = frozenset(
-    {"deny_threshold", "rescue_threshold", "poll_limit", "stop_after_denials", "advisor_command"}
+    {"deny_threshold", "no_progress_threshold", "rescue_threshold", "poll_limit",
+     "stop_after_denials", "advisor_command"}
 )
 
 

@@ -347,7 +347,7 @@ class LoopGuard:
             state = cast(SessionState, self._store.get(store_key))
             if not after_the_fact:
                 self._last.call = (arguments, tool, session, agent, key, state)
-            verdict, stalled = evaluate(state, key, policy)
+            verdict, stuck, stalled = evaluate(state, key, policy)
             if verdict is None and stalled is None and not state.stopped:
                 step = _ALLOW_STEP  # the common case: nothing repeats
             else:
@@ -358,6 +358,7 @@ class LoopGuard:
                     denials=state.denials,
                     stopped=state.stopped,
                     policy=policy,
+                    stuck=stuck,
                 )
             detected_block = step.action in _BLOCKING
             enforced_block = detected_block and policy.mode is Mode.ENFORCE and not after_the_fact

@@ -141,12 +141,16 @@ def climb(
     denials: int,
     stopped: bool,
     policy: Policy,
+    stuck: Verdict | None = None,
 ) -> Step:
-    """Place the evidence on the ladder (pure).
+    """Place the evidence on the ladder (pure). ``verdict`` is the strongest signature rule's,
+    ``stuck`` the no_progress rule's (same outcome), ``stalled`` the stall rule's.
 
     1. A session already told to stop, or a stall verdict, gives stop.
-    2. From ``deny_threshold`` on, a call without progress (same or unknown outcome) is blocked;
-       a call whose outcome keeps changing is spared until ``poll_limit``.
+    2. A call is blocked when the same outcome came back often enough (``stuck`` reaches
+       ``no_progress_threshold``: the strongest evidence, so the earliest block), or from
+       ``deny_threshold`` on when there is no sign of progress (same or unknown outcome); a call
+       whose outcome keeps changing (polling) is spared until ``poll_limit``.
     3. A blocked call becomes stop once ``stop_after_denials`` attempts were already denied in the
        epoch, rescue from ``rescue_threshold`` on, else deny.
     4. Otherwise a reminder at each of ``remind_thresholds`` and on every call past the last one
@@ -163,22 +167,30 @@ def climb(
     count = verdict.count
     allow = Step(Action.ALLOW, verdict.rule, count)
     deny = policy.deny_threshold
+    stuck_limit = policy.no_progress_threshold
     polling = False
-    if deny is not None and count >= deny:
+    block: Verdict | None = None
+    threshold = 0
+    if stuck is not None and stuck_limit is not None and stuck.count >= stuck_limit:
+        block, threshold = stuck, stuck_limit
+    elif deny is not None and count >= deny:
         spared = (
             outcome_trend is Trend.CHANGING
             and policy.poll_limit is not None
             and count < policy.poll_limit
         )
-        if not spared:
-            stop_after = policy.stop_after_denials
-            if stop_after is not None and denials >= stop_after:
-                return Step(Action.STOP, verdict.rule, count, stop_after, denials=denials)
-            rescue = policy.rescue_threshold
-            if rescue is not None and count >= rescue:
-                return Step(Action.RESCUE, verdict.rule, count, rescue)
-            return Step(Action.DENY, verdict.rule, count, deny)
-        polling = True
+        if spared:
+            polling = True
+        else:
+            block, threshold = verdict, deny
+    if block is not None:
+        stop_after = policy.stop_after_denials
+        if stop_after is not None and denials >= stop_after:
+            return Step(Action.STOP, block.rule, block.count, stop_after, denials=denials)
+        rescue = policy.rescue_threshold
+        if rescue is not None and count >= rescue:
+            return Step(Action.RESCUE, block.rule, block.count, rescue)
+        return Step(Action.DENY, block.rule, block.count, threshold)
     thresholds = policy.remind_thresholds
     if not thresholds and not polling:
         return allow
@@ -236,7 +248,7 @@ def message_for(step: Step, tool: str, canonical: bytes, policy: Policy, advice:
     if shown in (Action.DENY, Action.RESCUE, Action.STOP):
         earlier = _scope(step.rule, step.count - 1, policy)
         text = (
-            f"{_PREFIX}Not run: {name} with these arguments already ran {earlier}."
+            f"{_PREFIX}Not run: {name} with these arguments was already called {earlier}."
             f" Arguments: {preview}. It was refused so that you do not spend another call on an"
             " answer you already have. Use the earlier result, change the arguments, or take a"
             " different approach; retrying the same call will end the run."

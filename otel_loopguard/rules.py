@@ -130,19 +130,23 @@ def trend(signature: SignatureHistory | None) -> Trend:
 _PREFERENCE = {Rule.CONSECUTIVE: 0, Rule.NO_PROGRESS: 1, Rule.WINDOW: 2}
 
 
-def evaluate(history: History, key: str, policy: Policy) -> tuple[Verdict | None, Verdict | None]:
-    """Run the enabled rules; return (strongest signature verdict, stall verdict).
+def evaluate(
+    history: History, key: str, policy: Policy
+) -> tuple[Verdict | None, Verdict | None, Verdict | None]:
+    """Run the enabled rules; return (strongest signature verdict, no_progress verdict, stall
+    verdict).
 
     A key not seen in this epoch has no evidence under any rule (the window and the last key
     only hold keys of this epoch, all remembered as signatures), so it returns at once.
     """
     if history.signature(key) is None:
-        return None, None
+        return None, None, None
     rules = policy.rules
     best: Verdict | None = None
+    stuck = no_progress(history, key) if Rule.NO_PROGRESS in rules else None
     candidates = (
         consecutive(history, key) if Rule.CONSECUTIVE in rules else None,
-        no_progress(history, key) if Rule.NO_PROGRESS in rules else None,
+        stuck,
         window(history, key, policy.window_size) if Rule.WINDOW in rules else None,
     )
     for verdict in candidates:
@@ -153,4 +157,4 @@ def evaluate(history: History, key: str, policy: Policy) -> tuple[Verdict | None
         ):
             best = verdict
     stalled = stall(history, key, policy.stall_threshold) if Rule.STALL in rules else None
-    return best, stalled
+    return best, stuck, stalled

@@ -14,13 +14,14 @@ from .conftest import Call, run
 
 DEFAULT = PRESETS["default"]
 DENY = DEFAULT.deny_threshold
+STUCK = DEFAULT.no_progress_threshold
 FIRST_REMIND = DEFAULT.remind_thresholds[0]
-assert DENY is not None
+assert DENY is not None and STUCK is not None
 
 
 def test_before_and_after_for_one_call_count_once() -> None:
     guard = LoopGuard(DEFAULT)
-    for n in range(1, DENY):
+    for n in range(1, STUCK):
         decision = guard.before_tool("search", {"q": "x"}, session="s", call_id=f"c{n}")
         assert decision.count == (n if n > 1 else 0)
         assert guard.after_tool("search", {"q": "x"}, session="s", call_id=f"c{n}",
@@ -124,13 +125,13 @@ def test_wrap_sync_raises_and_appends_reminders() -> None:
         ran.append(query)
         return f"results for {query}"
 
-    results = [search("x") if n % 2 else search(query="x", limit=10) for n in range(DENY - 1)]
+    results = [search("x") if n % 2 else search(query="x", limit=10) for n in range(STUCK - 1)]
     assert "[loopguard]" in results[FIRST_REMIND - 1]
     assert results[0] == "results for x"
     with pytest.raises(LoopDetected) as info:
         search("x")
     assert info.value.code == "deny" and info.value.tool == "search"
-    assert len(ran) == DENY - 1  # the denied call did not run
+    assert len(ran) == STUCK - 1  # the denied call did not run
 
 
 def test_wrap_async_returns_the_message_when_configured() -> None:
@@ -156,7 +157,7 @@ def test_wrap_reports_errors_as_outcomes() -> None:
     def flaky() -> None:
         raise ConnectionError("down")
 
-    for _ in range(DENY - 1):
+    for _ in range(STUCK - 1):  # the same error each time: no progress
         with pytest.raises(ConnectionError):
             flaky()
     with pytest.raises(LoopDetected):

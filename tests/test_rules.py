@@ -80,8 +80,9 @@ def test_evaluate_takes_the_strongest_and_prefers_the_specific_rule_on_ties() ->
     policy = PRESETS["default"]
     sig = Sig(count=3, last_outcome="r", same_outcomes=3)
     history = Hist(window=["a", "a", "a"], last_key="a", run_length=3, sigs={"a": sig})
-    best, stalled = evaluate(history, "a", policy)
+    best, stuck, stalled = evaluate(history, "a", policy)
     assert best == Verdict(Rule.CONSECUTIVE, 4) and stalled is None
+    assert stuck == Verdict(Rule.NO_PROGRESS, 4)
     spread = Hist(window=["a", "b", "a", "c", "a"], last_key="a", run_length=1, sigs={"a": sig})
     assert evaluate(spread, "a", policy)[0] == Verdict(Rule.NO_PROGRESS, 4)
     unknown = Hist(window=["a", "b", "a", "c", "a"], last_key="a", run_length=1,
@@ -92,6 +93,6 @@ def test_evaluate_takes_the_strongest_and_prefers_the_specific_rule_on_ties() ->
 def test_disabled_rules_give_nothing() -> None:
     policy = PRESETS["default"].replace(rules=frozenset({Rule.CONSECUTIVE}))
     history = Hist(window=["a", "b", "a"], last_key="a", run_length=1, sigs={"a": Sig(count=2)})
-    assert evaluate(history, "a", policy) == (Verdict(Rule.CONSECUTIVE, 2), None)
+    assert evaluate(history, "a", policy) == (Verdict(Rule.CONSECUTIVE, 2), None, None)
     policy = PRESETS["default"].replace(rules=frozenset())
-    assert evaluate(history, "a", policy) == (None, None)
+    assert evaluate(history, "a", policy) == (None, None, None)

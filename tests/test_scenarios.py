@@ -23,9 +23,11 @@ from otel_loopguard import (
 from .conftest import Call, FakeClock, run
 
 DEFAULT = PRESETS["default"]
-DENY = DEFAULT.deny_threshold
+DENY = DEFAULT.deny_threshold  # blocks when outcomes are unknown
+STUCK = DEFAULT.no_progress_threshold  # blocks earlier when the same outcome keeps coming back
 POLL_LIMIT = DEFAULT.poll_limit
-assert DENY is not None and POLL_LIMIT is not None
+assert DENY is not None and STUCK is not None and POLL_LIMIT is not None
+assert STUCK < DENY
 
 
 def grep_read_period(periods: int, *, results: bool) -> list[Call]:
@@ -83,7 +85,9 @@ def test_b_clippy_between_edits_is_never_denied() -> None:
 
 def test_b_clippy_without_edits_is_denied() -> None:
     calls = [Call("bash", {"command": "cargo clippy"}, result="warning: 4 left")] * (DENY + 1)
-    assert run(LoopGuard(DEFAULT), calls).first(Action.DENY) == DENY
+    transcript = run(LoopGuard(DEFAULT), calls)
+    assert transcript.first(Action.DENY) == STUCK
+    assert transcript.decisions[STUCK - 1].rule is Rule.NO_PROGRESS
 
 
 # (c) six identical bash commands whose description numbers each run
@@ -130,7 +134,8 @@ def test_e_hammering_a_denied_call_stops_the_agent() -> None:
     stop_at = transcript.first(Action.STOP)
     stop_after = DEFAULT.stop_after_denials
     assert stop_after is not None
-    assert stop_at == DENY + stop_after
+    assert transcript.first(Action.DENY) == STUCK
+    assert stop_at == STUCK + stop_after
     assert transcript.actions[stop_at - 1:] == [Action.STOP] * (20 - stop_at + 1)
     assert "End this run" in transcript.decisions[stop_at - 1].message
     # a new user message lifts the stop and starts a new epoch
@@ -174,7 +179,7 @@ def test_g_sessions_do_not_cross_talk() -> None:
 
 def test_h_thresholds_are_sorted_gentle_first_then_detailed() -> None:
     policy = Policy(remind_thresholds=[4, 2], deny_threshold=None, rescue_threshold=None,  # type: ignore[arg-type]
-                    poll_limit=None)
+                    poll_limit=None, no_progress_threshold=None)
     assert policy.remind_thresholds == (2, 4)
     transcript = run(LoopGuard(policy), [Call("read", {"path": "a.txt"}, result="A")] * 4)
     assert transcript.actions == [Action.ALLOW, Action.REMIND, Action.ALLOW, Action.REMIND]
@@ -291,4 +296,6 @@ def test_j_bash_only_agent_editing_with_sed_is_not_denied() -> None:
 def test_j_bash_only_agent_rereading_an_unchanged_file_is_denied() -> None:
     calls = [Call("bash", {"command": "cat app.py"}, result="print('hi')")] * (DENY + 2)
     transcript = run(LoopGuard(DEFAULT), calls)
-    assert transcript.first(Action.DENY) == DENY
+    assert transcript.first(Action.DENY) == STUCK
+    unknown = [Call("bash", {"command": "cat app.py"}, report=False)] * (DENY + 2)
+    assert run(LoopGuard(DEFAULT), unknown).first(Action.DENY) == DENY
