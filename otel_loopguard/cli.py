@@ -1,0 +1,214 @@
+"""The ``otel-loopguard`` command line.
+
+Subcommands: ``demo`` (a scripted looping agent meeting the guard) and ``replay`` (recorded tool
+calls through the guard); ``serve`` and ``hook`` register here the same way. Each subcommand's
+module is imported only when that subcommand runs, so ``import otel_loopguard.cli`` stays light.
+
+Exit status: 0 success; 1 the command ran but some input was bad (replay: unreadable lines);
+2 usage error (unknown option, missing file, bad preset or config), with a one-line message on
+stderr and no traceback; 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from otel_loopguard.config import Policy
+
+__all__ = ["main"]
+
+PROG = "otel-loopguard"
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+class _UsageError(Exception):
+    """A command line that cannot be carried out; exit status 2."""
+
+
+def _non_negative_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):  # also rejects NaN
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
+
+
+def _policy_options(parser: argparse.ArgumentParser, preset_default: str | None) -> None:
+    from otel_loopguard.config import PRESETS
+
+    names = ", ".join(PRESETS)
+    parser.add_argument(
+        "--preset", metavar="NAME", default=preset_default,
+        help=f"policy preset: {names} (default: %(default)s)"
+        if preset_default else f"policy preset: {names} (default: LOOPGUARD_PRESET, else default)",
+    )
+    parser.add_argument(
+        "--config", metavar="FILE",
+        help="TOML policy file (top-level keys or a [loopguard] table); overrides the preset",
+    )
+
+
+def _load_policy(args: argparse.Namespace, *, use_environment: bool = True) -> Policy:
+    """The policy from ``--preset`` and ``--config`` (and ``LOOPGUARD_*`` unless
+    ``use_environment`` is false); a bad one is a usage error."""
+    from otel_loopguard.config import load_policy
+
+    try:
+        return load_policy(args.preset, args.config, None if use_environment else {})
+    except ValueError as exc:
+        raise _UsageError(str(exc)) from None
+
+
+# -- replay ------------------------------------------------------------------------------------
+
+
+def _add_replay(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser(
+        "replay",
+        help="replay recorded tool calls through the guard; report what would have tripped",
+        description=(
+            "Feed recorded tool calls through the guard and report, per session, every reminder,"
+            " denial and stop it would have given, and what a deny would have saved. Input is"
+            " JSON lines: tool-call transcripts ({\"session\", \"tool\", \"arguments\","
+            " \"error\"} per call, {\"type\": \"user_message\", \"session\"} per prompt) or"
+            " Claude Code session files, detected automatically. Exit status 0 when all input"
+            " was read, 1 when some lines were bad, 2 for usage errors."
+        ),
+    )
+    parser.add_argument(
+        "files", nargs="+", metavar="FILE",
+        help="JSON-lines file, '-' for stdin, or a directory (its *.jsonl files)",
+    )
+    parser.add_argument(
+        "--json", action="store_true",
+        help='print one JSON line per call: {"session", "index", "tool", "action", "rule",'
+             ' "count"}, nothing else on stdout',
+    )
+    _policy_options(parser, None)
+    parser.add_argument(
+        "--mode", choices=("observe", "advise", "enforce"),
+        help="override the policy's mode (default: the policy's own)",
+    )
+    parser.add_argument(
+        "--format", metavar="NAME", dest="input_format",
+        help="read every file in this format instead of detecting it"
+             " (e.g. claude-code, transcript)",
+    )
+    parser.set_defaults(handler=_run_replay)
+
+
+def _run_replay(args: argparse.Namespace) -> int:
+    from otel_loopguard.config import Mode
+    from otel_loopguard.replay import UsageError, run_replay
+
+    policy = _load_policy(args)
+    try:
+        return run_replay(
+            args.files,
+            policy,
+            json_output=args.json,
+            format_name=args.input_format,
+            mode=Mode(args.mode) if args.mode else None,
+        )
+    except UsageError as exc:
+        raise _UsageError(str(exc)) from None
+
+
+# -- demo --------------------------------------------------------------------------------------
+
+
+def _add_demo(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser(
+        "demo",
+        help="watch a scripted looping agent meet the guard (no network, no keys)",
+        description=(
+            "Run a scripted agent that gets stuck re-running the same tool call, through a real"
+            " LoopGuard, and show each call with the guard's live decision: reminders, the"
+            " denial the model would get, and the stop. LOOPGUARD_* settings do not apply."
+        ),
+    )
+    _policy_options(parser, "default")
+    parser.add_argument(
+        "--delay", metavar="SECONDS", type=_non_negative_seconds, default=None,
+        help="pause between steps (default: a short pause when stdout is a terminal, else 0)",
+    )
+    parser.set_defaults(handler=_run_demo)
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from otel_loopguard.demo import run_demo
+
+    # The demo is self-contained: LOOPGUARD_* settings meant for a real agent do not apply.
+    policy = _load_policy(args, use_environment=False)
+    return run_demo(policy, preset=args.preset if not args.config else None, delay=args.delay)
+
+
+# -- main --------------------------------------------------------------------------------------
+
+
+def _version() -> str:
+    from otel_loopguard import __version__
+
+    return __version__
+
+
+#: Each adds one subcommand (``serve`` and ``hook`` join here); its handler imports its module.
+_SUBCOMMANDS: Final = (_add_demo, _add_replay)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``otel-loopguard`` (subcommands ``demo`` and ``replay``)."""
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Catch AI agents stuck repeating tool calls.",
+    )
+    parser.add_argument("--version", action="version", version=f"{PROG} {_version()}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for add in _SUBCOMMANDS:
+        add(commands)
+    parser.set_defaults(handler=None, command_names=tuple(commands.choices))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line with ``argv`` (default: ``sys.argv[1:]``); return the exit status.
+
+    Never raises for a user mistake: usage errors print one line on stderr and return 2.
+    """
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits for --help, --version and bad options
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    handler: Handler | None = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_usage(sys.stderr)
+        names = ", ".join(args.command_names)
+        sys.stderr.write(f"{PROG}: error: a command is required ({names})\n")
+        return 2
+    try:
+        return handler(args)
+    except _UsageError as exc:
+        sys.stderr.write(f"{PROG} {args.command}: error: {exc}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("\n")
+        return 130
+    except BrokenPipeError:
+        # The reader went away (e.g. `| head`): stop quietly, and keep Python's exit flush
+        # from failing again on the closed pipe.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

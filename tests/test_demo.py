@@ -1,0 +1,142 @@
+"""The demo: a scripted looping agent, a real guard, and output that tells the truth."""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from otel_loopguard import Decision, LoopGuard
+from otel_loopguard.config import PRESETS
+from otel_loopguard.demo import MAX_LOOP_CALLS, TERMINAL_DELAY_SECONDS, run_demo
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _step_lines(output: str, action: str) -> list[str]:
+    return [line for line in output.splitlines() if line.strip().startswith(f"guard: {action}")]
+
+
+def test_demo_command_shows_reminder_denial_and_stop() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPGUARD_")}
+    # Settings meant for a real agent must not change the demo.
+    env["LOOPGUARD_MODE"] = "observe"
+    result = subprocess.run([sys.executable, "-m", "otel_loopguard.cli", "demo"],
+                            capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    policy = PRESETS["default"]
+    assert policy.no_progress_threshold is not None  # the demo's tool answers the same each time
+    assert _step_lines(out, "REMIND")[0].endswith(
+        f"count {policy.remind_thresholds[0]} (threshold {policy.remind_thresholds[0]})")
+    assert _step_lines(out, "DENY")[0].endswith(
+        f"count {policy.no_progress_threshold} (threshold {policy.no_progress_threshold})"
+        " - the tool does not run")
+    assert len(_step_lines(out, "STOP")) == 1
+    assert "the model gets instead of a result:" in out
+    assert "the model gets, and the run should end:" in out
+    assert "\x1b[" not in out  # no colours when stdout is not a terminal
+    assert result.stderr == ""
+
+
+def test_demo_prints_the_guards_actual_decisions(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[Decision] = []
+    real = LoopGuard.before_tool
+
+    def spy(self: LoopGuard, *args: Any, **kwargs: Any) -> Decision:
+        decision = real(self, *args, **kwargs)
+        seen.append(decision)
+        return decision
+
+    monkeypatch.setattr(LoopGuard, "before_tool", spy)
+    out = io.StringIO()
+    assert run_demo(PRESETS["default"], out=out) == 0
+    text = out.getvalue()
+    flat = _flat(text)
+    # One printed step per decision, in order, each with the action the guard returned...
+    printed = [m.group(1) for m in re.finditer(r"guard: (\w+)", text)]
+    assert printed == [d.action.value if d.action.value == "allow" else d.action.value.upper()
+                       for d in seen]
+    # ... and every message the model would get, word for word.
+    for decision in seen:
+        if decision.message:
+            assert _flat(decision.message) in flat
+    stop_step = next(i for i, d in enumerate(seen, start=1) if d.action.value == "stop")
+    assert f"stopped the run at call {stop_step}." in flat
+    saved = sum(1 for d in seen if d.blocks)
+    assert f"{saved} blocked calls never ran" in flat
+    assert f"the agent made {len(seen)} tool calls and {len(seen) - saved} of them ran" in flat
+
+
+def test_demo_with_another_preset_tells_its_own_story() -> None:
+    # The brake preset denies but never stops: the summary must say so, not repeat a script.
+    out = io.StringIO()
+    run_demo(PRESETS["brake"], preset="brake", out=out)
+    text = out.getvalue()
+    assert _step_lines(text, "DENY") and not _step_lines(text, "STOP")
+    assert not _step_lines(text, "REMIND")
+    assert "policy: preset brake (mode enforce;" in text
+    assert (f"did not stop the run (the agent gave up after {MAX_LOOP_CALLS} attempts by itself)"
+            in _flat(text))
+    assert "never reminded" in text
+
+
+def test_advisory_preset_never_blocks() -> None:
+    out = io.StringIO()
+    run_demo(PRESETS["reminder"], preset="reminder", out=out)
+    text = out.getvalue()
+    assert _step_lines(text, "REMIND")
+    assert not _step_lines(text, "DENY") and not _step_lines(text, "STOP")
+    assert "never refused a call" in _flat(text)
+
+
+def test_delay_only_on_a_terminal_unless_given() -> None:
+    pauses: list[float] = []
+    run_demo(PRESETS["default"], out=io.StringIO(), sleep=pauses.append)
+    assert pauses == []
+
+    run_demo(PRESETS["default"], out=_Terminal(), sleep=pauses.append)
+    assert pauses and set(pauses) == {TERMINAL_DELAY_SECONDS}
+
+    pauses.clear()
+    run_demo(PRESETS["default"], out=io.StringIO(), delay=0.25, sleep=pauses.append)
+    assert pauses and set(pauses) == {0.25}
+
+
+def test_colours_on_a_terminal_unless_no_color(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    terminal = _Terminal()
+    run_demo(PRESETS["default"], out=terminal, delay=0, sleep=lambda _: None)
+    assert "\x1b[31mDENY\x1b[0m" in terminal.getvalue()
+    monkeypatch.setenv("NO_COLOR", "1")
+    plain = _Terminal()
+    run_demo(PRESETS["default"], out=plain, delay=0, sleep=lambda _: None)
+    assert "\x1b[" not in plain.getvalue()
+
+
+def test_demo_never_runs_an_advisor_command(tmp_path: Any) -> None:
+    marker = tmp_path / "asked"
+    out = io.StringIO()
+    run_demo(PRESETS["rescue"].replace(advisor_command=f"touch {marker}"), preset="rescue", out=out)
+    assert not marker.exists()
+    assert _step_lines(out.getvalue(), "DENY")
+
+
+@pytest.mark.parametrize("delay", ["-1", "soon", "nan"])
+def test_bad_delay_is_a_usage_error(delay: str) -> None:
+    result = subprocess.run([sys.executable, "-m", "otel_loopguard.cli", "demo", "--delay", delay],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "argument --delay" in result.stderr and "Traceback" not in result.stderr
