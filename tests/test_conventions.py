@@ -1,0 +1,712 @@
+"""Tests for otel_loopguard.conventions: real framework dumps, hand-written spans, fuzzing."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from otel_loopguard import conventions
+from otel_loopguard.conventions import (
+    AGENT_CONVENTIONS,
+    MAX_DECODE_CHARS,
+    MISSING,
+    TOOL_CONVENTIONS,
+    AgentConvention,
+    SpanAgent,
+    SpanToolCall,
+    ToolConvention,
+    agent_from_span,
+    arguments_available_at_start,
+    conversation_id,
+    decode_json,
+    tool_call_from_span,
+)
+
+FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
+SPAN_DUMPS = FIXTURES / "spans"
+
+SEARCH_ARGS = {"query": "weather in Paris"}
+WEATHER_ARGS = {"city": "Paris", "unit": "C"}
+SEARCH_RESULT = "results for 'weather in Paris': nothing useful"
+WEATHER_RESULT = "Paris: sunny, 21C"
+BLOCKED_PREFIX = "BLOCKED by loop guard:"
+CONVERSATION = "conv-123"
+AGENT = "weather_agent"
+
+# The scripted run (fixtures/spans/README.md): search x6, get_weather, search.
+FULL_RUN = ["search"] * 6 + ["get_weather", "search"]
+FULL_IDS = [f"call_{i}" for i in range(8)]
+# Strands and LangGraph emit no tool span for a call their pre-tool hook blocked (3rd and later
+# identical search), so only calls 0, 1 and 6 leave a span.
+BLOCKED_RUN = ["search", "search", "get_weather"]
+BLOCKED_IDS = ["call_0", "call_1", "call_6"]
+
+
+@dataclass(frozen=True)
+class Dump:
+    """What one fixture file must yield."""
+
+    path: str
+    convention: str
+    tools: list[str]
+    call_ids: list[str]
+    search_args: object = None  # None: SEARCH_ARGS
+    tool_span_agent: str | None = None  # agent name carried on the tool span itself
+    agent_spans: tuple[str, ...] = ()  # span names that must be recognised as agent AGENT
+    at_start: bool = False
+    blocked_results: bool = False  # blocked calls still emit a span, result = block message
+
+
+DUMPS = [
+    Dump("pydantic_ai/spans.jsonl", "pydantic_ai", FULL_RUN, FULL_IDS,
+         tool_span_agent=AGENT, agent_spans=("invoke_agent weather_agent",), at_start=True),
+    Dump("pydantic_ai/spans_blocked.jsonl", "pydantic_ai", FULL_RUN, FULL_IDS,
+         tool_span_agent=AGENT, agent_spans=("invoke_agent weather_agent",), at_start=True,
+         blocked_results=True),
+    Dump("pydantic_ai/spans_v2_legacy.jsonl", "pydantic_ai_legacy", FULL_RUN, FULL_IDS,
+         tool_span_agent=AGENT, agent_spans=("agent run",), at_start=True),
+    # LangGraph + OpenInference gives a one-argument tool's input as the bare value and puts
+    # no schema (tool.parameters) on the span: the parameter name "query" is not in the span.
+    Dump("langgraph/spans.jsonl", "openinference", FULL_RUN, FULL_IDS,
+         search_args="weather in Paris", agent_spans=("weather_agent",)),
+    Dump("langgraph/spans_blocked.jsonl", "openinference", BLOCKED_RUN, BLOCKED_IDS,
+         search_args="weather in Paris", agent_spans=("weather_agent",)),
+    Dump("langgraph_openllmetry/spans.jsonl", "openllmetry_langchain", FULL_RUN, FULL_IDS,
+         agent_spans=("weather_agent.workflow", "invoke_agent weather_agent")),
+    Dump("langgraph_openllmetry/spans_blocked.jsonl", "openllmetry_langchain", BLOCKED_RUN,
+         BLOCKED_IDS, agent_spans=("weather_agent.workflow", "invoke_agent weather_agent")),
+    Dump("strands/spans.jsonl", "strands_event", FULL_RUN, FULL_IDS,
+         agent_spans=("invoke_agent weather_agent",)),
+    Dump("strands/spans_blocked.jsonl", "strands_event", BLOCKED_RUN, BLOCKED_IDS,
+         agent_spans=("invoke_agent weather_agent",)),
+    Dump("strands/spans_latest_semconv.jsonl", "strands", FULL_RUN, FULL_IDS,
+         agent_spans=("invoke_agent weather_agent",)),
+    Dump("strands/spans_latest_semconv_blocked.jsonl", "strands", BLOCKED_RUN, BLOCKED_IDS,
+         agent_spans=("invoke_agent weather_agent",)),
+]
+
+
+def _require(path: Path) -> Path:
+    """A prerequisite file: fail in CI when absent, skip elsewhere."""
+    if not path.exists():
+        message = f"fixture missing: {path} (shared/ must sit next to the repo)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+@dataclass(frozen=True)
+class Span:
+    name: str
+    attributes: dict[str, Any]
+    events: list[tuple[str, dict[str, Any]]]
+    status_error: bool
+    name_at_start: str
+    attributes_at_start: dict[str, Any]
+
+    def tool_call(self) -> SpanToolCall | None:
+        return tool_call_from_span(self.name, self.attributes, self.events, self.status_error)
+
+
+def _load(dump: Dump) -> list[Span]:
+    spans = []
+    for line in _require(SPAN_DUMPS / dump.path).read_text().splitlines():
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        spans.append(
+            Span(
+                name=row["name"],
+                attributes=row["attributes"],
+                events=[(e["name"], e["attributes"]) for e in row["events"]],
+                status_error=row["status"]["code"] == "ERROR",
+                name_at_start=row["name_at_start"],
+                attributes_at_start=row["attributes_at_start"],
+            )
+        )
+    return spans
+
+
+def _tool_spans(dump: Dump) -> list[tuple[Span, SpanToolCall]]:
+    found = []
+    for span in _load(dump):
+        call = span.tool_call()
+        if call is not None:
+            found.append((span, call))
+    return found
+
+
+dump_cases = pytest.mark.parametrize("dump", DUMPS, ids=[d.path for d in DUMPS])
+
+
+def test_every_dump_in_the_fixture_folder_is_covered() -> None:
+    on_disk = {p.relative_to(SPAN_DUMPS).as_posix() for p in _require(SPAN_DUMPS).glob("*/*.jsonl")}
+    assert on_disk == {d.path for d in DUMPS}
+
+
+@dump_cases
+def test_tool_spans_are_found_in_order_with_their_convention(dump: Dump) -> None:
+    calls = [call for _, call in _tool_spans(dump)]
+    assert [c.tool for c in calls] == dump.tools
+    assert {c.convention for c in calls} == {dump.convention}
+
+
+@dump_cases
+def test_arguments_decode_to_the_same_values(dump: Dump) -> None:
+    expected_search = SEARCH_ARGS if dump.search_args is None else dump.search_args
+    for _, call in _tool_spans(dump):
+        expected = WEATHER_ARGS if call.tool == "get_weather" else expected_search
+        assert call.arguments == expected, call
+
+
+@dump_cases
+def test_results_decode_to_the_plain_tool_output(dump: Dump) -> None:
+    for _, call in _tool_spans(dump):
+        assert isinstance(call.result, str)
+        if call.tool == "get_weather":
+            assert call.result == WEATHER_RESULT
+        elif dump.blocked_results and call.call_id not in ("call_0", "call_1"):
+            assert call.result.startswith(BLOCKED_PREFIX)
+        else:
+            assert call.result == SEARCH_RESULT
+
+
+@dump_cases
+def test_call_ids_status_and_conversation_are_found(dump: Dump) -> None:
+    calls = [call for _, call in _tool_spans(dump)]
+    assert [c.call_id for c in calls] == dump.call_ids
+    # No dump has a failing tool; every instrumentation gives success evidence or an end status.
+    assert all(c.is_error is False for c in calls)
+    assert all(c.conversation_id == CONVERSATION for c in calls)
+    assert all(c.agent_name == dump.tool_span_agent for c in calls)
+
+
+@dump_cases
+def test_agent_spans_are_recognised_with_the_agent_name(dump: Dump) -> None:
+    spans = _load(dump)
+    agents = {s.name: agent_from_span(s.name, s.attributes) for s in spans}
+    for span_name in dump.agent_spans:
+        agent = agents[span_name]
+        assert agent is not None, span_name
+        assert agent.agent_name == AGENT
+        assert agent.conversation_id == CONVERSATION
+    # Tool spans are not agent spans, and agent spans are not tool calls.
+    for span in spans:
+        if span.tool_call() is not None:
+            assert agent_from_span(span.name, span.attributes) is None
+        if span.name in dump.agent_spans:
+            assert span.tool_call() is None
+
+
+@dump_cases
+def test_arguments_available_at_start_only_for_pydantic_ai(dump: Dump) -> None:
+    for span, call in _tool_spans(dump):
+        available = arguments_available_at_start(span.name_at_start, span.attributes_at_start)
+        assert available is dump.at_start
+        if available:
+            at_start = tool_call_from_span(span.name_at_start, span.attributes_at_start)
+            assert at_start is not None
+            assert (at_start.tool, at_start.arguments, at_start.call_id) == (
+                call.tool, call.arguments, call.call_id,
+            )
+            assert at_start.result is None and at_start.is_error is None
+
+
+@dump_cases
+def test_non_tool_spans_are_not_tool_calls_at_start_either(dump: Dump) -> None:
+    for span in _load(dump):
+        if span.tool_call() is None:
+            assert tool_call_from_span(span.name_at_start, span.attributes_at_start) is None
+            assert not arguments_available_at_start(span.name_at_start, span.attributes_at_start)
+
+
+def test_the_same_call_decodes_identically_across_instrumentations() -> None:
+    """One signature per (tool, arguments, result) across every dump with parameter names."""
+    signatures: dict[str, set[str]] = {}
+    for dump in DUMPS:
+        if dump.search_args is not None or dump.blocked_results:
+            continue
+        for _, call in _tool_spans(dump):
+            key = orjson.dumps([call.arguments, call.result], option=orjson.OPT_SORT_KEYS)
+            signatures.setdefault(call.tool, set()).add(key.decode())
+    assert {tool: len(found) for tool, found in signatures.items()} == {"search": 1, "get_weather": 1}
+
+
+# --- Hand-written spans for instrumentations without a dump ------------------------------------
+
+
+def test_openai_agents_sdk_raw_json_string() -> None:
+    call = tool_call_from_span(
+        "search",
+        {
+            "openinference.span.kind": "TOOL",
+            "llm.system": "openai",
+            "tool.name": "search",
+            "input.value": '{"query":"weather in Paris"}',
+            "input.mime_type": "application/json",
+            "output.value": SEARCH_RESULT,
+        },
+        status_error=False,
+    )
+    assert call is not None
+    assert (call.convention, call.tool, call.arguments, call.result) == (
+        "openinference", "search", SEARCH_ARGS, SEARCH_RESULT,
+    )
+    assert call.is_error is False and call.call_id is None
+
+
+def test_openai_agents_sdk_handoff_is_named_after_the_span() -> None:
+    call = tool_call_from_span("handoff to Billing", {"openinference.span.kind": "TOOL"})
+    assert call is not None
+    assert (call.tool, call.arguments) == ("handoff to Billing", MISSING)
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        '{"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}',
+        '{"type": "function", "function": {"name": "search", "parameters":'
+        ' {"properties": {"query": {"type": "string"}}}}}',
+    ],
+)
+def test_openinference_bare_scalar_maps_to_the_single_schema_property(schema: str) -> None:
+    attributes = {
+        "openinference.span.kind": "TOOL",
+        "tool.name": "search",
+        "tool.parameters": schema,
+        "input.value": "weather in Paris",
+    }
+    call = tool_call_from_span("search", attributes)
+    assert call is not None and call.arguments == SEARCH_ARGS
+
+
+def test_openinference_bare_scalar_is_coerced_to_the_schema_type() -> None:
+    attributes = {
+        "openinference.span.kind": "TOOL",
+        "tool.name": "add_one",
+        "tool.parameters": '{"properties": {"n": {"type": "integer"}}}',
+        "input.value": "5",
+    }
+    call = tool_call_from_span("add_one", attributes)
+    assert call is not None and call.arguments == {"n": 5}
+    call = tool_call_from_span("add_one", {**attributes, "input.value": "five"})
+    assert call is not None and call.arguments == {"n": "five"}
+
+
+def test_openinference_bare_scalar_stays_raw_when_the_schema_is_ambiguous() -> None:
+    attributes = {
+        "openinference.span.kind": "TOOL",
+        "tool.name": "get_weather",
+        "tool.parameters": '{"properties": {"city": {}, "unit": {}}}',
+        "input.value": "Paris",
+    }
+    call = tool_call_from_span("get_weather", attributes)
+    assert call is not None and call.arguments == "Paris"
+
+
+def test_openinference_python_repr_and_tool_call_envelopes() -> None:
+    base = {"openinference.span.kind": "TOOL", "tool.name": "get_weather"}
+    repr_call = tool_call_from_span("get_weather", {**base, "input.value": "{'city': 'Paris', 'unit': 'C'}"})
+    assert repr_call is not None and repr_call.arguments == WEATHER_ARGS
+    envelope = json.dumps({"name": "get_weather", "args": WEATHER_ARGS, "id": "call_9", "type": "tool_call"})
+    envelope_call = tool_call_from_span("get_weather", {**base, "input.value": envelope})
+    assert envelope_call is not None
+    assert (envelope_call.arguments, envelope_call.call_id) == (WEATHER_ARGS, "call_9")
+
+
+def test_openinference_error_tool_message_and_metadata_thread_id() -> None:
+    output = {"type": "tool", "data": {"content": "boom", "tool_call_id": "call_3", "status": "error"}}
+    call = tool_call_from_span(
+        "search",
+        {
+            "openinference.span.kind": "TOOL",
+            "tool.name": "search",
+            "input.value": '{"query": "weather in Paris"}',
+            "output.value": json.dumps(output),
+            "metadata": '{"thread_id": "thread-7", "langgraph_node": "tools"}',
+        },
+    )
+    assert call is not None
+    assert (call.result, call.call_id, call.is_error, call.conversation_id) == ("boom", "call_3", True, "thread-7")
+
+
+ADK_BASE = {
+    "gen_ai.operation.name": "execute_tool",
+    "gen_ai.tool.name": "search",
+    "gen_ai.tool.description": "Search the web.",
+    "gen_ai.tool.type": "FunctionTool",
+    "gen_ai.agent.name": AGENT,
+    "gcp.vertex.agent.llm_request": "{}",
+    "gcp.vertex.agent.llm_response": "{}",
+}
+
+
+def test_google_adk_legacy_keys() -> None:
+    attributes = {
+        **ADK_BASE,
+        "gen_ai.tool.call.id": "adk-1",
+        "gcp.vertex.agent.event_id": "ev-1",
+        "gcp.vertex.agent.tool_call_args": json.dumps(SEARCH_ARGS),
+        "gcp.vertex.agent.tool_response": json.dumps({"result": SEARCH_RESULT}),
+    }
+    call = tool_call_from_span("execute_tool search", attributes, status_error=False)
+    assert call is not None
+    assert (call.convention, call.arguments, call.result, call.call_id, call.agent_name) == (
+        "google_adk", SEARCH_ARGS, SEARCH_RESULT, "adk-1", AGENT,
+    )
+    # No conversation id on ADK tool spans: it lives on the agent span.
+    assert call.conversation_id is None
+
+
+def test_google_adk_dict_result_is_kept_and_placeholder_call_id_dropped() -> None:
+    attributes = {
+        **ADK_BASE,
+        "gen_ai.tool.call.id": "<not specified>",
+        "gcp.vertex.agent.tool_call_args": json.dumps(SEARCH_ARGS),
+        "gcp.vertex.agent.tool_response": '{"error": "BLOCKED by loop guard"}',
+    }
+    call = tool_call_from_span("execute_tool search", attributes)
+    assert call is not None
+    assert (call.call_id, call.result) == (None, {"error": "BLOCKED by loop guard"})
+
+
+def test_google_adk_2_semconv_keys() -> None:
+    attributes = {
+        **ADK_BASE,
+        "gen_ai.tool.call.id": "adk-2",
+        "gen_ai.tool.call.arguments": json.dumps(SEARCH_ARGS),
+        "gen_ai.tool.call.result": json.dumps({"result": SEARCH_RESULT}),
+    }
+    attributes.pop("gcp.vertex.agent.llm_request")
+    call = tool_call_from_span("execute_tool search", attributes)
+    assert call is not None
+    assert (call.convention, call.arguments, call.result) == ("google_adk", SEARCH_ARGS, SEARCH_RESULT)
+
+
+def test_google_adk_merged_tools_span_is_not_a_call() -> None:
+    attributes = {**ADK_BASE, "gen_ai.tool.name": "(merged tools)", "gcp.vertex.agent.tool_call_args": "N/A"}
+    assert tool_call_from_span("execute_tool (merged tools)", attributes) is None
+
+
+def test_google_adk_agent_span_carries_the_session() -> None:
+    agent = agent_from_span(
+        "invoke_agent weather_agent",
+        {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": AGENT, "gen_ai.conversation.id": "s-1"},
+    )
+    assert agent == SpanAgent(agent_id=None, agent_name=AGENT, conversation_id="s-1")
+
+
+def test_util_genai_start_then_end() -> None:
+    start = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search", "gen_ai.tool.type": "function"}
+    assert not arguments_available_at_start("execute_tool search", start)
+    early = tool_call_from_span("execute_tool search", start)
+    assert early is not None
+    assert (early.convention, early.arguments, early.result, early.is_error) == ("genai", MISSING, None, None)
+    end = {
+        **start,
+        "gen_ai.tool.call.id": "u-1",
+        "gen_ai.tool.call.arguments": '{"query": "weather in Paris"}',
+        "gen_ai.tool.call.result": json.dumps(SEARCH_RESULT),
+    }
+    call = tool_call_from_span("execute_tool search", end, status_error=False)
+    assert call is not None
+    assert (call.arguments, call.result, call.call_id, call.is_error) == (SEARCH_ARGS, SEARCH_RESULT, "u-1", False)
+
+
+def test_util_genai_error_type_marks_an_error() -> None:
+    attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search", "error.type": "TimeoutError"}
+    call = tool_call_from_span("execute_tool search", attributes)
+    assert call is not None and call.is_error is True
+
+
+def test_span_name_alone_recognises_a_semconv_tool_span_before_its_attributes() -> None:
+    call = tool_call_from_span("execute_tool search", {})
+    assert call is not None
+    assert (call.convention, call.tool, call.arguments) == ("genai", "search", MISSING)
+
+
+def test_crewai_call_tool() -> None:
+    attributes = {
+        "gen_ai.tool.name": "search",
+        "gen_ai.tool.call.arguments": json.dumps(SEARCH_ARGS),
+        "gen_ai.agent.name": "Researcher",
+    }
+    call = tool_call_from_span("call tool", attributes)
+    assert call is not None
+    assert (call.convention, call.tool, call.arguments, call.agent_name) == (
+        "crewai", "search", SEARCH_ARGS, "Researcher",
+    )
+
+
+def test_openlit_current_and_legacy_keys() -> None:
+    base = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search", "gen_ai.system": "langchain"}
+    current = tool_call_from_span("execute_tool search", {**base, "gen_ai.tool.call.arguments": json.dumps(SEARCH_ARGS)})
+    legacy = tool_call_from_span("execute_tool search", {**base, "gen_ai.tool.args": json.dumps(SEARCH_ARGS)})
+    assert current is not None and legacy is not None
+    assert (current.convention, current.arguments) == ("genai", SEARCH_ARGS)
+    assert (legacy.convention, legacy.arguments) == ("openlit", SEARCH_ARGS)
+
+
+@pytest.mark.parametrize(
+    ("entity_input", "expected"),
+    [
+        ('{"args": [], "kwargs": {"query": "weather in Paris"}}', SEARCH_ARGS),
+        ('{"args": ["weather in Paris"], "kwargs": {}}', ["weather in Paris"]),
+        ('{"args": [], "kwargs": {}}', {}),
+    ],
+)
+def test_openllmetry_tool_decorator(entity_input: str, expected: object) -> None:
+    attributes = {
+        "traceloop.span.kind": "tool",
+        "traceloop.entity.name": "search",
+        "traceloop.entity.input": entity_input,
+        "traceloop.entity.output": json.dumps(SEARCH_RESULT),
+        "traceloop.association.properties.session_id": "sess-1",
+    }
+    call = tool_call_from_span("search.tool", attributes)
+    assert call is not None
+    assert (call.convention, call.tool, call.arguments, call.result, call.conversation_id) == (
+        "openllmetry_tool", "search", expected, SEARCH_RESULT, "sess-1",
+    )
+
+
+def test_openllmetry_tool_name_falls_back_to_the_span_name() -> None:
+    call = tool_call_from_span("search.tool", {"traceloop.span.kind": "tool"})
+    assert call is not None and call.tool == "search"
+
+
+def test_openllmetry_langchain_input_str_only() -> None:
+    envelope = {"input_str": "{'city': 'Paris', 'unit': 'C'}", "kwargs": {"tool_call_id": "call_6"}}
+    attributes = {
+        "traceloop.span.kind": "tool",
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": "get_weather",
+        "gen_ai.tool.call.arguments": json.dumps(envelope),
+    }
+    call = tool_call_from_span("execute_tool get_weather", attributes)
+    assert call is not None
+    assert (call.convention, call.arguments, call.call_id) == ("openllmetry_langchain", WEATHER_ARGS, "call_6")
+
+
+def test_openllmetry_agent_decorator_span() -> None:
+    agent = agent_from_span("planner.agent", {"traceloop.span.kind": "agent", "traceloop.entity.name": "planner"})
+    assert agent == SpanAgent(agent_id=None, agent_name="planner", conversation_id=None)
+
+
+def test_openinference_agent_name_attribute_wins_over_span_name() -> None:
+    agent = agent_from_span("Agent workflow", {"openinference.span.kind": "AGENT", "agent.name": "Triage"})
+    assert agent is not None and agent.agent_name == "Triage"
+
+
+STRANDS_BASE = {
+    "gen_ai.operation.name": "execute_tool",
+    "gen_ai.system": "strands-agents",
+    "gen_ai.tool.name": "search",
+    "gen_ai.tool.call.id": "call_0",
+}
+STRANDS_EVENTS = [
+    ("gen_ai.tool.message", {"role": "tool", "content": json.dumps(SEARCH_ARGS), "id": "call_0"}),
+    ("gen_ai.choice", {"message": '[{"text": "boom"}]', "id": "call_0"}),
+]
+
+
+def test_strands_error_status() -> None:
+    call = tool_call_from_span("execute_tool search", {**STRANDS_BASE, "gen_ai.tool.status": "error"}, STRANDS_EVENTS)
+    assert call is not None
+    assert (call.convention, call.arguments, call.result, call.is_error) == ("strands_event", SEARCH_ARGS, "boom", True)
+
+
+def test_span_status_error_and_exception_event_mark_errors() -> None:
+    by_status = tool_call_from_span("execute_tool search", STRANDS_BASE, STRANDS_EVENTS, status_error=True)
+    by_event = tool_call_from_span(
+        "execute_tool search", STRANDS_BASE, [*STRANDS_EVENTS, ("exception", {"exception.type": "ValueError"})]
+    )
+    no_evidence = tool_call_from_span("execute_tool search", STRANDS_BASE, STRANDS_EVENTS)
+    assert by_status is not None and by_event is not None and no_evidence is not None
+    assert (by_status.is_error, by_event.is_error, no_evidence.is_error) == (True, True, None)
+
+
+def test_events_given_as_lists_are_read() -> None:
+    events: Any = [list(event) for event in STRANDS_EVENTS]
+    call = tool_call_from_span("execute_tool search", STRANDS_BASE, events)
+    assert call is not None and call.arguments == SEARCH_ARGS
+
+
+# --- Decoding limits ---------------------------------------------------------------------------
+
+
+def test_decode_json_contract() -> None:
+    assert decode_json('{"a": [1, 2]}') == {"a": [1, 2]}
+    assert decode_json(' \n[1]') == [1]
+    assert decode_json('"plain"') == "plain"
+    assert decode_json(json.dumps(json.dumps({"a": 1}))) == {"a": 1}  # double-encoded
+    assert decode_json(b'{"a": 1}') == {"a": 1}
+    # Bare scalars stay strings so '"42"' (JSON) and '42' (raw text) agree.
+    assert decode_json("42") == "42"
+    assert decode_json(json.dumps("42")) == "42"
+    for raw in ("weather in Paris", '{"a": NaN}', "{not json", "[" * 5000 + "]" * 5000):
+        assert decode_json(raw) == raw
+    for value in (None, 3, 2.5, True, ("a",)):
+        assert decode_json(value) == value
+
+
+def test_strings_over_the_cap_are_kept_raw() -> None:
+    huge = json.dumps({"query": "x" * MAX_DECODE_CHARS})
+    assert len(huge) > MAX_DECODE_CHARS
+    assert decode_json(huge) is huge
+    attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search",
+                  "gen_ai.tool.call.arguments": huge}
+    call = tool_call_from_span("execute_tool search", attributes)
+    assert call is not None and call.arguments is huge
+    just_under = json.dumps({"q": "x" * (MAX_DECODE_CHARS - 20)})
+    assert len(just_under) <= MAX_DECODE_CHARS and decode_json(just_under) == {"q": "x" * (MAX_DECODE_CHARS - 20)}
+
+
+def test_non_string_attribute_values_are_treated_as_absent() -> None:
+    attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": 7,
+                  "gen_ai.tool.call.id": ["x"], "gen_ai.conversation.id": {"a": 1}}
+    call = tool_call_from_span("execute_tool search", attributes)
+    assert call is not None
+    # An int name is rendered; a list id and a dict conversation id are not identifiers.
+    assert (call.tool, call.call_id, call.conversation_id) == ("7", None, None)
+    assert tool_call_from_span("chat", {"gen_ai.operation.name": ["execute_tool"]}) is None
+
+
+def test_conversation_id_order() -> None:
+    assert conversation_id({"session.id": "s", "gen_ai.conversation.id": "c"}) == "c"
+    assert conversation_id({"traceloop.association.properties.thread_id": "t"}) == "t"
+    assert conversation_id({"metadata": '{"thread_id": "m"}'}) == "m"
+    assert conversation_id({"metadata": "not json _id"}) is None
+    assert conversation_id({}) is None
+
+
+# --- The table and the hot path ----------------------------------------------------------------
+
+ALL_CONVENTIONS: list[ToolConvention | AgentConvention] = [*TOOL_CONVENTIONS, *AGENT_CONVENTIONS]
+
+
+def test_table_entries_start_with_a_cheap_gate() -> None:
+    cheap = {conventions.On.SPAN_NAME, conventions.On.SPAN_NAME_PREFIX}
+    for entry in ALL_CONVENTIONS:
+        gate = entry.when[0]
+        assert gate.on in cheap or (gate.on is conventions.On.ATTRIBUTE and gate.values), entry.name
+    names = {entry.name for entry in TOOL_CONVENTIONS}
+    assert names >= {"genai", "pydantic_ai", "pydantic_ai_legacy", "openinference", "openllmetry_tool",
+                     "openllmetry_langchain", "strands_event", "strands", "google_adk", "crewai", "openlit"}
+
+
+class CountingMapping(Mapping[str, object]):
+    """A mapping that counts every lookup, to pin the cost of rejecting a span."""
+
+    def __init__(self, data: dict[str, object]) -> None:
+        self._data = data
+        self.lookups = 0
+
+    def __getitem__(self, key: str) -> object:
+        self.lookups += 1
+        return self._data[key]
+
+    def __contains__(self, key: object) -> bool:
+        self.lookups += 1
+        return key in self._data
+
+    def __iter__(self) -> Iterator[str]:
+        raise AssertionError("the hot path must not iterate attributes")
+
+    def __len__(self) -> int:
+        raise AssertionError("the hot path must not size attributes")
+
+
+@pytest.mark.parametrize(
+    ("name", "attributes"),
+    [
+        ("chat scripted-loop", {"gen_ai.operation.name": "chat", "gen_ai.agent.name": AGENT}),
+        ("execute_task tools", {"traceloop.span.kind": "task", "gen_ai.operation.name": "execute_task"}),
+        ("RunnableSequence", {"openinference.span.kind": "CHAIN"}),
+        ("GET /", {"http.method": "GET"}),
+    ],
+)
+def test_rejecting_a_non_tool_span_costs_a_few_lookups(name: str, attributes: dict[str, object]) -> None:
+    counting = CountingMapping(attributes)
+    assert tool_call_from_span(name, counting) is None
+    assert counting.lookups <= 4
+    counting.lookups = 0
+    assert agent_from_span(name, counting) is None
+    assert counting.lookups <= 4
+
+
+# --- Nothing raises ----------------------------------------------------------------------------
+
+KNOWN_KEYS = sorted(
+    {key for entry in TOOL_CONVENTIONS for key in (*entry.tool_keys, *entry.argument_keys, *entry.result_keys,
+                                                   *entry.call_id_keys)}
+    | {key for entry in ALL_CONVENTIONS for c in entry.when
+       if c.on is conventions.On.ATTRIBUTE for key in c.keys}
+    | {"metadata", "tool.parameters", "error.type", "gen_ai.tool.status", "session.id", "gen_ai.conversation.id"}
+)
+MARKER_VALUES = ["execute_tool", "invoke_agent", "TOOL", "AGENT", "tool", "agent", "workflow",
+                 "strands-agents", "FunctionTool", "error", "success"]
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=20,
+)
+odd_values = (
+    json_values
+    | json_values.map(lambda v: json.dumps(v, allow_nan=True))
+    | st.sampled_from(MARKER_VALUES)
+    | st.binary(max_size=40)
+    | st.tuples(st.text(max_size=5), st.integers())
+    | st.sampled_from(['{"a": NaN}', "[" * 3000, "{'a': (1,", '"\\ud800"', '{"args": 1, "kwargs": [2]}',
+                       '{"inputs": 3, "kwargs": "x"}', '{"type": "tool", "data": {"content": []}}',
+                       '[{"text": 1}]', '{"output": {"lc": 1, "kwargs": 5}}', '{"properties": {"x": 1}}'])
+)
+attribute_maps = st.dictionaries(st.sampled_from(KNOWN_KEYS) | st.text(max_size=12), odd_values, max_size=10)
+span_names = st.sampled_from(["execute_tool search", "running tool", "call tool", "search.tool",
+                              "invoke_agent x", "execute_tool ", ""]) | st.text(max_size=20)
+events = st.lists(
+    st.tuples(st.sampled_from(["gen_ai.tool.message", "gen_ai.choice", "exception"]) | st.text(max_size=8),
+              st.dictionaries(st.sampled_from(["content", "message", "id"]), odd_values, max_size=3)),
+    max_size=3,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(name=span_names, attributes=attribute_maps, span_events=events,
+       status_error=st.none() | st.booleans())
+def test_nothing_raises_on_odd_input(name: str, attributes: dict[str, object],
+                                     span_events: list[tuple[str, dict[str, object]]],
+                                     status_error: bool | None) -> None:
+    call = tool_call_from_span(name, attributes, span_events, status_error)
+    if call is not None:
+        assert isinstance(call.tool, str) and call.tool
+        assert call.call_id is None or isinstance(call.call_id, str)
+        assert call.conversation_id is None or isinstance(call.conversation_id, str)
+        assert call.is_error in (None, True, False)
+        if status_error:
+            assert call.is_error is True
+    agent = agent_from_span(name, attributes)
+    assert agent is None or isinstance(agent, SpanAgent)
+    assert arguments_available_at_start(name, attributes) in (True, False)
+    found = conversation_id(attributes)
+    assert found is None or isinstance(found, str)
+
+
+@settings(max_examples=100, deadline=None)
+@given(name=st.one_of(st.none(), st.integers(), st.binary()), attributes=st.one_of(st.none(), st.lists(st.integers())))
+def test_nothing_raises_on_wrong_argument_types(name: Any, attributes: Any) -> None:
+    assert tool_call_from_span(name, attributes) is None
+    assert agent_from_span(name, attributes) is None
+    assert arguments_available_at_start(name, attributes) is False
+    assert conversation_id(attributes) is None
