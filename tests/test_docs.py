@@ -1,0 +1,45 @@
+"""The README says what the code does: quickstart = CI command, preset table = current output."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def quickstart_commands() -> list[str]:
+    section = README.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```sh\n(.+?)\n```", section)
+
+
+def test_quickstart_is_exactly_two_commands_and_ci_runs_the_second() -> None:
+    commands = quickstart_commands()
+    assert len(commands) == 2
+    assert all("\n" not in command for command in commands)
+    assert "demo" in commands[0]
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert commands[1] in ci
+
+
+def test_readme_preset_table_is_current() -> None:
+    spec = importlib.util.spec_from_file_location(
+        "preset_scenarios", ROOT / "benchmarks" / "preset_scenarios.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["preset_scenarios"] = module
+    spec.loader.exec_module(module)
+    table = README.split("<!-- preset-table:start -->\n", 1)[1].split("\n<!-- preset-table:end -->")[0]
+    assert table == module.table()
+
+
+def test_every_policy_field_is_documented() -> None:
+    from dataclasses import fields
+
+    from otel_loopguard import Policy
+
+    for field in fields(Policy):
+        assert f"`{field.name}`" in README, field.name
