@@ -238,18 +238,19 @@ class SessionState:
             signature.last_outcome = outcome
             signature.same_outcomes = 1
 
-    def add_pending(self, ref: str, pending: Pending) -> None:
+    def add_pending(self, ref: str, key: str, blocked: bool, mutating: bool) -> None:
+        """Remember a hook attempt until its outcome arrives (``ref``: call id, else args key)."""
         table = self.pending
         if table is None:
             table = self.pending = OrderedDict()
         existing = table.get(ref)
-        if existing is not None and existing.args_key == pending.args_key:
+        if existing is not None and existing.args_key == key:
             existing.outstanding += 1
-            existing.blocked = pending.blocked
+            existing.blocked = blocked
             return
         if len(table) >= MAX_PENDING_CALLS:
             table.popitem(last=False)
-        table[ref] = pending
+        table[ref] = Pending(key, blocked, mutating)
 
     def take_pending(self, ref: str) -> Pending | None:
         """Match a finished call to the hook attempt that counted it (``ref``: call id, else

@@ -344,7 +344,7 @@ class LoopGuard:
         advice: str | None = None
         rescue_outcome: str | None = None
         with self._lock:
-            state = cast(SessionState, self._store.get(store_key))
+            state: SessionState = self._store.get(store_key)  # type: ignore[assignment]
             if not after_the_fact:
                 self._last.call = (arguments, tool, session, agent, key, state)
             verdict, stuck, stalled = evaluate(state, key, policy)
@@ -371,8 +371,7 @@ class LoopGuard:
                     state.new_epoch()  # it ran (we only heard of it afterwards): progress
             else:
                 state.add_pending(
-                    _text(call_id) if call_id is not None else key,
-                    Pending(key, enforced_block, mutating),
+                    key if call_id is None else _text(call_id), key, enforced_block, mutating
                 )
             recent: tuple[str, ...] = ()
             if step.action is Action.RESCUE:

@@ -6,7 +6,6 @@ from otel_loopguard import PRESETS
 from otel_loopguard.engine import (
     MAX_PENDING_CALLS,
     Classifier,
-    Pending,
     SessionState,
     SessionStore,
     shell_command,
@@ -71,7 +70,7 @@ def test_window_is_bounded_and_epoch_clears_evidence() -> None:
 def test_pending_calls_are_bounded_and_matched_once() -> None:
     state = SessionState(0.0)
     for n in range(MAX_PENDING_CALLS + 10):
-        state.add_pending(f"id{n}", Pending("k", blocked=False, mutating=False))
+        state.add_pending(f"id{n}", "k", blocked=False, mutating=False)
     assert state.pending is not None and len(state.pending) == MAX_PENDING_CALLS
     assert state.take_pending("id0") is None  # the oldest were forgotten
     last = f"id{MAX_PENDING_CALLS + 9}"
