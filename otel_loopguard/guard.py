@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any, Final, Literal, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, cast, overload
 
 from .calls import (
     MAX_TOOL_NAME_CHARS,
@@ -44,6 +44,9 @@ from .policy import (
     message_for,
 )
 from .rules import evaluate, trend
+
+if TYPE_CHECKING:
+    from .processor import LoopGuardSpanProcessor
 
 __all__ = ["LoopGuard"]
 
@@ -160,6 +163,23 @@ class LoopGuard:
         except Exception as exc:
             self._internal_error("after_tool", exc)
             return None
+
+    def span_processor(self, **options: Any) -> LoopGuardSpanProcessor:
+        """A :class:`~otel_loopguard.processor.LoopGuardSpanProcessor` bound to this guard, so
+        spans and the hook API share one state (options as the processor takes them)."""
+        from .processor import LoopGuardSpanProcessor
+
+        return LoopGuardSpanProcessor(self, **options)
+
+    def _decide_for_span(self, tool: object, arguments: object, session: str,
+                         agent: str | None, call_id: str | None) -> Decision:
+        """``before_tool`` for a span entrance: the same counting, but never waits for the
+        advisor (a rescue asked here is settled in the background and cached)."""
+        try:
+            return self._attempt(tool, arguments, session, agent, call_id, False)
+        except Exception as exc:
+            self._internal_error("span_start", exc)
+            return ALLOW
 
     def user_message(self, session: str, *, agent: str | None = None) -> None:
         """A real user message arrived: start a new progress epoch and lift a stop."""

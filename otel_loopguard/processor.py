@@ -1,0 +1,350 @@
+"""LoopGuardSpanProcessor: tool calls from the spans an application already emits.
+
+``provider.add_span_processor(LoopGuardSpanProcessor())`` is all it takes. Tool spans of the
+common instrumentations (see :mod:`otel_loopguard.conventions`) are fed to a :class:`LoopGuard`;
+its decisions become ``loopguard.decision`` span events.
+
+Threading contract (the SDK's): ``on_start`` and ``on_end`` are called on the thread that starts
+or ends the span, concurrently from any number of threads. They never block (the advisor is
+never waited for here) and never raise: the SDK does not catch exceptions from processors, so
+every hook catches everything, logs once per kind, counts it in ``guard.internal_errors`` and
+returns.
+
+Where detection runs: at ``on_start`` when the span already carries the arguments (Pydantic AI),
+so the decision is on the still-open tool span and code inside it can read it with
+:func:`current_decision`; else at ``on_end``, where the call has already run and the decision is
+recorded on the nearest still-recording ancestor (usually the agent span), or on a short
+``loopguard.decision`` span when none is open.
+
+Bookkeeping per open span (bounded by ``max_tracked_spans``; spans never ended are forgotten
+after ``span_ttl_seconds``) lets a tool span find its agent among its ancestors.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+from opentelemetry.trace import NonRecordingSpan, StatusCode
+
+from .calls import SIGNATURE_CHARS, canonical_arguments, canonical_json
+from .conventions import MISSING, SpanToolCall, arguments_available_at_start, tool_call_from_span
+from .guard import LoopGuard
+from .policy import Action, Decision, arguments_preview
+from .spans import KeyBy, SpanView, nearest_agent, session_for
+
+__all__ = [
+    "DECISION_EVENT",
+    "LoopGuardSpanProcessor",
+    "current_decision",
+]
+
+_log = logging.getLogger("otel_loopguard")
+
+#: Name of the span event (and of the fallback span) that records a non-allow decision.
+DECISION_EVENT: Final = "loopguard.decision"
+
+# Event attribute keys (DESIGN §6), declared once.
+ATTR_ACTION: Final = "loopguard.action"
+ATTR_RULE: Final = "loopguard.rule"
+ATTR_COUNT: Final = "loopguard.count"
+ATTR_THRESHOLD: Final = "loopguard.threshold"
+ATTR_SIGNATURE: Final = "loopguard.signature"
+ATTR_MODE: Final = "loopguard.mode"
+ATTR_ARGUMENTS: Final = "loopguard.arguments"
+ATTR_TOOL_NAME: Final = "gen_ai.tool.name"
+ATTR_TOOL_CALL_ID: Final = "gen_ai.tool.call.id"
+
+#: First four characters of span names that may be tool or agent spans at start (a cheap gate:
+#: "execute_tool ...", "invoke_agent ...", "running tool", "agent run", "call tool").
+_START_PREFIXES: Final = frozenset({"exec", "invo", "runn", "agen", "call"})
+#: Attribute values that mark a tool span at end, beyond the names above.
+_TOOL_KIND_KEYS: Final = (
+    ("gen_ai.operation.name", "execute_tool"),
+    ("openinference.span.kind", "TOOL"),
+    ("traceloop.span.kind", "tool"),
+)
+_TOOL_NAMES: Final = frozenset({"running tool", "call tool"})
+
+# Decisions made at span start, by span id, for current_decision(); removed at span end.
+_START_DECISIONS: dict[int, Decision] = {}
+
+
+def current_decision() -> Decision | None:
+    """The decision made at the start of the current span (a tool span whose instrumentation
+    passes the arguments at start, e.g. Pydantic AI), or ``None``.
+
+    A tool body or decorator running inside that span can enforce it::
+
+        decision = current_decision()
+        if decision is not None and decision.blocks:
+            return decision.message
+    """
+    span = trace.get_current_span()
+    return _START_DECISIONS.get(span.get_span_context().span_id)
+
+
+def _attributes(span: ReadableSpan) -> Mapping[str, Any]:
+    """The span's attributes as a plain dict where possible.
+
+    The SDK's ``attributes`` property wraps its ``BoundedAttributes`` (which wraps a dict) in a
+    read-only proxy; every missing-key lookup through those layers raises and catches a
+    KeyError. On the hot path we read the inner dict (read only), and fall back to the public
+    property when the SDK's internals differ.
+    """
+    inner = getattr(getattr(span, "_attributes", None), "_dict", None)
+    if type(inner) is dict:
+        return inner
+    return span.attributes or {}
+
+
+class LoopGuardSpanProcessor(SpanProcessor):
+    """Feeds tool-call spans to a :class:`LoopGuard` and records its decisions as span events.
+
+    ``guard``: share one with the hook API (or use ``guard.span_processor()``); default: a new
+    guard with the ``default`` preset and ``LOOPGUARD_*`` overrides.
+    ``key_by``: ``"trace"`` (trace + agent; default) or ``"conversation"`` (see
+    :mod:`otel_loopguard.spans`).
+    ``capture_arguments``: add the canonical arguments (cut to the policy's preview length) to
+    decision events; off by default, since arguments may hold secrets.
+    ``tracer_provider``: where the fallback ``loopguard.decision`` span is created (default: the
+    global provider).
+    """
+
+    def __init__(
+        self,
+        guard: LoopGuard | None = None,
+        *,
+        key_by: KeyBy | str = KeyBy.TRACE,
+        capture_arguments: bool = False,
+        max_tracked_spans: int = 100_000,
+        span_ttl_seconds: float = 3600.0,
+        tracer_provider: trace.TracerProvider | None = None,
+    ) -> None:
+        if guard is not None and not isinstance(guard, LoopGuard):
+            raise ValueError(f"guard: expected a LoopGuard, got {type(guard).__name__}")
+        try:
+            self.key_by = KeyBy(key_by)
+        except ValueError:
+            raise ValueError(f"key_by: expected 'trace' or 'conversation', got {key_by!r}") from None
+        if not isinstance(max_tracked_spans, int) or isinstance(max_tracked_spans, bool) or (
+            max_tracked_spans < 1
+        ):
+            raise ValueError(
+                f"max_tracked_spans: expected a positive integer, got {max_tracked_spans!r}")
+        if isinstance(span_ttl_seconds, bool) or not isinstance(span_ttl_seconds, (int, float)) or (
+            not span_ttl_seconds > 0
+        ):
+            raise ValueError(f"span_ttl_seconds: expected a number > 0, got {span_ttl_seconds!r}")
+        self.guard = guard if guard is not None else LoopGuard()
+        self.capture_arguments = bool(capture_arguments)
+        self._max_spans = max_tracked_spans
+        self._ttl_ns = int(span_ttl_seconds * 1e9)
+        self._tracer_provider = tracer_provider
+        self._tracer: trace.Tracer | None = None
+        # Open spans by span id, oldest first. Plain dict operations are atomic under the GIL;
+        # the lock only guards the occasional pruning rebuild.
+        self._open: dict[int, ReadableSpan] = {}
+        self._prune_lock = threading.Lock()
+        # Tool spans decided at start: span id -> (session, agent, call id).
+        self._started: dict[int, tuple[str, str | None, str | None]] = {}
+        self.evicted_spans = 0
+
+    # -- SpanProcessor ---------------------------------------------------------------------
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        """Called on the thread starting ``span``; must not block or raise."""
+        try:
+            context = span.get_span_context()
+            if context is None:
+                return
+            opened = self._open
+            opened[context.span_id] = span
+            if len(opened) > self._max_spans:
+                self._prune()
+            name = span.name
+            if name[:4] in _START_PREFIXES:
+                self._start(span, name, context.span_id, context.trace_id)
+        except Exception as exc:  # the SDK does not catch processor errors
+            self.guard._internal_error("span_processor.on_start", exc)
+
+    def on_end(self, span: ReadableSpan) -> None:
+        """Called on the thread ending ``span``; must not block or raise."""
+        try:
+            context = span.get_span_context()
+            if context is None:
+                return
+            span_id = context.span_id
+            self._open.pop(span_id, None)
+            name = span.name
+            attributes = _attributes(span)
+            if not (
+                name.startswith("execute_tool")
+                or name in _TOOL_NAMES
+                or name.endswith(".tool")
+                or any(attributes.get(key) == value for key, value in _TOOL_KIND_KEYS)
+            ):
+                return
+            self._end(span, name, attributes, span_id, context.trace_id)
+        except Exception as exc:
+            self.guard._internal_error("span_processor.on_end", exc)
+
+    def shutdown(self) -> None:
+        """Forget all bookkeeping and stop the guard's advisor worker."""
+        self._open.clear()
+        for span_id in list(self._started):
+            _START_DECISIONS.pop(span_id, None)
+        self._started.clear()
+        self.guard.close()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """Nothing is buffered: decisions are made on the calling thread. Returns True."""
+        return True
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _prune(self) -> None:
+        """Forget the oldest quarter of the open spans, and any older than the TTL."""
+        with self._prune_lock:
+            opened = self._open
+            if len(opened) <= self._max_spans:
+                return
+            items = list(opened.items())
+            keep_from = len(items) // 4
+            deadline = time.time_ns() - self._ttl_ns
+            kept = {
+                span_id: span
+                for span_id, span in items[keep_from:]
+                if (span.start_time or 0) >= deadline
+            }
+            self.evicted_spans += len(items) - len(kept)
+            self._open = kept
+
+    def _view(self, span_id: int) -> SpanView | None:
+        span = self._open.get(span_id)
+        if span is None:
+            return None
+        parent = span.parent
+        return SpanView(span.name, _attributes(span), parent.span_id if parent else None)
+
+    def _keys(
+        self, call: SpanToolCall, span: ReadableSpan, trace_id: int, attributes: Mapping[str, Any]
+    ) -> tuple[str, str | None]:
+        parent = span.parent
+        frame = nearest_agent(parent.span_id if parent and not parent.is_remote else None,
+                              self._view)
+        return session_for(call, trace_id, frame, self.key_by, attributes)
+
+    def _start(self, span: Span, name: str, span_id: int, trace_id: int) -> None:
+        """A span that may be an agent run or a tool span with its arguments already set."""
+        attributes = _attributes(span)
+        if not arguments_available_at_start(name, attributes):
+            if self.key_by is KeyBy.CONVERSATION:
+                self._maybe_new_run(span, name, attributes, trace_id)
+            return
+        call = tool_call_from_span(name, attributes, (), None)
+        if call is None or call.arguments is MISSING:
+            return
+        session, agent = self._keys(call, span, trace_id, attributes)
+        decision = self.guard._decide_for_span(call.tool, call.arguments, session, agent,
+                                               call.call_id)
+        self._started[span_id] = (session, agent, call.call_id)
+        _START_DECISIONS[span_id] = decision
+        if decision.detected is not Action.ALLOW:
+            self._record(span, decision, call)
+
+    def _maybe_new_run(self, span: Span, name: str, attributes: Mapping[str, Any],
+                       trace_id: int) -> None:
+        from .conventions import agent_from_span, conversation_id
+
+        agent = agent_from_span(name, attributes)
+        if agent is None:
+            return
+        conversation = agent.conversation_id or conversation_id(attributes)
+        if conversation:
+            self.guard.new_run(conversation, agent=agent.agent_name or agent.agent_id)
+
+    def _end(self, span: ReadableSpan, name: str, attributes: Mapping[str, Any], span_id: int,
+             trace_id: int) -> None:
+        started = self._started.pop(span_id, None)
+        if started is not None:
+            _START_DECISIONS.pop(span_id, None)
+        events: Sequence[tuple[str, Mapping[str, Any]]] = [
+            (event.name, event.attributes or {}) for event in span.events
+        ] if span.events else ()
+        status = span.status
+        error = status is not None and status.status_code is StatusCode.ERROR
+        call = tool_call_from_span(name, attributes, events, error)
+        if call is None or call.arguments is MISSING:
+            return
+        if started is not None:
+            session, agent, call_id = started
+        else:
+            session, agent = self._keys(call, span, trace_id, attributes)
+            call_id = call.call_id
+        duration = None
+        if span.end_time is not None and span.start_time is not None:
+            duration = max(0.0, (span.end_time - span.start_time) / 1e9)
+        decision = self.guard.after_tool(
+            call.tool, call.arguments, session=session, agent=agent, call_id=call_id,
+            error=call.is_error, result=call.result, duration_seconds=duration,
+        )
+        if decision is not None and decision.detected is not Action.ALLOW:
+            self._record_after(span, decision, call)
+
+    def _event_attributes(self, decision: Decision, call: SpanToolCall) -> dict[str, Any]:
+        attributes: dict[str, Any] = {
+            ATTR_ACTION: decision.detected.value,
+            ATTR_RULE: decision.rule.value if decision.rule else "none",
+            ATTR_COUNT: decision.count,
+            ATTR_THRESHOLD: decision.threshold,
+            ATTR_SIGNATURE: decision.signature[:SIGNATURE_CHARS],
+            ATTR_MODE: self.guard.policy.mode.value,
+            ATTR_TOOL_NAME: decision.tool,
+        }
+        if call.call_id:
+            attributes[ATTR_TOOL_CALL_ID] = call.call_id
+        if self.capture_arguments:
+            policy = self.guard.policy
+            canonical = canonical_json(canonical_arguments(call.arguments, policy.ignored_args))
+            attributes[ATTR_ARGUMENTS] = arguments_preview(canonical,
+                                                           policy.arguments_preview_chars)
+        return attributes
+
+    def _record(self, span: Span, decision: Decision, call: SpanToolCall) -> None:
+        """At start: the decision goes on the (still open) tool span itself."""
+        span.add_event(DECISION_EVENT, self._event_attributes(decision, call))
+
+    def _record_after(self, span: ReadableSpan, decision: Decision, call: SpanToolCall) -> None:
+        """At end: on the nearest still-recording ancestor, else on a short decision span."""
+        attributes = self._event_attributes(decision, call)
+        parent = span.parent
+        current = parent.span_id if parent is not None else None
+        for _ in range(64):
+            if current is None:
+                break
+            ancestor = self._open.get(current)
+            if ancestor is None:
+                break
+            if isinstance(ancestor, Span) and ancestor.is_recording():
+                ancestor.add_event(DECISION_EVENT, attributes)
+                return
+            grandparent = ancestor.parent
+            current = grandparent.span_id if grandparent is not None else None
+        tracer = self._tracer
+        if tracer is None:
+            provider = self._tracer_provider or trace.get_tracer_provider()
+            tracer = self._tracer = provider.get_tracer("otel_loopguard")
+        span_context = span.get_span_context()
+        if span_context is None:
+            return
+        context = trace.set_span_in_context(NonRecordingSpan(span_context))
+        fallback = tracer.start_span(DECISION_EVENT, context=context)
+        fallback.add_event(DECISION_EVENT, attributes)
+        fallback.end()

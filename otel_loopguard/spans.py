@@ -1,0 +1,122 @@
+"""From spans to the guard's session keys: pure helpers shared by every span entrance.
+
+The in-process span processor, the replay reader of recorded traces and the OTLP receiver all
+see spans with ids, a parent id, a name and attributes. This module answers, for a tool span,
+"whose chain is this?" the same way for all of them; none of it imports OpenTelemetry.
+
+Session keys (DESIGN §3): by default a trace plus the agent running the tool, so sub-agents in
+one trace never share a chain. The agent is the nearest ancestor agent span (``invoke_agent``,
+OpenInference ``AGENT``, ...): its span id goes into the session key (two runs of one agent in a
+trace are two chains), its name is the agent label. Keyed by conversation instead, the session is
+the conversation id (from the tool span or its ancestors), so one conversation spanning several
+traces shares one state; the agent name keeps sub-agents apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Final
+
+from .conventions import SpanAgent, SpanToolCall, agent_from_span, conversation_id
+
+__all__ = [
+    "MAX_ANCESTRY_DEPTH",
+    "AgentFrame",
+    "KeyBy",
+    "SpanView",
+    "nearest_agent",
+    "session_for",
+]
+
+#: Ancestors looked at when resolving a tool span's agent (a guard against cycles in bad input).
+MAX_ANCESTRY_DEPTH: Final = 64
+
+
+class KeyBy(str, Enum):
+    """What a span entrance keys session state by."""
+
+    #: Trace id plus the agent running the tool (the default).
+    TRACE = "trace"
+    #: The conversation id (``gen_ai.conversation.id``, ``session.id``, thread id), falling back
+    #: to the trace when a span carries none.
+    CONVERSATION = "conversation"
+
+
+@dataclass(frozen=True, slots=True)
+class SpanView:
+    """What the resolver needs of one span."""
+
+    name: str
+    attributes: Mapping[str, object]
+    parent_id: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class AgentFrame:
+    """The agent a tool span runs under: the agent span's id and what it says of itself."""
+
+    span_id: int
+    agent: SpanAgent
+
+
+def nearest_agent(
+    parent_id: int | None, lookup: Callable[[int], SpanView | None]
+) -> AgentFrame | None:
+    """Walk up from ``parent_id`` to the nearest ancestor that is an agent span.
+
+    ``lookup`` returns a known span by id, or ``None`` (not seen, already gone, or remote): the
+    walk stops there. At most :data:`MAX_ANCESTRY_DEPTH` ancestors are looked at.
+    """
+    current = parent_id
+    for _ in range(MAX_ANCESTRY_DEPTH):
+        if current is None:
+            return None
+        view = lookup(current)
+        if view is None:
+            return None
+        agent = agent_from_span(view.name, view.attributes)
+        if agent is not None:
+            return AgentFrame(current, agent)
+        current = view.parent_id
+    return None
+
+
+def _agent_label(call: SpanToolCall, frame: AgentFrame | None) -> str | None:
+    if call.agent_name or call.agent_id:
+        return call.agent_name or call.agent_id
+    if frame is not None:
+        return frame.agent.agent_name or frame.agent.agent_id
+    return None
+
+
+def session_for(
+    call: SpanToolCall,
+    trace_id: int,
+    frame: AgentFrame | None,
+    key_by: KeyBy,
+    tool_attributes: Mapping[str, object] | None = None,
+    ancestor_conversation: str | None = None,
+) -> tuple[str, str | None]:
+    """The guard's (session, agent) for a tool call found in a span of trace ``trace_id``.
+
+    Keyed by trace: ``"<trace id hex>"``, plus ``"/<agent span id hex>"`` when an agent span was
+    found; the agent label is the tool span's own agent name, else the agent span's.
+    Keyed by conversation: the conversation id of the tool span, of its agent span, or
+    ``ancestor_conversation``, else the trace as above.
+    """
+    agent = _agent_label(call, frame)
+    if key_by is KeyBy.CONVERSATION:
+        conversation = (
+            call.conversation_id
+            or (conversation_id(tool_attributes) if tool_attributes is not None else None)
+            or (frame.agent.conversation_id if frame is not None else None)
+            or ancestor_conversation
+        )
+        if conversation:
+            return conversation, agent
+    session = f"{trace_id:032x}"
+    if frame is not None:
+        session = f"{session}/{frame.span_id:016x}"
+    return session, agent
