@@ -5,6 +5,8 @@ The public API is listed in ``__all__``; everything else is internal.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from .config import PRESETS, Mode, Policy, Rule, load_policy
 from .guard import LoopGuard
 from .policy import (
@@ -17,6 +19,9 @@ from .policy import (
     LoopDetected,
 )
 
+if TYPE_CHECKING:
+    from .processor import LoopGuardSpanProcessor, current_decision
+
 __all__ = [
     "Action",
     "AdviceRequest",
@@ -26,12 +31,29 @@ __all__ = [
     "Decision",
     "LoopDetected",
     "LoopGuard",
+    "LoopGuardSpanProcessor",
     "Mode",
     "PRESETS",
     "Policy",
     "Rule",
     "__version__",
+    "current_decision",
     "load_policy",
 ]
+
+# The span processor needs opentelemetry-sdk; it is imported on first use so that
+# `import otel_loopguard` stays light for command hooks that start a process per call.
+_LAZY = {"LoopGuardSpanProcessor": "processor", "current_decision": "processor"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'otel_loopguard' has no attribute {name!r}")
+    from importlib import import_module
+
+    value = getattr(import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
 
 __version__ = "0.1.0"

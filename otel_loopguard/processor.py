@@ -72,6 +72,8 @@ _TOOL_KIND_KEYS: Final = (
 )
 _TOOL_NAMES: Final = frozenset({"running tool", "call tool"})
 
+_NO_CALL: Final = SpanToolCall("", MISSING, None, None, None, None, None, None, "hook")
+
 # Decisions made at span start, by span id, for current_decision(); removed at span end.
 _START_DECISIONS: dict[int, Decision] = {}
 
@@ -202,6 +204,19 @@ class LoopGuardSpanProcessor(SpanProcessor):
             _START_DECISIONS.pop(span_id, None)
         self._started.clear()
         self.guard.close()
+
+    def current_session(self) -> tuple[str, str | None] | None:
+        """The (session, agent) this processor keys the current span's tool calls by, so a
+        framework hook asking ``guard.before_tool(..., session=..., agent=..., call_id=...)``
+        from inside the agent (or tool) span shares state with the spans and each call counts
+        once. ``None`` outside any span of this provider."""
+        span = trace.get_current_span()
+        context = span.get_span_context()
+        if not context.is_valid:
+            return None
+        frame = nearest_agent(context.span_id, self._view)
+        attributes = _attributes(span) if isinstance(span, ReadableSpan) else {}
+        return session_for(_NO_CALL, context.trace_id, frame, self.key_by, attributes)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         """Nothing is buffered: decisions are made on the calling thread. Returns True."""

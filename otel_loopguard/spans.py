@@ -84,11 +84,11 @@ def nearest_agent(
 
 
 def _agent_label(call: SpanToolCall, frame: AgentFrame | None) -> str | None:
-    if call.agent_name or call.agent_id:
-        return call.agent_name or call.agent_id
-    if frame is not None:
+    # The agent span's name first: a hook asking from inside that agent's span gets the same
+    # key without knowing what the tool span will carry.
+    if frame is not None and (frame.agent.agent_name or frame.agent.agent_id):
         return frame.agent.agent_name or frame.agent.agent_id
-    return None
+    return call.agent_name or call.agent_id
 
 
 def session_for(
@@ -102,7 +102,7 @@ def session_for(
     """The guard's (session, agent) for a tool call found in a span of trace ``trace_id``.
 
     Keyed by trace: ``"<trace id hex>"``, plus ``"/<agent span id hex>"`` when an agent span was
-    found; the agent label is the tool span's own agent name, else the agent span's.
+    found; the agent label is the agent span's name, else the tool span's own.
     Keyed by conversation: the conversation id of the tool span, of its agent span, or
     ``ancestor_conversation``, else the trace as above.
     """

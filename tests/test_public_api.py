@@ -15,11 +15,13 @@ def test_all_is_pinned_and_sorted() -> None:
         "Decision",
         "LoopDetected",
         "LoopGuard",
+        "LoopGuardSpanProcessor",
         "Mode",
         "PRESETS",
         "Policy",
         "Rule",
         "__version__",
+        "current_decision",
         "load_policy",
     ]
     assert otel_loopguard.__all__ == sorted(otel_loopguard.__all__)
@@ -35,3 +37,16 @@ def test_enum_values_are_the_wire_strings() -> None:
     assert [r.value for r in otel_loopguard.Rule] == [
         "consecutive", "window", "no_progress", "stall"]
     assert [m.value for m in otel_loopguard.Mode] == ["observe", "advise", "enforce"]
+
+
+def test_import_stays_light() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, otel_loopguard; "
+            "print(any(m.startswith('opentelemetry.sdk') for m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+    from otel_loopguard import LoopGuardSpanProcessor
+
+    assert LoopGuardSpanProcessor.__name__ == "LoopGuardSpanProcessor"
