@@ -219,6 +219,12 @@ class Policy:
     advisor_command: str | None = field(
         default=None, metadata=_doc("advisor command line (advice on stdout, exit 0)")
     )
+    trip_log_path: str | None = field(
+        default=None, metadata=_doc("file to append one JSON line per non-allow decision to")
+    )
+    trip_log_arguments: bool = field(
+        default=False, metadata=_doc("include the (cut) canonical arguments in trip lines")
+    )
     max_sessions: int = field(default=10_000, metadata=_doc("sessions kept (LRU eviction)"))
     session_ttl_seconds: float = field(
         default=3600.0, metadata=_doc("idle seconds after which a session is forgotten")
@@ -261,6 +267,13 @@ class Policy:
             _positive_float(name, getattr(self, name))
         if self.advisor_command is not None and not isinstance(self.advisor_command, str):
             raise ValueError(f"advisor_command: expected a string, got {self.advisor_command!r}")
+        if self.trip_log_path is not None and (
+            not isinstance(self.trip_log_path, str) or not self.trip_log_path
+        ):
+            raise ValueError(f"trip_log_path: expected a file path, got {self.trip_log_path!r}")
+        if not isinstance(self.trip_log_arguments, bool):
+            raise ValueError(
+                f"trip_log_arguments: expected true or false, got {self.trip_log_arguments!r}")
 
         deny = self.deny_threshold
         if deny is not None and self.remind_thresholds and self.remind_thresholds[-1] >= deny:
@@ -444,7 +457,7 @@ def policy_from_mapping(values: Mapping[str, object], base: Policy | None = None
 
 _OPTIONAL_FIELDS: Final = frozenset(
     {"deny_threshold", "no_progress_threshold", "rescue_threshold", "poll_limit",
-     "stop_after_denials", "advisor_command"}
+     "stop_after_denials", "advisor_command", "trip_log_path"}
 )
 
 
@@ -464,8 +477,13 @@ def _parse_env(name: str, text: str) -> object:
         return tuple(part.strip() for part in text.split(separator) if part.strip())
     if name == "mode":
         return text.lower()
-    if name == "advisor_command":
+    if name in ("advisor_command", "trip_log_path"):
         return text
+    if name == "trip_log_arguments":
+        lowered = text.lower()
+        if lowered not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            raise ValueError(f"expected true or false, got {text!r}")
+        return lowered in ("1", "true", "yes", "on")
     if name.endswith("_seconds"):
         return float(text)
     return int(text)

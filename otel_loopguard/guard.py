@@ -44,6 +44,7 @@ from .policy import (
     message_for,
 )
 from .rules import evaluate, trend
+from .triplog import TripLog
 
 if TYPE_CHECKING:
     from .processor import LoopGuardSpanProcessor
@@ -109,6 +110,10 @@ class LoopGuard:
             on_evict=self._evictions.append,
         )
         self._classifier = Classifier(self.policy)
+        self.trip_log: TripLog | None = (
+            TripLog(self.policy.trip_log_path, arguments=self.policy.trip_log_arguments)
+            if self.policy.trip_log_path else None
+        )
         self._executor: ThreadPoolExecutor | None = None
         # Per thread, the last call before_tool keyed: (arguments object, tool, args key). An
         # after_tool with the very same objects reuses the key instead of hashing again.
@@ -419,8 +424,17 @@ class LoopGuard:
                 return ALLOW
             return Decision(Action.ALLOW, rule=step.rule, count=step.count,
                             signature=key[:12], tool=name, session=sid, repeated=True)
-        recorder.decision(aid, name, step.rule.value if step.rule else "none",
-                          step.action.value, step.count)
+        rule = step.rule.value if step.rule else None
+        recorder.decision(aid, name, rule or "none", step.action.value, step.count)
+        trip_log = self.trip_log
+        if trip_log is not None:
+            trip_log.write(
+                session=sid, agent=aid, tool=name, rule=rule, action=step.action.value,
+                mode=policy.mode.value, count=step.count, threshold=step.threshold,
+                signature=key[:12],
+                arguments=arguments_preview(canonical, policy.arguments_preview_chars)
+                if trip_log.arguments else None,
+            )
         action: Action = step.action
         if policy.mode is Mode.OBSERVE:
             action = Action.ALLOW

@@ -209,3 +209,34 @@ def test_default_policy_comes_from_the_environment(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("LOOPGUARD_DENY_THRESHOLD", "9")
     monkeypatch.setenv("LOOPGUARD_RESCUE_THRESHOLD", "none")
     assert LoopGuard().policy.deny_threshold == 9
+
+
+def test_trip_log_has_one_line_per_non_allow_decision(tmp_path: Any) -> None:
+    import json
+
+    path = tmp_path / "trips.jsonl"
+    guard = LoopGuard(DEFAULT.replace(trip_log_path=str(path)))
+    transcript = run(guard, [Call("login", {"password": "s3cret"}, result="no")] * STUCK)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    non_allow = [d for d in transcript.decisions if d.action is not Action.ALLOW]
+    assert [(r["action"], r["count"], r["signature"]) for r in lines] == [
+        (d.detected.value, d.count, d.signature) for d in non_allow]
+    assert lines[-1]["session"] == "s" and lines[-1]["tool"] == "login"
+    assert "s3cret" not in path.read_text() and "arguments" not in lines[-1]
+
+
+def test_trip_log_arguments_only_when_enabled(tmp_path: Any) -> None:
+    import json
+
+    path = tmp_path / "trips.jsonl"
+    guard = LoopGuard(DEFAULT.replace(trip_log_path=str(path), trip_log_arguments=True))
+    run(guard, [Call("read", {"path": "a"}, result="x")] * STUCK)
+    assert json.loads(path.read_text().splitlines()[-1])["arguments"] == '{"path":"a"}'
+
+
+def test_unwritable_trip_log_is_counted_never_raised(tmp_path: Any) -> None:
+    guard = LoopGuard(DEFAULT.replace(trip_log_path=str(tmp_path / "missing-dir" / "t.jsonl")))
+    transcript = run(guard, [Call("read", {"path": "a"}, result="x")] * STUCK)
+    assert transcript.decisions[-1].action is Action.DENY
+    assert guard.trip_log is not None and guard.trip_log.failures >= 2
+    assert guard.internal_errors == {}

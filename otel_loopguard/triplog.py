@@ -1,0 +1,87 @@
+"""The trip log: one JSON line per non-allow decision, from every entrance.
+
+Each line: ``time`` (RFC 3339, UTC), ``session``, ``agent``, ``tool``, ``rule``, ``action`` (as
+detected, before the mode softened it), ``mode``, ``count``, ``threshold``, ``signature`` (12
+hex), and ``arguments`` (the canonical arguments, cut to the preview length) only when
+``trip_log_arguments`` is on. Lines are appended with one ``write`` each, under a lock, so
+concurrent threads never interleave them.
+
+A write failure (unwritable path, full disk) is counted in :attr:`TripLog.failures` and logged
+once; it never raises into the caller.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from datetime import datetime, timezone
+from pathlib import Path
+
+import orjson
+
+__all__ = ["TripLog"]
+
+_log = logging.getLogger("otel_loopguard")
+
+
+class TripLog:
+    """Appends trip lines to ``path`` (opened per write batch; safe across processes that
+    append to the same file, since each line is one ``O_APPEND`` write)."""
+
+    def __init__(self, path: str | os.PathLike[str], *, arguments: bool = False) -> None:
+        text = os.fspath(path)
+        if not text:
+            raise ValueError("trip_log_path: expected a file path, got ''")
+        self.path = Path(text)
+        self.arguments = arguments
+        self.failures = 0
+        self.written = 0
+        self._lock = threading.Lock()
+        self._warned = False
+
+    def write(
+        self,
+        *,
+        session: str,
+        agent: str | None,
+        tool: str,
+        rule: str | None,
+        action: str,
+        mode: str,
+        count: int,
+        threshold: int,
+        signature: str,
+        arguments: str | None = None,
+    ) -> None:
+        """Append one trip line. Never raises."""
+        record: dict[str, object] = {
+            "time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+            "session": session,
+            "agent": agent,
+            "tool": tool,
+            "rule": rule,
+            "action": action,
+            "mode": mode,
+            "count": count,
+            "threshold": threshold,
+            "signature": signature,
+        }
+        if self.arguments and arguments is not None:
+            record["arguments"] = arguments
+        try:
+            line = orjson.dumps(record) + b"\n"
+            with self._lock:
+                descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+                try:
+                    os.write(descriptor, line)
+                finally:
+                    os.close(descriptor)
+                self.written += 1
+        except Exception as exc:  # an observability side channel must never break the caller
+            with self._lock:
+                self.failures += 1
+                warn, self._warned = not self._warned, True
+            if warn:
+                _log.warning("loopguard trip log %s not written: %s (further failures are"
+                             " counted, not logged)", self.path, exc)
