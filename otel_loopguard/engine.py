@@ -4,16 +4,23 @@ Nothing here locks, logs or counts metrics: the guard holds its lock around thes
 reports what they return. Every structure is bounded: sessions by ``max_sessions`` (LRU) and
 ``session_ttl_seconds`` (idle), signatures per session by ``max_signatures_per_session`` (LRU),
 the window by ``window_size``, pending hook calls by :data:`MAX_PENDING_CALLS`.
+
+A session's state can leave the process and come back (:meth:`SessionState.to_bytes`,
+:meth:`SessionState.from_bytes`, :meth:`SessionStore.put`): command hooks run one process per
+call and keep sessions in a file between calls.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
+
+import orjson
 
 from .config import Policy, wildcard_regex
 
@@ -35,6 +42,8 @@ MAX_COMMAND_CHARS: Final = 4096
 _COMMAND_KEYS: Final = ("command", "cmd", "script", "commands")
 _MAX_CACHED_TOOL_NAMES: Final = 1024
 _EXPIRY_INTERVAL_SECONDS: Final = 1.0
+#: Version of the :meth:`SessionState.to_bytes` layout; other versions are refused on load.
+_SNAPSHOT_VERSION: Final = 1
 
 
 def shell_command(arguments: object) -> str | None:
@@ -268,6 +277,141 @@ class SessionState:
                 self.pending = None  # an idle session keeps no empty table
         return pending
 
+    def to_bytes(self) -> bytes:
+        """The whole state as compact JSON, to keep outside the process (see :meth:`from_bytes`).
+
+        Signatures are listed least recently used first, as kept; the window and the last key
+        refer to them by position, so each 128-bit key is written once.
+        """
+        signatures = self.signatures
+        position = {key: index for index, key in enumerate(signatures)}
+        last = self.last_key
+        return orjson.dumps({
+            "v": _SNAPSHOT_VERSION,
+            "epoch": self.epoch,
+            "sigs": [[key, s.count, s.last_outcome, s.same_outcomes, s.changed]
+                     for key, s in signatures.items()],
+            "window": [position.get(key, key) for key in self.window],
+            "last": None if last is None else position.get(last, last),
+            "run": self.run_length,
+            "redundant": self.redundant,
+            "denials": self.denials,
+            "stopped": self.stopped,
+            "pending": [[ref, p.args_key, p.blocked, p.mutating, p.outstanding]
+                        for ref, p in (self.pending or {}).items()],
+            "advice": self.advice,
+            "rescues": self.rescues,
+            "rescue_at": self.last_rescue_at,
+            "seen": self.last_seen,
+        })
+
+    @classmethod
+    def from_bytes(cls, data: bytes, policy: Policy) -> SessionState:
+        """Rebuild a state written by :meth:`to_bytes`, within ``policy``'s bounds.
+
+        1. Parse and check every field's type; anything else raises ``ValueError`` (the caller
+           decides whether to start afresh).
+        2. Keep the most recent ``max_signatures_per_session`` signatures, ``window_size - 1``
+           window entries and :data:`MAX_PENDING_CALLS` pending calls, so a state written under
+           a larger policy still fits this one.
+        """
+        try:
+            raw = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            raise ValueError(f"session state: not JSON ({exc})") from None
+        if not isinstance(raw, dict):
+            raise ValueError("session state: expected an object")
+        if raw.get("v") != _SNAPSHOT_VERSION:
+            raise ValueError(f"session state: unknown version {raw.get('v')!r}")
+        state = cls(_number(raw.get("seen"), "seen"))
+        state.epoch = _count(raw.get("epoch"), "epoch")
+        keys: list[str] = []
+        signatures: dict[str, SignatureState] = {}
+        for entry in _list(raw.get("sigs"), "sigs"):
+            if not (isinstance(entry, list) and len(entry) == 5):
+                raise ValueError(f"session state: bad signature entry {entry!r}")
+            key, count, last_outcome, same, changed = entry
+            signature = SignatureState()
+            signature.count = _count(count, "count")
+            signature.last_outcome = _optional_text(last_outcome, "last outcome")
+            signature.same_outcomes = _count(same, "same outcomes")
+            signature.changed = _flag(changed, "changed")
+            keys.append(_text(key, "signature key"))
+            signatures[keys[-1]] = signature
+
+        def resolve(item: object) -> str:
+            if isinstance(item, int) and not isinstance(item, bool) and 0 <= item < len(keys):
+                return keys[item]
+            return _text(item, "window key")
+
+        window = [resolve(item) for item in _list(raw.get("window"), "window")]
+        last = raw.get("last")
+        state.last_key = None if last is None else resolve(last)
+        state.run_length = _count(raw.get("run"), "run")
+        state.redundant = _count(raw.get("redundant"), "redundant")
+        state.denials = _count(raw.get("denials"), "denials")
+        state.stopped = _flag(raw.get("stopped"), "stopped")
+        pending: OrderedDict[str, Pending] = OrderedDict()
+        for entry in _list(raw.get("pending"), "pending"):
+            if not (isinstance(entry, list) and len(entry) == 5):
+                raise ValueError(f"session state: bad pending entry {entry!r}")
+            ref, key, blocked, mutating, outstanding = entry
+            pending[_text(ref, "pending ref")] = Pending(
+                _text(key, "pending key"), _flag(blocked, "blocked"), _flag(mutating, "mutating"),
+                max(1, _count(outstanding, "outstanding")),
+            )
+        advice = raw.get("advice")
+        if advice is not None:
+            if not isinstance(advice, dict):
+                raise ValueError("session state: advice must be an object")
+            state.advice = {_text(k, "advice key"): _text(v, "advice") for k, v in advice.items()
+                            if k in signatures}
+        state.rescues = _count(raw.get("rescues"), "rescues")
+        rescue_at = raw.get("rescue_at")
+        state.last_rescue_at = None if rescue_at is None else _number(rescue_at, "rescue_at")
+        limit = policy.max_signatures_per_session
+        state.signatures = dict(list(signatures.items())[-limit:]) if len(signatures) > limit \
+            else signatures
+        state.window = window[-(policy.window_size - 1):] if policy.window_size > 1 else []
+        while len(pending) > MAX_PENDING_CALLS:
+            pending.popitem(last=False)
+        state.pending = pending or None
+        return state
+
+
+def _list(value: object, name: str) -> list[object]:
+    if not isinstance(value, list):
+        raise ValueError(f"session state: {name} must be a list, got {value!r}")
+    return value
+
+
+def _count(value: object, name: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"session state: {name} must be an integer >= 0, got {value!r}")
+    return value
+
+
+def _number(value: object, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"session state: {name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _flag(value: object, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"session state: {name} must be true or false, got {value!r}")
+    return value
+
+
+def _text(value: object, name: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"session state: {name} must be a string, got {value!r}")
+    return value
+
+
+def _optional_text(value: object, name: str) -> str | None:
+    return None if value is None else _text(value, name)
+
 
 class SessionStore:
     """Sessions by key, bounded by count (LRU) and idle time (TTL), on an injected clock.
@@ -315,6 +459,26 @@ class SessionStore:
             sessions.move_to_end(key)
             state.last_seen = now
         return state
+
+    def put(self, key: object, state: SessionState) -> None:
+        """Keep ``state`` for ``key`` (replacing any), as the most recently used session.
+
+        For states saved outside the process (:meth:`SessionState.from_bytes`). Its
+        ``last_seen`` is kept: a state idle beyond the TTL is forgotten at once (a ``ttl``
+        eviction), as if it had stayed here. The least recently used sessions beyond
+        ``max_sessions`` are evicted.
+        """
+        sessions = self._sessions
+        sessions.pop(key, None)
+        if self.clock() - state.last_seen >= self._ttl:
+            if self._on_evict is not None:
+                self._on_evict("ttl")
+            return
+        sessions[key] = state
+        while len(sessions) > self._max:
+            sessions.popitem(last=False)
+            if self._on_evict is not None:
+                self._on_evict("capacity")
 
     def _expire(self, now: float) -> None:
         # Sweeping at most once per second keeps TTL eviction off the per-call cost; a session

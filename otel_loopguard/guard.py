@@ -206,11 +206,40 @@ class LoopGuard:
         with self._lock:
             return len(self._store)
 
-    def close(self) -> None:
-        """Stop the advisor worker (pending asks are abandoned). The guard stays usable."""
+    def export_session(self, session: str, *, agent: str | None = None) -> SessionState | None:
+        """The state kept for ``session`` (and ``agent``), or ``None`` when there is none.
+
+        For entrances that keep sessions outside this process (command hooks run one process
+        per call): save it with :meth:`SessionState.to_bytes` after the calls, give it back with
+        :meth:`import_session` next time. The object is live: read it only while no other
+        thread calls the guard.
+        """
+        with self._lock:
+            state = self._store.get(self._store_key(*self._ids(session, agent)), create=False)
+            evictions = self._take_evictions()
+        for reason in evictions:
+            self._recorder.evicted(reason)
+        return state
+
+    def import_session(self, session: str, state: SessionState, *,
+                       agent: str | None = None) -> None:
+        """Keep a saved ``state`` (:meth:`SessionState.from_bytes`) for ``session`` (and
+        ``agent``), replacing what is kept; a state idle beyond the TTL is forgotten at once."""
+        if not isinstance(state, SessionState):
+            raise ValueError(f"state: expected a SessionState, got {type(state).__name__}")
+        with self._lock:
+            self._store.put(self._store_key(*self._ids(session, agent)), state)
+            evictions = self._take_evictions()
+        for reason in evictions:
+            self._recorder.evicted(reason)
+
+    def close(self, *, wait: bool = False) -> None:
+        """Stop the advisor worker. Queued asks are abandoned; with ``wait``, an ask under way is
+        waited for, so its advice is cached (or its budget refunded) before this returns. The
+        guard stays usable."""
         executor, self._executor = self._executor, None
         if executor is not None:
-            executor.shutdown(wait=False, cancel_futures=True)
+            executor.shutdown(wait=wait, cancel_futures=True)
 
     # -- wrapping plain Python tools ---------------------------------------------------------
 

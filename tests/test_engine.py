@@ -110,3 +110,119 @@ def test_classifier_tracks_and_detects_mutation() -> None:
     for command in ["cat a.txt", "grep -r x .", "ls > /dev/null", "echo x >&2", "git status",
                     "pytest -q 2>&1", "cargo clippy"]:
         assert classifier.classify("bash", {"command": command}) == (True, False), command
+
+
+# -- leaving the process and coming back (to_bytes / from_bytes / put) -----------------------
+
+
+def _busy_state() -> SessionState:
+    state = SessionState(now=123.5)
+    for key in ["a" * 32, "b" * 32, "a" * 32, "c" * 32, "a" * 32]:
+        state.record_attempt(key, POLICY, blocked=key == "c" * 32)
+    state.record_outcome("a" * 32, "o1")
+    state.record_outcome("a" * 32, "o1")
+    state.record_outcome("b" * 32, "o2")
+    state.add_pending("toolu_1", "a" * 32, False, True)
+    state.add_pending("b" * 32, "b" * 32, True, False)
+    state.add_pending("b" * 32, "b" * 32, True, False)
+    state.stopped = True
+    state.advice = {"a" * 32: "try the other file"}
+    state.rescues = 1
+    state.last_rescue_at = 100.25
+    return state
+
+
+def _fields(state: SessionState) -> dict[str, object]:
+    return {
+        "epoch": state.epoch,
+        "window": list(state.window),
+        "last_key": state.last_key,
+        "run_length": state.run_length,
+        "redundant": state.redundant,
+        "signatures": [(k, s.count, s.last_outcome, s.same_outcomes, s.changed)
+                       for k, s in state.signatures.items()],
+        "denials": state.denials,
+        "stopped": state.stopped,
+        "pending": [(r, p.args_key, p.blocked, p.mutating, p.outstanding)
+                    for r, p in (state.pending or {}).items()],
+        "advice": state.advice,
+        "rescues": state.rescues,
+        "last_rescue_at": state.last_rescue_at,
+        "last_seen": state.last_seen,
+    }
+
+
+def test_state_survives_bytes_round_trip_field_for_field() -> None:
+    state = _busy_state()
+    restored = SessionState.from_bytes(state.to_bytes(), POLICY)
+    assert _fields(restored) == _fields(state)
+    assert _fields(restored)["pending"] == [("toolu_1", "a" * 32, False, True, 1),
+                                            ("b" * 32, "b" * 32, True, False, 2)]
+    # Each 128-bit key is written once: the window refers to signatures by position.
+    assert state.to_bytes().count(b"a" * 32) == 3  # signature, pending key, advice key
+
+
+def test_fresh_state_round_trips() -> None:
+    state = SessionState(now=7.0)
+    assert _fields(SessionState.from_bytes(state.to_bytes(), POLICY)) == _fields(state)
+
+
+def test_restore_trims_to_a_smaller_policy() -> None:
+    state = SessionState(now=1.0)
+    for index in range(POLICY.window_size + 10):
+        state.record_attempt(f"{index:032x}", POLICY, blocked=False)
+        state.add_pending(f"call-{index}", f"{index:032x}", False, False)
+    for index in range(MAX_PENDING_CALLS + 5):
+        state.add_pending(f"more-{index}", "f" * 32, False, False)
+    small = POLICY.replace(window_size=4, max_signatures_per_session=8)
+    restored = SessionState.from_bytes(state.to_bytes(), small)
+    assert len(restored.window) == small.window_size - 1
+    assert restored.window == state.window[-(small.window_size - 1):]
+    assert list(restored.signatures) == list(state.signatures)[-small.max_signatures_per_session:]
+    assert restored.pending is not None and len(restored.pending) == MAX_PENDING_CALLS
+    assert list(restored.pending)[-1] == f"more-{MAX_PENDING_CALLS + 4}"
+
+
+def test_restore_refuses_what_it_did_not_write() -> None:
+    import orjson
+    import pytest
+
+    good = orjson.loads(_busy_state().to_bytes())
+    bad_inputs = [
+        b"\x00garbage",
+        b"[]",
+        orjson.dumps({**good, "v": 99}),
+        orjson.dumps({**good, "epoch": -1}),
+        orjson.dumps({**good, "stopped": "yes"}),
+        orjson.dumps({**good, "sigs": [["k", 1, None, 0]]}),
+        orjson.dumps({**good, "window": [None]}),
+        orjson.dumps({**good, "seen": "now"}),
+        orjson.dumps({**good, "pending": [["r", "k", False, False, True]]}),
+    ]
+    for data in bad_inputs:
+        with pytest.raises(ValueError, match="session state"):
+            SessionState.from_bytes(data, POLICY)
+
+
+def test_put_keeps_last_seen_so_a_stale_state_expires(clock: FakeClock) -> None:
+    evicted: list[str] = []
+    store = SessionStore(max_sessions=2, ttl_seconds=60, clock=clock, on_evict=evicted.append)
+    fresh = SessionState(now=clock.now - 10)
+    stale = SessionState(now=clock.now - 61)
+    store.put("fresh", fresh)
+    store.put("stale", stale)
+    assert evicted == ["ttl"]
+    assert store.get("fresh", create=False) is fresh
+    assert store.get("stale", create=False) is None and len(store) == 1
+
+
+def test_put_evicts_least_recently_used_beyond_capacity(clock: FakeClock) -> None:
+    evicted: list[str] = []
+    store = SessionStore(max_sessions=2, ttl_seconds=60, clock=clock, on_evict=evicted.append)
+    store.get("a")
+    store.get("b")
+    replacement = SessionState(clock.now)
+    store.put("a", replacement)  # replaces a, now the most recent
+    store.put("c", SessionState(clock.now))
+    assert "b" not in store and store.get("a", create=False) is replacement and "c" in store
+    assert evicted == ["capacity"]

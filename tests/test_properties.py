@@ -6,7 +6,7 @@ import math
 import random
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from otel_loopguard import PRESETS, Action, LoopGuard
@@ -136,3 +136,69 @@ def test_no_input_makes_the_hooks_raise(tool: Any, arguments: Any, session: Any,
                          error=error, result=result, duration_seconds=result)  # type: ignore[arg-type]
         guard.user_message(session)
     assert guard.internal_errors == {}
+
+
+# One step of an agent: ("prompt",) or (tool, argument, result or None when not reported, error,
+# whether the host gives call ids). Small alphabets so that repeats, denials and stops happen.
+agent_steps = st.lists(
+    st.one_of(
+        st.just(("prompt",)),
+        st.tuples(st.sampled_from(["read", "grep", "edit", "bash"]), st.integers(0, 2),
+                  st.none() | st.integers(0, 1), st.booleans(), st.booleans()),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@given(agent_steps, st.sampled_from(sorted(PRESETS)))
+# The whole ladder up to stop, then a different call (still stopped) and a prompt (lifted):
+@example([("read", 0, None, False, True)] * 10 + [("grep", 1, 0, False, True), ("prompt",),
+          ("grep", 1, 0, False, True)], "default")
+@example([("read", 0, 0, False, False)] * 9 + [("edit", 1, 0, False, False)]
+         + [("read", 0, 0, False, False)] * 3, "default")
+def test_a_session_saved_between_calls_decides_as_one_kept_in_memory(
+        steps: list[tuple[Any, ...]], preset: str) -> None:
+    """What command hooks do (a new process, hence a new guard, per call; the session saved as
+    bytes in between) never changes a decision."""
+    from otel_loopguard.engine import SessionState
+
+    policy = PRESETS[preset]
+    clock = lambda: 1000.0  # noqa: E731 - no TTL expiry in either run
+    kept = LoopGuard(policy, clock=clock)
+    saved: bytes | None = None
+
+    def fresh_guard() -> LoopGuard:
+        guard = LoopGuard(policy, clock=clock)
+        if saved is not None:
+            guard.import_session("s", SessionState.from_bytes(saved, policy))
+        return guard
+
+    def save(guard: LoopGuard) -> bytes | None:
+        state = guard.export_session("s")
+        return saved if state is None else state.to_bytes()
+
+    for index, step in enumerate(steps):
+        if step[0] == "prompt":
+            kept.user_message("s")
+            guard = fresh_guard()
+            guard.user_message("s")
+            saved = save(guard)
+            continue
+        tool, argument, result, error, with_ids = step
+        arguments = {"command": f"ls {argument}"} if tool == "bash" else {"path": f"f{argument}"}
+        call_id = f"call-{index}" if with_ids else None
+        guard = fresh_guard()
+        expected = kept.before_tool(tool, arguments, session="s", call_id=call_id)
+        got = guard.before_tool(tool, arguments, session="s", call_id=call_id)
+        assert got == expected
+        saved = save(guard)
+        if result is None or expected.blocks:
+            continue
+        guard = fresh_guard()
+        expected_after = kept.after_tool(tool, arguments, session="s", call_id=call_id,
+                                         result=f"r{result}", error=error)
+        got_after = guard.after_tool(tool, arguments, session="s", call_id=call_id,
+                                     result=f"r{result}", error=error)
+        assert got_after == expected_after
+        saved = save(guard)
