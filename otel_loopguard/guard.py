@@ -13,6 +13,7 @@ import inspect
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -28,7 +29,7 @@ from .calls import (
 )
 from .config import Mode, Policy, policy_from_env
 from .engine import Classifier, Pending, SessionState, SessionStore
-from .metrics import NoopRecorder, Recorder
+from .metrics import MetricsServer, NoopRecorder, PrometheusRecorder, Recorder
 from .policy import (
     ALLOW,
     Action,
@@ -78,7 +79,10 @@ class LoopGuard:
     ``policy`` defaults to the ``default`` preset with ``LOOPGUARD_*`` environment overrides.
     ``advisor`` is asked for advice at rescue (default: ``policy.advisor_command`` if set).
     ``clock`` (seconds, monotonic) drives session TTL and advisor cooldown; tests inject one.
-    ``recorder`` receives metrics (default: none).
+    ``recorder`` receives metrics (default: none; :meth:`serve_metrics` and the metrics apps
+    install a :class:`~otel_loopguard.metrics.PrometheusRecorder`). A recorder with an
+    ``observe_sessions`` method is given a reader of :attr:`session_count` for
+    ``loopguard_sessions``, read at collection time, never on the hot path.
     """
 
     def __init__(
@@ -120,6 +124,7 @@ class LoopGuard:
         self._last = threading.local()
         self._errors: dict[str, int] = {}
         self._logged: set[tuple[str, str]] = set()
+        self._watch_sessions(self._recorder)
 
     # -- public hook API ---------------------------------------------------------------------
 
@@ -233,6 +238,29 @@ class LoopGuard:
         for reason in evictions:
             self._recorder.evicted(reason)
 
+    @property
+    def recorder(self) -> Recorder:
+        """Where the guard reports its metrics."""
+        return self._recorder
+
+    def serve_metrics(self, port: int, addr: str = "127.0.0.1") -> MetricsServer:
+        """Serve Prometheus ``/metrics`` from a daemon thread on ``addr`` (loopback unless told
+        otherwise) and ``port`` (0: a free one, see ``.port`` and ``.url`` of the result; close
+        it with ``.close()``). Installs a :class:`~otel_loopguard.metrics.PrometheusRecorder` if
+        the guard has no recorder yet (counting starts then). Raises ``ValueError`` for a bad
+        port or a recorder without a Prometheus registry, ``OSError`` if the port is taken."""
+        return self._prometheus().serve(port, addr)
+
+    def metrics_wsgi_app(self) -> Callable[..., Any]:
+        """A WSGI app serving this guard's metrics, to mount at ``/metrics`` in your server
+        (installs a Prometheus recorder as :meth:`serve_metrics` does)."""
+        return self._prometheus().wsgi_app()
+
+    def metrics_asgi_app(self) -> Callable[..., Any]:
+        """An ASGI app serving this guard's metrics (e.g. FastAPI/Starlette
+        ``app.mount("/metrics", guard.metrics_asgi_app())``)."""
+        return self._prometheus().asgi_app()
+
     def close(self, *, wait: bool = False) -> None:
         """Stop the advisor worker. Queued asks are abandoned; with ``wait``, an ask under way is
         waited for, so its advice is cached (or its budget refunded) before this returns. The
@@ -240,6 +268,34 @@ class LoopGuard:
         executor, self._executor = self._executor, None
         if executor is not None:
             executor.shutdown(wait=wait, cancel_futures=True)
+
+    def _prometheus(self) -> PrometheusRecorder:
+        recorder = self._recorder
+        if type(recorder) is NoopRecorder:
+            fresh = PrometheusRecorder()  # built off the lock: the first build imports a library
+            self._watch_sessions(fresh)
+            with self._lock:
+                if type(self._recorder) is NoopRecorder:
+                    self._recorder = fresh
+                recorder = self._recorder
+        if not isinstance(recorder, PrometheusRecorder):
+            raise ValueError(f"recorder: {type(recorder).__name__} has no Prometheus registry;"
+                             " serve its metrics the way that recorder does")
+        return recorder
+
+    def _watch_sessions(self, recorder: object) -> None:
+        """Hand the recorder a reader of the session count (without keeping the guard alive).
+        Looked up on the type: a recorder that answers any attribute is not asked."""
+        observe = getattr(type(recorder), "observe_sessions", None)
+        if observe is None:
+            return
+        ref = weakref.ref(self)
+
+        def count() -> int:
+            guard = ref()
+            return guard.session_count if guard is not None else 0
+
+        observe(recorder, count)
 
     # -- wrapping plain Python tools ---------------------------------------------------------
 
