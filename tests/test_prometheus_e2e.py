@@ -1,0 +1,267 @@
+"""End to end: a looping agent's spans, our /metrics, a real Prometheus, every dashboard query.
+
+The scenario runs through a real TracerProvider with the span processor attached, against a
+guard with the Prometheus recorder serving on loopback. A real Prometheus (Debian's package,
+installed by ``.ci/run``) scrapes it every second; every query of the dashboard, with Grafana's
+variables substituted, must be accepted by its HTTP API, and the panels that should show the
+scenario must return data. In CI a missing ``prometheus`` fails the test; elsewhere it skips.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from prometheus_client.parser import text_string_to_metric_families
+
+from otel_loopguard import PRESETS, LoopGuard
+from otel_loopguard.metrics import PrometheusRecorder
+
+from .prometheus_tools import DASHBOARDS, dashboard_queries, load_generator, require_tool
+
+SCRAPE_INTERVAL = "1s"
+#: What Grafana would put for the variables at this scrape interval and a short time range.
+GRAFANA_VARIABLES = {"$__rate_interval": "30s", "$__range": "5m", "$agent": ".*",
+                     "$tool": ".*"}
+WAIT_SECONDS = 60.0
+CALL_SECONDS = 1.5
+#: A small store, so the scenario's extra traces evict sessions.
+MAX_SESSIONS = 3
+#: The loop: the same call this many times in one agent run.
+LOOP_CALLS = 12
+#: Panels that read nothing the scenario does (zeros are expected there).
+QUIET_PANELS = {"Internal errors"}
+
+
+@dataclass
+class PrometheusServer:
+    url: str
+    process: subprocess.Popen[bytes]
+
+    def get(self, path: str, **params: str) -> dict[str, Any]:
+        query = urllib.parse.urlencode(params)
+        try:
+            with urllib.request.urlopen(f"{self.url}{path}?{query}", timeout=10) as response:
+                return dict(json.load(response))
+        except urllib.error.HTTPError as error:  # 400/422 carry the reason as JSON
+            return dict(json.load(error))
+
+    def query(self, expr: str) -> dict[str, Any]:
+        return self.get("/api/v1/query", query=expr)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout: float = WAIT_SECONDS) -> None:
+    """Poll ``check`` until it holds; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.2)
+
+
+def values(result: dict[str, Any]) -> list[float]:
+    assert result["status"] == "success", result
+    data = result["data"]
+    if data["resultType"] == "scalar":
+        return [float(data["result"][1])]
+    return [float(item["value"][1]) for item in data["result"]]
+
+
+def substitute(expr: str) -> str:
+    for variable, value in GRAFANA_VARIABLES.items():
+        expr = expr.replace("${" + variable[1:] + "}", value).replace(variable, value)
+    assert "$" not in expr, expr
+    return expr
+
+
+@pytest.fixture
+def target() -> Iterator[tuple[LoopGuard, PrometheusRecorder, str]]:
+    recorder = PrometheusRecorder()
+    policy = PRESETS["rescue"].replace(remind_thresholds=(2,), stall_threshold=10,
+                                       max_sessions=MAX_SESSIONS)
+    guard = LoopGuard(policy, recorder=recorder, advisor=lambda request: "read the error first")
+    server = guard.serve_metrics(0)
+    try:
+        yield guard, recorder, f"{server.host}:{server.port}"
+    finally:
+        server.close()
+        guard.close()
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path, target: tuple[LoopGuard, PrometheusRecorder, str],
+               ) -> Iterator[PrometheusServer]:
+    binary = require_tool("prometheus")
+    port = free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(json.dumps({  # JSON is YAML
+        "global": {"scrape_interval": SCRAPE_INTERVAL, "evaluation_interval": SCRAPE_INTERVAL},
+        "rule_files": [str(DASHBOARDS / "alerts.yml")],
+        "scrape_configs": [{"job_name": "loopguard", "scrape_interval": SCRAPE_INTERVAL,
+                            "static_configs": [{"targets": [target[2]]}]}],
+    }))
+    log = (tmp_path / "prometheus.log").open("wb")
+    process = subprocess.Popen(
+        [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
+         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    server = PrometheusServer(f"http://127.0.0.1:{port}", process)
+
+    def ready() -> bool:
+        if process.poll() is not None:
+            pytest.fail(f"prometheus exited: {(tmp_path / 'prometheus.log').read_text()}")
+        try:
+            with urllib.request.urlopen(f"{server.url}/-/ready", timeout=2) as response:
+                return bool(response.status == 200)
+        except OSError:
+            return False
+
+    try:
+        wait_for("prometheus to be ready", ready)
+        yield server
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=20)
+        log.close()
+
+
+class Agent:
+    """Emits GenAI-semconv spans: an agent run with tool calls, each taking CALL_SECONDS."""
+
+    def __init__(self, provider: TracerProvider) -> None:
+        self.tracer = provider.get_tracer("e2e-agent")
+        self.trace_ids: set[str] = set()
+        self.span_ids: set[str] = set()
+        self.call_ids: set[str] = set()
+
+    def run(self, agent: str, calls: list[tuple[str, dict[str, Any], str]]) -> None:
+        with self.tracer.start_as_current_span(f"invoke_agent {agent}", attributes={
+                "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": agent,
+                "gen_ai.conversation.id": f"conversation-{uuid.uuid4()}"}) as run:
+            self.trace_ids.add(format(run.get_span_context().trace_id, "032x"))
+            for tool, arguments, result in calls:
+                call_id = f"call_{uuid.uuid4().hex[:24]}"
+                self.call_ids.add(call_id)
+                started = time.time_ns()
+                span = self.tracer.start_span(f"execute_tool {tool}", start_time=started,
+                                              attributes={
+                    "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": tool,
+                    "gen_ai.tool.call.id": call_id,
+                    "gen_ai.tool.call.arguments": json.dumps(arguments)})
+                self.span_ids.add(format(span.get_span_context().span_id, "016x"))
+                span.set_attribute("gen_ai.tool.call.result", result)
+                span.end(end_time=started + int(CALL_SECONDS * 1e9))
+
+
+def test_dashboard_queries_against_a_real_prometheus(
+        target: tuple[LoopGuard, PrometheusRecorder, str], prometheus: PrometheusServer) -> None:
+    guard, recorder, address = target
+    provider = TracerProvider()
+    provider.add_span_processor(guard.span_processor())
+    agent = Agent(provider)
+
+    def scraped(expr: str, expected: float) -> Callable[[], bool]:
+        return lambda: values(prometheus.query(expr)) == [expected]
+
+    # 1. Prometheus has scraped us once: every series created up front is recorded at zero.
+    wait_for("the first scrape", scraped(f'up{{instance="{address}"}}', 1.0))
+    # 2. Healthy work: distinct calls in several runs (more runs than MAX_SESSIONS: evictions).
+    for n in range(MAX_SESSIONS + 1):
+        agent.run("coder", [("grep", {"pattern": f"TODO{n}", "path": "src"}, f"{n} matches"),
+                            ("read_file", {"path": f"src/mod{n}.py"}, f"contents {n}")])
+    healthy_calls = recorder.registry.get_sample_value(
+        "loopguard_tool_calls_total", {"agent": "coder", "tool": "grep"})
+    wait_for("the healthy calls to be scraped",
+             scraped('sum(loopguard_tool_calls_total{tool="grep"})', healthy_calls))
+    # 3. The loop: one run repeats the same call, the same answer each time.
+    agent.run("coder", [("grep", {"pattern": "flaky", "path": "tests"}, "no matches")]
+              * LOOP_CALLS)
+    wait_for("the rescue advice to be recorded", lambda: (recorder.registry.get_sample_value(
+        "loopguard_rescues_total", {"outcome": "advice"}) or 0) >= 1)
+    total = sum(s.value for f in text_string_to_metric_families(recorder.exposition().decode())
+                if f.name == "loopguard_decisions" for s in f.samples if s.name.endswith("_total"))
+    assert total >= LOOP_CALLS - 2
+    wait_for("the loop to be scraped", scraped("sum(loopguard_decisions_total)", total))
+    wait_for("the rescue to be scraped",
+             scraped('sum(loopguard_rescues_total{outcome="advice"})', 1.0))
+
+    # 4. Every dashboard query, as Grafana would send it.
+    dashboard = load_generator().dashboard()
+    queries = dashboard_queries(dashboard)
+    assert len(queries) >= 15
+    empty = []
+    for title, ref, expr in queries:
+        result = prometheus.query(substitute(expr))
+        assert result["status"] == "success", (title, ref, expr, result)
+        numbers = [v for v in values(result) if not math.isnan(v)]
+        if title in QUIET_PANELS:
+            assert numbers and set(numbers) == {0.0}, (title, ref, numbers)
+        elif not numbers or max(numbers) <= 0:
+            empty.append((title, ref, substitute(expr), numbers))
+    assert not empty, empty
+
+    # The variables' queries, through the label-values API Grafana uses for them.
+    for variable in dashboard["templating"]["list"][1:]:
+        match = re.fullmatch(r"label_values\((.+), (\w+)\)", variable["definition"])
+        assert match, variable["definition"]
+        result = prometheus.get(f"/api/v1/label/{match[2]}/values",
+                                **{"match[]": substitute(match[1])})
+        assert result["status"] == "success", result
+        assert set(result["data"]) == ({"coder"} if match[2] == "agent"
+                                       else {"grep", "read_file"})
+
+    # Specific figures the panels show for this scenario.
+    blocked = values(prometheus.query(substitute(
+        'sum(increase(loopguard_decisions_total{action=~"deny|rescue|stop"}[$__range]))')))
+    assert blocked and blocked[0] > 0
+    assert values(prometheus.query('sum(loopguard_sessions)')) == [float(guard.session_count)]
+    assert values(prometheus.query(
+        'sum(loopguard_sessions_evicted_total{reason="capacity"})'))[0] >= 2
+
+    # The alert rules loaded into the real server evaluate without errors.
+    rules = prometheus.get("/api/v1/rules")["data"]["groups"][0]["rules"]
+    assert {rule["name"] for rule in rules} == {
+        "LoopGuardLoopStorm", "LoopGuardAgentKeepsStopping", "LoopGuardInternalErrors"}
+    wait_for("the alert rules to be evaluated", lambda: all(
+        r["health"] == "ok" for r in prometheus.get("/api/v1/rules")["data"]["groups"][0]["rules"]))
+
+    # 5. The exposition: lint-clean, and no label carries an id or an argument.
+    exposition = recorder.exposition()
+    lint = subprocess.run([require_tool("promtool"), "check", "metrics"], input=exposition,
+                          capture_output=True, timeout=60)
+    assert lint.returncode == 0, (lint.stdout + lint.stderr).decode()
+    labels: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(exposition.decode()):
+        for sample in family.samples:
+            for name, value in sample.labels.items():
+                labels.setdefault(name, set()).add(value)
+    everything = set().union(*labels.values())
+    secrets = agent.trace_ids | agent.span_ids | agent.call_ids | {"TODO0", "flaky", "src/mod0.py"}
+    assert not {value for value in everything for secret in secrets if secret in value}
+    assert not any(value.startswith("conversation-") for value in everything)
+    assert labels["agent"] == {"coder"} and labels["tool"] == {"grep", "read_file"}
+    provider.shutdown()
