@@ -41,6 +41,16 @@ def _non_negative_seconds(text: str) -> float:
     return value
 
 
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 0 to 65535, got {text!r}")
+    return value
+
+
 def _policy_options(parser: argparse.ArgumentParser, preset_default: str | None) -> None:
     from otel_loopguard.config import PRESETS
 
@@ -140,15 +150,29 @@ def _add_demo(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         "--delay", metavar="SECONDS", type=_non_negative_seconds, default=None,
         help="pause between steps (default: a short pause when stdout is a terminal, else 0)",
     )
+    parser.add_argument(
+        "--metrics-port", metavar="PORT", type=_port, default=None,
+        help="serve the guard's Prometheus metrics on this port (0: any free one) and keep"
+             " serving after the story until interrupted",
+    )
+    parser.add_argument(
+        "--metrics-addr", metavar="ADDR", default="127.0.0.1",
+        help="address to serve metrics on (default: %(default)s; 0.0.0.0 for other machines)",
+    )
     parser.set_defaults(handler=_run_demo)
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    from otel_loopguard.demo import run_demo
+    from otel_loopguard.demo import MetricsServeError, run_demo
 
     # The demo is self-contained: LOOPGUARD_* settings meant for a real agent do not apply.
     policy = _load_policy(args, use_environment=False)
-    return run_demo(policy, preset=args.preset if not args.config else None, delay=args.delay)
+    try:
+        return run_demo(policy, preset=args.preset if not args.config else None,
+                        delay=args.delay, metrics_port=args.metrics_port,
+                        metrics_addr=args.metrics_addr)
+    except MetricsServeError as exc:
+        raise _UsageError(str(exc)) from None
 
 
 # -- main --------------------------------------------------------------------------------------

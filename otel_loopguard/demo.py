@@ -26,9 +26,10 @@ import orjson
 
 if TYPE_CHECKING:
     from otel_loopguard.config import Policy
+    from otel_loopguard.metrics import MetricsServer
     from otel_loopguard.policy import Decision
 
-__all__ = ["MAX_LOOP_CALLS", "TERMINAL_DELAY_SECONDS", "run_demo"]
+__all__ = ["MAX_LOOP_CALLS", "MetricsServeError", "TERMINAL_DELAY_SECONDS", "run_demo"]
 
 #: Pause between steps when stdout is a terminal and no ``--delay`` is given.
 TERMINAL_DELAY_SECONDS: Final = 0.6
@@ -72,6 +73,16 @@ _AFTER_USER: Final = (
           "src/durations.py: 1 line changed", seconds=0.1),
     _Call("run_tests", {"path": _TEST_PATH}, "8 passed in 0.29s", seconds=2.6),
 )
+
+
+class MetricsServeError(Exception):
+    """The metrics endpoint could not be started (bad address, port taken)."""
+
+
+def _wait_until_interrupted(server: MetricsServer) -> None:
+    """Keep the process (and the server's daemon thread) alive until Ctrl-C."""
+    while True:
+        time.sleep(3600)
 
 
 class _Style:
@@ -157,6 +168,9 @@ def run_demo(
     delay: float | None = None,
     out: TextIO | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    metrics_port: int | None = None,
+    metrics_addr: str = "127.0.0.1",
+    wait: Callable[[MetricsServer], None] = _wait_until_interrupted,
 ) -> int:
     """Play the scripted agent against a fresh guard with ``policy`` and print each step to
     ``out`` (default stdout); return exit status 0.
@@ -164,6 +178,12 @@ def run_demo(
     ``delay`` is the pause between steps (default :data:`TERMINAL_DELAY_SECONDS` when ``out`` is a
     terminal, else none); ``sleep`` performs it (tests inject one). The policy's advisor is
     dropped so the demo never runs an outside command; a rescue shows as the local denial.
+
+    With ``metrics_port`` (0: any free port), the guard's Prometheus metrics are served on
+    ``metrics_addr`` from the start, and after the story the demo keeps serving them, calling
+    ``wait(server)`` (default: until Ctrl-C, which ends it with status 0), so Prometheus and
+    the Grafana dashboard can be pointed at it. Raises :class:`MetricsServeError` when the
+    address cannot be served.
     """
     from otel_loopguard.config import Rule
     from otel_loopguard.guard import LoopGuard
@@ -176,11 +196,20 @@ def run_demo(
     policy = policy.replace(advisor_command=None)
     clock = _Clock()
     guard = LoopGuard(policy=policy, clock=clock)
+    server: MetricsServer | None = None
+    if metrics_port is not None:
+        try:
+            server = guard.serve_metrics(metrics_port, metrics_addr)
+        except (OSError, ValueError) as exc:
+            raise MetricsServeError(
+                f"cannot serve metrics on {metrics_addr}:{metrics_port}: {exc}") from None
     tally = _Tally()
 
     screen.line(style("bold", "otel-loopguard demo") + ": a scripted agent gets stuck; a real"
                 " LoopGuard watches every tool call.")
     screen.line(f"policy: {('preset ' + preset) if preset else 'from --config'} ({_ladder(policy)})")
+    if server is not None:
+        screen.line(f"metrics: {server.url}")
     screen.line()
     screen.line("user: test_parse_minutes fails since yesterday; please fix it")
     screen.line()
@@ -248,6 +277,24 @@ def run_demo(
     for paragraph in _summary(tally):
         screen.line(textwrap.fill(paragraph, screen.width))
         screen.line()
+    if server is not None:
+        return _keep_serving(server, screen, wait)
+    return 0
+
+
+def _keep_serving(server: MetricsServer, screen: _Screen,
+                  wait: Callable[[MetricsServer], None]) -> int:
+    screen.line(f"metrics: serving {server.url} (the guard's counters from this run)")
+    screen.line(textwrap.fill(
+        f"Scrape it with Prometheus (a static target {server.host}:{server.port}) and import"
+        " dashboards/loopguard.json into Grafana to see this run. Press Ctrl-C to stop.",
+        screen.width))
+    try:
+        wait(server)
+    except KeyboardInterrupt:
+        screen.line()
+    finally:
+        server.close()
     return 0
 
 

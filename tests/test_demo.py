@@ -140,3 +140,88 @@ def test_bad_delay_is_a_usage_error(delay: str) -> None:
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert "argument --delay" in result.stderr and "Traceback" not in result.stderr
+
+
+def _scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def _decisions(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], action: str) -> float:
+    return sum(value for (name, labels), value in samples.items()
+               if name == "loopguard_decisions_total" and ("action", action) in labels)
+
+
+def test_demo_serves_its_metrics_until_interrupted() -> None:
+    scraped: list[dict[tuple[str, tuple[tuple[str, str], ...]], float]] = []
+
+    def wait(server: Any) -> None:
+        assert server.host == "127.0.0.1"
+        scraped.append(_scrape(server.url))
+        raise KeyboardInterrupt  # what Ctrl-C does while the demo waits
+
+    out = io.StringIO()
+    assert run_demo(PRESETS["default"], out=out, metrics_port=0, wait=wait) == 0
+    text = out.getvalue()
+    url = re.search(r"^metrics: (http://127\.0\.0\.1:\d+/metrics)$", text, re.M)
+    assert url is not None and f"metrics: serving {url[1]}" in text
+    assert "Press Ctrl-C to stop." in _flat(text)
+    samples = scraped[0]
+    assert _decisions(samples, "stop") == len(_step_lines(text, "STOP")) == 1
+    assert _decisions(samples, "deny") == len(_step_lines(text, "DENY"))
+    assert _decisions(samples, "remind") == len(_step_lines(text, "REMIND"))
+    calls = samples[("loopguard_tool_calls_total", (("agent", "none"), ("tool", "run_tests")))]
+    assert calls == len(re.findall(r"^\s+\d+  run_tests\(", text, re.M))
+    with pytest.raises(OSError):  # closed when the demo ended
+        _scrape(url[1])
+
+
+def test_demo_metrics_port_as_a_command() -> None:
+    import queue
+    import threading
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "otel_loopguard.cli", "demo", "--delay", "0",
+         "--metrics-port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue[str] = queue.Queue()
+    assert process.stdout is not None
+    stdout = process.stdout
+    threading.Thread(target=lambda: [lines.put(line) for line in stdout], daemon=True).start()
+    try:
+        url = None
+        while True:
+            line = lines.get(timeout=60)
+            match = re.match(r"metrics: serving (\S+)", line)
+            url = match[1] if match else url
+            if "Ctrl-C" in line:
+                break
+        assert url is not None
+        samples = _scrape(url)
+        assert _decisions(samples, "stop") == 1
+        assert samples[("loopguard_sessions", ())] == 1
+        assert process.poll() is None  # still serving
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def test_demo_metrics_port_taken_or_bad_is_a_usage_error(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    from otel_loopguard.cli import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["demo", "--delay", "0", "--metrics-port", str(port)]) == 2
+    assert f"cannot serve metrics on 127.0.0.1:{port}" in capsys.readouterr().err
+    assert main(["demo", "--metrics-port", "70000"]) == 2
+    assert "argument --metrics-port" in capsys.readouterr().err
