@@ -5,10 +5,20 @@ Input is JSON lines. Each file is read by one *input format*, chosen by sniffing
 
 - :class:`CallStarted`: a tool call about to run, fed to ``LoopGuard.before_tool``;
 - :class:`CallFinished`: the recorded outcome of a started call, fed to ``LoopGuard.after_tool``;
-- :class:`UserPrompt`: a real user message, fed to ``LoopGuard.user_message``.
+- :class:`UserPrompt`: a real user message, fed to ``LoopGuard.user_message``;
+- :class:`CallDecidedAtStart`: a tool span whose arguments were there when it started (Pydantic
+  AI): decided as the span processor decides at ``on_start`` (``LoopGuard._decide_for_span``);
+- :class:`CallObserved`: a tool span at its end, fed to ``LoopGuard.after_tool`` only, as the span
+  processor does at ``on_end``: it counts the call after the fact, or only adds the outcome of a
+  call decided at its start.
 
-Formats live in a registry (:data:`FORMATS`, :func:`register_format`); a new one (OTLP JSON from the
-Collector's file exporter, span dumps) is a sniffing predicate plus a decoder factory.
+Formats live in a registry (:data:`FORMATS`, :func:`register_format`); each is a sniffing
+predicate plus a decoder factory. Built in: Claude Code sessions, tool-call transcripts, OTLP JSON
+lines (the Collector's ``file`` exporter) and span dumps (the fixtures' span JSON lines).
+
+Recorded traces go through the same conventions, session keys and guard calls as the in-process
+:class:`~otel_loopguard.processor.LoopGuardSpanProcessor`, so a replay gives the decisions the
+processor gave (see :class:`TraceBuffer` for how a trace is put back in time order).
 
 Bad input never stops a replay: an unparsable line, or a record a decoder rejects, is reported as
 ``FILE:LINE: reason`` and counted. :func:`run_replay` returns exit status 0 when every line was
@@ -18,9 +28,11 @@ policy) are raised as :class:`UsageError` before anything is replayed.
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -31,6 +43,15 @@ from typing import IO, TYPE_CHECKING, Any, Final, Protocol, TextIO, Union
 
 import orjson
 
+from .conventions import (
+    MISSING,
+    SpanToolCall,
+    agent_from_span,
+    arguments_available_at_start,
+    tool_call_from_span,
+)
+from .spans import KeyBy, SpanView, nearest_agent, session_for
+
 if TYPE_CHECKING:
     from otel_loopguard.config import Mode, Policy
     from otel_loopguard.guard import LoopGuard
@@ -38,7 +59,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BadRecord",
+    "CallDecidedAtStart",
     "CallFinished",
+    "CallObserved",
     "CallStarted",
     "ClaudeCodeDecoder",
     "Event",
@@ -47,12 +70,19 @@ __all__ = [
     "LARGE_INPUT_BYTES",
     "LARGE_INPUT_LINES",
     "ListedDecision",
+    "MAX_BUFFERED_SPANS",
     "MAX_LISTED_DECISIONS",
     "MAX_REPORTED_BAD_LINES",
+    "MAX_VALUE_DEPTH",
+    "OtlpJsonDecoder",
     "RecordDecoder",
+    "RecordedSpan",
     "ReplayClock",
     "Replayer",
+    "START_NAME_PREFIXES",
     "SessionReport",
+    "SpanDumpDecoder",
+    "TraceBuffer",
     "TranscriptDecoder",
     "UsageError",
     "UserPrompt",
@@ -85,7 +115,15 @@ class UsageError(Exception):
 
 
 class BadRecord(ValueError):
-    """A parsed record that its format cannot use; the message is the reason shown to the user."""
+    """A parsed record that its format cannot use; the message is the reason shown to the user.
+
+    ``events`` are still replayed: what a record's usable part gave (an OTLP line with one bad
+    span among many keeps the others), or traces a full buffer had to replay early.
+    """
+
+    def __init__(self, message: str, events: Iterable[Event] = ()) -> None:
+        super().__init__(message)
+        self.events: tuple[Event, ...] = tuple(events)
 
 
 # --------------------------------------------------------------------------------------------
@@ -130,7 +168,43 @@ class UserPrompt:
     timestamp: float | None = None
 
 
-Event = Union[CallStarted, CallFinished, UserPrompt]
+@dataclass(frozen=True, slots=True)
+class CallDecidedAtStart:
+    """A tool call decided when its span started, because the span carried the arguments then
+    (Pydantic AI). Fed to the guard's span-start decision, which counts it; the span's end comes
+    as a :class:`CallObserved` with the same session, agent and call id, which then only adds
+    the outcome. ``duration_seconds`` is the recorded span duration (what a deny would save)."""
+
+    session: str
+    agent: str | None
+    tool: str
+    arguments: object
+    call_id: str | None = None
+    duration_seconds: float | None = None
+    timestamp: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CallObserved:
+    """A tool call seen only once it had run (a tool span at its end), fed to ``after_tool``.
+
+    The guard counts it then, and the decision it returns is the call's; or, when a call
+    decided at start is pending under the same call id (or arguments), it only adds the outcome
+    and returns nothing: the call was already counted.
+    """
+
+    session: str
+    agent: str | None
+    tool: str
+    arguments: object
+    call_id: str | None = None
+    error: bool | None = None
+    result: object = None
+    duration_seconds: float | None = None
+    timestamp: float | None = None
+
+
+Event = Union[CallStarted, CallFinished, UserPrompt, CallDecidedAtStart, CallObserved]
 
 
 # --------------------------------------------------------------------------------------------
@@ -427,8 +501,652 @@ def _remember(store: dict[str, Any], key: str, value: object) -> None:
         del store[next(iter(store))]
 
 
+# --------------------------------------------------------------------------------------------
+# Recorded traces: OTLP JSON lines and span dumps
+
+#: Spans of unfinished traces held at once; past it the oldest traces are replayed early and
+#: the line that overflowed is reported as bad (their decisions may then differ).
+MAX_BUFFERED_SPANS: Final = 100_000
+#: Nesting of OTLP attribute values (arrays, key-value lists) read before a span is refused.
+MAX_VALUE_DEPTH: Final = 32
+#: Bad spans named per OTLP line; the rest are only counted in that line's reason.
+_MAX_SPAN_PROBLEMS: Final = 3
+#: Ancestors counted for a span's depth (only breaks ties between equal timestamps).
+_MAX_DEPTH: Final = 1024
+
+#: The first four characters of the span names ``LoopGuardSpanProcessor.on_start`` looks at:
+#: only those spans can be decided at start. A copy of ``processor._START_PREFIXES`` (a test
+#: checks they agree), so that reading traces does not import the OpenTelemetry SDK.
+START_NAME_PREFIXES: Final = frozenset({"exec", "invo", "runn", "agen", "call"})
+
+#: Conventions whose instrumentation starts tool spans with the arguments already set (see
+#: ``conventions.arguments_available_at_start``). Used only when a recording does not say what a
+#: span carried at start (OTLP): the final attributes hold the arguments for every convention,
+#: and judging by them alone would decide at start calls the processor decides at end.
+_ARGUMENTS_AT_START_CONVENTIONS: Final = frozenset({"pydantic_ai", "pydantic_ai_legacy"})
+
+_HEX: Final = re.compile(r"[0-9a-fA-F]+")
+_DECIMAL: Final = re.compile(r"-?[0-9]{1,20}")
+_NO_ATTRIBUTES: Final[Mapping[str, object]] = {}
+_OTLP_SIGNALS: Final = ("resourceSpans", "resourceMetrics", "resourceLogs", "resourceProfiles")
+_STATUS_ERROR: Final = 2
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedSpan:
+    """One finished span as a trace reader decoded it.
+
+    ``attributes`` and event attributes are as the SDK would hold them (arrays as tuples).
+    ``start_name``/``start_attributes`` are what ``on_start`` saw; ``None`` when the recording
+    does not say (OTLP), and then the final name and attributes stand in for them.
+    ``parent_remote``: the parent is in another process (the processor never sees it).
+    """
+
+    trace_id: int
+    span_id: int
+    parent_id: int | None
+    name: str
+    attributes: Mapping[str, object]
+    events: tuple[tuple[str, Mapping[str, object]], ...]
+    status_error: bool
+    start_ns: int
+    end_ns: int
+    start_name: str | None = None
+    start_attributes: Mapping[str, object] | None = None
+    parent_remote: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _ToolSpan:
+    """What a buffered tool span keeps: its calls as decoded at start and at end."""
+
+    span_id: int
+    parent_id: int | None  # local parent: None for a root or a remote parent
+    start_call: SpanToolCall | None  # set when the processor would decide at start
+    start_attributes: Mapping[str, object]
+    end_call: SpanToolCall | None  # None: the processor would not report it at end
+    attributes: Mapping[str, object]
+    start_ns: int
+    end_ns: int
+    order: int
+
+
+@dataclass(slots=True)
+class _Trace:
+    """The buffered part of one trace: parent links of every span, views of its agent spans
+    (final attributes) and its tool spans. Other spans keep nothing but their parent link."""
+
+    parents: dict[int, int | None] = field(default_factory=dict)
+    remote: set[int] = field(default_factory=set)
+    agents: dict[int, SpanView] = field(default_factory=dict)
+    tools: list[_ToolSpan] = field(default_factory=list)
+
+    def lookup(self, span_id: int) -> SpanView | None:
+        view = self.agents.get(span_id)
+        if view is not None:
+            return view
+        if span_id not in self.parents:
+            return None
+        parent = None if span_id in self.remote else self.parents[span_id]
+        return SpanView("", _NO_ATTRIBUTES, parent)
+
+    def depth(self, span_id: int) -> int:
+        """Ancestors of ``span_id`` present in the trace (cycles and depth bounded)."""
+        depth = 0
+        seen = {span_id}
+        current = self.parents.get(span_id)
+        while current is not None and current in self.parents and current not in seen:
+            depth += 1
+            if depth >= _MAX_DEPTH:
+                break
+            seen.add(current)
+            current = self.parents[current]
+        return depth
+
+
+def _tool_span(span: RecordedSpan, local_parent: int | None, order: int) -> _ToolSpan | None:
+    """The calls the span processor would find in ``span`` at start and at end, or ``None``."""
+    end_call = tool_call_from_span(span.name, span.attributes, span.events, span.status_error)
+    if end_call is not None and end_call.arguments is MISSING:
+        end_call = None
+    start_name = span.name if span.start_name is None else span.start_name
+    start_attributes = span.attributes if span.start_attributes is None else span.start_attributes
+    start_call = None
+    unknown_start = span.start_attributes is None
+    # Judged by its final attributes (OTLP), only a span of an instrumentation that starts tool
+    # spans with their arguments can have been decided at start.
+    may_start = not unknown_start or (
+        end_call is not None and end_call.convention in _ARGUMENTS_AT_START_CONVENTIONS)
+    if may_start and start_name[:4] in START_NAME_PREFIXES and arguments_available_at_start(
+            start_name, start_attributes):
+        start_call = tool_call_from_span(start_name, start_attributes, (), None)
+        if start_call is not None and (
+                start_call.arguments is MISSING
+                or (unknown_start
+                    and start_call.convention not in _ARGUMENTS_AT_START_CONVENTIONS)):
+            start_call = None
+    if start_call is None and end_call is None:
+        return None
+    return _ToolSpan(span.span_id, local_parent, start_call, start_attributes, end_call,
+                     span.attributes, span.start_ns, span.end_ns, order)
+
+
+class TraceBuffer:
+    """Holds the spans of each trace until they can be replayed as the span processor saw them.
+
+    A trace is replayed once its root span (no parent) has arrived, after the rest of the record
+    it came in (exporters write a span when it ends, and a root ends last), or at the end of the
+    input. Its tool spans then become events in the processor's order: a timeline of span starts
+    and ends by timestamp (at equal times a start before an end, parents starting before
+    children and children ending before parents, then the order the spans were read). A span
+    whose arguments were there at start gives a :class:`CallDecidedAtStart` at its start; every
+    tool span gives a :class:`CallObserved` at its end, with the session, agent and call id of its
+    start when it was decided then.
+
+    Session keys come from :func:`otel_loopguard.spans.session_for` (trace + agent), the agent
+    from the nearest ancestor agent span, looked for over the whole recorded trace with each
+    span's final attributes. In-process only ancestors still open, with their attributes as of
+    then, are visible: where the processor could not tell an agent span while the tools ran
+    (OpenInference marks a LangGraph agent span an agent only when it ends) its session is the
+    bare trace, and replay's names the agent. With one agent run per trace the chains, and so
+    the decisions, are the same; with several, replay keeps apart the runs the processor had
+    to put in one chain.
+
+    Memory is bounded by ``max_spans`` buffered spans: past it the oldest traces are replayed
+    before their root arrived (:attr:`replayed_early` counts them). A span id seen twice in a
+    trace (an exporter's retry) counts once.
+    """
+
+    __slots__ = ("_complete", "_max", "_order", "_spans", "_traces", "replayed_early")
+
+    def __init__(self, max_spans: int = MAX_BUFFERED_SPANS) -> None:
+        if isinstance(max_spans, bool) or not isinstance(max_spans, int) or max_spans < 1:
+            raise ValueError(f"max_spans: expected a positive integer, got {max_spans!r}")
+        self._traces: dict[int, _Trace] = {}
+        self._complete: dict[int, None] = {}
+        self._max = max_spans
+        self._spans = 0
+        self._order = 0
+        self.replayed_early = 0
+
+    @property
+    def buffered_spans(self) -> int:
+        """Spans currently held."""
+        return self._spans
+
+    @property
+    def max_spans(self) -> int:
+        """Spans held at most before the oldest traces are replayed early."""
+        return self._max
+
+    def add(self, span: RecordedSpan) -> None:
+        """Buffer one span; :meth:`take_ready` then returns the events it completed."""
+        trace = self._traces.get(span.trace_id)
+        if trace is None:
+            trace = self._traces[span.trace_id] = _Trace()
+        if span.span_id in trace.parents:
+            return
+        trace.parents[span.span_id] = span.parent_id
+        local_parent = span.parent_id
+        if span.parent_remote:
+            trace.remote.add(span.span_id)
+            local_parent = None
+        if agent_from_span(span.name, span.attributes) is not None:
+            trace.agents[span.span_id] = SpanView(span.name, span.attributes, local_parent)
+        tool = _tool_span(span, local_parent, self._order)
+        self._order += 1
+        if tool is not None:
+            trace.tools.append(tool)
+        self._spans += 1
+        if span.parent_id is None:
+            self._complete[span.trace_id] = None
+
+    def take_ready(self) -> list[Event]:
+        """Events of the traces whose root arrived, then of the oldest traces while more than
+        ``max_spans`` spans are buffered."""
+        events: list[Event] = []
+        for trace_id in list(self._complete):
+            events.extend(self._flush(trace_id))
+        self._complete.clear()
+        while self._spans > self._max and self._traces:
+            events.extend(self._flush(next(iter(self._traces))))
+            self.replayed_early += 1
+        return events
+
+    def finish(self) -> list[Event]:
+        """Events of every trace still buffered (the input ended before their root span)."""
+        events: list[Event] = []
+        for trace_id in list(self._traces):
+            events.extend(self._flush(trace_id))
+        self._complete.clear()
+        return events
+
+    def _flush(self, trace_id: int) -> list[Event]:
+        trace = self._traces.pop(trace_id, None)
+        if trace is None:
+            return []
+        self._spans -= len(trace.parents)
+        steps: list[tuple[tuple[int, int, int, int], Event]] = []
+        for tool in trace.tools:
+            depth = trace.depth(tool.span_id)
+            frame = nearest_agent(tool.parent_id, trace.lookup)
+            duration = max(0.0, (tool.end_ns - tool.start_ns) / 1e9)
+            started: tuple[str, str | None, str | None] | None = None
+            call = tool.start_call
+            if call is not None:
+                session, agent = session_for(call, trace_id, frame, KeyBy.TRACE,
+                                             tool.start_attributes)
+                started = (session, agent, call.call_id)
+                steps.append(((tool.start_ns, 0, depth, tool.order), CallDecidedAtStart(
+                    session, agent, call.tool, call.arguments, call.call_id, duration,
+                    tool.start_ns / 1e9)))
+            call = tool.end_call
+            if call is not None:
+                if started is not None:
+                    session, agent, call_id = started
+                else:
+                    session, agent = session_for(call, trace_id, frame, KeyBy.TRACE,
+                                                 tool.attributes)
+                    call_id = call.call_id
+                steps.append(((tool.end_ns, 1, -depth, tool.order), CallObserved(
+                    session, agent, call.tool, call.arguments, call_id, call.is_error,
+                    call.result, duration, tool.end_ns / 1e9)))
+        steps.sort(key=lambda step: step[0])
+        return [event for _, event in steps]
+
+
+def _buffered(buffer: TraceBuffer, spans: Iterable[RecordedSpan], problems: list[str],
+              bad_spans: int = 0) -> list[Event]:
+    """Buffer the good spans of one record; return the events now ready, or raise
+    :class:`BadRecord` carrying them when the record had bad spans or overflowed the buffer."""
+    for span in spans:
+        buffer.add(span)
+    early = buffer.replayed_early
+    events = buffer.take_ready()
+    early = buffer.replayed_early - early
+    reasons = list(problems[:_MAX_SPAN_PROBLEMS])
+    hidden = bad_spans - len(reasons)
+    if hidden > 0:
+        reasons.append(f"and {hidden} more bad span{'s' if hidden != 1 else ''}")
+    if early:
+        reasons.append(
+            f"more than {buffer.max_spans:,} spans of unfinished traces buffered: {early} trace"
+            f"{'s' if early != 1 else ''} replayed before the root span arrived (decisions"
+            " may differ)"
+        )
+    if reasons:
+        raise BadRecord("; ".join(reasons), events)
+    return events
+
+
+def _id_text(value: object, size: int, name: str, base64_too: bool) -> int:
+    """A trace (16 bytes) or span (8 bytes) id from hex, or base64 of the right length."""
+    digits = 2 * size
+    if isinstance(value, str) and len(value) == digits and _HEX.fullmatch(value):
+        number = int(value, 16)
+    else:
+        raw: bytes | None = None
+        if base64_too and isinstance(value, str) and value:
+            try:
+                raw = base64.b64decode(value, validate=True)
+            except ValueError:  # binascii.Error
+                raw = None
+        if raw is None or len(raw) != size:
+            also = " (or base64)" if base64_too else ""
+            raise BadRecord(
+                f"{name!r} must be {size} bytes: {digits} hex digits{also}, got {_short(value)}")
+        number = int.from_bytes(raw, "big")
+    if number == 0:
+        raise BadRecord(f"{name!r} is all zeros (an invalid id)")
+    return number
+
+
+def _parent_id(value: object, name: str, base64_too: bool) -> int | None:
+    if value is None or value == "":
+        return None
+    return _id_text(value, 8, name, base64_too)
+
+
+def _nanos(value: object, name: str, text_too: bool) -> int:
+    """Nanoseconds since the epoch, an unsigned 64-bit integer (OTLP JSON: also its decimal
+    string)."""
+    number: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif text_too and isinstance(value, str) and _DECIMAL.fullmatch(value):
+        number = int(value)
+    if number is None or not 0 <= number < 1 << 64:
+        kind = "an integer (or its decimal string)" if text_too else "an integer"
+        raise BadRecord(f"{name!r} must be {kind} of nanoseconds >= 0 (64 bits),"
+                        f" got {_short(value)}")
+    return number
+
+
+# -- span dumps -------------------------------------------------------------------------------
+
+
+def _sdk_attributes(value: object, name: str) -> dict[str, object]:
+    """A dump's attribute object as the SDK holds it: lists as tuples, nulls dropped."""
+    if not isinstance(value, dict):
+        raise BadRecord(f"{name!r} must be an object of attributes, got {_short(value)}")
+    attributes: dict[str, object] = {}
+    for key, item in value.items():
+        if item is None:
+            continue
+        attributes[key] = tuple(item) if isinstance(item, list) else item
+    return attributes
+
+
+def _dump_events(value: object) -> tuple[tuple[str, Mapping[str, object]], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise BadRecord(f"'events' must be a list, got {_short(value)}")
+    events: list[tuple[str, Mapping[str, object]]] = []
+    for index, event in enumerate(value):
+        if not isinstance(event, dict):
+            raise BadRecord(f"events[{index}] must be an object, got {_short(event)}")
+        event_name = _get(event, "name")
+        if not isinstance(event_name, str):
+            raise BadRecord(f"events[{index}].name must be a string, got {_short(event_name)}")
+        raw = event.get("attributes")
+        events.append((event_name, _sdk_attributes(raw, f"events[{index}].attributes")
+                       if raw is not None else _NO_ATTRIBUTES))
+    return tuple(events)
+
+
+def _dump_status_error(value: object) -> bool:
+    if value is None:
+        return False
+    if not isinstance(value, dict):
+        raise BadRecord(f"'status' must be an object, got {_short(value)}")
+    return value.get("code") in ("ERROR", "STATUS_CODE_ERROR", _STATUS_ERROR)
+
+
+def _dump_span(record: Mapping[str, Any]) -> RecordedSpan:
+    name = _get(record, "name")
+    if not isinstance(name, str):
+        raise BadRecord(f"'name' must be a string, got {_short(name)}")
+    trace_id = _id_text(_get(record, "trace_id"), 16, "trace_id", False)
+    span_id = _id_text(_get(record, "span_id"), 8, "span_id", False)
+    parent_id = _parent_id(record.get("parent_span_id"), "parent_span_id", False)
+    start = _nanos(_get(record, "start_time_ns"), "start_time_ns", False)
+    end = _nanos(_get(record, "end_time_ns"), "end_time_ns", False)
+    attributes = _sdk_attributes(_get(record, "attributes"), "attributes")
+    start_name = record.get("name_at_start")
+    if start_name is not None and not isinstance(start_name, str):
+        raise BadRecord(f"'name_at_start' must be a string, got {_short(start_name)}")
+    raw_start = record.get("attributes_at_start")
+    start_attributes = (None if raw_start is None
+                        else _sdk_attributes(raw_start, "attributes_at_start"))
+    return RecordedSpan(
+        trace_id, span_id, parent_id, name, attributes, _dump_events(record.get("events")),
+        _dump_status_error(record.get("status")), start, end, start_name, start_attributes,
+    )
+
+
+class SpanDumpDecoder:
+    """Span dumps: one finished span per line, in the order spans ended (the fixtures' format)::
+
+        {"name": "execute_tool search", "kind": "INTERNAL", "trace_id": "<32 hex>",
+         "span_id": "<16 hex>", "parent_span_id": "<16 hex>" | null, "scope": "pydantic-ai",
+         "start_time_ns": 1796049783492744705, "end_time_ns": ..., "attributes": {...},
+         "events": [{"name", "timestamp_ns", "attributes"}], "status": {"code": "ERROR", ...},
+         "name_at_start": "...", "attributes_at_start": {...}}
+
+    ``name``, ``trace_id``, ``span_id``, the two times and ``attributes`` are required.
+    ``name_at_start``/``attributes_at_start`` are what ``SpanProcessor.on_start`` saw; without
+    ``attributes_at_start`` the span is judged as an OTLP span is. Traces are put back in time order
+    by a :class:`TraceBuffer`.
+    """
+
+    __slots__ = ("_buffer",)
+
+    def __init__(self, max_buffered_spans: int | None = None) -> None:
+        self._buffer = TraceBuffer(
+            MAX_BUFFERED_SPANS if max_buffered_spans is None else max_buffered_spans)
+
+    def decode(self, record: object) -> Iterable[Event]:
+        if not isinstance(record, dict):
+            raise BadRecord(f"expected a JSON object (one span), got {type(record).__name__}")
+        return _buffered(self._buffer, (_dump_span(record),), [])
+
+    def finish(self) -> Iterable[Event]:
+        return self._buffer.finish()
+
+
+def _claims_span_dump(record: object) -> bool:
+    return (isinstance(record, dict) and "span_id" in record and "trace_id" in record
+            and "name" in record and "resourceSpans" not in record)
+
+
+# -- OTLP JSON ---------------------------------------------------------------------------------
+
+
+def _any_value(value: object, where: str, depth: int) -> object:
+    """One OTLP ``AnyValue`` as the SDK would hold it; ``None`` for an empty (or unknown) one."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise BadRecord(f"{where}: value must be an AnyValue object, got {_short(value)}")
+    if depth > MAX_VALUE_DEPTH:
+        raise BadRecord(f"{where}: value nested more than {MAX_VALUE_DEPTH} levels deep")
+    if "stringValue" in value:
+        text = value["stringValue"]
+        if not isinstance(text, str):
+            raise BadRecord(f"{where}: stringValue must be a string, got {_short(text)}")
+        return text
+    if "boolValue" in value:
+        flag = value["boolValue"]
+        if not isinstance(flag, bool):
+            raise BadRecord(f"{where}: boolValue must be true or false, got {_short(flag)}")
+        return flag
+    if "intValue" in value:
+        number = value["intValue"]
+        if isinstance(number, int) and not isinstance(number, bool):
+            return number
+        if isinstance(number, str) and _DECIMAL.fullmatch(number):
+            return int(number)
+        raise BadRecord(f"{where}: intValue must be an integer or its decimal string,"
+                        f" got {_short(number)}")
+    if "doubleValue" in value:
+        double = value["doubleValue"]
+        if isinstance(double, (int, float)) and not isinstance(double, bool):
+            return float(double)
+        if isinstance(double, str):
+            try:
+                return float(double)  # "NaN", "Infinity", "-Infinity", or a number as text
+            except ValueError:
+                pass
+        raise BadRecord(f"{where}: doubleValue must be a number, got {_short(double)}")
+    if "arrayValue" in value:
+        array = value["arrayValue"]
+        items = _values_list(array, where, "arrayValue")
+        return tuple(_any_value(item, where, depth + 1) for item in items)
+    if "kvlistValue" in value:
+        pairs = _values_list(value["kvlistValue"], where, "kvlistValue")
+        return _otlp_attributes(pairs, where, depth + 1)
+    if "bytesValue" in value:
+        encoded = value["bytesValue"]
+        try:
+            if not isinstance(encoded, str):
+                raise ValueError
+            return base64.b64decode(encoded, validate=True)
+        except ValueError:
+            raise BadRecord(f"{where}: bytesValue must be base64 text,"
+                            f" got {_short(encoded)}") from None
+    return None
+
+
+def _values_list(container: object, where: str, kind: str) -> list[object]:
+    if container is None:
+        return []
+    if not isinstance(container, dict):
+        raise BadRecord(f"{where}: {kind} must be an object with 'values', got {_short(container)}")
+    values = container.get("values")
+    if values is None:
+        return []
+    if not isinstance(values, list):
+        raise BadRecord(f"{where}: {kind}.values must be a list, got {_short(values)}")
+    return values
+
+
+def _otlp_attributes(value: object, where: str, depth: int = 0) -> dict[str, object]:
+    """OTLP ``[{"key", "value": AnyValue}]`` as a dict (the last of a repeated key wins, empty
+    values are dropped, as the SDK does)."""
+    if value is None:
+        return {}
+    if not isinstance(value, list):
+        raise BadRecord(f"{where} must be a list of {{key, value}} objects, got {_short(value)}")
+    attributes: dict[str, object] = {}
+    for item in value:
+        if not isinstance(item, dict):
+            raise BadRecord(f"{where}: an attribute must be a {{key, value}} object,"
+                            f" got {_short(item)}")
+        key = item.get("key")
+        if not isinstance(key, str):
+            raise BadRecord(f"{where}: attribute 'key' must be a string, got {_short(key)}")
+        decoded = _any_value(item.get("value"), f"{where} {key!r}", depth)
+        if decoded is not None:
+            attributes[key] = decoded
+    return attributes
+
+
+def _otlp_events(value: object) -> tuple[tuple[str, Mapping[str, object]], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise BadRecord(f"'events' must be a list, got {_short(value)}")
+    events: list[tuple[str, Mapping[str, object]]] = []
+    for index, event in enumerate(value):
+        if not isinstance(event, dict):
+            raise BadRecord(f"events[{index}] must be an object, got {_short(event)}")
+        event_name = event.get("name", "")
+        if not isinstance(event_name, str):
+            raise BadRecord(f"events[{index}].name must be a string, got {_short(event_name)}")
+        events.append((event_name, _otlp_attributes(event.get("attributes"),
+                                                     f"events[{index}].attributes")))
+    return tuple(events)
+
+
+def _otlp_status_error(value: object) -> bool:
+    if value is None:
+        return False
+    if not isinstance(value, dict):
+        raise BadRecord(f"'status' must be an object, got {_short(value)}")
+    return value.get("code") in (_STATUS_ERROR, "STATUS_CODE_ERROR")
+
+
+def _otlp_span(raw: object) -> RecordedSpan:
+    if not isinstance(raw, dict):
+        raise BadRecord(f"a span must be an object, got {_short(raw)}")
+    trace_id = _id_text(_get(raw, "traceId"), 16, "traceId", True)
+    span_id = _id_text(_get(raw, "spanId"), 8, "spanId", True)
+    parent_id = _parent_id(raw.get("parentSpanId"), "parentSpanId", True)
+    flags = raw.get("flags")
+    # SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE (0x100) and SPAN_FLAGS_CONTEXT_IS_REMOTE (0x200).
+    remote = (parent_id is not None and isinstance(flags, int) and not isinstance(flags, bool)
+              and flags & 0x300 == 0x300)
+    name = raw.get("name", "")
+    if not isinstance(name, str):
+        raise BadRecord(f"'name' must be a string, got {_short(name)}")
+    start = _nanos(_get(raw, "startTimeUnixNano"), "startTimeUnixNano", True)
+    end = _nanos(_get(raw, "endTimeUnixNano"), "endTimeUnixNano", True)
+    return RecordedSpan(
+        trace_id, span_id, parent_id, name, _otlp_attributes(raw.get("attributes"), "attributes"),
+        _otlp_events(raw.get("events")), _otlp_status_error(raw.get("status")), start, end,
+        parent_remote=remote,
+    )
+
+
+def _list_field(record: Mapping[str, Any], name: str, where: str) -> list[object]:
+    value = record.get(name)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise BadRecord(f"{where}{name} must be a list, got {_short(value)}")
+    return value
+
+
+class OtlpJsonDecoder:
+    """OTLP JSON lines: one ``ExportTraceServiceRequest`` per line, as the Collector's ``file``
+    exporter writes them::
+
+        {"resourceSpans": [{"resource": {...}, "scopeSpans": [{"scope": {...}, "spans": [
+          {"traceId": "<32 hex>", "spanId": "<16 hex>", "parentSpanId": "<16 hex>" | "",
+           "name": "execute_tool search", "kind": 1, "startTimeUnixNano": "1796...",
+           "endTimeUnixNano": "...", "attributes": [{"key": "gen_ai.tool.name",
+           "value": {"stringValue": "search"}}], "events": [{"timeUnixNano", "name",
+           "attributes"}], "status": {"code": 2}}]}]}]}
+
+    Ids are hex; base64 of the right length (protobuf's own JSON) is read too. 64-bit integers
+    may be decimal strings or numbers; enums integers (or their names); unknown fields are
+    ignored; fields proto3 leaves out when empty (name, attributes, events, status, parent) may
+    be absent. ``traceId``, ``spanId`` and the two times are required. Lines of other signals
+    (``resourceMetrics``, ``resourceLogs``) carry no calls. A bad span makes its line bad, named
+    by its path in the line, but the line's other spans still count. OTLP does not record what a
+    span carried when it started: the final name and attributes stand in, and a tool span is
+    decided at its start only for the instrumentations known to start tool spans with their
+    arguments (Pydantic AI), as the span processor would have; every other one at its end.
+    """
+
+    __slots__ = ("_buffer",)
+
+    def __init__(self, max_buffered_spans: int | None = None) -> None:
+        self._buffer = TraceBuffer(
+            MAX_BUFFERED_SPANS if max_buffered_spans is None else max_buffered_spans)
+
+    def decode(self, record: object) -> Iterable[Event]:
+        if not isinstance(record, dict):
+            raise BadRecord(f"expected a JSON object (an ExportTraceServiceRequest), got"
+                            f" {type(record).__name__}")
+        if "resourceSpans" not in record:
+            if any(signal in record for signal in _OTLP_SIGNALS):
+                return ()
+            raise BadRecord("missing field 'resourceSpans'")
+        spans: list[RecordedSpan] = []
+        problems: list[str] = []
+        bad_spans = 0
+        for i, resource in enumerate(_list_field(record, "resourceSpans", "")):
+            where = f"resourceSpans[{i}]"
+            try:
+                if not isinstance(resource, dict):
+                    raise BadRecord(f"must be an object, got {_short(resource)}")
+                scopes = _list_field(resource, "scopeSpans", "")
+            except BadRecord as exc:
+                bad_spans += 1
+                problems.append(f"{where}: {exc}")
+                continue
+            for j, scope in enumerate(scopes):
+                at = f"{where}.scopeSpans[{j}]"
+                try:
+                    if not isinstance(scope, dict):
+                        raise BadRecord(f"must be an object, got {_short(scope)}")
+                    raw_spans = _list_field(scope, "spans", "")
+                except BadRecord as exc:
+                    bad_spans += 1
+                    problems.append(f"{at}: {exc}")
+                    continue
+                for k, raw in enumerate(raw_spans):
+                    try:
+                        spans.append(_otlp_span(raw))
+                    except BadRecord as exc:
+                        bad_spans += 1
+                        if len(problems) < _MAX_SPAN_PROBLEMS:
+                            problems.append(f"{at}.spans[{k}]: {exc}")
+        return _buffered(self._buffer, spans, problems, bad_spans)
+
+    def finish(self) -> Iterable[Event]:
+        return self._buffer.finish()
+
+
+def _claims_otlp_json(record: object) -> bool:
+    return isinstance(record, dict) and any(
+        isinstance(record.get(signal), list) for signal in _OTLP_SIGNALS)
+
+
 #: The input formats, most specific first: the first whose ``claims`` accepts one of a file's
-#: first records reads the file. Readers for OTLP JSON and span dumps register here.
+#: first records reads the file.
 FORMATS: list[InputFormat] = [
     InputFormat(
         "claude-code",
@@ -441,6 +1159,19 @@ FORMATS: list[InputFormat] = [
         'tool-call transcripts: {"session", "tool", "arguments", "error"} per line',
         _claims_transcript,
         TranscriptDecoder,
+    ),
+    # Recorded traces. Their records carry none of the keys the formats above claim by.
+    InputFormat(
+        "otlp-json",
+        "OTLP JSON lines: one ExportTraceServiceRequest per line (the Collector's file exporter)",
+        _claims_otlp_json,
+        OtlpJsonDecoder,
+    ),
+    InputFormat(
+        "span-dump",
+        'span JSON lines: {"name", "trace_id", "span_id", "attributes", ...} per finished span',
+        _claims_span_dump,
+        SpanDumpDecoder,
     ),
 ]
 
@@ -632,6 +1363,7 @@ def _read_events(
             return decoder.decode(record)
         except BadRecord as exc:
             bad.bad(name, lineno, str(exc))
+            return exc.events
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
             # A shape no check foresaw is still only one bad line, never a crash.
             bad.bad(name, lineno, f"unexpected record shape ({type(exc).__name__}: {exc})")
@@ -724,11 +1456,15 @@ def _first_key(action: str) -> str:
 class Replayer:
     """Feeds events to a guard, keeps per-session reports, and returns each call's decision.
 
-    Each call is ``before_tool`` then ``after_tool`` with its recorded outcome, as a live hook
-    would see it. A call the guard blocks is still reported to ``after_tool``; the guard ignores
-    the outcome of a blocked call (live, it would not have run), so from the first block on the
-    report is what the guard would say had the agent kept to its recorded path. Every blocked call
-    counts as saved: after a stop, the rest of the run would not have happened at all.
+    A transcript call is ``before_tool`` then ``after_tool`` with its recorded outcome, as a live
+    hook would see it. A call the guard blocks is still reported to ``after_tool``; the guard
+    ignores the outcome of a blocked call (live, it would not have run), so from the first block
+    on the report is what the guard would say had the agent kept to its recorded path. Every
+    blocked call counts as saved: after a stop, the rest of the run would not have happened at all.
+
+    A recorded span is fed as the span processor feeds it: ``_decide_for_span`` at its start when
+    it carried the arguments then (:class:`CallDecidedAtStart`), ``after_tool`` at its end
+    (:class:`CallObserved`); the call's decision is whichever of the two returned one.
     """
 
     def __init__(self, guard: LoopGuard, clock: ReplayClock) -> None:
@@ -746,8 +1482,9 @@ class Replayer:
         return report
 
     def handle(self, source: int, event: Event) -> tuple[SessionReport, int, Decision] | None:
-        """Feed one event from input ``source``; for a started call, return its session
-        report, its 1-based index in the session and the guard's decision."""
+        """Feed one event from input ``source``; for a call it counts (a started, decided or
+        newly observed call), return its session report, its 1-based index in the session and
+        the guard's decision."""
         self._clock.observe(event.timestamp)
         if isinstance(event, UserPrompt):
             self._guard.user_message(event.session, agent=event.agent)
@@ -755,14 +1492,36 @@ class Replayer:
         if isinstance(event, CallFinished):
             self._finish(source, event)
             return None
-        return self._start(source, event)
-
-    def _start(self, source: int, event: CallStarted) -> tuple[SessionReport, int, Decision]:
-        report = self._report(event.session, event.agent)
-        decision: Decision = self._guard.before_tool(
+        if isinstance(event, CallStarted):
+            return self._start(source, event)
+        if isinstance(event, CallDecidedAtStart):
+            decision = self._guard._decide_for_span(
+                event.tool, event.arguments, event.session, event.agent, event.call_id)
+            return self._count(event.session, event.agent, event.tool, decision,
+                               event.duration_seconds)
+        observed = self._guard.after_tool(
             event.tool, event.arguments, session=event.session, agent=event.agent,
-            call_id=event.call_id,
+            call_id=event.call_id, error=event.error, result=event.result,
+            duration_seconds=event.duration_seconds,
         )
+        if observed is None:
+            return None  # already counted when its span started: only the outcome was added
+        return self._count(event.session, event.agent, event.tool, observed,
+                           event.duration_seconds)
+
+    def _count(self, session: str, agent: str | None, tool: str, decision: Decision,
+               duration_seconds: float | None) -> tuple[SessionReport, int, Decision]:
+        """Add one counted call and its decision to its session's report. A recorded duration
+        of a blocked call (spans: known as soon as the call is) is what the block would save."""
+        report = self._record(session, agent, tool, decision)
+        if decision.blocks and duration_seconds is not None:
+            report.blocked_seconds += duration_seconds
+            report.blocked_timed += 1
+        return report, report.calls, decision
+
+    def _record(self, session: str, agent: str | None, tool: str, decision: Decision
+                ) -> SessionReport:
+        report = self._report(session, agent)
         report.calls += 1
         index = report.calls
         if decision.repeated:
@@ -773,11 +1532,18 @@ class Replayer:
             report.decision_count += 1
             if len(report.decisions) < MAX_LISTED_DECISIONS:
                 rule = decision.rule.value if decision.rule is not None else None
-                report.decisions.append(
-                    ListedDecision(index, event.tool, rule, action, decision.count)
-                )
+                report.decisions.append(ListedDecision(index, tool, rule, action, decision.count))
         if decision.blocks:
             report.blocked += 1
+        return report
+
+    def _start(self, source: int, event: CallStarted) -> tuple[SessionReport, int, Decision]:
+        decision: Decision = self._guard.before_tool(
+            event.tool, event.arguments, session=event.session, agent=event.agent,
+            call_id=event.call_id,
+        )
+        report = self._record(event.session, event.agent, event.tool, decision)
+        index = report.calls
         _remember_open(self._open, (source, event.token), _Open(
             report, event.session, event.agent, event.tool, event.arguments, event.call_id,
             decision.blocks,
@@ -967,7 +1733,7 @@ def run_replay(
                 started = replayer.handle(source, event)
                 if started is not None and json_output:
                     report, index, decision = started
-                    assert isinstance(event, CallStarted)
+                    assert isinstance(event, (CallStarted, CallDecidedAtStart, CallObserved))
                     out.write(_json_line(report, index, event.tool, decision))
         except OSError as exc:
             bad.unreadable(label, exc.strerror or str(exc))
