@@ -60,7 +60,7 @@ def tool_name(tool: object) -> str:
     if isinstance(tool, str):
         name = tool
     elif isinstance(tool, (bool, int, float)):
-        name = repr(tool)
+        name = _number_text(tool)
     elif isinstance(tool, (bytes, bytearray)):
         name = bytes(tool[: MAX_TOOL_NAME_CHARS * 4]).decode("utf-8", "replace")
     elif tool is None:
@@ -68,6 +68,14 @@ def tool_name(tool: object) -> str:
     else:
         name = f"<{type(tool).__name__}>"
     return name[:MAX_TOOL_NAME_CHARS]
+
+
+def _number_text(number: bool | int | float) -> str:
+    """``repr`` of a number; integers too long for a decimal ``str`` (Python caps the digits)
+    are given in hexadecimal, which has no such cap."""
+    if isinstance(number, int) and not isinstance(number, bool) and number.bit_length() > 14_000:
+        return f"0x{number:x}" if number >= 0 else f"-0x{-number:x}"
+    return repr(number)
 
 
 def _parse_json_string(text: str) -> object:
@@ -98,10 +106,18 @@ def _normalise(value: object, depth: int) -> object:
     Used only when the fast path (orjson on the value as given) fails: unsupported types, non-str
     keys, integers beyond 64 bits, NaN, or nesting deeper than orjson allows.
     """
-    if value is None or isinstance(value, (bool, str)):
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        # orjson refuses lone surrogates (a JSON escape such as \ud800 decodes to one): keep
+        # them as distinct escape text rather than failing the whole call.
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode("ascii", "replace")
         return value
     if isinstance(value, int):
-        return value if -(2**63) <= value < 2**64 else str(value)
+        return value if -(2**63) <= value < 2**64 else _number_text(value)
     if isinstance(value, float):
         return value if math.isfinite(value) else repr(value)  # NaN/inf as distinct strings
     if depth >= MAX_DEPTH:
@@ -199,8 +215,11 @@ def outcome_key(result: object, is_error: bool | None) -> str | None:
     prefix = b"E" if is_error else b"R"
     if type(result) is str and (not result or (result[0] not in "{[\"" and not result[0].isspace())):
         # Plain text, the usual tool result, is not parsed: the same bytes as the general path,
-        # without its checks.
-        return _digest(prefix + _SEPARATOR + orjson.dumps(result))
+        # without its checks (text orjson refuses, e.g. lone surrogates, takes that path).
+        try:
+            return _digest(prefix + _SEPARATOR + orjson.dumps(result))
+        except TypeError:
+            pass
     canonical = canonical_json(canonical_arguments(result))
     return _digest(prefix + _SEPARATOR + canonical)
 

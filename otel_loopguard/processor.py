@@ -225,21 +225,26 @@ class LoopGuardSpanProcessor(SpanProcessor):
     # -- internals -------------------------------------------------------------------------
 
     def _prune(self) -> None:
-        """Forget the oldest quarter of the open spans, and any older than the TTL."""
+        """Forget the oldest quarter of the open spans, and any older than the TTL, with what was
+        kept for them (decisions made at their start).
+
+        Entries are deleted from the live table, never swapped for a new one: another thread may
+        be inserting a span right now, and its insert must not land in a discarded table.
+        """
         with self._prune_lock:
             opened = self._open
             if len(opened) <= self._max_spans:
                 return
-            items = list(opened.items())
-            keep_from = len(items) // 4
+            items = list(opened.items())  # one C-level copy: atomic under the GIL
+            drop_before = len(items) // 4
             deadline = time.time_ns() - self._ttl_ns
-            kept = {
-                span_id: span
-                for span_id, span in items[keep_from:]
-                if (span.start_time or 0) >= deadline
-            }
-            self.evicted_spans += len(items) - len(kept)
-            self._open = kept
+            dropped = [span_id for index, (span_id, span) in enumerate(items)
+                       if index < drop_before or (span.start_time or 0) < deadline]
+            for span_id in dropped:
+                opened.pop(span_id, None)
+                if self._started.pop(span_id, None) is not None:
+                    _START_DECISIONS.pop(span_id, None)
+            self.evicted_spans += len(dropped)
 
     def _view(self, span_id: int) -> SpanView | None:
         span = self._open.get(span_id)
