@@ -205,6 +205,33 @@ def test_label_values_are_bounded() -> None:
     assert values["action"] == set(ACTIONS) | {OTHER}
 
 
+def test_counts_are_exact_under_concurrency() -> None:
+    import threading
+
+    recorder = PrometheusRecorder(max_label_values=3)
+    threads, calls = 8, 10_000
+
+    def work(n: int) -> None:
+        for i in range(calls):
+            recorder.tool_call(f"agent{n % 4}", f"tool{i % 5}", i % 2 == 0)
+
+    workers = [threading.Thread(target=work, args=(n,)) for n in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    exposition = recorder.exposition().decode()
+    total = repeated = 0.0
+    for family in text_string_to_metric_families(exposition):
+        for s in family.samples:
+            if s.name == "loopguard_tool_calls_total":
+                total += s.value
+            elif s.name == "loopguard_repeated_calls_total":
+                repeated += s.value
+    assert total == threads * calls and repeated == threads * calls // 2
+    assert sample(recorder, "loopguard_tool_calls_total", agent=OTHER, tool=OTHER) == 2 * calls * 2 / 5
+
+
 def test_bad_max_label_values_fails_loudly() -> None:
     for bad in (0, -1, 2.5, True, "10"):
         with pytest.raises(ValueError, match="max_label_values"):
@@ -232,7 +259,7 @@ def test_a_failing_recorder_never_changes_a_decision(monkeypatch: pytest.MonkeyP
         raise RuntimeError("registry on fire")
 
     monkeypatch.setattr(recorder._decisions, "labels", explode)
-    monkeypatch.setattr(recorder._calls, "labels", explode)
+    monkeypatch.setattr(recorder._wasted, "labels", explode)
     calls = [Call("grep", {"p": 1}, result="same") for _ in range(8)]
     assert run(guard, calls).actions == run(quiet, calls).actions
     assert guard.internal_errors == {}
