@@ -12,6 +12,9 @@ Input is JSON lines. Each file is read by one *input format*, chosen by sniffing
   processor does at ``on_end``: it counts the call after the fact, or only adds the outcome of a
   call decided at its start.
 
+The last two, the span decoding and the trace buffer live in :mod:`otel_loopguard.traces`,
+shared with ``serve``; they are importable from here as before.
+
 Formats live in a registry (:data:`FORMATS`, :func:`register_format`); each is a sniffing
 predicate plus a decoder factory. Built in: Claude Code sessions, tool-call transcripts, OTLP JSON
 lines (the Collector's ``file`` exporter) and span dumps (the fixtures' span JSON lines).
@@ -28,11 +31,9 @@ policy) are raised as :class:`UsageError` before anything is replayed.
 
 from __future__ import annotations
 
-import base64
 import json
 import math
 import os
-import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -43,14 +44,27 @@ from typing import IO, TYPE_CHECKING, Any, Final, Protocol, TextIO, Union
 
 import orjson
 
-from .conventions import (
-    MISSING,
-    SpanToolCall,
-    agent_from_span,
-    arguments_available_at_start,
-    tool_call_from_span,
+from .traces import (
+    _ARGUMENTS_AT_START_CONVENTIONS,  # noqa: F401  (read by tests as replay's)
+    MAX_BUFFERED_SPANS,
+    MAX_SPAN_PROBLEMS,
+    MAX_VALUE_DEPTH,
+    OTLP_SIGNALS,
+    START_NAME_PREFIXES,
+    BadSpan,
+    CallDecidedAtStart,
+    CallObserved,
+    STATUS_CODE_ERROR,
+    RecordedSpan,
+    TraceBuffer,
+    _id_text,
+    _nanos,
+    _otlp_span,  # noqa: F401  (read by tests as replay's)
+    _parent_id,
+    feed,
+    otlp_json_spans,
 )
-from .spans import KeyBy, SpanView, nearest_agent, session_for
+from .traces import short_value as _short
 
 if TYPE_CHECKING:
     from otel_loopguard.config import Mode, Policy
@@ -114,8 +128,9 @@ class UsageError(Exception):
     """The command line cannot be carried out (missing file, bad policy); exit status 2."""
 
 
-class BadRecord(ValueError):
+class BadRecord(BadSpan):
     """A parsed record that its format cannot use; the message is the reason shown to the user.
+    (A :class:`~otel_loopguard.traces.BadSpan` from decoding a span is reported the same way.)
 
     ``events`` are still replayed: what a record's usable part gave (an OTLP line with one bad
     span among many keeps the others), or traces a full buffer had to replay early.
@@ -165,42 +180,6 @@ class UserPrompt:
 
     session: str
     agent: str | None
-    timestamp: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class CallDecidedAtStart:
-    """A tool call decided when its span started, because the span carried the arguments then
-    (Pydantic AI). Fed to the guard's span-start decision, which counts it; the span's end comes
-    as a :class:`CallObserved` with the same session, agent and call id, which then only adds
-    the outcome. ``duration_seconds`` is the recorded span duration (what a deny would save)."""
-
-    session: str
-    agent: str | None
-    tool: str
-    arguments: object
-    call_id: str | None = None
-    duration_seconds: float | None = None
-    timestamp: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class CallObserved:
-    """A tool call seen only once it had run (a tool span at its end), fed to ``after_tool``.
-
-    The guard counts it then, and the decision it returns is the call's; or, when a call
-    decided at start is pending under the same call id (or arguments), it only adds the outcome
-    and returns nothing: the call was already counted.
-    """
-
-    session: str
-    agent: str | None
-    tool: str
-    arguments: object
-    call_id: str | None = None
-    error: bool | None = None
-    result: object = None
-    duration_seconds: float | None = None
     timestamp: float | None = None
 
 
@@ -292,11 +271,6 @@ def _timestamp(value: object) -> float | None:
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=timezone.utc)
     return parsed.timestamp()
-
-
-def _short(value: object, limit: int = 60) -> str:
-    text = json.dumps(value, default=repr) if not isinstance(value, str) else repr(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 class TranscriptDecoder:
@@ -502,258 +476,7 @@ def _remember(store: dict[str, Any], key: str, value: object) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Recorded traces: OTLP JSON lines and span dumps
-
-#: Spans of unfinished traces held at once; past it the oldest traces are replayed early and
-#: the line that overflowed is reported as bad (their decisions may then differ).
-MAX_BUFFERED_SPANS: Final = 100_000
-#: Nesting of OTLP attribute values (arrays, key-value lists) read before a span is refused.
-MAX_VALUE_DEPTH: Final = 32
-#: Bad spans named per OTLP line; the rest are only counted in that line's reason.
-_MAX_SPAN_PROBLEMS: Final = 3
-#: Ancestors counted for a span's depth (only breaks ties between equal timestamps).
-_MAX_DEPTH: Final = 1024
-
-#: The first four characters of the span names ``LoopGuardSpanProcessor.on_start`` looks at:
-#: only those spans can be decided at start. A copy of ``processor._START_PREFIXES`` (a test
-#: checks they agree), so that reading traces does not import the OpenTelemetry SDK.
-START_NAME_PREFIXES: Final = frozenset({"exec", "invo", "runn", "agen", "call"})
-
-#: Conventions whose instrumentation starts tool spans with the arguments already set (see
-#: ``conventions.arguments_available_at_start``). Used only when a recording does not say what a
-#: span carried at start (OTLP): the final attributes hold the arguments for every convention,
-#: and judging by them alone would decide at start calls the processor decides at end.
-_ARGUMENTS_AT_START_CONVENTIONS: Final = frozenset({"pydantic_ai", "pydantic_ai_legacy"})
-
-_HEX: Final = re.compile(r"[0-9a-fA-F]+")
-_DECIMAL: Final = re.compile(r"-?[0-9]{1,20}")
-_NO_ATTRIBUTES: Final[Mapping[str, object]] = {}
-_OTLP_SIGNALS: Final = ("resourceSpans", "resourceMetrics", "resourceLogs", "resourceProfiles")
-_STATUS_ERROR: Final = 2
-
-
-@dataclass(frozen=True, slots=True)
-class RecordedSpan:
-    """One finished span as a trace reader decoded it.
-
-    ``attributes`` and event attributes are as the SDK would hold them (arrays as tuples).
-    ``start_name``/``start_attributes`` are what ``on_start`` saw; ``None`` when the recording
-    does not say (OTLP), and then the final name and attributes stand in for them.
-    ``parent_remote``: the parent is in another process (the processor never sees it).
-    """
-
-    trace_id: int
-    span_id: int
-    parent_id: int | None
-    name: str
-    attributes: Mapping[str, object]
-    events: tuple[tuple[str, Mapping[str, object]], ...]
-    status_error: bool
-    start_ns: int
-    end_ns: int
-    start_name: str | None = None
-    start_attributes: Mapping[str, object] | None = None
-    parent_remote: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class _ToolSpan:
-    """What a buffered tool span keeps: its calls as decoded at start and at end."""
-
-    span_id: int
-    parent_id: int | None  # local parent: None for a root or a remote parent
-    start_call: SpanToolCall | None  # set when the processor would decide at start
-    start_attributes: Mapping[str, object]
-    end_call: SpanToolCall | None  # None: the processor would not report it at end
-    attributes: Mapping[str, object]
-    start_ns: int
-    end_ns: int
-    order: int
-
-
-@dataclass(slots=True)
-class _Trace:
-    """The buffered part of one trace: parent links of every span, views of its agent spans
-    (final attributes) and its tool spans. Other spans keep nothing but their parent link."""
-
-    parents: dict[int, int | None] = field(default_factory=dict)
-    remote: set[int] = field(default_factory=set)
-    agents: dict[int, SpanView] = field(default_factory=dict)
-    tools: list[_ToolSpan] = field(default_factory=list)
-
-    def lookup(self, span_id: int) -> SpanView | None:
-        view = self.agents.get(span_id)
-        if view is not None:
-            return view
-        if span_id not in self.parents:
-            return None
-        parent = None if span_id in self.remote else self.parents[span_id]
-        return SpanView("", _NO_ATTRIBUTES, parent)
-
-    def depth(self, span_id: int) -> int:
-        """Ancestors of ``span_id`` present in the trace (cycles and depth bounded)."""
-        depth = 0
-        seen = {span_id}
-        current = self.parents.get(span_id)
-        while current is not None and current in self.parents and current not in seen:
-            depth += 1
-            if depth >= _MAX_DEPTH:
-                break
-            seen.add(current)
-            current = self.parents[current]
-        return depth
-
-
-def _tool_span(span: RecordedSpan, local_parent: int | None, order: int) -> _ToolSpan | None:
-    """The calls the span processor would find in ``span`` at start and at end, or ``None``."""
-    end_call = tool_call_from_span(span.name, span.attributes, span.events, span.status_error)
-    if end_call is not None and end_call.arguments is MISSING:
-        end_call = None
-    start_name = span.name if span.start_name is None else span.start_name
-    start_attributes = span.attributes if span.start_attributes is None else span.start_attributes
-    start_call = None
-    unknown_start = span.start_attributes is None
-    # Judged by its final attributes (OTLP), only a span of an instrumentation that starts tool
-    # spans with their arguments can have been decided at start.
-    may_start = not unknown_start or (
-        end_call is not None and end_call.convention in _ARGUMENTS_AT_START_CONVENTIONS)
-    if may_start and start_name[:4] in START_NAME_PREFIXES and arguments_available_at_start(
-            start_name, start_attributes):
-        start_call = tool_call_from_span(start_name, start_attributes, (), None)
-        if start_call is not None and (
-                start_call.arguments is MISSING
-                or (unknown_start
-                    and start_call.convention not in _ARGUMENTS_AT_START_CONVENTIONS)):
-            start_call = None
-    if start_call is None and end_call is None:
-        return None
-    return _ToolSpan(span.span_id, local_parent, start_call, start_attributes, end_call,
-                     span.attributes, span.start_ns, span.end_ns, order)
-
-
-class TraceBuffer:
-    """Holds the spans of each trace until they can be replayed as the span processor saw them.
-
-    A trace is replayed once its root span (no parent) has arrived, after the rest of the record
-    it came in (exporters write a span when it ends, and a root ends last), or at the end of the
-    input. Its tool spans then become events in the processor's order: a timeline of span starts
-    and ends by timestamp (at equal times a start before an end, parents starting before
-    children and children ending before parents, then the order the spans were read). A span
-    whose arguments were there at start gives a :class:`CallDecidedAtStart` at its start; every
-    tool span gives a :class:`CallObserved` at its end, with the session, agent and call id of its
-    start when it was decided then.
-
-    Session keys come from :func:`otel_loopguard.spans.session_for` (trace + agent), the agent
-    from the nearest ancestor agent span, looked for over the whole recorded trace with each
-    span's final attributes. In-process only ancestors still open, with their attributes as of
-    then, are visible: where the processor could not tell an agent span while the tools ran
-    (OpenInference marks a LangGraph agent span an agent only when it ends) its session is the
-    bare trace, and replay's names the agent. With one agent run per trace the chains, and so
-    the decisions, are the same; with several, replay keeps apart the runs the processor had
-    to put in one chain.
-
-    Memory is bounded by ``max_spans`` buffered spans: past it the oldest traces are replayed
-    before their root arrived (:attr:`replayed_early` counts them). A span id seen twice in a
-    trace (an exporter's retry) counts once.
-    """
-
-    __slots__ = ("_complete", "_max", "_order", "_spans", "_traces", "replayed_early")
-
-    def __init__(self, max_spans: int = MAX_BUFFERED_SPANS) -> None:
-        if isinstance(max_spans, bool) or not isinstance(max_spans, int) or max_spans < 1:
-            raise ValueError(f"max_spans: expected a positive integer, got {max_spans!r}")
-        self._traces: dict[int, _Trace] = {}
-        self._complete: dict[int, None] = {}
-        self._max = max_spans
-        self._spans = 0
-        self._order = 0
-        self.replayed_early = 0
-
-    @property
-    def buffered_spans(self) -> int:
-        """Spans currently held."""
-        return self._spans
-
-    @property
-    def max_spans(self) -> int:
-        """Spans held at most before the oldest traces are replayed early."""
-        return self._max
-
-    def add(self, span: RecordedSpan) -> None:
-        """Buffer one span; :meth:`take_ready` then returns the events it completed."""
-        trace = self._traces.get(span.trace_id)
-        if trace is None:
-            trace = self._traces[span.trace_id] = _Trace()
-        if span.span_id in trace.parents:
-            return
-        trace.parents[span.span_id] = span.parent_id
-        local_parent = span.parent_id
-        if span.parent_remote:
-            trace.remote.add(span.span_id)
-            local_parent = None
-        if agent_from_span(span.name, span.attributes) is not None:
-            trace.agents[span.span_id] = SpanView(span.name, span.attributes, local_parent)
-        tool = _tool_span(span, local_parent, self._order)
-        self._order += 1
-        if tool is not None:
-            trace.tools.append(tool)
-        self._spans += 1
-        if span.parent_id is None:
-            self._complete[span.trace_id] = None
-
-    def take_ready(self) -> list[Event]:
-        """Events of the traces whose root arrived, then of the oldest traces while more than
-        ``max_spans`` spans are buffered."""
-        events: list[Event] = []
-        for trace_id in list(self._complete):
-            events.extend(self._flush(trace_id))
-        self._complete.clear()
-        while self._spans > self._max and self._traces:
-            events.extend(self._flush(next(iter(self._traces))))
-            self.replayed_early += 1
-        return events
-
-    def finish(self) -> list[Event]:
-        """Events of every trace still buffered (the input ended before their root span)."""
-        events: list[Event] = []
-        for trace_id in list(self._traces):
-            events.extend(self._flush(trace_id))
-        self._complete.clear()
-        return events
-
-    def _flush(self, trace_id: int) -> list[Event]:
-        trace = self._traces.pop(trace_id, None)
-        if trace is None:
-            return []
-        self._spans -= len(trace.parents)
-        steps: list[tuple[tuple[int, int, int, int], Event]] = []
-        for tool in trace.tools:
-            depth = trace.depth(tool.span_id)
-            frame = nearest_agent(tool.parent_id, trace.lookup)
-            duration = max(0.0, (tool.end_ns - tool.start_ns) / 1e9)
-            started: tuple[str, str | None, str | None] | None = None
-            call = tool.start_call
-            if call is not None:
-                session, agent = session_for(call, trace_id, frame, KeyBy.TRACE,
-                                             tool.start_attributes)
-                started = (session, agent, call.call_id)
-                steps.append(((tool.start_ns, 0, depth, tool.order), CallDecidedAtStart(
-                    session, agent, call.tool, call.arguments, call.call_id, duration,
-                    tool.start_ns / 1e9)))
-            call = tool.end_call
-            if call is not None:
-                if started is not None:
-                    session, agent, call_id = started
-                else:
-                    session, agent = session_for(call, trace_id, frame, KeyBy.TRACE,
-                                                 tool.attributes)
-                    call_id = call.call_id
-                steps.append(((tool.end_ns, 1, -depth, tool.order), CallObserved(
-                    session, agent, call.tool, call.arguments, call_id, call.is_error,
-                    call.result, duration, tool.end_ns / 1e9)))
-        steps.sort(key=lambda step: step[0])
-        return [event for _, event in steps]
-
+# Recorded traces: OTLP JSON lines and span dumps (decoding and buffering: ``traces``)
 
 def _buffered(buffer: TraceBuffer, spans: Iterable[RecordedSpan], problems: list[str],
               bad_spans: int = 0) -> list[Event]:
@@ -762,9 +485,9 @@ def _buffered(buffer: TraceBuffer, spans: Iterable[RecordedSpan], problems: list
     for span in spans:
         buffer.add(span)
     early = buffer.replayed_early
-    events = buffer.take_ready()
+    events: list[Event] = list(buffer.take_ready())
     early = buffer.replayed_early - early
-    reasons = list(problems[:_MAX_SPAN_PROBLEMS])
+    reasons = list(problems[:MAX_SPAN_PROBLEMS])
     hidden = bad_spans - len(reasons)
     if hidden > 0:
         reasons.append(f"and {hidden} more bad span{'s' if hidden != 1 else ''}")
@@ -777,49 +500,6 @@ def _buffered(buffer: TraceBuffer, spans: Iterable[RecordedSpan], problems: list
     if reasons:
         raise BadRecord("; ".join(reasons), events)
     return events
-
-
-def _id_text(value: object, size: int, name: str, base64_too: bool) -> int:
-    """A trace (16 bytes) or span (8 bytes) id from hex, or base64 of the right length."""
-    digits = 2 * size
-    if isinstance(value, str) and len(value) == digits and _HEX.fullmatch(value):
-        number = int(value, 16)
-    else:
-        raw: bytes | None = None
-        if base64_too and isinstance(value, str) and value:
-            try:
-                raw = base64.b64decode(value, validate=True)
-            except ValueError:  # binascii.Error
-                raw = None
-        if raw is None or len(raw) != size:
-            also = " (or base64)" if base64_too else ""
-            raise BadRecord(
-                f"{name!r} must be {size} bytes: {digits} hex digits{also}, got {_short(value)}")
-        number = int.from_bytes(raw, "big")
-    if number == 0:
-        raise BadRecord(f"{name!r} is all zeros (an invalid id)")
-    return number
-
-
-def _parent_id(value: object, name: str, base64_too: bool) -> int | None:
-    if value is None or value == "":
-        return None
-    return _id_text(value, 8, name, base64_too)
-
-
-def _nanos(value: object, name: str, text_too: bool) -> int:
-    """Nanoseconds since the epoch, an unsigned 64-bit integer (OTLP JSON: also its decimal
-    string)."""
-    number: int | None = None
-    if isinstance(value, int) and not isinstance(value, bool):
-        number = value
-    elif text_too and isinstance(value, str) and _DECIMAL.fullmatch(value):
-        number = int(value)
-    if number is None or not 0 <= number < 1 << 64:
-        kind = "an integer (or its decimal string)" if text_too else "an integer"
-        raise BadRecord(f"{name!r} must be {kind} of nanoseconds >= 0 (64 bits),"
-                        f" got {_short(value)}")
-    return number
 
 
 # -- span dumps -------------------------------------------------------------------------------
@@ -851,7 +531,7 @@ def _dump_events(value: object) -> tuple[tuple[str, Mapping[str, object]], ...]:
             raise BadRecord(f"events[{index}].name must be a string, got {_short(event_name)}")
         raw = event.get("attributes")
         events.append((event_name, _sdk_attributes(raw, f"events[{index}].attributes")
-                       if raw is not None else _NO_ATTRIBUTES))
+                       if raw is not None else {}))
     return tuple(events)
 
 
@@ -860,7 +540,7 @@ def _dump_status_error(value: object) -> bool:
         return False
     if not isinstance(value, dict):
         raise BadRecord(f"'status' must be an object, got {_short(value)}")
-    return value.get("code") in ("ERROR", "STATUS_CODE_ERROR", _STATUS_ERROR)
+    return value.get("code") in ("ERROR", "STATUS_CODE_ERROR", STATUS_CODE_ERROR)
 
 
 def _dump_span(record: Mapping[str, Any]) -> RecordedSpan:
@@ -920,154 +600,6 @@ def _claims_span_dump(record: object) -> bool:
             and "name" in record and "resourceSpans" not in record)
 
 
-# -- OTLP JSON ---------------------------------------------------------------------------------
-
-
-def _any_value(value: object, where: str, depth: int) -> object:
-    """One OTLP ``AnyValue`` as the SDK would hold it; ``None`` for an empty (or unknown) one."""
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise BadRecord(f"{where}: value must be an AnyValue object, got {_short(value)}")
-    if depth > MAX_VALUE_DEPTH:
-        raise BadRecord(f"{where}: value nested more than {MAX_VALUE_DEPTH} levels deep")
-    if "stringValue" in value:
-        text = value["stringValue"]
-        if not isinstance(text, str):
-            raise BadRecord(f"{where}: stringValue must be a string, got {_short(text)}")
-        return text
-    if "boolValue" in value:
-        flag = value["boolValue"]
-        if not isinstance(flag, bool):
-            raise BadRecord(f"{where}: boolValue must be true or false, got {_short(flag)}")
-        return flag
-    if "intValue" in value:
-        number = value["intValue"]
-        if isinstance(number, int) and not isinstance(number, bool):
-            return number
-        if isinstance(number, str) and _DECIMAL.fullmatch(number):
-            return int(number)
-        raise BadRecord(f"{where}: intValue must be an integer or its decimal string,"
-                        f" got {_short(number)}")
-    if "doubleValue" in value:
-        double = value["doubleValue"]
-        if isinstance(double, (int, float)) and not isinstance(double, bool):
-            return float(double)
-        if isinstance(double, str):
-            try:
-                return float(double)  # "NaN", "Infinity", "-Infinity", or a number as text
-            except ValueError:
-                pass
-        raise BadRecord(f"{where}: doubleValue must be a number, got {_short(double)}")
-    if "arrayValue" in value:
-        array = value["arrayValue"]
-        items = _values_list(array, where, "arrayValue")
-        return tuple(_any_value(item, where, depth + 1) for item in items)
-    if "kvlistValue" in value:
-        pairs = _values_list(value["kvlistValue"], where, "kvlistValue")
-        return _otlp_attributes(pairs, where, depth + 1)
-    if "bytesValue" in value:
-        encoded = value["bytesValue"]
-        try:
-            if not isinstance(encoded, str):
-                raise ValueError
-            return base64.b64decode(encoded, validate=True)
-        except ValueError:
-            raise BadRecord(f"{where}: bytesValue must be base64 text,"
-                            f" got {_short(encoded)}") from None
-    return None
-
-
-def _values_list(container: object, where: str, kind: str) -> list[object]:
-    if container is None:
-        return []
-    if not isinstance(container, dict):
-        raise BadRecord(f"{where}: {kind} must be an object with 'values', got {_short(container)}")
-    values = container.get("values")
-    if values is None:
-        return []
-    if not isinstance(values, list):
-        raise BadRecord(f"{where}: {kind}.values must be a list, got {_short(values)}")
-    return values
-
-
-def _otlp_attributes(value: object, where: str, depth: int = 0) -> dict[str, object]:
-    """OTLP ``[{"key", "value": AnyValue}]`` as a dict (the last of a repeated key wins, empty
-    values are dropped, as the SDK does)."""
-    if value is None:
-        return {}
-    if not isinstance(value, list):
-        raise BadRecord(f"{where} must be a list of {{key, value}} objects, got {_short(value)}")
-    attributes: dict[str, object] = {}
-    for item in value:
-        if not isinstance(item, dict):
-            raise BadRecord(f"{where}: an attribute must be a {{key, value}} object,"
-                            f" got {_short(item)}")
-        key = item.get("key")
-        if not isinstance(key, str):
-            raise BadRecord(f"{where}: attribute 'key' must be a string, got {_short(key)}")
-        decoded = _any_value(item.get("value"), f"{where} {key!r}", depth)
-        if decoded is not None:
-            attributes[key] = decoded
-    return attributes
-
-
-def _otlp_events(value: object) -> tuple[tuple[str, Mapping[str, object]], ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list):
-        raise BadRecord(f"'events' must be a list, got {_short(value)}")
-    events: list[tuple[str, Mapping[str, object]]] = []
-    for index, event in enumerate(value):
-        if not isinstance(event, dict):
-            raise BadRecord(f"events[{index}] must be an object, got {_short(event)}")
-        event_name = event.get("name", "")
-        if not isinstance(event_name, str):
-            raise BadRecord(f"events[{index}].name must be a string, got {_short(event_name)}")
-        events.append((event_name, _otlp_attributes(event.get("attributes"),
-                                                     f"events[{index}].attributes")))
-    return tuple(events)
-
-
-def _otlp_status_error(value: object) -> bool:
-    if value is None:
-        return False
-    if not isinstance(value, dict):
-        raise BadRecord(f"'status' must be an object, got {_short(value)}")
-    return value.get("code") in (_STATUS_ERROR, "STATUS_CODE_ERROR")
-
-
-def _otlp_span(raw: object) -> RecordedSpan:
-    if not isinstance(raw, dict):
-        raise BadRecord(f"a span must be an object, got {_short(raw)}")
-    trace_id = _id_text(_get(raw, "traceId"), 16, "traceId", True)
-    span_id = _id_text(_get(raw, "spanId"), 8, "spanId", True)
-    parent_id = _parent_id(raw.get("parentSpanId"), "parentSpanId", True)
-    flags = raw.get("flags")
-    # SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE (0x100) and SPAN_FLAGS_CONTEXT_IS_REMOTE (0x200).
-    remote = (parent_id is not None and isinstance(flags, int) and not isinstance(flags, bool)
-              and flags & 0x300 == 0x300)
-    name = raw.get("name", "")
-    if not isinstance(name, str):
-        raise BadRecord(f"'name' must be a string, got {_short(name)}")
-    start = _nanos(_get(raw, "startTimeUnixNano"), "startTimeUnixNano", True)
-    end = _nanos(_get(raw, "endTimeUnixNano"), "endTimeUnixNano", True)
-    return RecordedSpan(
-        trace_id, span_id, parent_id, name, _otlp_attributes(raw.get("attributes"), "attributes"),
-        _otlp_events(raw.get("events")), _otlp_status_error(raw.get("status")), start, end,
-        parent_remote=remote,
-    )
-
-
-def _list_field(record: Mapping[str, Any], name: str, where: str) -> list[object]:
-    value = record.get(name)
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise BadRecord(f"{where}{name} must be a list, got {_short(value)}")
-    return value
-
-
 class OtlpJsonDecoder:
     """OTLP JSON lines: one ``ExportTraceServiceRequest`` per line, as the Collector's ``file``
     exporter writes them::
@@ -1101,40 +633,11 @@ class OtlpJsonDecoder:
             raise BadRecord(f"expected a JSON object (an ExportTraceServiceRequest), got"
                             f" {type(record).__name__}")
         if "resourceSpans" not in record:
-            if any(signal in record for signal in _OTLP_SIGNALS):
+            if any(signal in record for signal in OTLP_SIGNALS):
                 return ()
             raise BadRecord("missing field 'resourceSpans'")
-        spans: list[RecordedSpan] = []
-        problems: list[str] = []
-        bad_spans = 0
-        for i, resource in enumerate(_list_field(record, "resourceSpans", "")):
-            where = f"resourceSpans[{i}]"
-            try:
-                if not isinstance(resource, dict):
-                    raise BadRecord(f"must be an object, got {_short(resource)}")
-                scopes = _list_field(resource, "scopeSpans", "")
-            except BadRecord as exc:
-                bad_spans += 1
-                problems.append(f"{where}: {exc}")
-                continue
-            for j, scope in enumerate(scopes):
-                at = f"{where}.scopeSpans[{j}]"
-                try:
-                    if not isinstance(scope, dict):
-                        raise BadRecord(f"must be an object, got {_short(scope)}")
-                    raw_spans = _list_field(scope, "spans", "")
-                except BadRecord as exc:
-                    bad_spans += 1
-                    problems.append(f"{at}: {exc}")
-                    continue
-                for k, raw in enumerate(raw_spans):
-                    try:
-                        spans.append(_otlp_span(raw))
-                    except BadRecord as exc:
-                        bad_spans += 1
-                        if len(problems) < _MAX_SPAN_PROBLEMS:
-                            problems.append(f"{at}.spans[{k}]: {exc}")
-        return _buffered(self._buffer, spans, problems, bad_spans)
+        read = otlp_json_spans(record)
+        return _buffered(self._buffer, read.spans, read.problems, read.bad_spans)
 
     def finish(self) -> Iterable[Event]:
         return self._buffer.finish()
@@ -1142,7 +645,7 @@ class OtlpJsonDecoder:
 
 def _claims_otlp_json(record: object) -> bool:
     return isinstance(record, dict) and any(
-        isinstance(record.get(signal), list) for signal in _OTLP_SIGNALS)
+        isinstance(record.get(signal), list) for signal in OTLP_SIGNALS)
 
 
 #: The input formats, most specific first: the first whose ``claims`` accepts one of a file's
@@ -1361,9 +864,9 @@ def _read_events(
     def decode(lineno: int, record: object) -> Iterable[Event]:
         try:
             return decoder.decode(record)
-        except BadRecord as exc:
+        except BadSpan as exc:  # a BadRecord, or a span a shared decoder rejected
             bad.bad(name, lineno, str(exc))
-            return exc.events
+            return exc.events if isinstance(exc, BadRecord) else ()
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
             # A shape no check foresaw is still only one bad line, never a crash.
             bad.bad(name, lineno, f"unexpected record shape ({type(exc).__name__}: {exc})")
@@ -1494,16 +997,7 @@ class Replayer:
             return None
         if isinstance(event, CallStarted):
             return self._start(source, event)
-        if isinstance(event, CallDecidedAtStart):
-            decision = self._guard._decide_for_span(
-                event.tool, event.arguments, event.session, event.agent, event.call_id)
-            return self._count(event.session, event.agent, event.tool, decision,
-                               event.duration_seconds)
-        observed = self._guard.after_tool(
-            event.tool, event.arguments, session=event.session, agent=event.agent,
-            call_id=event.call_id, error=event.error, result=event.result,
-            duration_seconds=event.duration_seconds,
-        )
+        observed = feed(self._guard, event)
         if observed is None:
             return None  # already counted when its span started: only the outcome was added
         return self._count(event.session, event.agent, event.tool, observed,

@@ -1,0 +1,714 @@
+"""Recorded and received spans, put back in the order the span processor would have seen them.
+
+Shared by every entrance that gets finished spans from outside the process: ``replay`` reads
+them from files (OTLP JSON lines, span dumps), ``serve`` receives them over OTLP (protobuf and
+JSON; see :mod:`otel_loopguard.service`). Both decode a span into a :class:`RecordedSpan`, hold
+the spans of each trace in a :class:`TraceBuffer` until its tool spans can be judged with their
+ancestors, and feed the resulting :class:`CallDecidedAtStart` / :class:`CallObserved` events to
+a guard with :func:`feed`, exactly as ``LoopGuardSpanProcessor`` calls it in-process: the same
+conventions (:mod:`otel_loopguard.conventions`), session keys (:mod:`otel_loopguard.spans`) and
+guard calls.
+
+Pure Python (stdlib and the package's own modules): no OpenTelemetry SDK, no protobuf. Decoding
+problems raise :class:`BadSpan` whose message is the reason shown to the user.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final, Union
+
+from .conventions import (
+    MISSING,
+    SpanToolCall,
+    agent_from_span,
+    arguments_available_at_start,
+    tool_call_from_span,
+)
+from .spans import AgentFrame, KeyBy, SpanView, nearest_agent, session_for
+
+if TYPE_CHECKING:
+    from .guard import LoopGuard
+    from .policy import Decision
+
+__all__ = [
+    "BadSpan",
+    "CallDecidedAtStart",
+    "CallObserved",
+    "MAX_BUFFERED_SPANS",
+    "MAX_SPAN_PROBLEMS",
+    "MAX_VALUE_DEPTH",
+    "OTLP_SIGNALS",
+    "OtlpSpans",
+    "RecordedSpan",
+    "START_NAME_PREFIXES",
+    "STATUS_CODE_ERROR",
+    "TraceBuffer",
+    "TraceEvent",
+    "feed",
+    "otlp_json_spans",
+    "short_value",
+]
+
+
+class BadSpan(ValueError):
+    """A span (or a request or record holding spans) that cannot be used; the message says why,
+    naming the field."""
+
+
+def short_value(value: object, limit: int = 60) -> str:
+    """``value`` as JSON (a string as its repr), cut to ``limit`` characters for a message."""
+    text = json.dumps(value, default=repr) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _required(record: Mapping[str, Any], name: str) -> Any:
+    if name not in record:
+        raise BadSpan(f"missing field {name!r}")
+    return record[name]
+
+
+# --------------------------------------------------------------------------------------------
+# Events: what a buffered trace gives, in the span processor's order
+
+
+@dataclass(frozen=True, slots=True)
+class CallDecidedAtStart:
+    """A tool call decided when its span started, because the span carried the arguments then
+    (Pydantic AI). Fed to the guard's span-start decision, which counts it; the span's end comes
+    as a :class:`CallObserved` with the same session, agent and call id, which then only adds
+    the outcome. ``duration_seconds`` is the recorded span duration (what a deny would save)."""
+
+    session: str
+    agent: str | None
+    tool: str
+    arguments: object
+    call_id: str | None = None
+    duration_seconds: float | None = None
+    timestamp: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CallObserved:
+    """A tool call seen only once it had run (a tool span at its end), fed to ``after_tool``.
+
+    The guard counts it then, and the decision it returns is the call's; or, when a call
+    decided at start is pending under the same call id (or arguments), it only adds the outcome
+    and returns nothing: the call was already counted.
+    """
+
+    session: str
+    agent: str | None
+    tool: str
+    arguments: object
+    call_id: str | None = None
+    error: bool | None = None
+    result: object = None
+    duration_seconds: float | None = None
+    timestamp: float | None = None
+
+
+#: What a :class:`TraceBuffer` gives for its tool spans.
+TraceEvent = Union[CallDecidedAtStart, CallObserved]
+
+
+def feed(guard: LoopGuard, event: TraceEvent) -> Decision | None:
+    """Feed one event to ``guard`` as ``LoopGuardSpanProcessor`` does: a call decided at its
+    span's start goes to the span-start decision (which counts it and never waits for an
+    advisor), a tool span at its end to ``after_tool``. Returns the call's decision, or ``None``
+    when the end only added the outcome of a call already counted at its start. Never raises
+    (the guard's hook contract)."""
+    if isinstance(event, CallDecidedAtStart):
+        return guard._decide_for_span(event.tool, event.arguments, event.session, event.agent,
+                                      event.call_id)
+    return guard.after_tool(
+        event.tool, event.arguments, session=event.session, agent=event.agent,
+        call_id=event.call_id, error=event.error, result=event.result,
+        duration_seconds=event.duration_seconds,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Spans and traces
+
+
+#: Spans of unfinished traces held at once by default; past it the oldest traces are flushed
+#: before their root arrived (their decisions may then differ).
+MAX_BUFFERED_SPANS: Final = 100_000
+#: Nesting of OTLP attribute values (arrays, key-value lists) read before a span is refused.
+MAX_VALUE_DEPTH: Final = 32
+#: Bad spans named per OTLP request (or line); the rest are only counted.
+MAX_SPAN_PROBLEMS: Final = 3
+#: Ancestors counted for a span's depth (only breaks ties between equal timestamps).
+_MAX_DEPTH: Final = 1024
+
+#: The first four characters of the span names ``LoopGuardSpanProcessor.on_start`` looks at:
+#: only those spans can be decided at start. A copy of ``processor._START_PREFIXES`` (a test
+#: checks they agree), so that reading traces does not import the OpenTelemetry SDK.
+START_NAME_PREFIXES: Final = frozenset({"exec", "invo", "runn", "agen", "call"})
+
+#: Conventions whose instrumentation starts tool spans with the arguments already set (see
+#: ``conventions.arguments_available_at_start``). Used only when a recording does not say what a
+#: span carried at start (OTLP): the final attributes hold the arguments for every convention,
+#: and judging by them alone would decide at start calls the processor decides at end.
+_ARGUMENTS_AT_START_CONVENTIONS: Final = frozenset({"pydantic_ai", "pydantic_ai_legacy"})
+
+_HEX: Final = re.compile(r"[0-9a-fA-F]+")
+_DECIMAL: Final = re.compile(r"-?[0-9]{1,20}")
+_NO_ATTRIBUTES: Final[Mapping[str, object]] = {}
+#: The top-level keys of OTLP JSON requests, one per signal.
+OTLP_SIGNALS: Final = ("resourceSpans", "resourceMetrics", "resourceLogs", "resourceProfiles")
+#: ``Status.code`` of a failed span (``STATUS_CODE_ERROR``).
+STATUS_CODE_ERROR: Final = 2
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedSpan:
+    """One finished span as a trace reader decoded it.
+
+    ``attributes`` and event attributes are as the SDK would hold them (arrays as tuples).
+    ``start_name``/``start_attributes`` are what ``on_start`` saw; ``None`` when the recording
+    does not say (OTLP), and then the final name and attributes stand in for them.
+    ``parent_remote``: the parent is in another process (the processor never sees it).
+    """
+
+    trace_id: int
+    span_id: int
+    parent_id: int | None
+    name: str
+    attributes: Mapping[str, object]
+    events: tuple[tuple[str, Mapping[str, object]], ...]
+    status_error: bool
+    start_ns: int
+    end_ns: int
+    start_name: str | None = None
+    start_attributes: Mapping[str, object] | None = None
+    parent_remote: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _ToolSpan:
+    """What a buffered tool span keeps: its calls as decoded at start and at end."""
+
+    span_id: int
+    parent_id: int | None  # local parent: None for a root or a remote parent
+    start_call: SpanToolCall | None  # set when the processor would decide at start
+    start_attributes: Mapping[str, object]
+    end_call: SpanToolCall | None  # None: the processor would not report it at end
+    attributes: Mapping[str, object]
+    start_ns: int
+    end_ns: int
+    order: int
+
+
+@dataclass(slots=True)
+class _Trace:
+    """The buffered part of one trace: parent links of every span, views of its agent spans
+    (final attributes) and its tool spans not yet flushed. Other spans keep nothing but their
+    parent link. ``resolved``: the agent found for each parent of a flushed tool span (kept
+    while a partly flushed trace waits for more spans); ``due``/``seen``: when its tool spans
+    must be flushed, and when it last got a span (``TraceBuffer`` with ``hold_seconds``)."""
+
+    parents: dict[int, int | None] = field(default_factory=dict)
+    remote: set[int] = field(default_factory=set)
+    agents: dict[int, SpanView] = field(default_factory=dict)
+    tools: list[_ToolSpan] = field(default_factory=list)
+    resolved: dict[int | None, AgentFrame | None] = field(default_factory=dict)
+    due: float | None = None
+    seen: float = 0.0
+
+    def agent_of(self, parent_id: int | None) -> AgentFrame | None:
+        """The agent a tool span with parent ``parent_id`` runs under; the first answer given
+        for a parent holds for the rest of the trace."""
+        if parent_id in self.resolved:
+            return self.resolved[parent_id]
+        frame = nearest_agent(parent_id, self.lookup)
+        self.resolved[parent_id] = frame
+        return frame
+
+    def lookup(self, span_id: int) -> SpanView | None:
+        view = self.agents.get(span_id)
+        if view is not None:
+            return view
+        if span_id not in self.parents:
+            return None
+        parent = None if span_id in self.remote else self.parents[span_id]
+        return SpanView("", _NO_ATTRIBUTES, parent)
+
+    def depth(self, span_id: int) -> int:
+        """Ancestors of ``span_id`` present in the trace (cycles and depth bounded)."""
+        depth = 0
+        seen = {span_id}
+        current = self.parents.get(span_id)
+        while current is not None and current in self.parents and current not in seen:
+            depth += 1
+            if depth >= _MAX_DEPTH:
+                break
+            seen.add(current)
+            current = self.parents[current]
+        return depth
+
+
+def _tool_span(span: RecordedSpan, local_parent: int | None, order: int) -> _ToolSpan | None:
+    """The calls the span processor would find in ``span`` at start and at end, or ``None``."""
+    end_call = tool_call_from_span(span.name, span.attributes, span.events, span.status_error)
+    if end_call is not None and end_call.arguments is MISSING:
+        end_call = None
+    start_name = span.name if span.start_name is None else span.start_name
+    start_attributes = span.attributes if span.start_attributes is None else span.start_attributes
+    start_call = None
+    unknown_start = span.start_attributes is None
+    # Judged by its final attributes (OTLP), only a span of an instrumentation that starts tool
+    # spans with their arguments can have been decided at start.
+    may_start = not unknown_start or (
+        end_call is not None and end_call.convention in _ARGUMENTS_AT_START_CONVENTIONS)
+    if may_start and start_name[:4] in START_NAME_PREFIXES and arguments_available_at_start(
+            start_name, start_attributes):
+        start_call = tool_call_from_span(start_name, start_attributes, (), None)
+        if start_call is not None and (
+                start_call.arguments is MISSING
+                or (unknown_start
+                    and start_call.convention not in _ARGUMENTS_AT_START_CONVENTIONS)):
+            start_call = None
+    if start_call is None and end_call is None:
+        return None
+    return _ToolSpan(span.span_id, local_parent, start_call, start_attributes, end_call,
+                     span.attributes, span.start_ns, span.end_ns, order)
+
+
+class TraceBuffer:
+    """Holds the spans of each trace until its tool spans can be judged as the span processor
+    judged them, and gives them back as events in the processor's order.
+
+    A trace is flushed once its root span (no parent) has arrived, after the rest of the batch
+    it came in (exporters send a span when it ends, and a root ends last), or at the end of the
+    input (:meth:`finish`). Its tool spans then become events in the processor's order: a
+    timeline of span starts and ends by timestamp (at equal times a start before an end, parents
+    starting before children and children ending before parents, then the order the spans were
+    read). A span whose arguments were there at start gives a :class:`CallDecidedAtStart` at its
+    start; every tool span gives a :class:`CallObserved` at its end, with the session, agent and
+    call id of its start when it was decided then.
+
+    Session keys come from :func:`otel_loopguard.spans.session_for` (trace + agent), the agent
+    from the nearest ancestor agent span, looked for over the trace as received so far, with
+    each span's final attributes. In-process only ancestors still open, with their attributes as
+    of then, are visible: where the processor could not tell an agent span while the tools ran
+    (OpenInference marks a LangGraph agent span an agent only when it ends) its session is the
+    bare trace, and this buffer's names the agent. With one agent run per trace the chains, and
+    so the decisions, are the same; with several, the buffer keeps apart the runs the processor
+    had to put in one chain.
+
+    A live receiver cannot wait for a root forever: with ``hold_seconds`` set, :meth:`take_due`
+    flushes the tool spans of a trace that have waited that long (measured by ``clock``, seconds)
+    with the ancestors known so far, and keeps the trace's parent links for its later spans
+    (:attr:`flushed_early` counts such flushes). Children sent before their parents, within
+    ``hold_seconds``, still find their agent. Each parent span, once it has been resolved to an
+    agent (or to none) for a flushed tool span, keeps that answer for the rest of the trace, so
+    the tool spans of one run stay in one chain even when the run's agent span arrives after some
+    of them were flushed. A trace that has held no tool span for ``trace_ttl_seconds`` is
+    forgotten by :meth:`take_due`.
+
+    Memory is bounded by ``max_spans`` buffered spans (parent links included): past it the oldest
+    traces are flushed and forgotten before their root arrived (:attr:`replayed_early` counts
+    them). A span id seen twice in a trace (an exporter's retry) counts once.
+
+    Not thread-safe: one thread adds and takes.
+    """
+
+    __slots__ = ("_clock", "_complete", "_hold", "_max", "_order", "_spans", "_traces",
+                 "_ttl", "flushed_early", "replayed_early")
+
+    def __init__(self, max_spans: int = MAX_BUFFERED_SPANS, *,
+                 hold_seconds: float | None = None, trace_ttl_seconds: float = 300.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if isinstance(max_spans, bool) or not isinstance(max_spans, int) or max_spans < 1:
+            raise ValueError(f"max_spans: expected a positive integer, got {max_spans!r}")
+        if hold_seconds is not None and (
+                isinstance(hold_seconds, bool) or not isinstance(hold_seconds, (int, float))
+                or not 0 <= hold_seconds < float("inf")):
+            raise ValueError(f"hold_seconds: expected a finite number >= 0, got {hold_seconds!r}")
+        if (isinstance(trace_ttl_seconds, bool)
+                or not isinstance(trace_ttl_seconds, (int, float)) or not trace_ttl_seconds > 0):
+            raise ValueError(
+                f"trace_ttl_seconds: expected a number > 0, got {trace_ttl_seconds!r}")
+        self._traces: dict[int, _Trace] = {}
+        self._complete: dict[int, None] = {}
+        self._max = max_spans
+        self._hold = None if hold_seconds is None else float(hold_seconds)
+        self._ttl = float(trace_ttl_seconds)
+        self._clock = clock
+        self._spans = 0
+        self._order = 0
+        self.replayed_early = 0
+        self.flushed_early = 0
+
+    @property
+    def buffered_spans(self) -> int:
+        """Spans currently held (parent links of partly flushed traces included)."""
+        return self._spans
+
+    @property
+    def buffered_traces(self) -> int:
+        """Traces currently held."""
+        return len(self._traces)
+
+    @property
+    def max_spans(self) -> int:
+        """Spans held at most before the oldest traces are flushed early."""
+        return self._max
+
+    def add(self, span: RecordedSpan) -> None:
+        """Buffer one span; :meth:`take_ready` then returns the events it completed."""
+        trace = self._traces.get(span.trace_id)
+        if trace is None:
+            trace = self._traces[span.trace_id] = _Trace()
+        if span.span_id in trace.parents:
+            return
+        trace.parents[span.span_id] = span.parent_id
+        local_parent = span.parent_id
+        if span.parent_remote:
+            trace.remote.add(span.span_id)
+            local_parent = None
+        if agent_from_span(span.name, span.attributes) is not None:
+            trace.agents[span.span_id] = SpanView(span.name, span.attributes, local_parent)
+        tool = _tool_span(span, local_parent, self._order)
+        self._order += 1
+        if self._hold is not None:
+            trace.seen = self._clock()
+            if tool is not None and not trace.tools:
+                trace.due = trace.seen + self._hold
+        if tool is not None:
+            trace.tools.append(tool)
+        self._spans += 1
+        if span.parent_id is None:
+            self._complete[span.trace_id] = None
+
+    def take_ready(self) -> list[TraceEvent]:
+        """Events of the traces whose root arrived, then of the oldest traces while more than
+        ``max_spans`` spans are buffered."""
+        events: list[TraceEvent] = []
+        for trace_id in list(self._complete):
+            events.extend(self._flush(trace_id))
+        self._complete.clear()
+        while self._spans > self._max and self._traces:
+            events.extend(self._flush(next(iter(self._traces))))
+            self.replayed_early += 1
+        return events
+
+    def take_due(self) -> list[TraceEvent]:
+        """With ``hold_seconds``: events of the tool spans that have waited that long for their
+        root, with the ancestors known so far; and forget traces idle past
+        ``trace_ttl_seconds``. Without: nothing."""
+        if self._hold is None or not self._traces:
+            return []
+        now = self._clock()
+        events: list[TraceEvent] = []
+        idle_before = now - self._ttl
+        for trace_id, trace in list(self._traces.items()):
+            if trace.tools:
+                if trace.due is not None and trace.due <= now:
+                    events.extend(self._flush(trace_id, keep=True))
+                    self.flushed_early += 1
+            elif trace.seen <= idle_before:
+                self._flush(trace_id)
+        return events
+
+    def finish(self) -> list[TraceEvent]:
+        """Events of every trace still buffered (the input ended before their root span)."""
+        events: list[TraceEvent] = []
+        for trace_id in list(self._traces):
+            events.extend(self._flush(trace_id))
+        self._complete.clear()
+        return events
+
+    def _flush(self, trace_id: int, keep: bool = False) -> list[TraceEvent]:
+        """The events of a trace's buffered tool spans; the trace is forgotten unless ``keep``
+        (then its parent links, agents and resolved parents stay for its later spans)."""
+        if keep:
+            trace = self._traces[trace_id]
+        else:
+            popped = self._traces.pop(trace_id, None)
+            if popped is None:
+                return []
+            trace = popped
+            self._spans -= len(trace.parents)
+        steps: list[tuple[tuple[int, int, int, int], TraceEvent]] = []
+        for tool in trace.tools:
+            depth = trace.depth(tool.span_id)
+            frame = trace.agent_of(tool.parent_id)
+            duration = max(0.0, (tool.end_ns - tool.start_ns) / 1e9)
+            started: tuple[str, str | None, str | None] | None = None
+            call = tool.start_call
+            if call is not None:
+                session, agent = session_for(call, trace_id, frame, KeyBy.TRACE,
+                                             tool.start_attributes)
+                started = (session, agent, call.call_id)
+                steps.append(((tool.start_ns, 0, depth, tool.order), CallDecidedAtStart(
+                    session, agent, call.tool, call.arguments, call.call_id, duration,
+                    tool.start_ns / 1e9)))
+            call = tool.end_call
+            if call is not None:
+                if started is not None:
+                    session, agent, call_id = started
+                else:
+                    session, agent = session_for(call, trace_id, frame, KeyBy.TRACE,
+                                                 tool.attributes)
+                    call_id = call.call_id
+                steps.append(((tool.end_ns, 1, -depth, tool.order), CallObserved(
+                    session, agent, call.tool, call.arguments, call_id, call.is_error,
+                    call.result, duration, tool.end_ns / 1e9)))
+        if keep:
+            trace.tools = []
+            trace.due = None
+        steps.sort(key=lambda step: step[0])
+        return [event for _, event in steps]
+
+
+def _id_text(value: object, size: int, name: str, base64_too: bool) -> int:
+    """A trace (16 bytes) or span (8 bytes) id from hex, or base64 of the right length."""
+    digits = 2 * size
+    if isinstance(value, str) and len(value) == digits and _HEX.fullmatch(value):
+        number = int(value, 16)
+    else:
+        raw: bytes | None = None
+        if base64_too and isinstance(value, str) and value:
+            try:
+                raw = base64.b64decode(value, validate=True)
+            except ValueError:  # binascii.Error
+                raw = None
+        if raw is None or len(raw) != size:
+            also = " (or base64)" if base64_too else ""
+            raise BadSpan(
+                f"{name!r} must be {size} bytes: {digits} hex digits{also}, got {short_value(value)}")
+        number = int.from_bytes(raw, "big")
+    if number == 0:
+        raise BadSpan(f"{name!r} is all zeros (an invalid id)")
+    return number
+
+
+def _parent_id(value: object, name: str, base64_too: bool) -> int | None:
+    if value is None or value == "":
+        return None
+    return _id_text(value, 8, name, base64_too)
+
+
+def _nanos(value: object, name: str, text_too: bool) -> int:
+    """Nanoseconds since the epoch, an unsigned 64-bit integer (OTLP JSON: also its decimal
+    string)."""
+    number: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif text_too and isinstance(value, str) and _DECIMAL.fullmatch(value):
+        number = int(value)
+    if number is None or not 0 <= number < 1 << 64:
+        kind = "an integer (or its decimal string)" if text_too else "an integer"
+        raise BadSpan(f"{name!r} must be {kind} of nanoseconds >= 0 (64 bits),"
+                        f" got {short_value(value)}")
+    return number
+
+
+
+# -- OTLP JSON ---------------------------------------------------------------------------------
+
+
+def _any_value(value: object, where: str, depth: int) -> object:
+    """One OTLP ``AnyValue`` as the SDK would hold it; ``None`` for an empty (or unknown) one."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise BadSpan(f"{where}: value must be an AnyValue object, got {short_value(value)}")
+    if depth > MAX_VALUE_DEPTH:
+        raise BadSpan(f"{where}: value nested more than {MAX_VALUE_DEPTH} levels deep")
+    if "stringValue" in value:
+        text = value["stringValue"]
+        if not isinstance(text, str):
+            raise BadSpan(f"{where}: stringValue must be a string, got {short_value(text)}")
+        return text
+    if "boolValue" in value:
+        flag = value["boolValue"]
+        if not isinstance(flag, bool):
+            raise BadSpan(f"{where}: boolValue must be true or false, got {short_value(flag)}")
+        return flag
+    if "intValue" in value:
+        number = value["intValue"]
+        if isinstance(number, int) and not isinstance(number, bool):
+            return number
+        if isinstance(number, str) and _DECIMAL.fullmatch(number):
+            return int(number)
+        raise BadSpan(f"{where}: intValue must be an integer or its decimal string,"
+                        f" got {short_value(number)}")
+    if "doubleValue" in value:
+        double = value["doubleValue"]
+        if isinstance(double, (int, float)) and not isinstance(double, bool):
+            return float(double)
+        if isinstance(double, str):
+            try:
+                return float(double)  # "NaN", "Infinity", "-Infinity", or a number as text
+            except ValueError:
+                pass
+        raise BadSpan(f"{where}: doubleValue must be a number, got {short_value(double)}")
+    if "arrayValue" in value:
+        array = value["arrayValue"]
+        items = _values_list(array, where, "arrayValue")
+        return tuple(_any_value(item, where, depth + 1) for item in items)
+    if "kvlistValue" in value:
+        pairs = _values_list(value["kvlistValue"], where, "kvlistValue")
+        return _otlp_attributes(pairs, where, depth + 1)
+    if "bytesValue" in value:
+        encoded = value["bytesValue"]
+        try:
+            if not isinstance(encoded, str):
+                raise ValueError
+            return base64.b64decode(encoded, validate=True)
+        except ValueError:
+            raise BadSpan(f"{where}: bytesValue must be base64 text,"
+                            f" got {short_value(encoded)}") from None
+    return None
+
+
+def _values_list(container: object, where: str, kind: str) -> list[object]:
+    if container is None:
+        return []
+    if not isinstance(container, dict):
+        raise BadSpan(f"{where}: {kind} must be an object with 'values', got {short_value(container)}")
+    values = container.get("values")
+    if values is None:
+        return []
+    if not isinstance(values, list):
+        raise BadSpan(f"{where}: {kind}.values must be a list, got {short_value(values)}")
+    return values
+
+
+def _otlp_attributes(value: object, where: str, depth: int = 0) -> dict[str, object]:
+    """OTLP ``[{"key", "value": AnyValue}]`` as a dict (the last of a repeated key wins, empty
+    values are dropped, as the SDK does)."""
+    if value is None:
+        return {}
+    if not isinstance(value, list):
+        raise BadSpan(f"{where} must be a list of {{key, value}} objects, got {short_value(value)}")
+    attributes: dict[str, object] = {}
+    for item in value:
+        if not isinstance(item, dict):
+            raise BadSpan(f"{where}: an attribute must be a {{key, value}} object,"
+                            f" got {short_value(item)}")
+        key = item.get("key")
+        if not isinstance(key, str):
+            raise BadSpan(f"{where}: attribute 'key' must be a string, got {short_value(key)}")
+        decoded = _any_value(item.get("value"), f"{where} {key!r}", depth)
+        if decoded is not None:
+            attributes[key] = decoded
+    return attributes
+
+
+def _otlp_events(value: object) -> tuple[tuple[str, Mapping[str, object]], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise BadSpan(f"'events' must be a list, got {short_value(value)}")
+    events: list[tuple[str, Mapping[str, object]]] = []
+    for index, event in enumerate(value):
+        if not isinstance(event, dict):
+            raise BadSpan(f"events[{index}] must be an object, got {short_value(event)}")
+        event_name = event.get("name", "")
+        if not isinstance(event_name, str):
+            raise BadSpan(f"events[{index}].name must be a string, got {short_value(event_name)}")
+        events.append((event_name, _otlp_attributes(event.get("attributes"),
+                                                     f"events[{index}].attributes")))
+    return tuple(events)
+
+
+def _otlp_status_error(value: object) -> bool:
+    if value is None:
+        return False
+    if not isinstance(value, dict):
+        raise BadSpan(f"'status' must be an object, got {short_value(value)}")
+    return value.get("code") in (STATUS_CODE_ERROR, "STATUS_CODE_ERROR")
+
+
+def _otlp_span(raw: object) -> RecordedSpan:
+    if not isinstance(raw, dict):
+        raise BadSpan(f"a span must be an object, got {short_value(raw)}")
+    trace_id = _id_text(_required(raw, "traceId"), 16, "traceId", True)
+    span_id = _id_text(_required(raw, "spanId"), 8, "spanId", True)
+    parent_id = _parent_id(raw.get("parentSpanId"), "parentSpanId", True)
+    flags = raw.get("flags")
+    # SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE (0x100) and SPAN_FLAGS_CONTEXT_IS_REMOTE (0x200).
+    remote = (parent_id is not None and isinstance(flags, int) and not isinstance(flags, bool)
+              and flags & 0x300 == 0x300)
+    name = raw.get("name", "")
+    if not isinstance(name, str):
+        raise BadSpan(f"'name' must be a string, got {short_value(name)}")
+    start = _nanos(_required(raw, "startTimeUnixNano"), "startTimeUnixNano", True)
+    end = _nanos(_required(raw, "endTimeUnixNano"), "endTimeUnixNano", True)
+    return RecordedSpan(
+        trace_id, span_id, parent_id, name, _otlp_attributes(raw.get("attributes"), "attributes"),
+        _otlp_events(raw.get("events")), _otlp_status_error(raw.get("status")), start, end,
+        parent_remote=remote,
+    )
+
+
+def _list_field(record: Mapping[str, Any], name: str, where: str) -> list[object]:
+    value = record.get(name)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise BadSpan(f"{where}{name} must be a list, got {short_value(value)}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class OtlpSpans:
+    """The spans read from one OTLP request: the good ones, up to a few reasons for the bad ones
+    (each naming the span's path in the request), and how many were bad."""
+
+    spans: list[RecordedSpan]
+    problems: list[str]
+    bad_spans: int
+
+
+def otlp_json_spans(record: Mapping[str, Any]) -> OtlpSpans:
+    """The spans of an OTLP JSON ``ExportTraceServiceRequest`` (a parsed object).
+
+    Ids are hex; base64 of the right length (protobuf's own JSON) is read too. 64-bit integers
+    may be decimal strings or numbers; enums integers (or their names); unknown fields are
+    ignored; fields proto3 leaves out when empty (name, attributes, events, status, parent) may
+    be absent. ``traceId``, ``spanId`` and the two times are required. A bad span is left out
+    and named in :attr:`OtlpSpans.problems`; the others still count. A request without
+    ``resourceSpans`` has no spans (the caller decides whether that is an error).
+    """
+    spans: list[RecordedSpan] = []
+    problems: list[str] = []
+    bad_spans = 0
+    for i, resource in enumerate(_list_field(record, "resourceSpans", "")):
+        where = f"resourceSpans[{i}]"
+        try:
+            if not isinstance(resource, dict):
+                raise BadSpan(f"must be an object, got {short_value(resource)}")
+            scopes = _list_field(resource, "scopeSpans", "")
+        except BadSpan as exc:
+            bad_spans += 1
+            problems.append(f"{where}: {exc}")
+            continue
+        for j, scope in enumerate(scopes):
+            at = f"{where}.scopeSpans[{j}]"
+            try:
+                if not isinstance(scope, dict):
+                    raise BadSpan(f"must be an object, got {short_value(scope)}")
+                raw_spans = _list_field(scope, "spans", "")
+            except BadSpan as exc:
+                bad_spans += 1
+                problems.append(f"{at}: {exc}")
+                continue
+            for k, raw in enumerate(raw_spans):
+                try:
+                    spans.append(_otlp_span(raw))
+                except BadSpan as exc:
+                    bad_spans += 1
+                    if len(problems) < MAX_SPAN_PROBLEMS:
+                        problems.append(f"{at}.spans[{k}]: {exc}")
+    return OtlpSpans(spans, problems, bad_spans)
