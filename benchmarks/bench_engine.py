@@ -3,10 +3,13 @@
     python benchmarks/bench_engine.py [--repeat 7] [--pairs 100000] [--sessions 20000]
 
 Throughput: before_tool + after_tool pairs per second on one thread, through the public hook
-API with the default policy and no metrics, for two workloads:
+API with the default policy, without metrics and with the Prometheus recorder (a fresh registry
+per run), for two workloads:
   - "mixed": 100 live sessions of 50 calls each; in each, every 5th call repeats the one
     before it, the rest are new; results given (a busy, healthy service: repeats, no trips);
   - "distinct": every call new (the cheapest path: nothing repeats).
+The recorder's own cost per call is also timed directly: PrometheusRecorder.tool_call minus
+NoopRecorder.tool_call (a counted call; a repeated one bumps two counts).
 A plain baseline is measured in the same run: hashing the same calls' canonical JSON with the
 standard library (json.dumps(sort_keys=True) + hashlib.blake2b), i.e. the least work any loop
 detector must do per call. Medians over --repeat runs.
@@ -25,9 +28,11 @@ import platform
 import statistics
 import sys
 import time
+import timeit
 import tracemalloc
 
 from otel_loopguard import PRESETS, LoopGuard
+from otel_loopguard.metrics import NoopRecorder, PrometheusRecorder
 
 
 def workload(kind: str, pairs: int) -> list[tuple[str, dict[str, object], str, str]]:
@@ -45,8 +50,8 @@ def workload(kind: str, pairs: int) -> list[tuple[str, dict[str, object], str, s
     return calls
 
 
-def run_guard(calls: list[tuple[str, dict[str, object], str, str]]) -> float:
-    guard = LoopGuard(PRESETS["default"])
+def run_guard(calls: list[tuple[str, dict[str, object], str, str]], metrics: bool = False) -> float:
+    guard = LoopGuard(PRESETS["default"], recorder=PrometheusRecorder() if metrics else None)
     before, after = guard.before_tool, guard.after_tool
     started = time.perf_counter()
     for tool, arguments, session, result in calls:
@@ -65,6 +70,17 @@ def run_baseline(calls: list[tuple[str, dict[str, object], str, str]]) -> float:
         seen[session + key] = seen.get(session + key, 0) + 1
         hashlib.blake2b(result.encode(), digest_size=16).hexdigest()
     return len(calls) / (time.perf_counter() - started)
+
+
+def recorder_cost_ns(repeated: bool, number: int = 200_000) -> float:
+    """Extra nanoseconds of one PrometheusRecorder.tool_call over a NoopRecorder's."""
+    prometheus, noop = PrometheusRecorder(), NoopRecorder()
+    prometheus.tool_call(None, "grep", repeated)
+    spent = []
+    for recorder in (prometheus, noop):
+        call = recorder.tool_call
+        spent.append(timeit.timeit(lambda: call(None, "grep", repeated), number=number))
+    return (spent[0] - spent[1]) / number * 1e9
 
 
 def memory_per_session(sessions: int, calls_per_session: int) -> float:
@@ -97,13 +113,22 @@ def main() -> int:
     print(f"python {platform.python_version()} on {platform.machine()}, {platform.system()}")
     for kind in ("mixed", "distinct"):
         calls = workload(kind, args.pairs)
-        ours, base = [], []
-        for _ in range(args.repeat):  # side by side, alternating, so load affects both alike
+        ours, base, metered, ratios = [], [], [], []
+        for _ in range(args.repeat):  # side by side, alternating, so load affects all alike
             ours.append(run_guard(calls))
             base.append(run_baseline(calls))
+            metered.append(run_guard(calls, metrics=True))
+            ratios.append(ours[-1] / metered[-1])
         o, b = statistics.median(ours), statistics.median(base)
+        m = statistics.median(metered)
         print(f"throughput {kind:8s}: {o:10,.0f} pairs/s (median of {args.repeat});"
               f" baseline hash-only {b:10,.0f}/s; ours/baseline time ratio {b / o:.2f}x")
+        print(f"  with Prometheus recorder: {m:10,.0f} pairs/s; time ratio metrics on/off"
+              f" {statistics.median(ratios):.3f}x (median of per-run ratios)")
+    for repeated in (False, True):
+        costs = [recorder_cost_ns(repeated) for _ in range(args.repeat)]
+        print(f"recorder cost per {'repeated' if repeated else 'new'} call:"
+              f" {statistics.median(costs):,.0f} ns over the no-op recorder (median of {args.repeat})")
     for n in (1, 10):
         per = memory_per_session(args.sessions, n)
         print(f"memory: {per:,.0f} B per idle session after {n} tracked call(s)"

@@ -35,7 +35,7 @@ from .prometheus_tools import DASHBOARDS, dashboard_queries, load_generator, req
 
 SCRAPE_INTERVAL = "1s"
 #: What Grafana would put for the variables at this scrape interval and a short time range.
-GRAFANA_VARIABLES = {"$__rate_interval": "30s", "$__range": "5m", "$agent": ".*",
+GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$__range": "5m", "$agent": ".*",
                      "$tool": ".*"}
 WAIT_SECONDS = 60.0
 CALL_SECONDS = 1.5
