@@ -1,12 +1,15 @@
 """The ``otel-loopguard`` command line.
 
-Subcommands: ``demo`` (a scripted looping agent meeting the guard) and ``replay`` (recorded tool
-calls through the guard); ``serve`` and ``hook`` register here the same way. Each subcommand's
-module is imported only when that subcommand runs, so ``import otel_loopguard.cli`` stays light.
+Subcommands: ``demo`` (a scripted looping agent meeting the guard), ``replay`` (recorded tool
+calls through the guard) and ``hook`` (a coding agent's command hook); ``serve`` registers here
+the same way. Each subcommand's module is imported only when that subcommand runs, so
+``import otel_loopguard.cli`` stays light.
 
 Exit status: 0 success; 1 the command ran but some input was bad (replay: unreadable lines);
 2 usage error (unknown option, missing file, bad preset or config), with a one-line message on
-stderr and no traceback; 130 interrupted.
+stderr and no traceback; 130 interrupted. ``hook`` is the exception: it always exits 0 with a
+JSON answer, even for a bad command line (the hosts read any other status as "allow", and the
+answer is what they act on).
 """
 
 from __future__ import annotations
@@ -175,6 +178,49 @@ def _run_demo(args: argparse.Namespace) -> int:
         raise _UsageError(str(exc)) from None
 
 
+# -- hook --------------------------------------------------------------------------------------
+
+#: The hosts of ``hook``: the names of ``otel_loopguard.hooks.HOSTS`` (a test keeps them equal),
+#: listed here so that building the parser does not import the hooks.
+_HOOK_HOSTS: Final = ("claude-code", "gemini-cli", "codex")
+
+
+def _add_hook(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser(
+        "hook",
+        help="answer a coding agent's command hook (Claude Code, Gemini CLI, Codex)",
+        description=(
+            "Read one hook event of the host as JSON on stdin (before or after a tool call, or a"
+            " user prompt), decide with the guard on the session's state kept in a SQLite file,"
+            " and print the JSON answer the host expects: a denial with the reason for the"
+            " model, a reminder, or stop. Always exits 0 with a JSON object. When the policy or"
+            " the state file cannot be used it says so on stderr and allows the call, or denies"
+            " it with --fail-closed. Install it for the pre-tool, post-tool and prompt events."
+        ),
+    )
+    parser.add_argument("host", choices=_HOOK_HOSTS, help="the coding agent that runs the hook")
+    parser.add_argument(
+        "--store", metavar="PATH",
+        help="SQLite state file shared by all hook calls (default: $LOOPGUARD_HOOK_STORE, else"
+             " $XDG_STATE_HOME/otel-loopguard/hooks.sqlite3, else"
+             " ~/.local/state/otel-loopguard/hooks.sqlite3)",
+    )
+    _policy_options(parser, None)
+    parser.add_argument(
+        "--fail-closed", action="store_true",
+        help="deny the tool call when the policy or the state file cannot be used"
+             " (default: allow it)",
+    )
+    parser.set_defaults(handler=_run_hook)
+
+
+def _run_hook(args: argparse.Namespace) -> int:
+    from otel_loopguard.hooks import run
+
+    return run(args.host, store=args.store, preset=args.preset, config=args.config,
+               fail_closed=args.fail_closed)
+
+
 # -- main --------------------------------------------------------------------------------------
 
 
@@ -184,12 +230,12 @@ def _version() -> str:
     return __version__
 
 
-#: Each adds one subcommand (``serve`` and ``hook`` join here); its handler imports its module.
-_SUBCOMMANDS: Final = (_add_demo, _add_replay)
+#: Each adds one subcommand (``serve`` joins here); its handler imports its module.
+_SUBCOMMANDS: Final = (_add_demo, _add_replay, _add_hook)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``otel-loopguard`` (subcommands ``demo`` and ``replay``)."""
+    """The argument parser of ``otel-loopguard`` (subcommands ``demo``, ``replay``, ``hook``)."""
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Catch AI agents stuck repeating tool calls.",
@@ -211,7 +257,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits for --help, --version and bad options
-        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+        words = list(sys.argv[1:] if argv is None else argv)
+        if code != 0 and words[:1] == ["hook"]:
+            from otel_loopguard.hooks import answer_usage_error
+
+            return answer_usage_error(words[1:], "see the usage message above")
+        return code
     handler: Handler | None = getattr(args, "handler", None)
     if handler is None:
         parser.print_usage(sys.stderr)

@@ -1,0 +1,267 @@
+"""One command-hook invocation: the host's event on stdin, its answer on stdout, exit 0.
+
+Every tool call of the coding agent waits for this process, so it stays small: no OpenTelemetry
+SDK, no Prometheus client, one SQLite transaction.
+
+It never raises and always exits 0 with a JSON object on stdout: the hosts treat a crash, a
+timeout or another exit status as "allow" anyway, and an answer they cannot read is lost.
+
+- Stdin that is not JSON, or not an event this host sends: a note on stderr, ``{}`` (allow).
+- The policy (``--preset``, ``--config``, ``LOOPGUARD_*``) or the state store cannot be used:
+  a note on stderr, then allow (fail-open) or, with ``--fail-closed``, deny the tool call.
+- One session's saved state is unreadable: a note on stderr; that session starts afresh.
+
+Where decisions are made is the :class:`Backend` role. :class:`LocalBackend` runs a
+:class:`~otel_loopguard.guard.LoopGuard` here on the session saved in the SQLite store. The
+``--server URL`` option of issue 5 (state kept by a running ``otel-loopguard serve``) is a second
+backend that sends the event there instead; it plugs in at :func:`run` once serve answers
+decisions, and does not exist yet.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import BinaryIO, Final, Protocol, TextIO
+
+import orjson
+
+from ..calls import SIGNATURE_CHARS, args_key, canonical_arguments, canonical_json, tool_name
+from ..config import Policy, load_policy
+from ..engine import MAX_PENDING_CALLS, SessionState
+from ..guard import LoopGuard
+from ..policy import Action, Decision, Step, message_for
+from .hosts import ALLOWED, HOSTS, Answer, EventKind, HookEvent, Host, MalformedEvent
+from .store import DEFAULT_BUSY_TIMEOUT_SECONDS, HookStore, StoreError, default_store_path
+
+__all__ = ["FAIL_CLOSED_TEXT", "MAX_STDIN_BYTES", "Backend", "LocalBackend", "Unavailable",
+           "answer_usage_error", "decide", "run"]
+
+#: Larger stdin (a huge tool result) is not read: the call is allowed with a note.
+MAX_STDIN_BYTES: Final = 64 << 20
+#: Reminders waiting for their call's result, per session; the oldest is dropped beyond this.
+MAX_NOTES: Final = MAX_PENDING_CALLS
+#: The denial given with ``--fail-closed`` when the guard cannot check a call.
+FAIL_CLOSED_TEXT: Final = (
+    "[loopguard] Not run: the loop guard could not check this call ({reason}) and is set to"
+    " refuse calls it cannot check. Tell the user that the loop guard needs attention."
+)
+_PROGRAM: Final = "otel-loopguard hook"
+
+Note = Callable[[str], None]
+
+
+class Unavailable(Exception):
+    """The guard cannot decide (policy or state store unusable); the message says why."""
+
+
+class Backend(Protocol):
+    """Decides hook events. Raises :class:`Unavailable` when it cannot."""
+
+    def answer(self, host: Host, event: HookEvent) -> Answer: ...
+
+
+class LocalBackend:
+    """A guard in this process, on the session kept in the SQLite store at ``store_path``."""
+
+    def __init__(self, policy: Policy, store_path: Path, note: Note) -> None:
+        self.policy = policy
+        busy = DEFAULT_BUSY_TIMEOUT_SECONDS
+        if policy.advisor_command:
+            busy += policy.advisor_timeout_seconds  # a rescue holds the store while it asks
+        self.store = HookStore(store_path, busy_timeout_seconds=busy)
+        self._note = note
+
+    def answer(self, host: Host, event: HookEvent) -> Answer:
+        policy = self.policy
+        try:
+            # Wall-clock time: session TTL and advisor cooldown span processes.
+            guard = LoopGuard(policy, clock=time.time)
+        except ValueError as exc:  # e.g. an advisor_command that cannot be split
+            raise Unavailable(f"policy: {exc}") from None
+        key = orjson.dumps([host.name, event.session, event.agent]).decode()
+        now = time.time()
+        try:
+            with self.store.session(key, now=now, ttl_seconds=policy.session_ttl_seconds,
+                                    max_sessions=policy.max_sessions) as row:
+                for problem in row.problems:
+                    self._note(f"session {event.session!r}: {problem}; starting it afresh")
+                if row.state is not None:
+                    try:
+                        state = SessionState.from_bytes(row.state, policy)
+                    except ValueError as exc:
+                        self._note(f"session {event.session!r}: {exc}; starting it afresh")
+                    else:
+                        guard.import_session(event.session, state, agent=event.agent)
+                answer = decide(host, event, guard, row.notes, policy)
+                guard.close(wait=True)  # a rescue's advice is cached before the state is saved
+                saved = guard.export_session(event.session, agent=event.agent)
+                if saved is not None:
+                    while len(row.notes) > MAX_NOTES:
+                        del row.notes[next(iter(row.notes))]
+                    row.save = saved.to_bytes()
+        except StoreError as exc:
+            raise Unavailable(str(exc)) from None
+        return answer
+
+
+def decide(host: Host, event: HookEvent, guard: LoopGuard, notes: dict[str, str],
+           policy: Policy) -> Answer:
+    """Feed ``event`` to ``guard`` and say what the host should be told.
+
+    1. A prompt starts a new progress epoch (and lifts a stop).
+    2. Before a call: deny, rescue (a denial with advice) and stop block it. A reminder goes out
+       at once where the host takes context before a call; elsewhere it is kept in ``notes``
+       under the call's id (else its signature) and shown with the call's result.
+    3. After a call: the outcome is added to the attempt counted before it, and a kept reminder
+       is shown. A call no pre-tool event counted is counted now; having run, it can only be
+       reminded about (or the run stopped).
+    """
+    if event.kind is EventKind.USER_PROMPT:
+        guard.user_message(event.session, agent=event.agent)
+        return ALLOWED
+    if event.kind is EventKind.PRE_TOOL:
+        decision = guard.before_tool(event.tool, event.arguments, session=event.session,
+                                     agent=event.agent, call_id=event.call_id)
+        action = decision.action
+        if action is Action.REMIND:
+            if host.pre_tool_context:
+                return Answer(Action.REMIND, decision.message)
+            notes.pop(_note_ref(event, decision.signature), None)
+            notes[_note_ref(event, decision.signature)] = decision.message  # newest last
+            return ALLOWED
+        if action in (Action.DENY, Action.RESCUE):
+            return Answer(Action.DENY, decision.message)
+        if action is Action.STOP:
+            return Answer(Action.STOP, decision.message)
+        return ALLOWED
+    if event.kind is not EventKind.POST_TOOL:
+        return ALLOWED
+    after = guard.after_tool(event.tool, event.arguments, session=event.session,
+                             agent=event.agent, call_id=event.call_id, error=event.error,
+                             result=event.result, duration_seconds=event.duration_seconds)
+    if after is None:  # counted before it ran
+        if not notes:
+            return ALLOWED
+        kept = notes.pop(_note_ref(event, None if event.call_id else _signature(event, policy)),
+                         None)
+        return Answer(Action.REMIND, kept) if kept else ALLOWED
+    return _after_the_fact(after, event, policy)
+
+
+def _note_ref(event: HookEvent, signature: str | None) -> str:
+    return event.call_id if event.call_id is not None else f"signature:{signature}"
+
+
+def _signature(event: HookEvent, policy: Policy) -> str:
+    """The signature the guard gives this call (to find a reminder kept without a call id)."""
+    canonical = canonical_json(canonical_arguments(event.arguments, policy.ignored_args))
+    return args_key(tool_name(event.tool), canonical)[:SIGNATURE_CHARS]
+
+
+def _after_the_fact(decision: Decision, event: HookEvent, policy: Policy) -> Answer:
+    if decision.action is Action.STOP:
+        return Answer(Action.STOP, decision.message)
+    if decision.action is Action.REMIND:
+        return Answer(Action.REMIND, decision.message)
+    if decision.action is Action.ALLOW:
+        return ALLOWED
+    # A denial for a call that already ran: its text ("Not run: ...") would be untrue.
+    step = Step(decision.detected, decision.rule, decision.count, decision.threshold,
+                detailed=True)
+    canonical = canonical_json(canonical_arguments(event.arguments, policy.ignored_args))
+    return Answer(Action.REMIND,
+                  message_for(step, decision.tool, canonical, policy, action=Action.REMIND))
+
+
+def run(
+    host_name: str,
+    *,
+    store: str | None = None,
+    preset: str | None = None,
+    config: str | None = None,
+    fail_closed: bool = False,
+    problem: str | None = None,
+    stdin: BinaryIO | None = None,
+    stdout: BinaryIO | None = None,
+    stderr: TextIO | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> int:
+    """Answer one hook event of ``host_name`` read from ``stdin``; always returns 0.
+
+    ``problem``: a reason the guard cannot decide that is already known (a command line that
+    could not be parsed); the event is then answered as when the store is unusable.
+    """
+    err = stderr if stderr is not None else sys.stderr
+    out = stdout if stdout is not None else sys.stdout.buffer
+
+    def note(message: str) -> None:
+        try:
+            err.write(f"{_PROGRAM} {host_name}: {message}\n")
+            err.flush()
+        except (OSError, ValueError):
+            pass  # nowhere left to say it
+
+    answer_json: dict[str, object] = {}
+    try:
+        answer_json = _answer_json(host_name, store, preset, config, fail_closed, problem,
+                                   stdin if stdin is not None else sys.stdin.buffer, environ,
+                                   note)
+    except Exception as exc:  # the last line: a bug here must still leave the host an answer
+        note(f"internal error ({type(exc).__name__}: {exc}); allowing the call")
+        answer_json = {}
+    try:
+        out.write(orjson.dumps(answer_json) + b"\n")
+        out.flush()
+    except (OSError, ValueError):
+        pass  # the host went away; nothing to answer
+    return 0
+
+
+def _answer_json(host_name: str, store: str | None, preset: str | None, config: str | None,
+                 fail_closed: bool, problem: str | None, stdin: BinaryIO,
+                 environ: Mapping[str, str] | None, note: Note) -> dict[str, object]:
+    host = HOSTS.get(host_name)
+    if host is None:
+        note(f"unknown host (one of {', '.join(HOSTS)}); allowing the call")
+        return {}
+    try:
+        data = stdin.read(MAX_STDIN_BYTES + 1)
+        if len(data) > MAX_STDIN_BYTES:
+            raise MalformedEvent(f"stdin larger than {MAX_STDIN_BYTES} bytes")
+        event = host.parse(orjson.loads(data))
+    except (orjson.JSONDecodeError, MalformedEvent) as exc:
+        note(f"stdin is not a {host_name} hook event ({exc}); allowing the call")
+        return {}
+    if event.kind is EventKind.OTHER:
+        return {}
+    try:
+        if problem is not None:
+            raise Unavailable(problem)
+        try:
+            policy = load_policy(preset, config, environ)
+            path = Path(store).expanduser() if store else default_store_path(environ)
+        except ValueError as exc:
+            raise Unavailable(f"policy: {exc}") from None
+        except StoreError as exc:
+            raise Unavailable(str(exc)) from None
+        answer = LocalBackend(policy, path, note).answer(host, event)
+    except Unavailable as exc:
+        if fail_closed and event.kind is EventKind.PRE_TOOL:
+            note(f"{exc}; denying the call (--fail-closed)")
+            answer = Answer(Action.DENY, FAIL_CLOSED_TEXT.format(reason=exc))
+        else:
+            note(f"{exc}; allowing the call (fail-open)" if event.kind is EventKind.PRE_TOOL
+                 else f"{exc}; nothing recorded")
+            answer = ALLOWED
+    return host.render(event, answer)
+
+
+def answer_usage_error(argv: Sequence[str], message: str) -> int:
+    """Answer a ``hook`` command line that could not be parsed (``argv`` after ``hook``): the
+    host still gets a JSON answer and exit status 0, as when the store is unusable."""
+    host_name = next((arg for arg in argv if arg in HOSTS), "")
+    return run(host_name, fail_closed="--fail-closed" in argv,
+               problem=f"bad command line ({message})")

@@ -1,0 +1,215 @@
+"""Hook sessions in one SQLite file, shared by every hook process on the machine.
+
+Each hook invocation is a process of its own, so a session's state lives here between calls:
+one row per host session (and sub-agent) holding the guard's :class:`SessionState` as bytes,
+and the reminders decided before a call that the host only shows after it (``notes``).
+
+Concurrency: an invocation is one transaction begun with ``BEGIN IMMEDIATE``, so the write lock
+is taken before the state is read and two invocations can never both read a state and both
+write it back (no lost counts). Others wait up to the busy timeout, then fail. The journal is
+WAL, so a commit is one append and readers never wait.
+
+Bounds: rows idle longer than the policy's ``session_ttl_seconds`` are deleted, and the least
+recently updated beyond ``max_sessions``, whenever a new session is stored.
+
+Any problem with the file (cannot be created, not a database, unwritable, locked past the busy
+timeout, written by a newer schema) is raised as :class:`StoreError`, naming the file.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+import orjson
+
+__all__ = [
+    "DEFAULT_BUSY_TIMEOUT_SECONDS",
+    "HookStore",
+    "Row",
+    "SCHEMA_VERSION",
+    "STORE_ENV",
+    "StoreError",
+    "default_store_path",
+]
+
+STORE_ENV: Final = "LOOPGUARD_HOOK_STORE"
+"""Path of the hooks' SQLite state file (``--store`` overrides it). Default:
+``$XDG_STATE_HOME/otel-loopguard/hooks.sqlite3``, else
+``~/.local/state/otel-loopguard/hooks.sqlite3``. An empty value means the default."""
+
+#: Seconds an invocation waits for another one's transaction before giving up (then it fails
+#: open, or closed). Hook calls hold the lock for about a millisecond; a rescue holds it while
+#: the advisor is asked, so the runner adds ``advisor_timeout_seconds`` when an advisor is set.
+DEFAULT_BUSY_TIMEOUT_SECONDS: Final = 10.0
+#: The layout of the ``sessions`` table (``PRAGMA user_version``); a file with another is refused.
+SCHEMA_VERSION: Final = 1
+_APP_DIRECTORY: Final = "otel-loopguard"
+_FILE_NAME: Final = "hooks.sqlite3"
+
+
+class StoreError(Exception):
+    """The state file cannot be used; the message names the file and what went wrong."""
+
+
+def default_store_path(environ: Mapping[str, str] | None = None) -> Path:
+    """Where the hooks keep state when ``--store`` is not given (see :data:`STORE_ENV`).
+
+    Raises :class:`StoreError` when there is no home directory to put it in.
+    """
+    env = os.environ if environ is None else environ
+    explicit = env.get(STORE_ENV, "").strip()
+    if explicit:
+        return Path(explicit).expanduser()
+    state_home = env.get("XDG_STATE_HOME", "").strip()
+    if state_home and os.path.isabs(state_home):  # the XDG spec ignores relative paths
+        return Path(state_home) / _APP_DIRECTORY / _FILE_NAME
+    try:
+        home = Path.home()
+    except RuntimeError as exc:
+        raise StoreError(f"no home directory for the default state file ({exc});"
+                         f" set {STORE_ENV} or pass --store") from None
+    return home / ".local" / "state" / _APP_DIRECTORY / _FILE_NAME
+
+
+@dataclass(slots=True)
+class Row:
+    """One session's row, as read; set :attr:`save` to write a new state back."""
+
+    #: The saved state bytes (``None`` for a session not seen before).
+    state: bytes | None
+    #: Reminders waiting for the result of their call: call reference -> text.
+    notes: dict[str, str] = field(default_factory=dict)
+    #: What is wrong with the row as read (the session then starts afresh).
+    problems: list[str] = field(default_factory=list)
+    #: The state to store at the end of the transaction (``None``: leave the row as it is).
+    save: bytes | None = None
+
+
+class HookStore:
+    """The sessions of command hooks in the SQLite file at ``path`` (created on first use,
+    with its directory; readable by the owner only)."""
+
+    def __init__(self, path: str | os.PathLike[str], *,
+                 busy_timeout_seconds: float = DEFAULT_BUSY_TIMEOUT_SECONDS) -> None:
+        if not busy_timeout_seconds > 0:
+            raise ValueError(
+                f"busy_timeout_seconds: expected a number > 0, got {busy_timeout_seconds!r}")
+        self.path = Path(path)
+        self.busy_timeout_seconds = busy_timeout_seconds
+
+    @contextmanager
+    def session(self, key: str, *, now: float, ttl_seconds: float,
+                max_sessions: int) -> Iterator[Row]:
+        """One transaction on the row of ``key``: yields it as read; on a normal exit writes
+        :attr:`Row.save` (if set) with ``now`` as its time, and commits. An exception from the
+        body rolls back and propagates; a problem with the file raises :class:`StoreError`."""
+        connection = self._connect()
+        try:
+            try:
+                connection.execute("BEGIN IMMEDIATE")
+                self._ensure_schema(connection)
+                found = connection.execute(
+                    "SELECT state, notes FROM sessions WHERE key = ?", (key,)).fetchone()
+            except sqlite3.Error as exc:
+                raise self._error(exc) from None
+            row = _decode(found)
+            yield row
+            try:
+                if row.save is not None:
+                    if found is None:
+                        self._make_room(connection, now, ttl_seconds, max_sessions)
+                    connection.execute(
+                        "INSERT OR REPLACE INTO sessions (key, updated, state, notes)"
+                        " VALUES (?, ?, ?, ?)",
+                        (key, now, row.save, orjson.dumps(row.notes) if row.notes else None),
+                    )
+                connection.execute("COMMIT")
+            except sqlite3.Error as exc:
+                raise self._error(exc) from None
+        finally:
+            try:
+                if connection.in_transaction:
+                    connection.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass  # closing below discards the transaction anyway
+            connection.close()
+
+    def _connect(self) -> sqlite3.Connection:
+        path = self.path
+        try:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            # Created here rather than by SQLite so that it (and its -wal/-shm files, which
+            # SQLite gives the same mode) is private: reminders quote call arguments.
+            os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+            connection = sqlite3.connect(path, timeout=self.busy_timeout_seconds,
+                                         isolation_level=None)
+        except OSError as exc:
+            raise StoreError(f"state file {str(path)!r}: {exc.strerror or exc}") from None
+        except sqlite3.Error as exc:
+            raise self._error(exc) from None
+        try:
+            if connection.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                connection.execute("PRAGMA journal_mode=WAL")
+            connection.execute("PRAGMA synchronous=NORMAL")  # durable in WAL but for power loss
+        except sqlite3.Error as exc:
+            connection.close()
+            raise self._error(exc) from None
+        return connection
+
+    def _ensure_schema(self, connection: sqlite3.Connection) -> None:
+        """Inside the transaction, so concurrent first uses create the table once."""
+        version = connection.execute("PRAGMA user_version").fetchone()[0]
+        if version == SCHEMA_VERSION:
+            return
+        if version != 0:
+            raise StoreError(f"state file {str(self.path)!r}: schema version {version}, this"
+                             f" otel-loopguard reads version {SCHEMA_VERSION}")
+        connection.execute(
+            "CREATE TABLE IF NOT EXISTS sessions ("
+            " key TEXT PRIMARY KEY,"
+            " updated REAL NOT NULL,"  # seconds since the epoch, of the last write
+            " state BLOB NOT NULL,"  # SessionState.to_bytes()
+            " notes BLOB)"  # JSON object, call reference -> reminder text; NULL when none
+        )
+        connection.execute("CREATE INDEX IF NOT EXISTS sessions_by_updated ON sessions (updated)")
+        connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    @staticmethod
+    def _make_room(connection: sqlite3.Connection, now: float, ttl_seconds: float,
+                   max_sessions: int) -> None:
+        """Before a new session is stored: drop idle rows, and the oldest beyond the bound."""
+        connection.execute("DELETE FROM sessions WHERE updated <= ?", (now - ttl_seconds,))
+        connection.execute(
+            "DELETE FROM sessions WHERE key IN (SELECT key FROM sessions"
+            " ORDER BY updated DESC LIMIT -1 OFFSET ?)", (max(0, max_sessions - 1),))
+
+    def _error(self, exc: sqlite3.Error) -> StoreError:
+        text = str(exc)
+        if isinstance(exc, sqlite3.DatabaseError) and "not a database" in text:
+            text += " (move the file aside to start afresh)"
+        return StoreError(f"state file {str(self.path)!r}: {text}")
+
+
+def _decode(found: tuple[object, object] | None) -> Row:
+    if found is None:
+        return Row(None)
+    state, notes = found
+    row = Row(bytes(state) if isinstance(state, (bytes, memoryview)) else None)
+    if row.state is None:
+        row.problems.append(f"state is {type(state).__name__}, not bytes")
+    if notes is not None:
+        try:
+            parsed = orjson.loads(notes) if isinstance(notes, (bytes, str)) else None
+        except orjson.JSONDecodeError:
+            parsed = None
+        if isinstance(parsed, dict) and all(isinstance(v, str) for v in parsed.values()):
+            row.notes = parsed
+        else:
+            row.problems.append("reminder notes are unreadable")
+    return row
