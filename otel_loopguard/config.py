@@ -23,11 +23,6 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Final
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib
-
 __all__ = [
     "DEFAULT_IGNORED_ARGS",
     "DEFAULT_MUTATING_COMMANDS",
@@ -43,6 +38,7 @@ __all__ = [
     "policy_from_env",
     "policy_from_mapping",
     "wildcard_regex",
+    "wildcard_union",
 ]
 
 _log = logging.getLogger("otel_loopguard")
@@ -123,10 +119,22 @@ def env_var(field_name: str) -> str:
     return ENV_PREFIX + field_name.upper()
 
 
+def _wildcard_text(pattern: str) -> str:
+    return ".*".join(re.escape(part) for part in pattern.split("*"))
+
+
 def wildcard_regex(pattern: str) -> re.Pattern[str]:
     """Compile a tool-name pattern: ``*`` matches any run of characters, everything else is
     literal (regex metacharacters included); matching is whole-name and case-insensitive."""
-    return re.compile(".*".join(re.escape(part) for part in pattern.split("*")), re.IGNORECASE)
+    return re.compile(_wildcard_text(pattern), re.IGNORECASE)
+
+
+def wildcard_union(patterns: Iterable[str]) -> re.Pattern[str] | None:
+    """One regex whose ``fullmatch`` accepts a name when any of the tool-name ``patterns``
+    (as :func:`wildcard_regex`) does, or ``None`` when there are none. One compile for a list:
+    compiling is the largest part of a hook process's start (it builds a guard per call)."""
+    texts = [f"(?:{_wildcard_text(pattern)})" for pattern in patterns]
+    return re.compile("|".join(texts), re.IGNORECASE) if texts else None
 
 
 def _doc(text: str) -> dict[str, str]:
@@ -306,9 +314,7 @@ class Policy:
             )
         if Rule.WINDOW in self.rules and self.window_size < 2:
             raise ValueError(f"window_size: must be >= 2 for the window rule, got {self.window_size!r}")
-        for name in ("include", "exclude", "shell_tools", "mutating_tools"):
-            for pattern in getattr(self, name):
-                wildcard_regex(pattern)  # literal apart from *, always compiles
+        # Tool-name patterns need no check: literal apart from *, they always compile.
         for name in ("exclude_commands", "mutating_commands"):
             for pattern in getattr(self, name):
                 try:
@@ -547,6 +553,11 @@ def load_policy(
     policy = policy_from_env(PRESETS[preset] if preset else None, environ)
     if config_path is None:
         return policy
+    # Imported here: only a config file needs it, and hook processes start per tool call.
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on Python 3.10 only
+        import tomli as tomllib
     path = Path(config_path)
     try:
         with path.open("rb") as handle:

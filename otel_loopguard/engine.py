@@ -22,7 +22,7 @@ from typing import Final
 
 import orjson
 
-from .config import Policy, wildcard_regex
+from .config import Policy, wildcard_union
 
 __all__ = [
     "MAX_COMMAND_CHARS",
@@ -74,10 +74,10 @@ class Classifier:
     """
 
     def __init__(self, policy: Policy) -> None:
-        self._include = [wildcard_regex(p) for p in policy.include]
-        self._exclude = [wildcard_regex(p) for p in policy.exclude]
-        self._shell = [wildcard_regex(p) for p in policy.shell_tools]
-        self._mutating = [wildcard_regex(p) for p in policy.mutating_tools]
+        self._include = wildcard_union(policy.include)
+        self._exclude = wildcard_union(policy.exclude)
+        self._shell = wildcard_union(policy.shell_tools)
+        self._mutating = wildcard_union(policy.mutating_tools)
         self._exclude_commands = _union(policy.exclude_commands)
         self._mutating_commands = _union(policy.mutating_commands)
         # tool -> (tracked by name, is a shell tool, mutating by name)
@@ -87,14 +87,8 @@ class Classifier:
         """Return (tracked by name, shell tool, mutating by name) for ``tool``."""
         kind = self._cache.get(tool)
         if kind is None:
-            tracked = any(p.fullmatch(tool) for p in self._include) and not any(
-                p.fullmatch(tool) for p in self._exclude
-            )
-            kind = (
-                tracked,
-                any(p.fullmatch(tool) for p in self._shell),
-                any(p.fullmatch(tool) for p in self._mutating),
-            )
+            tracked = _matches(self._include, tool) and not _matches(self._exclude, tool)
+            kind = (tracked, _matches(self._shell, tool), _matches(self._mutating, tool))
             if len(self._cache) >= _MAX_CACHED_TOOL_NAMES:
                 self._cache.clear()
             self._cache[tool] = kind
@@ -114,6 +108,10 @@ class Classifier:
         if self._mutating_commands is not None and self._mutating_commands.search(command):
             return True, True
         return True, mutating
+
+
+def _matches(union: re.Pattern[str] | None, name: str) -> bool:
+    return union is not None and union.fullmatch(name) is not None
 
 
 def _union(patterns: tuple[str, ...]) -> re.Pattern[str] | None:

@@ -14,12 +14,13 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import signal
-import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
+
+if TYPE_CHECKING:
+    import subprocess
 
 from .config import Policy, Rule
 from .rules import Trend, Verdict
@@ -341,6 +342,8 @@ class CommandAdvisor:
         return f"CommandAdvisor({shlex.join(self.argv)!r}, timeout_seconds={self.timeout_seconds})"
 
     def __call__(self, request: AdviceRequest) -> str:
+        import subprocess  # here: few processes ever ask, and hook processes start per call
+
         try:
             process = subprocess.Popen(
                 self.argv,
@@ -370,6 +373,9 @@ class CommandAdvisor:
 
 
 def _kill_group(process: subprocess.Popen[bytes]) -> None:
+    import signal
+    import subprocess
+
     try:
         if hasattr(os, "killpg"):
             os.killpg(process.pid, signal.SIGKILL)

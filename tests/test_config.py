@@ -145,3 +145,22 @@ def test_config_file_beats_environment(tmp_path: Path) -> None:
     env = {"LOOPGUARD_DENY_THRESHOLD": "7", "LOOPGUARD_WINDOW_SIZE": "30"}
     policy = load_policy(config_path=path, environ=env)
     assert policy.deny_threshold == 9 and policy.window_size == 30
+
+
+def test_wildcard_union_matches_when_any_pattern_does() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from otel_loopguard.config import wildcard_union
+
+    alphabet = st.sampled_from(list("ab*.|(?[\\-_X"))
+
+    @settings(max_examples=300)
+    @given(st.lists(st.text(alphabet, max_size=5), max_size=4), st.text(alphabet, max_size=6))
+    def check(patterns: list[str], name: str) -> None:
+        union = wildcard_union(patterns)
+        expected = any(wildcard_regex(p).fullmatch(name) for p in patterns)
+        assert (union is not None and union.fullmatch(name) is not None) is expected
+
+    check()
+    assert wildcard_union([]) is None
