@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -23,7 +24,13 @@ import pytest
 
 from otel_loopguard import PRESETS, Action, Decision, LoopGuard, Policy
 from otel_loopguard.engine import SessionState
-from otel_loopguard.hooks import HOSTS, MAX_TEXT_CHARS, STORE_ENV, default_store_path
+from otel_loopguard.hooks import (
+    HOSTS,
+    MAX_TEXT_CHARS,
+    STORE_ENV,
+    EventKind,
+    default_store_path,
+)
 from otel_loopguard.hooks.runner import FAIL_CLOSED_TEXT
 
 DEFAULT = PRESETS["default"]
@@ -566,3 +573,24 @@ def test_an_unreadable_session_row_starts_that_session_afresh(tmp_path: Path) ->
     (signature,) = SessionState.from_bytes(state, DEFAULT).signatures.values()
     assert signature.count == 1  # counted afresh, and saved readable again
 
+
+
+# -- the README's settings snippets ------------------------------------------------------------
+
+
+def test_readme_settings_install_every_event_each_host_adapter_acts_on() -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Coding agents: Claude Code, Gemini CLI, Codex\n", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    snippets = [json.loads(text) for text in re.findall(r"```json\n(.+?)\n```", section, re.S)]
+    assert len(snippets) == len(HOSTS)
+    for host, snippet in zip(HOSTS.values(), snippets):
+        assert set(snippet) == {"hooks"}
+        assert set(snippet["hooks"]) == set(host.events), host.name
+        for name, groups in snippet["hooks"].items():
+            (group,) = groups
+            (handler,) = group["hooks"]
+            assert handler["type"] == "command"
+            assert handler["command"] == f"otel-loopguard hook {host.name}"
+            tool_event = host.events[name] in (EventKind.PRE_TOOL, EventKind.POST_TOOL)
+            assert group.get("matcher") == ("*" if tool_event else None), (host.name, name)

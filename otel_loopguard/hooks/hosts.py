@@ -106,6 +106,8 @@ class Host(Protocol):
     #: Whether a pre-tool answer can carry context for the model (else reminders wait for the
     #: post-tool event of the same call).
     pre_tool_context: bool
+    #: The host's event names the guard acts on (install the hook for each); others get ``{}``.
+    events: Mapping[str, EventKind]
 
     def parse(self, payload: object) -> HookEvent:
         """The event in ``payload`` (parsed stdin JSON); raises :class:`MalformedEvent`."""
@@ -188,7 +190,7 @@ class ClaudeCode:
 
     name = "claude-code"
     pre_tool_context = False
-    _KINDS: Final = {
+    events: Mapping[str, EventKind] = {
         "PreToolUse": EventKind.PRE_TOOL,
         "PostToolUse": EventKind.POST_TOOL,
         "PostToolUseFailure": EventKind.POST_TOOL,
@@ -196,7 +198,7 @@ class ClaudeCode:
     }
 
     def parse(self, payload: object) -> HookEvent:
-        data, event = _event(payload, self._KINDS, agent_field="agent_id")
+        data, event = _event(payload, self.events, agent_field="agent_id")
         if event.kind is not EventKind.POST_TOOL:
             return event
         duration = data.get("duration_ms")
@@ -225,14 +227,14 @@ class GeminiCli:
 
     name = "gemini-cli"
     pre_tool_context = False
-    _KINDS: Final = {
+    events: Mapping[str, EventKind] = {
         "BeforeTool": EventKind.PRE_TOOL,
         "AfterTool": EventKind.POST_TOOL,
         "BeforeAgent": EventKind.USER_PROMPT,
     }
 
     def parse(self, payload: object) -> HookEvent:
-        data, event = _event(payload, self._KINDS, agent_field=None)
+        data, event = _event(payload, self.events, agent_field=None)
         if event.kind is not EventKind.POST_TOOL:
             return event
         response = data.get("tool_response")
@@ -262,14 +264,14 @@ class Codex:
 
     name = "codex"
     pre_tool_context = True
-    _KINDS: Final = {
+    events: Mapping[str, EventKind] = {
         "PreToolUse": EventKind.PRE_TOOL,
         "PostToolUse": EventKind.POST_TOOL,
         "UserPromptSubmit": EventKind.USER_PROMPT,
     }
 
     def parse(self, payload: object) -> HookEvent:
-        data, event = _event(payload, self._KINDS, agent_field="agent_id")
+        data, event = _event(payload, self.events, agent_field="agent_id")
         if event.kind is not EventKind.POST_TOOL:
             return event
         # Codex does not say whether the call failed: the outcome is the response, error unknown.
