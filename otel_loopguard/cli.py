@@ -1,8 +1,8 @@
 """The ``otel-loopguard`` command line.
 
 Subcommands: ``demo`` (a scripted looping agent meeting the guard), ``replay`` (recorded tool
-calls through the guard) and ``hook`` (a coding agent's command hook); ``serve`` registers here
-the same way. Each subcommand's module is imported only when that subcommand runs, so
+calls through the guard), ``hook`` (a coding agent's command hook) and ``serve`` (OTLP receiver
+and decision API). Each subcommand's module is imported only when that subcommand runs, so
 ``import otel_loopguard.cli`` stays light.
 
 Exit status: 0 success; 1 the command ran but some input was bad (replay: unreadable lines);
@@ -221,6 +221,81 @@ def _run_hook(args: argparse.Namespace) -> int:
                fail_closed=args.fail_closed)
 
 
+# -- serve -------------------------------------------------------------------------------------
+
+
+def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser(
+        "serve",
+        help="receive OTLP traces, detect loops, answer decisions over HTTP (any language)",
+        description=(
+            "Receive OpenTelemetry traces over OTLP (HTTP protobuf and JSON, gzip, on the HTTP"
+            " port; gRPC on the gRPC port), feed their tool spans through the guard as the"
+            " in-process span processor does, and answer decisions for hooks in other processes"
+            " (POST /v1/decisions/before, /after, /user_message, /new_run). Also serves"
+            " /metrics and /healthz. Binds 127.0.0.1 unless told otherwise; a non-loopback"
+            " address needs a token (or --insecure). Stops on SIGINT/SIGTERM after feeding every"
+            " accepted span. Needs the serve extra: pip install 'otel-loopguard[serve]'."
+        ),
+    )
+    parser.add_argument("--host", metavar="ADDR", default="127.0.0.1",
+                        help="address to bind both ports on (default: %(default)s)")
+    parser.add_argument("--http-port", metavar="PORT", type=_port, default=4318,
+                        help="OTLP/HTTP, decisions, /metrics, /healthz (default: %(default)s;"
+                             " 0: any free port)")
+    parser.add_argument("--grpc-port", metavar="PORT", type=_port, default=4317,
+                        help="OTLP/gRPC (default: %(default)s; 0: any free port)")
+    parser.add_argument("--no-grpc", action="store_true", help="do not serve OTLP/gRPC")
+    parser.add_argument(
+        "--token", metavar="TOKEN",
+        help="require 'Authorization: Bearer TOKEN' on every endpoint but /healthz (default:"
+             " $LOOPGUARD_SERVE_TOKEN, else none)")
+    parser.add_argument("--insecure", action="store_true",
+                        help="allow a non-loopback --host without a token")
+    _policy_options(parser, None)
+    parser.add_argument(
+        "--mode", choices=("observe", "advise", "enforce"),
+        help="override the policy's mode (default: the policy's own)",
+    )
+    parser.add_argument(
+        "--hold-seconds", metavar="SECONDS", type=_non_negative_seconds, default=2.0,
+        help="how long a tool span waits for its trace's root span before it is judged with"
+             " the ancestors known so far (default: %(default)s)")
+    parser.add_argument("--max-queued-spans", metavar="N", type=int, default=100_000,
+                        help="accepted spans waiting for the guard before clients get 429 /"
+                             " RESOURCE_EXHAUSTED (default: %(default)s)")
+    parser.add_argument("--max-body-bytes", metavar="N", type=int, default=20 * 1024 * 1024,
+                        help="largest request body, after gzip (default: %(default)s)")
+    parser.set_defaults(handler=_run_serve)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    try:
+        from otel_loopguard.service import TOKEN_ENV, ServeOptions, run_serve
+    except ImportError as exc:
+        raise _UsageError(f"serve needs the serve extra (pip install 'otel-loopguard[serve]'):"
+                          f" {exc}") from None
+    from otel_loopguard.config import Mode
+
+    policy = _load_policy(args)
+    if args.mode:
+        policy = policy.replace(mode=Mode(args.mode))
+    token = args.token if args.token is not None else (os.environ.get(TOKEN_ENV) or None)
+    try:
+        options = ServeOptions(
+            host=args.host, http_port=args.http_port,
+            grpc_port=None if args.no_grpc else args.grpc_port, token=token,
+            insecure=args.insecure, max_body_bytes=args.max_body_bytes,
+            max_queued_spans=args.max_queued_spans, hold_seconds=args.hold_seconds,
+        )
+    except ValueError as exc:
+        raise _UsageError(str(exc)) from None
+    try:
+        return run_serve(options, policy)
+    except OSError as exc:
+        raise _UsageError(f"cannot listen on {args.host}: {exc.strerror or exc}") from None
+
+
 # -- main --------------------------------------------------------------------------------------
 
 
@@ -230,12 +305,13 @@ def _version() -> str:
     return __version__
 
 
-#: Each adds one subcommand (``serve`` joins here); its handler imports its module.
-_SUBCOMMANDS: Final = (_add_demo, _add_replay, _add_hook)
+#: Each adds one subcommand; its handler imports its module.
+_SUBCOMMANDS: Final = (_add_demo, _add_replay, _add_hook, _add_serve)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``otel-loopguard`` (subcommands ``demo``, ``replay``, ``hook``)."""
+    """The argument parser of ``otel-loopguard`` (subcommands ``demo``, ``replay``, ``hook``,
+    ``serve``)."""
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Catch AI agents stuck repeating tool calls.",

@@ -47,6 +47,7 @@ __all__ = [
     "OtlpSpans",
     "RecordedSpan",
     "START_NAME_PREFIXES",
+    "SpanLink",
     "STATUS_CODE_ERROR",
     "TraceBuffer",
     "TraceEvent",
@@ -388,6 +389,24 @@ class TraceBuffer:
         if span.parent_id is None:
             self._complete[span.trace_id] = None
 
+    def add_link(self, trace_id: int, span_id: int, parent_id: int | None,
+                 parent_remote: bool = False) -> None:
+        """Buffer a span known to be neither a tool nor an agent span: only its parent link
+        counts (the same as :meth:`add` of such a span, without looking at it)."""
+        trace = self._traces.get(trace_id)
+        if trace is None:
+            trace = self._traces[trace_id] = _Trace()
+        if span_id in trace.parents:
+            return
+        trace.parents[span_id] = parent_id
+        if parent_remote:
+            trace.remote.add(span_id)
+        if self._hold is not None:
+            trace.seen = self._clock()
+        self._spans += 1
+        if parent_id is None:
+            self._complete[trace_id] = None
+
     def take_ready(self) -> list[TraceEvent]:
         """Events of the traces whose root arrived, then of the oldest traces while more than
         ``max_spans`` spans are buffered."""
@@ -661,14 +680,26 @@ def _list_field(record: Mapping[str, Any], name: str, where: str) -> list[object
     return value
 
 
+#: A span known to be neither a tool nor an agent span, as the buffer keeps it: (trace id, span
+#: id, parent span id or None, whether the parent is remote).
+SpanLink = tuple[int, int, Union[int, None], bool]
+
+
 @dataclass(frozen=True, slots=True)
 class OtlpSpans:
     """The spans read from one OTLP request: the good ones, up to a few reasons for the bad ones
-    (each naming the span's path in the request), and how many were bad."""
+    (each naming the span's path in the request), and how many were bad. ``links``: spans a
+    decoder already knows to be neither tool nor agent spans, kept as parent links only."""
 
     spans: list[RecordedSpan]
     problems: list[str]
     bad_spans: int
+    links: list[SpanLink] = field(default_factory=list)
+
+    @property
+    def accepted(self) -> int:
+        """Spans read (recorded ones and links)."""
+        return len(self.spans) + len(self.links)
 
 
 def otlp_json_spans(record: Mapping[str, Any]) -> OtlpSpans:

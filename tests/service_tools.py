@@ -1,0 +1,183 @@
+"""Helpers for the serve tests: prerequisites, a scripted agent workload, HTTP and metrics."""
+
+from __future__ import annotations
+
+import http.client
+import importlib
+import json
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.trace import Tracer
+from opentelemetry.trace import Status, StatusCode
+
+from otel_loopguard.metrics import METRICS
+
+#: What the serve tests import beyond the package's core dependencies (the test extra).
+PREREQUISITES = (
+    "grpc",
+    "google.protobuf",
+    "google.rpc.status_pb2",
+    "opentelemetry.proto.collector.trace.v1.trace_service_pb2",
+    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+    "opentelemetry.exporter.otlp.proto.grpc.trace_exporter",
+)
+
+
+def require_serve_prerequisites() -> None:
+    """Skip without the serve extra and the exporters; in CI (``CI`` set) fail instead."""
+    for name in PREREQUISITES:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            if os.environ.get("CI"):
+                pytest.fail(f"{name} is missing in CI (pip install -e '.[test]'): {exc}")
+            pytest.skip(f"{name} is not installed")
+
+
+# -- a scripted agent workload -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Agent:
+    """One scripted agent run: ``calls`` of (tool, arguments, result)."""
+
+    name: str
+    calls: tuple[tuple[str, Mapping[str, Any], str], ...]
+    sub: Agent | None = None  # a sub-agent run inside this one, after its calls
+
+
+def looping(name: str, times: int = 8, tool: str = "grep",
+            arguments: Mapping[str, Any] | None = None, result: str = "3 matches") -> Agent:
+    return Agent(name, tuple((tool, arguments or {"pattern": "TODO"}, result)
+                             for _ in range(times)))
+
+
+def varied(name: str, count: int = 6) -> Agent:
+    return Agent(name, tuple(("read_file", {"path": f"src/{n}.py"}, f"contents {n}")
+                             for n in range(count)))
+
+
+def polling(name: str, count: int = 8) -> Agent:
+    return Agent(name, tuple(("status", {"job": 7}, f"running {n}") for n in range(count)))
+
+
+def run_agent(tracer: Tracer, agent: Agent, *, call_prefix: str = "call") -> None:
+    """One run as GenAI-semconv spans: ``invoke_agent`` around ``execute_tool`` spans (arguments,
+    call id and result set after start, as most instrumentations do) and ``chat`` spans."""
+    with tracer.start_as_current_span(
+            f"invoke_agent {agent.name}",
+            attributes={"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": agent.name}):
+        for index, (tool, arguments, result) in enumerate(agent.calls):
+            with tracer.start_as_current_span(
+                    "chat scripted", attributes={"gen_ai.operation.name": "chat",
+                                                 "gen_ai.request.model": "scripted"}) as chat:
+                chat.set_attribute("gen_ai.output.messages", json.dumps(
+                    [{"role": "assistant", "parts": [{"type": "tool_call", "name": tool}]}]))
+            with tracer.start_as_current_span(
+                    f"execute_tool {tool}",
+                    attributes={"gen_ai.operation.name": "execute_tool",
+                                "gen_ai.tool.name": tool}) as span:
+                span.set_attribute("gen_ai.tool.call.arguments", json.dumps(arguments))
+                span.set_attribute("gen_ai.tool.call.id", f"{call_prefix}-{agent.name}-{index}")
+                span.set_attribute("gen_ai.tool.call.result", result)
+                if result.startswith("error"):
+                    span.set_status(Status(StatusCode.ERROR, result))
+        if agent.sub is not None:
+            run_agent(tracer, agent.sub, call_prefix=call_prefix)
+
+
+def workload(tracer: Tracer, traces: int = 1) -> None:
+    """A mixed workload: loops, healthy work, polling, a looping sub-agent, one trace each."""
+    for n in range(traces):
+        run_agent(tracer, looping("coder"), call_prefix=f"t{n}")
+        run_agent(tracer, varied("reviewer"), call_prefix=f"t{n}")
+        run_agent(tracer, polling("watcher"), call_prefix=f"t{n}")
+        run_agent(tracer, Agent("planner", (("plan", {"goal": "x"}, "ok"),),
+                                sub=looping("searcher", 7, "search", {"q": "paris"}, "same")),
+                  call_prefix=f"t{n}")
+        run_agent(tracer, looping("builder", 6, "bash", {"command": "make"}, "error: boom"),
+                  call_prefix=f"t{n}")
+
+
+# -- reading what a guard did ------------------------------------------------------------------
+
+
+def guard_samples(registry: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of the guard's own metrics (METRICS) in ``registry``."""
+    names = {spec.name for spec in METRICS}
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for family in registry.collect():
+        if family.name not in names:
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_created"):
+                continue
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def sample(registry: Any, name: str, **labels: str) -> float:
+    value = registry.get_sample_value(name, labels)
+    return 0.0 if value is None else float(value)
+
+
+def trip_lines(path: Path) -> list[dict[str, Any]]:
+    """The trip log without its times."""
+    if not path.exists():
+        return []
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    for line in lines:
+        line.pop("time", None)
+    return lines
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
+    """Poll ``condition`` every 20 ms until true or ``timeout`` seconds passed."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return condition()
+
+
+# -- HTTP --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Answer:
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def request(port: int, method: str, path: str, body: bytes | None = None,
+            headers: Mapping[str, str] | None = None, timeout: float = 30.0) -> Answer:
+    """One request on a fresh loopback connection."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request(method, path, body=body, headers=dict(headers or {}))
+        response = conn.getresponse()
+        return Answer(response.status, {k.lower(): v for k, v in response.getheaders()},
+                      response.read())
+    finally:
+        conn.close()
+
+
+@contextmanager
+def keep_alive(port: int, timeout: float = 10.0) -> Iterator[http.client.HTTPConnection]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        yield conn
+    finally:
+        conn.close()
