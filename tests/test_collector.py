@@ -1,0 +1,160 @@
+"""collector/: the Collector configs and the demo stack, checked structurally (no Collector binary
+runs here): current component names, every pipeline's components defined, endpoints that match
+serve's defaults, and files the compose stack mounts that exist."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+try:
+    import yaml
+except ImportError:  # pragma: no cover - the test extra installs it
+    if os.environ.get("CI"):
+        raise
+    pytest.skip("PyYAML is not installed", allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parents[1]
+COLLECTOR = ROOT / "collector"
+CONFIGS = ("otelcol-fanout.yaml", "otelcol-sharded.yaml", "otelcol-sharded-conversation.yaml")
+
+# serve's defaults, read from the code rather than copied (imported lazily: the serve extra).
+HTTP_PORT = 4318
+GRPC_PORT = 4317
+
+#: Component types these configs may use, by kind: current (snake_case) names only.
+KNOWN = {
+    "receivers": {"otlp"},
+    "processors": {"batch", "memory_limiter"},
+    "exporters": {"otlp_grpc", "otlp_http", "load_balancing", "debug", "file"},
+}
+#: Older names the Collector keeps as deprecated aliases: never in our files.
+DEPRECATED = {"otlphttp", "loadbalancing", "spanmetrics", "logging"}
+
+
+def load(name: str) -> dict[str, Any]:
+    data = yaml.safe_load((COLLECTOR / name).read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+def component_type(component_id: str) -> str:
+    return component_id.split("/", 1)[0]
+
+
+def test_serve_defaults_are_the_ones_checked_here() -> None:
+    from otel_loopguard.service import DEFAULT_GRPC_PORT, DEFAULT_HTTP_PORT
+
+    assert (DEFAULT_HTTP_PORT, DEFAULT_GRPC_PORT) == (HTTP_PORT, GRPC_PORT)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_config_is_well_formed(name: str) -> None:
+    config = load(name)
+    assert set(config) <= {"receivers", "processors", "exporters", "connectors", "extensions",
+                           "service"}
+    for kind, allowed in KNOWN.items():
+        for component_id in config.get(kind) or {}:
+            kind_name = component_type(component_id)
+            assert kind_name not in DEPRECATED, (name, component_id)
+            assert kind_name in allowed, (name, kind, component_id)
+            assert re.fullmatch(r"[a-z][a-z0-9_]*(/[a-z0-9_.-]+)?", component_id), component_id
+    pipelines = config["service"]["pipelines"]
+    assert set(pipelines) == {"traces"}
+    used: set[tuple[str, str]] = set()
+    for pipeline in pipelines.values():
+        assert pipeline.get("receivers") and pipeline.get("exporters")
+        for kind in ("receivers", "processors", "exporters"):
+            for component_id in pipeline.get(kind) or []:
+                assert component_id in (config.get(kind) or {}), (name, kind, component_id)
+                used.add((kind, component_id))
+    defined = {(kind, cid) for kind in KNOWN for cid in (config.get(kind) or {})}
+    assert defined == used, f"{name}: defined but unused: {defined - used}"
+    receiver = config["receivers"]["otlp"]["protocols"]
+    assert receiver["grpc"]["endpoint"].endswith(f":{GRPC_PORT}")
+    assert receiver["http"]["endpoint"].endswith(f":{HTTP_PORT}")
+
+
+def test_fanout_sends_to_the_backend_and_to_serves_http_port() -> None:
+    config = load("otelcol-fanout.yaml")
+    exporters = config["exporters"]
+    assert config["service"]["pipelines"]["traces"]["exporters"] == [
+        "otlp_grpc/backend", "otlp_http/loopguard"]
+    loopguard = exporters["otlp_http/loopguard"]
+    assert loopguard["endpoint"].endswith(f":{HTTP_PORT}}}")  # ${env:...:-http://loopguard:4318}
+    assert loopguard["headers"]["authorization"] == "Bearer ${env:LOOPGUARD_SERVE_TOKEN}"
+    assert "compression" not in loopguard or loopguard["compression"] == "gzip"
+
+
+@pytest.mark.parametrize(("name", "routing"), [
+    ("otelcol-sharded.yaml", "traceID"),
+    ("otelcol-sharded-conversation.yaml", "attributes"),
+])
+def test_sharded_routes_to_serve_replicas_over_grpc(name: str, routing: str) -> None:
+    balancer = load(name)["exporters"]["load_balancing"]
+    assert balancer["routing_key"] == routing
+    if routing == "attributes":
+        assert balancer["routing_attributes"] == ["gen_ai.conversation.id"]
+    else:
+        assert "routing_attributes" not in balancer
+    assert set(balancer["protocol"]) == {"otlp"}  # load_balancing speaks OTLP/gRPC only
+    otlp = balancer["protocol"]["otlp"]
+    assert "endpoint" not in otlp  # the resolver gives the endpoints
+    assert otlp["headers"]["authorization"] == "Bearer ${env:LOOPGUARD_SERVE_TOKEN}"
+    hostnames = balancer["resolver"]["static"]["hostnames"]
+    assert len(hostnames) >= 2 and all(h.endswith(f":{GRPC_PORT}") for h in hostnames)
+
+
+def test_compose_stack_mounts_what_exists_and_agrees_on_the_token() -> None:
+    compose = load("docker-compose.yml")
+    services = compose["services"]
+    assert set(services) == {"collector", "loopguard", "jaeger", "prometheus", "grafana"}
+    for service in services.values():
+        for volume in service.get("volumes", []):
+            source = volume.split(":", 1)[0]
+            assert (COLLECTOR / source).exists(), source
+        for port in service.get("ports", []):
+            assert port.startswith("127.0.0.1:"), port  # the demo publishes on loopback only
+    collector = services["collector"]
+    assert "./otelcol-fanout.yaml:/etc/otelcol/config.yaml:ro" in collector["volumes"]
+    environment = collector["environment"]
+    assert environment["LOOPGUARD_ENDPOINT"] == f"http://loopguard:{HTTP_PORT}"
+    assert environment["TRACING_BACKEND_ENDPOINT"] == f"jaeger:{GRPC_PORT}"
+    token = environment["LOOPGUARD_SERVE_TOKEN"]
+    assert services["loopguard"]["environment"]["LOOPGUARD_SERVE_TOKEN"] == token
+    default = re.fullmatch(r"\$\{LOOPGUARD_SERVE_TOKEN:-(.+)\}", token)
+    assert default is not None
+    build = services["loopguard"]["build"]
+    assert (COLLECTOR / build["context"] / build["dockerfile"]).is_file()
+    command = services["loopguard"]["command"]
+    assert command[:2] == ["--host", "0.0.0.0"]  # with the token from the environment
+    dockerfile = (COLLECTOR / "Dockerfile").read_text()
+    assert 'ENTRYPOINT ["otel-loopguard", "serve"]' in dockerfile and "[serve]" in dockerfile
+
+    prometheus = yaml.safe_load((COLLECTOR / "prometheus.yml").read_text())
+    assert prometheus["rule_files"] == ["/etc/prometheus/alerts.yml"]
+    assert "../dashboards/alerts.yml:/etc/prometheus/alerts.yml:ro" in (
+        services["prometheus"]["volumes"])
+    (job,) = prometheus["scrape_configs"]
+    assert job["metrics_path"] == "/metrics"
+    assert job["static_configs"][0]["targets"] == [f"loopguard:{HTTP_PORT}"]
+    assert job["authorization"] == {"type": "Bearer", "credentials": default.group(1)}
+
+    provisioning = COLLECTOR / "grafana" / "provisioning"
+    datasource = yaml.safe_load((provisioning / "datasources" / "prometheus.yaml").read_text())
+    assert datasource["datasources"][0]["type"] == "prometheus"
+    assert datasource["datasources"][0]["url"] == "http://prometheus:9090"
+    dashboards = yaml.safe_load((provisioning / "dashboards" / "loopguard.yaml").read_text())
+    path = dashboards["providers"][0]["options"]["path"]
+    assert any(volume.endswith(f"{path}/loopguard.json:ro")
+               for volume in services["grafana"]["volumes"])
+
+
+def test_readme_names_every_file() -> None:
+    readme = (COLLECTOR / "README.md").read_text()
+    for name in (*CONFIGS, "docker-compose.yml", "Dockerfile"):
+        assert f"`{name}`" in readme, name
