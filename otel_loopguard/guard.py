@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 import weakref
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -58,6 +59,10 @@ _BLOCKING: Final = frozenset({Action.DENY, Action.RESCUE, Action.STOP})
 _ALLOW_STEP: Final = Step(Action.ALLOW)
 #: Extra seconds a hook waits beyond a command advisor's own timeout, so the kill is reported.
 _ADVISOR_GRACE_SECONDS: Final = 2.0
+#: Calls remembered as reported, per session, so that a second report of the same call (a
+#: framework hook's and its span's, in either order) does not count it again; and sessions kept.
+_MAX_SETTLED_CALLS: Final = 64
+_MAX_SETTLED_SESSIONS: Final = 1024
 _RECENT_CALLS: Final = 8
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -122,6 +127,10 @@ class LoopGuard:
         # Per thread, the last call before_tool keyed: (arguments object, tool, args key). An
         # after_tool with the very same objects reuses the key instead of hashing again.
         self._last = threading.local()
+        # Hook attempts whose outcome is in: session key -> {call id: args key}, oldest first. A
+        # second report of such a call (by its id, or by its arguments when it carries no id, as
+        # OpenInference tool spans do) only returns None. Cleared per session on a new run.
+        self._settled: OrderedDict[object, dict[str, str]] = OrderedDict()
         self._errors: dict[str, int] = {}
         self._logged: set[tuple[str, str]] = set()
         self._watch_sessions(self._recorder)
@@ -480,9 +489,10 @@ class LoopGuard:
                 if mutating and error is not True:
                     state.new_epoch()  # it ran (we only heard of it afterwards): progress
             else:
-                state.add_pending(
-                    key if call_id is None else _text(call_id), key, enforced_block, mutating
-                )
+                ref = key if call_id is None else _text(call_id)
+                state.add_pending(ref, key, enforced_block, mutating)
+                if call_id is not None and self._settled:
+                    self._take_settled(store_key, ref)  # a new attempt under a reused call id
             recent: tuple[str, ...] = ()
             if step.action is Action.RESCUE:
                 advice, rescue_outcome, ask = self._reserve_rescue(state, key)
@@ -563,12 +573,16 @@ class LoopGuard:
             known_key, known_state = last[4], last[5]
         if ref is not None or known_key is not None:
             with self._lock:
-                state = known_state or self._store.get(
-                    self._store_key(*self._ids(session, agent)), create=False)
+                store_key = self._store_key(*self._ids(session, agent))
+                if ref is not None and self._take_settled(store_key, ref):
+                    return None  # this call was reported already (by the hook, or by its span)
+                state = known_state or self._store.get(store_key, create=False)
                 pending = None
                 if state is not None:
                     if ref is not None:
                         pending = state.take_pending(ref)
+                        if pending is not None:
+                            self._settle(store_key, ref, pending.args_key)
                     if pending is None and known_key is not None:
                         pending = state.take_pending(known_key)
                 if pending is not None:
@@ -585,12 +599,19 @@ class LoopGuard:
         if not tracked:
             return None
         key = args_key(name, canonical_json(value))
-        # The hook may have counted this call without an id (pending under its args key).
         with self._lock:
             state = self._store.get(store_key, create=False)
-            pending = state.take_pending(key) if state is not None else None
+            pending = None
+            if state is not None:
+                # The hook may have counted this call without an id (pending under its args key),
+                # or under an id this report does not carry: match it by session and arguments.
+                pending = state.take_pending(key)
+                if pending is None and state.pending:
+                    pending = self._take_pending_by_args(state, store_key, key)
             if pending is not None:
                 self._apply_outcome(state, pending, outcome, error)  # type: ignore[arg-type]
+            elif ref is None and self._take_settled_by_args(store_key, key):
+                return None  # the hook reported this call with its id; this is the span's echo
         if pending is not None:
             if duration_seconds:
                 self._record_wasted(state, pending, agent, name, duration_seconds)
@@ -598,6 +619,55 @@ class LoopGuard:
         return self._attempt(
             name, arguments, session, agent, call_id, False, True, outcome, error, duration_seconds,
         )
+
+    def _take_pending_by_args(self, state: SessionState, store_key: object,
+                              key: str) -> Pending | None:
+        """Under the lock: the oldest attempt of ``key`` pending under a call id, preferring one
+        that was allowed to run (a blocked call has no span to report it)."""
+        match: str | None = None
+        for ref, pending in (state.pending or {}).items():
+            if pending.args_key == key:
+                if not pending.blocked:
+                    match = ref
+                    break
+                if match is None:
+                    match = ref
+        if match is None:
+            return None
+        taken = state.take_pending(match)
+        if taken is not None and match not in (state.pending or ()):
+            self._settle(store_key, match, key)
+        return taken
+
+    def _settle(self, store_key: object, ref: str, key: str) -> None:
+        """Under the lock: remember that the call ``ref`` (arguments ``key``) was reported."""
+        calls = self._settled.get(store_key)
+        if calls is None:
+            calls = self._settled[store_key] = {}
+            if len(self._settled) > _MAX_SETTLED_SESSIONS:
+                self._settled.popitem(last=False)
+        else:
+            self._settled.move_to_end(store_key)
+        calls[ref] = key
+        if len(calls) > _MAX_SETTLED_CALLS:
+            del calls[next(iter(calls))]
+
+    def _take_settled(self, store_key: object, ref: str) -> bool:
+        """Under the lock: whether ``ref`` was reported already; a second report uses it up."""
+        calls = self._settled.get(store_key)
+        return calls is not None and calls.pop(ref, None) is not None
+
+    def _take_settled_by_args(self, store_key: object, key: str) -> bool:
+        """Under the lock: use up the oldest reported call of this session with these
+        arguments, if any."""
+        calls = self._settled.get(store_key)
+        if not calls:
+            return False
+        for ref, settled_key in calls.items():
+            if settled_key == key:
+                del calls[ref]
+                return True
+        return False
 
     @staticmethod
     def _apply_outcome(
@@ -709,9 +779,11 @@ class LoopGuard:
     def _reset(self, session: object, agent: object, where: str) -> None:
         try:
             with self._lock:
-                state = self._store.get(self._store_key(*self._ids(session, agent)))
+                store_key = self._store_key(*self._ids(session, agent))
+                state = self._store.get(store_key)
                 if state is not None:
                     state.new_epoch(clear_stop=True)
+                self._settled.pop(store_key, None)  # a new run may reuse call ids
                 evictions = self._take_evictions()
             for reason in evictions:
                 self._recorder.evicted(reason)

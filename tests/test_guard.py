@@ -38,6 +38,57 @@ def test_after_without_call_id_matches_the_pending_hook_call() -> None:
     assert guard.before_tool("search", {"q": "x"}, session="s").action is Action.DENY
 
 
+# A framework hook and its tool span both report each call, in either order, with or without the
+# call id (OpenInference tool spans carry none): the call counts once and its result once.
+@pytest.mark.parametrize("reports", [
+    ("hook", "span"),            # Pydantic AI, Google ADK: the hook's after, then the span ends
+    ("span", "hook"),            # Strands: the span ends before AfterToolCallEvent
+    ("span-no-id", "hook"),      # LangGraph + OpenInference: span first, without the call id
+    ("hook", "span-no-id"),      # OpenAI Agents + OpenInference: output guardrail, then span
+])
+def test_hook_and_span_reports_of_one_call_count_once(reports: tuple[str, str]) -> None:
+    guard = LoopGuard(DEFAULT)
+    for n in range(1, STUCK):
+        decision = guard.before_tool("search", {"query": "x"}, session="s", call_id=f"c{n}")
+        assert decision.count == (n if n > 1 else 0)
+        for report in reports:
+            call_id = f"c{n}" if report in ("hook", "span") else None
+            arguments = {"query": "x"} if report == "hook" else '{"query": "x"}'
+            assert guard.after_tool("search", arguments, session="s", call_id=call_id,
+                                    result="same") is None
+    decision = guard.before_tool("search", {"query": "x"}, session="s", call_id="last")
+    assert (decision.action, decision.rule, decision.count) == (Action.DENY, Rule.NO_PROGRESS,
+                                                                STUCK)
+
+
+def test_a_reused_call_id_is_a_new_call() -> None:
+    guard = LoopGuard(DEFAULT)
+    counts = []
+    for _ in range(2):  # scripted models reuse ids; a new attempt under an old id still counts
+        counts.append(guard.before_tool("search", {"q": "x"}, session="s", call_id="c1").count)
+        guard.after_tool("search", {"q": "x"}, session="s", call_id="c1", result="r")
+    guard.new_run("s")
+    counts.append(guard.before_tool("search", {"q": "x"}, session="s", call_id="c1").count)
+    assert guard.after_tool("search", {"q": "x"}, session="s", call_id="c1") is None
+    assert counts == [0, 2, 0]
+
+
+def test_a_blocked_attempt_left_pending_never_makes_a_later_call_count_twice() -> None:
+    guard = LoopGuard(DEFAULT)
+    for n in range(1, STUCK + 1):
+        decision = guard.before_tool("search", {"q": "x"}, session="s", call_id=f"c{n}")
+        if not decision.blocks:  # LangGraph and Strands emit no tool span for a blocked call
+            assert guard.after_tool("search", '{"q": "x"}', session="s", result="r") is None
+            guard.after_tool("search", {"q": "x"}, session="s", call_id=f"c{n}", result="r")
+    assert decision.action is Action.DENY
+    guard.user_message("s")
+    allowed = guard.before_tool("search", {"q": "x"}, session="s", call_id="next")
+    assert allowed.action is Action.ALLOW
+    assert guard.after_tool("search", '{"q": "x"}', session="s", result="r") is None
+    assert guard.after_tool("search", {"q": "x"}, session="s", call_id="next") is None
+    assert guard.before_tool("search", {"q": "x"}, session="s").count == 2
+
+
 def test_after_alone_counts_the_call() -> None:
     guard = LoopGuard(DEFAULT)
     decisions = [guard.after_tool("search", {"q": "x"}, session="s", result="r")
