@@ -594,3 +594,31 @@ def test_readme_settings_install_every_event_each_host_adapter_acts_on() -> None
             assert handler["command"] == f"otel-loopguard hook {host.name}"
             tool_event = host.events[name] in (EventKind.PRE_TOOL, EventKind.POST_TOOL)
             assert group.get("matcher") == ("*" if tool_event else None), (host.name, name)
+
+
+# -- rescue: advice bought once, kept across hook processes ---------------------------------------
+
+
+def test_rescue_advice_is_asked_once_and_reused_by_later_processes(tmp_path: Path) -> None:
+    store = tmp_path / "hooks.sqlite3"
+    asked = tmp_path / "asked.txt"
+    advisor = tmp_path / "advisor.sh"
+    advisor.write_text(f"#!/bin/sh\ncat > /dev/null\necho asked >> {asked}\n"
+                       "echo 'Read the compiler error; the header is missing.'\n")
+    advisor.chmod(0o755)
+    config = tmp_path / "loopguard.toml"
+    config.write_text(f'advisor_command = "{advisor}"\nstop_after_denials = false\n')
+    assert DEFAULT.rescue_threshold is not None
+    rescues = 3
+    reasons = []
+    for call in range(1, DEFAULT.rescue_threshold + rescues):  # no results: outcome unknown
+        reply = hook("claude-code", claude_pre("Bash", {"command": "make"}, f"t{call}"), store,
+                     "--config", str(config))
+        assert reply.code == 0
+        if call >= DEFAULT.rescue_threshold:
+            reasons.append(reply.out["hookSpecificOutput"]["permissionDecisionReason"])
+    assert len(reasons) == rescues
+    for reason in reasons:
+        assert reason.endswith("Advice from a reviewer model:\n"
+                               "Read the compiler error; the header is missing.")
+    assert asked.read_text() == "asked\n"  # the later rescues used the advice saved in the store
