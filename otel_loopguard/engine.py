@@ -114,8 +114,26 @@ def _matches(union: re.Pattern[str] | None, name: str) -> bool:
     return union is not None and union.fullmatch(name) is not None
 
 
-def _union(patterns: tuple[str, ...]) -> re.Pattern[str] | None:
-    return re.compile("|".join(f"(?:{p})" for p in patterns)) if patterns else None
+class _AnyOf:
+    """Patterns that cannot share one regex (global inline flags such as ``(?i)`` must start
+    a pattern), searched one after another."""
+
+    def __init__(self, patterns: tuple[str, ...]) -> None:
+        self._patterns = [re.compile(p) for p in patterns]
+
+    def search(self, text: str) -> bool:
+        return any(p.search(text) for p in self._patterns)
+
+
+def _union(patterns: tuple[str, ...]) -> re.Pattern[str] | _AnyOf | None:
+    """One regex matching any of ``patterns`` (one scan per command), or, when they cannot be
+    joined, a matcher trying each in turn."""
+    if not patterns:
+        return None
+    try:
+        return re.compile("|".join(f"(?:{p})" for p in patterns))
+    except re.error:
+        return _AnyOf(patterns)
 
 
 class SignatureState:

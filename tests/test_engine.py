@@ -226,3 +226,13 @@ def test_put_evicts_least_recently_used_beyond_capacity(clock: FakeClock) -> Non
     store.put("c", SessionState(clock.now))
     assert "b" not in store and store.get("a", create=False) is replacement and "c" in store
     assert evicted == ["capacity"]
+
+
+def test_command_patterns_with_inline_flags_still_combine() -> None:
+    policy = POLICY.replace(exclude_commands=(r"(?i)^DOCKER PS", r"^kubectl get"),
+                            mutating_commands=(r"(?i)make install", r"^cp "))
+    classifier = Classifier(policy)
+    assert classifier.classify("bash", {"command": "docker ps -a"}) == (False, False)
+    assert classifier.classify("bash", {"command": "kubectl get pods"}) == (False, False)
+    assert classifier.classify("bash", {"command": "MAKE INSTALL"}) == (True, True)
+    assert classifier.classify("bash", {"command": "ls"}) == (True, False)
