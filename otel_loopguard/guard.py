@@ -442,17 +442,23 @@ class LoopGuard:
         outcome: str | None = None,
         error: bool | None = None,
         duration_seconds: float | None = None,
+        known: tuple[bool, bytes, str] | None = None,
     ) -> Decision:
         """Count one attempt and decide. ``after_the_fact``: the attempt already ran (reported
-        only when it ended), so its outcome is recorded at once and it is never pending."""
+        only when it ended), so its outcome is recorded at once and it is never pending.
+        ``known``: (mutating, canonical JSON, args key) of a tracked call the caller already
+        classified and keyed (``after_tool``), so they are not computed twice."""
         policy = self.policy
         name = tool if type(tool) is str and len(tool) <= MAX_TOOL_NAME_CHARS else tool_name(tool)
-        value = canonical_arguments(arguments, policy.ignored_args)
-        tracked, mutating = self._classifier.classify(name, value)
-        if not tracked:
-            return ALLOW
-        canonical = canonical_json(value)
-        key = args_key(name, canonical)
+        if known is None:
+            value = canonical_arguments(arguments, policy.ignored_args)
+            tracked, mutating = self._classifier.classify(name, value)
+            if not tracked:
+                return ALLOW
+            canonical = canonical_json(value)
+            key = args_key(name, canonical)
+        else:
+            mutating, canonical, key = known
         store_key: object
         if type(session) is str and agent is None:
             sid, aid, store_key = session, None, session  # the common case, without the calls
@@ -595,10 +601,11 @@ class LoopGuard:
         policy = self.policy
         name = tool_name(tool)
         value = canonical_arguments(arguments, policy.ignored_args)
-        tracked, _ = self._classifier.classify(name, value)
+        tracked, mutating = self._classifier.classify(name, value)
         if not tracked:
             return None
-        key = args_key(name, canonical_json(value))
+        canonical = canonical_json(value)
+        key = args_key(name, canonical)
         with self._lock:
             state = self._store.get(store_key, create=False)
             pending = None
@@ -618,6 +625,7 @@ class LoopGuard:
             return None
         return self._attempt(
             name, arguments, session, agent, call_id, False, True, outcome, error, duration_seconds,
+            (mutating, canonical, key),
         )
 
     def _take_pending_by_args(self, state: SessionState, store_key: object,

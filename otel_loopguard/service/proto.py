@@ -59,6 +59,8 @@ __all__ = [
 
 #: ``Span.flags``: SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE | SPAN_FLAGS_CONTEXT_IS_REMOTE.
 _REMOTE_PARENT: Final = 0x300
+_ZERO_TRACE: Final = bytes(16)
+_ZERO_SPAN: Final = bytes(8)
 
 
 # -- lean schemas ----------------------------------------------------------------------------
@@ -209,9 +211,14 @@ def _attributes(pairs: Iterable[Any], depth: int = 0) -> dict[str, object]:
     """``KeyValue`` pairs as a dict (the last of a repeated key wins; empty values dropped)."""
     attributes: dict[str, object] = {}
     for pair in pairs:
-        decoded = _value(pair.value, depth)
-        if decoded is not None:
-            attributes[pair.key] = decoded
+        value = pair.value
+        kind = value.WhichOneof("value")
+        if kind == "string_value":  # most attributes: no call
+            attributes[pair.key] = value.string_value
+        elif kind is not None:
+            decoded = _value(value, depth)
+            if decoded is not None:
+                attributes[pair.key] = decoded
     return attributes
 
 
@@ -249,13 +256,22 @@ def proto_spans(body: bytes) -> OtlpSpans:
     links: list[SpanLink] = []
     problems: list[str] = []
     bad = 0
+    from_bytes = int.from_bytes
     for i, (resource, raw_resource) in enumerate(zip(lean.resource_spans, raw.resource_spans)):
         for j, (scope, raw_scope) in enumerate(zip(resource.scope_spans, raw_resource.scope_spans)):
             encodings = raw_scope.spans
             for k, span in enumerate(scope.spans):
                 try:
-                    trace_id, span_id, parent_id = _ids(
+                    raw_trace, raw_span, raw_parent = (
                         span.trace_id, span.span_id, span.parent_span_id)
+                    if (len(raw_trace) == 16 and len(raw_span) == 8 and len(raw_parent) in (0, 8)
+                            and raw_trace != _ZERO_TRACE and raw_span != _ZERO_SPAN):
+                        trace_id = from_bytes(raw_trace, "big")
+                        span_id = from_bytes(raw_span, "big")
+                        parent_id = from_bytes(raw_parent, "big") if raw_parent else None
+                        parent_id = parent_id or None
+                    else:  # the slow path names the problem
+                        trace_id, span_id, parent_id = _ids(raw_trace, raw_span, raw_parent)
                     remote = parent_id is not None and span.flags & _REMOTE_PARENT == _REMOTE_PARENT
                     name = span.name
                     encoding = encodings[k]

@@ -1,0 +1,102 @@
+"""Protobuf decoding in serve: the candidate gate never hides a tool or agent span, and a
+candidate decodes to what the SDK recorded."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .service_tools import require_serve_prerequisites
+
+require_serve_prerequisites()
+
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans  # noqa: E402
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider  # noqa: E402
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E402
+    InMemorySpanExporter,
+)
+from opentelemetry.trace import StatusCode  # noqa: E402
+
+from otel_loopguard.conventions import agent_from_span, tool_call_from_span  # noqa: E402
+from otel_loopguard.service.proto import candidate_patterns, proto_spans  # noqa: E402
+from otel_loopguard.traces import BadSpan  # noqa: E402
+
+from .service_tools import workload  # noqa: E402
+from .span_dumps import dump_paths, load, rebuild  # noqa: E402
+
+
+def recorded(build: Any) -> list[ReadableSpan]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    build(provider.get_tracer("test"))
+    return list(exporter.get_finished_spans())
+
+
+def sdk_view(span: ReadableSpan) -> tuple[dict[str, Any], tuple[tuple[str, dict[str, Any]], ...]]:
+    def plain(attributes: Mapping[str, Any] | None) -> dict[str, Any]:
+        return {k: tuple(v) if isinstance(v, (list, tuple)) else v
+                for k, v in (attributes or {}).items()}
+
+    return plain(span.attributes), tuple((e.name, plain(e.attributes)) for e in span.events)
+
+
+def check(spans: list[ReadableSpan]) -> int:
+    """Every span the conventions recognise is decoded in full, and as the SDK held it."""
+    read = proto_spans(encode_spans(spans).SerializeToString())
+    assert read.bad_spans == 0 and read.accepted == len(spans)
+    decoded = {span.span_id: span for span in read.spans}
+    linked = {link[1] for link in read.links}
+    recognised = 0
+    for span in spans:
+        context = span.get_span_context()
+        assert context is not None
+        attributes, events = sdk_view(span)
+        error = span.status.status_code is StatusCode.ERROR
+        is_tool = tool_call_from_span(span.name, attributes, events, error) is not None
+        is_agent = agent_from_span(span.name, attributes) is not None
+        if not (is_tool or is_agent):
+            assert context.span_id in decoded or context.span_id in linked
+            continue
+        recognised += 1
+        got = decoded[context.span_id]  # a KeyError here: the gate hid a tool or agent span
+        assert (got.name, dict(got.attributes), got.events, got.status_error) == (
+            span.name, attributes, events, error)
+        assert (got.start_ns, got.end_ns) == (span.start_time, span.end_time)
+        parent = span.parent.span_id if span.parent is not None else None
+        assert (got.trace_id, got.parent_id) == (context.trace_id, parent)
+    return recognised
+
+
+def test_gate_is_read_from_the_conventions_tables() -> None:
+    gates = candidate_patterns()
+    assert gates is not None
+    names, prefixes, patterns = gates
+    assert "execute_tool " in prefixes and "running tool" in names
+    assert b"\n\x15gen_ai.operation.name\x12\x0e\n\x0cexecute_tool" in patterns
+
+
+@pytest.mark.parametrize("path", dump_paths(), ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_fixture_spans_decode_as_recorded(path: Path) -> None:
+    spans = recorded(lambda tracer: rebuild(load(path), tracer))
+    assert check(spans) > 0
+
+
+def test_scripted_workload_decodes_as_recorded() -> None:
+    spans = recorded(lambda tracer: workload(tracer, traces=1))
+    assert check(spans) == sum(1 for s in spans if s.name.startswith(("execute_tool",
+                                                                        "invoke_agent")))
+    read = proto_spans(encode_spans(spans).SerializeToString())
+    assert read.links and all(not s.name.startswith("chat") for s in read.spans)
+
+
+def test_garbage_is_a_bad_request() -> None:
+    for body in (b"\xff\xff\xff", b"\x0a\x05abc"):
+        with pytest.raises(BadSpan, match="not a valid protobuf"):
+            proto_spans(body)
+    empty = proto_spans(b"")
+    assert (empty.accepted, empty.bad_spans) == (0, 0)
