@@ -1,0 +1,136 @@
+"""LangGraph: a tool-call wrapper for ``ToolNode``, sync and async.
+
+::
+
+    from langgraph.prebuilt import ToolNode
+    from otel_loopguard.integrations.langgraph import LoopGuardToolWrapper
+
+    wrapper = LoopGuardToolWrapper(guard)
+    tools = ToolNode([search], wrap_tool_call=wrapper.wrap_tool_call,
+                     awrap_tool_call=wrapper.awrap_tool_call)
+
+Before each call the wrapper asks the guard; a blocked call is answered with
+``ToolMessage(content=message, status="error")`` without calling ``execute``, so the model reads
+the message as the tool result. After a call it reports the result and appends a reminder to a
+string ``ToolMessage`` content. A stop ends the run (``on_stop="end"``, default):
+:class:`~otel_loopguard.LoopDetected` is raised, and ``ToolNode`` (with its default
+``handle_tool_errors``) lets it out of ``graph.invoke``; with ``handle_tool_errors=True`` it would
+turn it into an error message instead, so use ``on_stop="message"`` there.
+
+Session: the graph's ``thread_id`` (``config={"configurable": {"thread_id": ...}}``); a new user
+message in the thread (a new last ``HumanMessage``) starts a new progress epoch. OpenInference's
+LangChain instrumentation does not make its spans current, so with ``processor=`` pass a
+processor keyed by conversation (``LoopGuardSpanProcessor(guard, key_by="conversation")``): it
+keys the tool spans by the same ``thread_id``, and each call counts once.
+
+The wrapper runs on the graph's worker threads or event loop and never raises except to end a
+run on stop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+from ..guard import LoopGuard
+from ..policy import Action, LoopDetected
+from ._hook import OnStop, Ticket, ToolHook, missing_framework
+
+try:
+    from langchain_core.messages import HumanMessage, ToolMessage
+    from langgraph.prebuilt.tool_node import ToolCallRequest
+    from langgraph.types import Command
+except ImportError as exc:  # pragma: no cover - exercised by tests/integrations/test_imports.py
+    raise missing_framework("langgraph", "LangGraph", "langgraph") from exc
+
+if TYPE_CHECKING:
+    from ..processor import LoopGuardSpanProcessor
+
+__all__ = ["LoopGuardToolWrapper"]
+
+Result: TypeAlias = "ToolMessage | Command[Any]"
+
+
+def _thread_id(request: ToolCallRequest) -> str | None:
+    config = getattr(request.runtime, "config", None) or {}
+    configurable = config.get("configurable") or {}
+    thread = configurable.get("thread_id")
+    return str(thread) if thread is not None else None
+
+
+def _last_user_message(state: Any) -> object:
+    messages = state.get("messages") if isinstance(state, dict) else getattr(state, "messages", None)
+    if not isinstance(messages, list):
+        return None
+    for message in reversed(messages):
+        if isinstance(message, HumanMessage):
+            return message.id or id(message)
+    return None
+
+
+class LoopGuardToolWrapper:
+    """``wrap_tool_call`` / ``awrap_tool_call`` for ``ToolNode``: enforces the guard's
+    decisions. Options as in :mod:`otel_loopguard.integrations`."""
+
+    def __init__(
+        self,
+        guard: LoopGuard | None = None,
+        *,
+        processor: LoopGuardSpanProcessor | None = None,
+        session: str | Callable[[], str] | None = None,
+        agent: str | None = None,
+        append_reminders: bool = True,
+        on_stop: OnStop = "end",
+    ) -> None:
+        self.hook = ToolHook(guard, processor=processor, session=session, agent=agent,
+                             append_reminders=append_reminders, on_stop=on_stop)
+        self.guard = self.hook.guard
+
+    def _before(self, request: ToolCallRequest) -> tuple[Ticket, ToolMessage | None]:
+        call = request.tool_call
+        keys = self.hook.keys(_thread_id(request))
+        self.hook.run_marker(keys, _last_user_message(request.state))
+        ticket = self.hook.before(call["name"], call.get("args", {}), call.get("id"), keys)
+        decision = ticket.decision
+        if not decision.blocks:
+            return ticket, None
+        if decision.action is Action.STOP:
+            raise LoopDetected(decision)
+        return ticket, ToolMessage(content=decision.message, name=call["name"],
+                                   tool_call_id=call.get("id") or "", status="error")
+
+    def _after(self, ticket: Ticket, result: Result) -> Result:
+        if not isinstance(result, ToolMessage):
+            self.hook.after(ticket, result=None, error=None)  # a Command: outcome unknown
+            return result
+        content = result.content
+        self.hook.after(ticket, result=content, error=result.status == "error")
+        if isinstance(content, str) and self.hook.reminder(ticket) is not None:
+            return result.model_copy(update={"content": self.hook.with_reminder(ticket, content)})
+        return result
+
+    def wrap_tool_call(self, request: ToolCallRequest,
+                       execute: Callable[[ToolCallRequest], Result]) -> Result:
+        """For ``ToolNode(wrap_tool_call=...)``."""
+        ticket, blocked = self._before(request)
+        if blocked is not None:
+            return blocked
+        try:
+            result = execute(request)
+        except Exception:
+            self.hook.after(ticket, error=True)
+            raise
+        return self._after(ticket, result)
+
+    async def awrap_tool_call(self, request: ToolCallRequest,
+                              execute: Callable[[ToolCallRequest], Awaitable[Result]]) -> Result:
+        """For ``ToolNode(awrap_tool_call=...)``."""
+        ticket, blocked = self._before(request)
+        if blocked is not None:
+            return blocked
+        try:
+            result = await execute(request)
+        except Exception:
+            self.hook.after(ticket, error=True)
+            raise
+        return self._after(ticket, result)

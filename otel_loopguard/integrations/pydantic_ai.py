@@ -1,0 +1,137 @@
+"""Pydantic AI: a capability that asks the guard before each tool call.
+
+::
+
+    from pydantic_ai import Agent
+    from otel_loopguard.integrations.pydantic_ai import LoopGuardCapability
+
+    agent = Agent(model, capabilities=[LoopGuardCapability(guard)])
+
+``before_tool_execute`` asks the guard; a blocked call raises ``SkipToolExecution(message)``, so
+the tool does not run and the model reads the message as its result. ``after_tool_execute``
+reports the result and appends a reminder to a string result. A stop ends the run
+(``on_stop="end"``, default): :class:`~otel_loopguard.LoopDetected` is raised out of
+``agent.run``; with ``on_stop="message"`` the model reads the stop text instead.
+
+With ``processor=`` (the :class:`~otel_loopguard.processor.LoopGuardSpanProcessor` on the
+provider given to ``instrument=``), the decision the processor made when the tool span started
+(Pydantic AI puts the arguments there) is used as is, and each call counts once. Session
+otherwise: the run's ``conversation_id``; a new run in it starts a new progress epoch.
+
+Hooks run on the agent's event loop; they never raise except to end a run on stop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..guard import LoopGuard
+from ..policy import Action, LoopDetected
+from ._hook import OnStop, Ticket, ToolHook, missing_framework
+
+try:
+    from pydantic_ai import RunContext, SkipToolExecution
+    from pydantic_ai.capabilities import AbstractCapability
+    from pydantic_ai.messages import ToolCallPart
+    from pydantic_ai.tools import ToolDefinition
+except ImportError as exc:  # pragma: no cover - exercised by tests/integrations/test_imports.py
+    raise missing_framework("pydantic_ai", "Pydantic AI", "pydantic-ai") from exc
+
+if TYPE_CHECKING:
+    from ..processor import LoopGuardSpanProcessor
+
+__all__ = ["LoopGuardCapability"]
+
+
+def _agent_name(ctx: RunContext[Any]) -> str | None:
+    agent = getattr(ctx, "agent", None)
+    name = getattr(agent, "name", None)
+    return name if isinstance(name, str) else None
+
+
+@dataclass
+class LoopGuardCapability(AbstractCapability[Any]):
+    """Enforces the guard's decisions on every tool call of the agent it is given to.
+
+    Options as in :mod:`otel_loopguard.integrations`.
+    """
+
+    guard: LoopGuard | None = None
+    processor: LoopGuardSpanProcessor | None = None
+    session: str | Callable[[], str] | None = None
+    agent: str | None = None
+    append_reminders: bool = True
+    on_stop: OnStop = "end"
+    _hook: ToolHook = field(init=False, repr=False, compare=False)
+    _tickets: dict[str, Ticket] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._hook = ToolHook(self.guard, processor=self.processor, session=self.session,
+                              agent=self.agent, append_reminders=self.append_reminders,
+                              on_stop=self.on_stop)
+        self.guard = self._hook.guard
+        self._tickets = {}
+        if getattr(self, "id", None) is None:
+            setattr(self, "id", "loopguard")  # one per agent: a second one merges with the first
+
+    def _keys(self, ctx: RunContext[Any]) -> tuple[str, str | None]:
+        return self._hook.keys(ctx.conversation_id or ctx.run_id, _agent_name(ctx))
+
+    async def before_run(self, ctx: RunContext[Any]) -> None:
+        self._hook.run_marker(self._keys(ctx), ctx.run_id)
+
+    async def before_tool_execute(
+        self,
+        ctx: RunContext[Any],
+        *,
+        call: ToolCallPart,
+        tool_def: ToolDefinition,
+        args: Any,
+    ) -> Any:
+        decision = None
+        if self._hook.processor is not None:
+            from ..processor import current_decision
+
+            decision = current_decision()  # made (and counted) when the tool span started
+        ticket = self._hook.before(call.tool_name, call.args_as_dict(), call.tool_call_id,
+                                   self._keys(ctx), decision)
+        decision = ticket.decision
+        if not decision.blocks:
+            self._tickets[call.tool_call_id] = ticket
+            return args
+        if decision.action is Action.STOP:
+            raise LoopDetected(decision)
+        raise SkipToolExecution(decision.message)
+
+    async def after_tool_execute(
+        self,
+        ctx: RunContext[Any],
+        *,
+        call: ToolCallPart,
+        tool_def: ToolDefinition,
+        args: Any,
+        result: Any,
+    ) -> Any:
+        ticket = self._tickets.pop(call.tool_call_id, None)
+        if ticket is None:
+            return result
+        self._hook.after(ticket, result=result)
+        if isinstance(result, str):
+            return self._hook.with_reminder(ticket, result)
+        return result
+
+    async def on_tool_execute_error(
+        self,
+        ctx: RunContext[Any],
+        *,
+        call: ToolCallPart,
+        tool_def: ToolDefinition,
+        args: Any,
+        error: Exception,
+    ) -> Any:
+        ticket = self._tickets.pop(call.tool_call_id, None)
+        if ticket is not None:
+            self._hook.after(ticket, result=repr(error), error=True)
+        raise error

@@ -1,0 +1,135 @@
+"""OpenAI Agents SDK, driven for real offline: a custom Model that loops, the tool guardrails on
+every function tool, and OpenInference's instrumentation writing spans to the processor's
+provider."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from otel_loopguard import Action, LoopGuard
+
+from .conftest import (
+    ARGUMENTS,
+    FINAL,
+    FIRST_DENY,
+    FIRST_STOP,
+    POLICY,
+    REFERENCE,
+    TOOL,
+    Script,
+    Tracing,
+    calls_seen,
+    expected_tool_results,
+    require,
+    tool_spans,
+)
+
+require("openai_agents")
+
+from agents import (  # noqa: E402
+    Agent,
+    FunctionTool,
+    ModelResponse,
+    RunConfig,
+    Runner,
+    ToolInputGuardrailTripwireTriggered,
+    Usage,
+    function_tool,
+)
+from agents.models.interface import Model  # noqa: E402
+from openai.types.responses import (  # noqa: E402
+    ResponseFunctionToolCall,
+    ResponseOutputMessage,
+    ResponseOutputText,
+)
+
+from otel_loopguard.integrations.openai_agents import guard_agent  # noqa: E402
+
+
+class ScriptedModel(Model):
+    """A Model that asks for the script's next call, or answers."""
+
+    def __init__(self, script: Script) -> None:
+        self.script = script
+
+    async def get_response(self, system_instructions: Any, input: Any, *args: Any,
+                           **kwargs: Any) -> ModelResponse:
+        last = input[-1] if isinstance(input, list) and input else None
+        result = last.get("output") if isinstance(last, dict) and last.get(
+            "type") == "function_call_output" else None
+        script = self.script
+        if script.next_call(str(result) if result is not None else None):
+            call = ResponseFunctionToolCall(
+                type="function_call", call_id=f"call_{script.calls}", name=TOOL,
+                arguments=json.dumps(ARGUMENTS), id=f"fc_{script.calls}")
+            return ModelResponse(output=[call], usage=Usage(), response_id=None)
+        message = ResponseOutputMessage(
+            id="msg", type="message", role="assistant", status="completed",
+            content=[ResponseOutputText(type="output_text", text=FINAL, annotations=[])])
+        return ModelResponse(output=[message], usage=Usage(), response_id=None)
+
+    def stream_response(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+
+def build(script: Script) -> Agent[Any]:
+    @function_tool
+    def search(query: str) -> str:
+        """Search the web."""
+        return script.run_tool(query)
+
+    return Agent(name="weather_agent", tools=[search], model=ScriptedModel(script))
+
+
+@pytest.fixture
+def instrumented(tracing: Tracing) -> Iterator[Tracing]:
+    from openinference.instrumentation.openai_agents import OpenAIAgentsInstrumentor
+
+    instrumentor = OpenAIAgentsInstrumentor()
+    instrumentor.instrument(tracer_provider=tracing.provider)
+    try:
+        yield tracing
+    finally:
+        instrumentor.uninstrument()
+
+
+def test_guardrails_go_on_every_function_tool() -> None:
+    agent = guard_agent(build(Script()), LoopGuard(POLICY))
+    tools = [tool for tool in agent.tools if isinstance(tool, FunctionTool)]
+    assert tools and all(tool.tool_input_guardrails and tool.tool_output_guardrails
+                         for tool in tools)
+
+
+def test_loop_is_denied_at_the_configured_repeat_then_the_run_stops(
+        instrumented: Tracing) -> None:
+    tracing = instrumented
+    script = Script()
+    agent = guard_agent(build(script), processor=tracing.processor)
+    with pytest.raises(ToolInputGuardrailTripwireTriggered) as raised:
+        Runner.run_sync(agent, "What's the weather in Paris?",
+                        run_config=RunConfig(group_id="conv-1"))
+    decision = raised.value.output.output_info
+    assert decision.action is Action.STOP
+    assert decision.message == REFERENCE[FIRST_STOP - 1].message
+    assert script.calls == FIRST_STOP and script.tool_runs == FIRST_DENY - 1
+    assert script.seen == expected_tool_results(FIRST_STOP - 1)
+    # the guardrails ran inside OpenInference's tool spans (which carry no call id) and asked
+    # with the processor's keys: every attempt counted once; the spans alone count the same
+    # (a rejected call still has its tool span)
+    assert len(tool_spans(tracing)) == FIRST_STOP
+    assert calls_seen(tracing.guard) == FIRST_STOP
+    assert calls_seen(tracing.spans_only) == FIRST_STOP
+
+
+def test_the_run_goes_on_when_the_model_reads_the_denial() -> None:
+    script = Script(listen=True)
+    agent = guard_agent(build(script), LoopGuard(POLICY))
+    result = Runner.run_sync(agent, "What's the weather in Paris?",
+                             run_config=RunConfig(group_id="conv-2", tracing_disabled=True))
+    assert result.final_output == FINAL
+    assert script.calls == FIRST_DENY and script.tool_runs == FIRST_DENY - 1
+    assert script.seen == expected_tool_results(FIRST_DENY)
