@@ -637,3 +637,38 @@ def test_import_otel_loopguard_stays_light() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def test_connections_beyond_the_bound_are_closed_and_the_server_recovers(
+        service: Service, monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+    import threading
+
+    http_server = service._http
+    assert http_server is not None
+    monkeypatch.setattr(http_server, "_connections", threading.BoundedSemaphore(2))
+    idle = [socket.create_connection(("127.0.0.1", service.http_port), timeout=5)
+            for _ in range(2)]
+    slots = http_server._connections
+
+    def full() -> bool:
+        free = slots.acquire(blocking=False)
+        if free:
+            slots.release()
+        return not free
+
+    try:
+        assert wait_for(full, 5)  # the two idle connections hold both slots
+        with pytest.raises(OSError):  # closed at once, no answer
+            request(service.http_port, "GET", "/healthz", timeout=5)
+    finally:
+        for sock in idle:
+            sock.close()
+
+    def healthy() -> bool:
+        try:
+            return request(service.http_port, "GET", "/healthz", timeout=5).status == 200
+        except OSError:
+            return False
+
+    assert wait_for(healthy, 5)

@@ -99,6 +99,10 @@ RETRY_AFTER_SECONDS: Final = 1
 CONNECTION_TIMEOUT_SECONDS: Final = 30.0
 #: Threads answering gRPC calls.
 GRPC_WORKERS: Final = 8
+#: gRPC calls under way at once; more are refused by gRPC with RESOURCE_EXHAUSTED.
+MAX_CONCURRENT_RPCS: Final = 64
+#: Open HTTP connections (one thread each); a connection beyond it is closed at once.
+MAX_HTTP_CONNECTIONS: Final = 256
 #: How often the ingest thread looks for tool spans that waited ``hold_seconds`` (at most).
 _TICK_SECONDS: Final = 0.25
 #: An oversized body up to this many times the cap is read and dropped before the 413.
@@ -407,6 +411,7 @@ class Service:
             ThreadPoolExecutor(max_workers=GRPC_WORKERS, thread_name_prefix="loopguard-grpc"),
             options=[("grpc.max_receive_message_length", options.max_body_bytes),
                      ("grpc.so_reuseport", 0)],
+            maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
         )
         handler = grpc.method_handlers_generic_handler(_GRPC_SERVICE, {
             # No deserializer: the handler gets the request bytes (see proto.proto_spans).
@@ -677,6 +682,27 @@ class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128
     service: Service
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        self._connections = threading.BoundedSemaphore(MAX_HTTP_CONNECTIONS)
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        # Each connection holds a thread while open: bound them (a silent one times out).
+        if not self._connections.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._connections.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._connections.release()
 
 
 class _HTTPServer6(_HTTPServer):
