@@ -685,24 +685,32 @@ class _HTTPServer(ThreadingHTTPServer):
 
     def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
         self._connections = threading.BoundedSemaphore(MAX_HTTP_CONNECTIONS)
+        # The semaphore each open connection took its slot from: it gives the slot back to that
+        # one even if the bound was changed meanwhile.
+        self._slots: dict[Any, threading.BoundedSemaphore] = {}
         super().__init__(address, handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
         # Each connection holds a thread while open: bound them (a silent one times out).
-        if not self._connections.acquire(blocking=False):
+        slots = self._connections
+        if not slots.acquire(blocking=False):
             self.shutdown_request(request)
             return
+        self._slots[request] = slots
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._connections.release()
+            if self._slots.pop(request, None) is not None:
+                slots.release()
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._connections.release()
+            slots = self._slots.pop(request, None)
+            if slots is not None:
+                slots.release()
 
 
 class _HTTPServer6(_HTTPServer):
