@@ -23,7 +23,7 @@ def test_quickstart_is_exactly_two_commands_and_the_second_is_what_ci_runs() -> 
     assert "demo" in commands[0]
     assert commands[1] == "bash .ci/run"  # CI runs `bash .ci/run` on a clean clone
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
-    assert "pip install -e '.[test]' && python -m pytest -q && python -m mypy" in ci
+    assert "python -m pip install -e '.[test]' && python -m pytest -q && python -m mypy" in ci
     assert "bash .ci/frameworks" in ci
 
 
