@@ -37,7 +37,7 @@ from .calls import SIGNATURE_CHARS, canonical_arguments, canonical_json
 from .conventions import MISSING, SpanToolCall, arguments_available_at_start, tool_call_from_span
 from .guard import LoopGuard
 from .policy import Action, Decision, arguments_preview
-from .spans import KeyBy, SpanView, nearest_agent, session_for
+from .spans import AgentFrame, KeyBy, SpanView, nearest_agent, session_for
 
 __all__ = [
     "DECISION_EVENT",
@@ -64,13 +64,8 @@ ATTR_TOOL_CALL_ID: Final = "gen_ai.tool.call.id"
 #: First four characters of span names that may be tool or agent spans at start (a cheap gate:
 #: "execute_tool ...", "invoke_agent ...", "running tool", "agent run", "call tool").
 _START_PREFIXES: Final = frozenset({"exec", "invo", "runn", "agen", "call"})
-#: Attribute values that mark a tool span at end, beyond the names above.
-_TOOL_KIND_KEYS: Final = (
-    ("gen_ai.operation.name", "execute_tool"),
-    ("openinference.span.kind", "TOOL"),
-    ("traceloop.span.kind", "tool"),
-)
 _TOOL_NAMES: Final = frozenset({"running tool", "call tool"})
+_MAX_CACHED_FRAMES: Final = 4096
 
 _NO_CALL: Final = SpanToolCall("", MISSING, None, None, None, None, None, None, "hook")
 
@@ -156,6 +151,10 @@ class LoopGuardSpanProcessor(SpanProcessor):
         self._prune_lock = threading.Lock()
         # Tool spans decided at start: span id -> (session, agent, call id).
         self._started: dict[int, tuple[str, str | None, str | None]] = {}
+        # The agent frame found above a tool span's parent, by parent span id: the next tool
+        # span under the same parent (an agent, an event-loop cycle) skips the walk. Span ids are
+        # unique, so entries never go stale; the table is simply cleared when full.
+        self._frames: dict[int, AgentFrame | None] = {}
         self.evicted_spans = 0
 
     # -- SpanProcessor ---------------------------------------------------------------------
@@ -168,11 +167,13 @@ class LoopGuardSpanProcessor(SpanProcessor):
                 return
             opened = self._open
             opened[context.span_id] = span
-            if len(opened) > self._max_spans:
-                self._prune()
             name = span.name
             if name[:4] in _START_PREFIXES:
                 self._start(span, name, context.span_id, context.trace_id)
+            # After _start: pruning also forgets what _start kept for a span it drops (even this
+            # one, when its start time is already older than the TTL).
+            if len(opened) > self._max_spans:
+                self._prune()
         except Exception as exc:  # the SDK does not catch processor errors
             self.guard._internal_error("span_processor.on_start", exc)
 
@@ -186,11 +187,14 @@ class LoopGuardSpanProcessor(SpanProcessor):
             self._open.pop(span_id, None)
             name = span.name
             attributes = _attributes(span)
-            if not (
+            get = attributes.get
+            if not (  # unrolled: this runs for every span the application ends
                 name.startswith("execute_tool")
                 or name in _TOOL_NAMES
                 or name.endswith(".tool")
-                or any(attributes.get(key) == value for key, value in _TOOL_KIND_KEYS)
+                or get("gen_ai.operation.name") == "execute_tool"
+                or get("openinference.span.kind") == "TOOL"
+                or get("traceloop.span.kind") == "tool"
             ):
                 return
             self._end(span, name, attributes, span_id, context.trace_id)
@@ -200,6 +204,7 @@ class LoopGuardSpanProcessor(SpanProcessor):
     def shutdown(self) -> None:
         """Forget all bookkeeping and stop the guard's advisor worker."""
         self._open.clear()
+        self._frames.clear()
         for span_id in list(self._started):
             _START_DECISIONS.pop(span_id, None)
         self._started.clear()
@@ -257,8 +262,16 @@ class LoopGuardSpanProcessor(SpanProcessor):
         self, call: SpanToolCall, span: ReadableSpan, trace_id: int, attributes: Mapping[str, Any]
     ) -> tuple[str, str | None]:
         parent = span.parent
-        frame = nearest_agent(parent.span_id if parent and not parent.is_remote else None,
-                              self._view)
+        parent_id = parent.span_id if parent and not parent.is_remote else None
+        frames = self._frames
+        if parent_id is not None and parent_id in frames:
+            frame = frames[parent_id]
+        else:
+            frame = nearest_agent(parent_id, self._view)
+            if parent_id is not None:
+                if len(frames) >= _MAX_CACHED_FRAMES:
+                    frames.clear()
+                frames[parent_id] = frame
         return session_for(call, trace_id, frame, self.key_by, attributes)
 
     def _start(self, span: Span, name: str, span_id: int, trace_id: int) -> None:
