@@ -154,8 +154,18 @@ def provider_with(processor: SpanProcessor) -> tuple[TracerProvider, Tracer]:
     return provider, provider.get_tracer("bench")
 
 
+#: With --metrics, the guard records into a Prometheus registry, as a user scraping it would.
+METRICS = False
+
+
 def ours() -> tuple[TracerProvider, Tracer]:
-    return provider_with(LoopGuardSpanProcessor(LoopGuard(PRESETS["default"])))
+    recorder = None
+    if METRICS:
+        from otel_loopguard.metrics import PrometheusRecorder
+
+        recorder = PrometheusRecorder()
+    guard = LoopGuard(PRESETS["default"], recorder=recorder)
+    return provider_with(LoopGuardSpanProcessor(guard))
 
 
 def noop() -> tuple[TracerProvider, Tracer]:
@@ -226,13 +236,18 @@ def main() -> int:
                         help="run only this workload (repeatable)")
     parser.add_argument("--profile", choices=sorted(WORKLOADS),
                         help="profile our provider on this workload instead of timing")
+    parser.add_argument("--metrics", action="store_true",
+                        help="the guard records Prometheus metrics (as issue 4 asks)")
     args = parser.parse_args()
+    global METRICS
+    METRICS = args.metrics
     if args.profile:
         profile(args.profile, args.rounds, args.spans)
         return 0
     print(f"python {platform.python_version()} ({platform.python_implementation()}) on"
           f" {platform.machine()}, {platform.system()}; {args.rounds} rounds x {args.spans} spans"
-          f" per provider and workload, {args.warmup} warm-up rounds dropped")
+          f" per provider and workload, {args.warmup} warm-up rounds dropped;"
+          f" metrics {'on' if METRICS else 'off'}")
     # A shared machine shows as load and as CPU time below wall time (waiting for a CPU).
     print(f"{'workload':14s} {'ours us/span':>12s} {'no-op us/span':>13s} {'overhead us':>11s}"
           f" {'ratio':>7s} {'ratio IQR':>13s} {'CPU/wall':>8s} {'load':>5s}")
