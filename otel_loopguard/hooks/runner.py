@@ -37,7 +37,8 @@ from .hosts import ALLOWED, HOSTS, Answer, EventKind, HookEvent, Host, Malformed
 from .store import DEFAULT_BUSY_TIMEOUT_SECONDS, HookStore, StoreError, default_store_path
 
 __all__ = ["FAIL_CLOSED_TEXT", "MAX_STDIN_BYTES", "Backend", "LocalBackend", "Unavailable",
-           "answer_usage_error", "decide", "run"]
+           "after_the_fact", "answer_before", "answer_usage_error", "call_signature", "decide",
+           "reminder_ref", "run"]
 
 #: Larger stdin (a huge tool result) is not read: the call is allowed with a note.
 MAX_STDIN_BYTES: Final = 64 << 20
@@ -125,18 +126,11 @@ def decide(host: Host, event: HookEvent, guard: LoopGuard, notes: dict[str, str]
     if event.kind is EventKind.PRE_TOOL:
         decision = guard.before_tool(event.tool, event.arguments, session=event.session,
                                      agent=event.agent, call_id=event.call_id)
-        action = decision.action
-        if action is Action.REMIND:
-            if host.pre_tool_context:
-                return Answer(Action.REMIND, decision.message)
-            notes.pop(_note_ref(event, decision.signature), None)
-            notes[_note_ref(event, decision.signature)] = decision.message  # newest last
-            return ALLOWED
-        if action in (Action.DENY, Action.RESCUE):
-            return Answer(Action.DENY, decision.message)
-        if action is Action.STOP:
-            return Answer(Action.STOP, decision.message)
-        return ALLOWED
+        if decision.action is Action.REMIND and not host.pre_tool_context:
+            ref = reminder_ref(event.call_id, decision.signature)
+            notes.pop(ref, None)
+            notes[ref] = decision.message  # newest last
+        return answer_before(host, decision.action, decision.message)
     if event.kind is not EventKind.POST_TOOL:
         return ALLOWED
     after = guard.after_tool(event.tool, event.arguments, session=event.session,
@@ -145,23 +139,40 @@ def decide(host: Host, event: HookEvent, guard: LoopGuard, notes: dict[str, str]
     if after is None:  # counted before it ran
         if not notes:
             return ALLOWED
-        kept = notes.pop(_note_ref(event, None if event.call_id else _signature(event, policy)),
-                         None)
+        kept = notes.pop(reminder_ref(event.call_id, None if event.call_id else call_signature(
+            event.tool, event.arguments, policy)), None)
         return Answer(Action.REMIND, kept) if kept else ALLOWED
-    return _after_the_fact(after, event, policy)
+    return after_the_fact(after, event.arguments, policy)
 
 
-def _note_ref(event: HookEvent, signature: str | None) -> str:
-    return event.call_id if event.call_id is not None else f"signature:{signature}"
+def answer_before(host: Host, action: Action, message: str) -> Answer:
+    """What ``host`` is told before a call the guard decided ``action`` for: deny, rescue and
+    stop block it; a reminder goes out only where the host takes context before a call (else it
+    is kept for the call's result)."""
+    if action is Action.REMIND:
+        return Answer(Action.REMIND, message) if host.pre_tool_context else ALLOWED
+    if action in (Action.DENY, Action.RESCUE):
+        return Answer(Action.DENY, message)
+    if action is Action.STOP:
+        return Answer(Action.STOP, message)
+    return ALLOWED
 
 
-def _signature(event: HookEvent, policy: Policy) -> str:
+def reminder_ref(call_id: str | None, signature: str | None) -> str:
+    """Where a reminder waiting for its call's result is kept: the call id, else the call's
+    signature (hosts without call ids match a result to its call by its arguments)."""
+    return call_id if call_id is not None else f"signature:{signature}"
+
+
+def call_signature(tool: object, arguments: object, policy: Policy) -> str:
     """The signature the guard gives this call (to find a reminder kept without a call id)."""
-    canonical = canonical_json(canonical_arguments(event.arguments, policy.ignored_args))
-    return args_key(tool_name(event.tool), canonical)[:SIGNATURE_CHARS]
+    canonical = canonical_json(canonical_arguments(arguments, policy.ignored_args))
+    return args_key(tool_name(tool), canonical)[:SIGNATURE_CHARS]
 
 
-def _after_the_fact(decision: Decision, event: HookEvent, policy: Policy) -> Answer:
+def after_the_fact(decision: Decision, arguments: object, policy: Policy) -> Answer:
+    """What to show with the result of a call the guard counted only after it ran (no pre-tool
+    event counted it): it can only be reminded about, or the run stopped."""
     if decision.action is Action.STOP:
         return Answer(Action.STOP, decision.message)
     if decision.action is Action.REMIND:
@@ -171,7 +182,7 @@ def _after_the_fact(decision: Decision, event: HookEvent, policy: Policy) -> Ans
     # A denial for a call that already ran: its text ("Not run: ...") would be untrue.
     step = Step(decision.detected, decision.rule, decision.count, decision.threshold,
                 detailed=True)
-    canonical = canonical_json(canonical_arguments(event.arguments, policy.ignored_args))
+    canonical = canonical_json(canonical_arguments(arguments, policy.ignored_args))
     return Answer(Action.REMIND,
                   message_for(step, decision.tool, canonical, policy, action=Action.REMIND))
 
