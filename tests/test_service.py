@@ -489,6 +489,72 @@ def test_decision_api_refuses_bad_requests(service: Service) -> None:
     assert service.guard.internal_errors == {}
 
 
+def test_decision_api_holds_reminders_for_command_hooks(service: Service) -> None:
+    """What ``otel-loopguard hook HOST --server`` needs: a reminder decided before a call is
+    held (``"hold_reminder": true``) and given with that call's ``/after``, once; a call reported
+    only after it ran gets the text a hook shows for it (a denial worded as a reminder)."""
+    from otel_loopguard.hooks.runner import after_the_fact
+    from otel_loopguard.service.server import _HeldReminders
+
+    port = service.http_port
+    remind_at = DEFAULT.remind_thresholds[0]
+    grep = {"pattern": "TODO"}
+    for session, hold, ids in (("held", True, True), ("held-by-arguments", True, False),
+                               ("not-held", False, True)):
+        for n in range(1, remind_at + 1):
+            ref = {"call_id": f"c{n}"} if ids else {}
+            before = _call(port, "before", tool="grep", arguments=grep, session=session,
+                           agent="a", hold_reminder=hold, **ref)["decision"]
+            after = _call(port, "after", tool="grep", arguments=grep, session=session,
+                          agent="a", result="3 matches", **ref)
+            assert before["action"] == ("remind" if n == remind_at else "allow")
+            if n == remind_at and hold:
+                assert after == {"decision": None, "reminder": before["message"]}
+            else:
+                assert after == {"decision": None}
+        if ids:  # taken once: the same call's result again carries nothing
+            assert _call(port, "after", tool="grep", arguments=grep, session=session, agent="a",
+                         call_id=f"c{remind_at}", result="3 matches") == {"decision": None}
+    # Held under the session and agent it was decided for.
+    for n in range(1, remind_at + 1):
+        held = _call(port, "before", tool="ls", arguments={}, session="agents", agent="a",
+                     call_id=f"x{n}", hold_reminder=True)["decision"]
+    assert held["action"] == "remind"
+    other = _call(port, "after", tool="ls", arguments={"other": 1}, session="agents",
+                  agent="b", call_id=f"x{remind_at}", result="r")
+    assert "reminder" not in other
+    assert _call(port, "after", tool="ls", arguments={}, session="agents", agent="a",
+                 call_id=f"x{remind_at}", result="r")["reminder"] == held["message"]
+    # Reported only after they ran: the hook runner's words, with the server's policy.
+    reference = LoopGuard(DEFAULT)
+    shown = []
+    for n in range(1, 9):
+        got = _call(port, "after", tool="grep", arguments=grep, session="late", result="same",
+                    call_id=f"late{n}")
+        want = reference.after_tool("grep", grep, session="late", result="same",
+                                    call_id=f"late{n}")
+        assert want is not None and got["decision"]["action"] == want.action.value
+        expected = after_the_fact(want, grep, DEFAULT)
+        assert got.get("reminder") == (expected.message if expected.action.value == "remind"
+                                       else None)
+        shown.append((got["decision"]["action"], got.get("reminder") or ""))
+    actions = [action for action, _ in shown]
+    assert {"remind", "deny", "stop"} <= set(actions), actions
+    denied = [text for action, text in shown if action == "deny"]
+    assert all(t.startswith("[loopguard] Repeated call") and "Not run" not in t for t in denied)
+    assert all(text == "" for action, text in shown if action == "stop")
+    bad = json.dumps({"session": "s", "tool": "t", "hold_reminder": "yes"}).encode()
+    answer = request(port, "POST", "/v1/decisions/before", bad, JSON)
+    assert answer.status == 400 and "'hold_reminder' must be true or false" in answer.json()[
+        "error"]
+    # Bounded: the oldest is dropped (a result that never came); holding again renews.
+    reminders = _HeldReminders(2)
+    for key in ("a", "b", "a", "c"):
+        reminders.hold(("s", None, key), key)
+    assert [reminders.take(("s", None, key)) for key in ("a", "b", "c")] == ["a", None, "c"]
+    assert service.guard.internal_errors == {}
+
+
 def test_metrics_and_health(service: Service) -> None:
     _call(service.http_port, "before", tool="grep", arguments={}, session="s", agent="a")
     text = request(service.http_port, "GET", "/metrics").body.decode()

@@ -13,7 +13,10 @@ Threads and the path of a span:
    ``hold_seconds``), and feeds their events to the guard with
    :func:`~otel_loopguard.traces.feed`, as the in-process span processor calls it.
 3. Decision requests (``/v1/decisions/...``) call the guard's hook API on their own connection
-   thread; the guard's lock is short, so they do not wait for ingest.
+   thread; the guard's lock is short, so they do not wait for ingest. For command hooks (on
+   hosts that show the model text only with a call's result) they also keep the reminders that
+   wait for a result (:class:`_HeldReminders`), and word the reminder for a call reported only
+   after it ran with the hook runner's own functions: a hook answers as with its local store.
 
 Shutdown (:meth:`Service.close`) stops accepting, lets requests under way finish, then drains
 the queue and flushes every buffered trace through the guard before returning: every span that
@@ -36,7 +39,7 @@ import sys
 import threading
 import time
 import zlib
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -47,8 +50,9 @@ import orjson
 
 from otel_loopguard.config import Policy
 from otel_loopguard.guard import LoopGuard
+from otel_loopguard.hooks.runner import after_the_fact, call_signature, reminder_ref
 from otel_loopguard.metrics import MetricKind, MetricSpec, PrometheusRecorder
-from otel_loopguard.policy import Decision
+from otel_loopguard.policy import Action, Decision
 from otel_loopguard.traces import (
     MAX_BUFFERED_SPANS,
     BadSpan,
@@ -67,6 +71,7 @@ __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_MAX_QUEUED_SPANS",
     "MAX_DECISION_BODY_BYTES",
+    "MAX_HELD_REMINDERS",
     "SERVICE_METRICS",
     "ServeOptions",
     "Service",
@@ -91,6 +96,9 @@ DEFAULT_HOLD_SECONDS: Final = 2.0
 DEFAULT_DRAIN_TIMEOUT_SECONDS: Final = 30.0
 #: Largest decision request body.
 MAX_DECISION_BODY_BYTES: Final = 1024 * 1024
+#: Reminders held for the ``/after`` of their call (``"hold_reminder": true``); the oldest is
+#: dropped beyond this.
+MAX_HELD_REMINDERS: Final = 10_000
 #: Environment variable read for the bearer token when ``--token`` is not given.
 TOKEN_ENV: Final = "LOOPGUARD_SERVE_TOKEN"
 #: Seconds a throttled or draining client is told to wait (``Retry-After``, gRPC RetryInfo).
@@ -337,6 +345,33 @@ class _Metrics:
             self.decisions.labels(endpoint)
 
 
+class _HeldReminders:
+    """Reminders decided before a call for a caller that can only show them with the call's
+    result (a command hook of a host that takes no context before a call): kept under the
+    session, agent and call (:func:`~otel_loopguard.hooks.runner.reminder_ref`) until the
+    ``/after`` of that call takes them. The oldest is dropped beyond ``limit`` (a result that
+    never came)."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._lock = threading.Lock()
+        self._texts: OrderedDict[tuple[str, str | None, str], str] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._texts)
+
+    def hold(self, key: tuple[str, str | None, str], text: str) -> None:
+        with self._lock:
+            self._texts.pop(key, None)
+            self._texts[key] = text  # newest last
+            while len(self._texts) > self._limit:
+                self._texts.popitem(last=False)
+
+    def take(self, key: tuple[str, str | None, str]) -> str | None:
+        with self._lock:
+            return self._texts.pop(key, None)
+
+
 class Service:
     """``otel-loopguard serve`` as an object: :meth:`start` binds and serves from background
     threads, :meth:`close` drains and stops. Use it as a context manager in tests.
@@ -376,6 +411,7 @@ class Service:
         self.grpc_port: int | None = None
         self.metrics = _Metrics(recorder.registry, lambda: self.queued_spans)
         self._flushes_synced = [0, 0]
+        self._held = _HeldReminders(MAX_HELD_REMINDERS)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -592,8 +628,15 @@ class Service:
         arguments = payload.get("arguments", {})
         call_id = _text(payload, "call_id")
         if endpoint == "before":
-            return {"decision": decision_json(guard.before_tool(
-                tool, arguments, session=session, agent=agent, call_id=call_id))}
+            hold = payload.get("hold_reminder", False)
+            if not isinstance(hold, bool):
+                raise ValueError(f"'hold_reminder' must be true or false, got {hold!r}")
+            before = guard.before_tool(tool, arguments, session=session, agent=agent,
+                                       call_id=call_id)
+            if hold and before.action is Action.REMIND:
+                self._held.hold((session, agent, reminder_ref(call_id, before.signature)),
+                                before.message)
+            return {"decision": decision_json(before)}
         error = payload.get("error", False)
         if error is not None and not isinstance(error, bool):
             raise ValueError(f"'error' must be true, false or null, got {error!r}")
@@ -606,7 +649,18 @@ class Service:
             tool, arguments, session=session, agent=agent, call_id=call_id, error=error,
             result=payload.get("result"),
             duration_seconds=None if duration is None else float(duration))
-        return {"decision": None if decision is None else decision_json(decision)}
+        if decision is None:  # counted by before: a reminder may be waiting for this result
+            held = None
+            if len(self._held):
+                signature = (None if call_id is not None
+                             else call_signature(tool, arguments, guard.policy))
+                held = self._held.take((session, agent, reminder_ref(call_id, signature)))
+            return {"decision": None, "reminder": held} if held else {"decision": None}
+        answer: dict[str, object] = {"decision": decision_json(decision)}
+        shown = after_the_fact(decision, arguments, guard.policy)  # the call already ran
+        if shown.action is Action.REMIND:
+            answer["reminder"] = shown.message
+        return answer
 
     def enter_request(self) -> None:
         with self._inflight_lock:
