@@ -191,11 +191,12 @@ def _add_hook(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         help="answer a coding agent's command hook (Claude Code, Gemini CLI, Codex)",
         description=(
             "Read one hook event of the host as JSON on stdin (before or after a tool call, or a"
-            " user prompt), decide with the guard on the session's state kept in a SQLite file,"
-            " and print the JSON answer the host expects: a denial with the reason for the"
-            " model, a reminder, or stop. Always exits 0 with a JSON object. When the policy or"
-            " the state file cannot be used it says so on stderr and allows the call, or denies"
-            " it with --fail-closed. Install it for the pre-tool, post-tool and prompt events."
+            " user prompt), decide with the guard on the session's state kept in a SQLite file"
+            " (or ask a running otel-loopguard serve with --server), and print the JSON answer"
+            " the host expects: a denial with the reason for the model, a reminder, or stop."
+            " Always exits 0 with a JSON object. When the policy, the state file or the server"
+            " cannot be used it says so on stderr and allows the call, or denies it with"
+            " --fail-closed. Install it for the pre-tool, post-tool and prompt events."
         ),
     )
     parser.add_argument("host", choices=_HOOK_HOSTS, help="the coding agent that runs the hook")
@@ -207,8 +208,24 @@ def _add_hook(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     )
     _policy_options(parser, None)
     parser.add_argument(
+        "--server", metavar="URL",
+        help="ask the otel-loopguard serve at URL (its HTTP port, e.g. http://127.0.0.1:4318)"
+             " instead: it keeps the sessions and applies its own policy (no --store, --preset"
+             " or --config)",
+    )
+    parser.add_argument(
+        "--token", metavar="TOKEN",
+        help="bearer token for --server (default: $LOOPGUARD_SERVE_TOKEN, else none)",
+    )
+    parser.add_argument(
+        "--timeout", metavar="SECONDS", type=_non_negative_seconds, default=None,
+        help="with --server: seconds to wait to connect, and for each read of the answer"
+             " (default: 2; raise it above the server's advisor_timeout_seconds when it has an"
+             " advisor)",
+    )
+    parser.add_argument(
         "--fail-closed", action="store_true",
-        help="deny the tool call when the policy or the state file cannot be used"
+        help="deny the tool call when the policy, the state file or the server cannot be used"
              " (default: allow it)",
     )
     parser.set_defaults(handler=_run_hook)
@@ -218,7 +235,8 @@ def _run_hook(args: argparse.Namespace) -> int:
     from otel_loopguard.hooks import run
 
     return run(args.host, store=args.store, preset=args.preset, config=args.config,
-               fail_closed=args.fail_closed)
+               fail_closed=args.fail_closed, server=args.server, token=args.token,
+               timeout_seconds=args.timeout)
 
 
 # -- serve -------------------------------------------------------------------------------------

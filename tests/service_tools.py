@@ -181,3 +181,35 @@ def keep_alive(port: int, timeout: float = 10.0) -> Iterator[http.client.HTTPCon
         yield conn
     finally:
         conn.close()
+
+
+@contextmanager
+def serve_process(*args: str, env: Mapping[str, str] | None = None,
+                  timeout: float = 30.0) -> Iterator[str]:
+    """A real ``python -m otel_loopguard serve`` on a free loopback HTTP port, no gRPC, with
+    ``args`` added; yields its HTTP URL. Stopped with SIGTERM on exit, which must end it with
+    status 0 (drained)."""
+    import queue
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "otel_loopguard", "serve", "--http-port", "0", "--no-grpc", *args],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env=dict(env) if env is not None else None)
+    assert process.stderr is not None
+    lines: queue.Queue[str] = queue.Queue()
+    stream = process.stderr
+    threading.Thread(target=lambda: [lines.put(line) for line in stream], daemon=True).start()
+    try:
+        first = lines.get(timeout=timeout)
+        assert " on http://" in first, first
+        yield "http://" + first.split(" on http://", 1)[1].split(";", 1)[0].strip()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=timeout) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=10)

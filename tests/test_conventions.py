@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import enum
+import inspect
 import json
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import orjson
@@ -710,3 +714,141 @@ def test_nothing_raises_on_wrong_argument_types(name: Any, attributes: Any) -> N
     assert agent_from_span(name, attributes) is None
     assert arguments_available_at_start(name, attributes) is False
     assert conversation_id(attributes) is None
+
+
+# --- The compiled tables answer as the tables read in order ------------------------------------
+
+
+class Marker(str, enum.Enum):
+    """Marker values as a str subclass, the way an instrumentation's own enum may set them."""
+
+    EXECUTE_TOOL = "execute_tool"
+    INVOKE_AGENT = "invoke_agent"
+    TOOL = "TOOL"
+    AGENT = "AGENT"
+    TRACELOOP_TOOL = "tool"
+
+
+def _gate_opens(gate: conventions.Condition, name: str, attributes: Mapping[str, object]) -> bool:
+    """A gate as the table defines it; an attribute gate opens on a plain str value only."""
+    if gate.on is conventions.On.ATTRIBUTE:
+        return any(type(attributes.get(key)) is str and attributes.get(key) in (gate.values or ())
+                   for key in gate.keys)
+    return gate.holds(name, attributes, ())
+
+
+def _read_in_order(
+    table: tuple[ToolConvention, ...] | tuple[AgentConvention, ...],
+    name: str,
+    attributes: Mapping[str, object],
+    span_events: list[tuple[str, dict[str, object]]],
+) -> ToolConvention | AgentConvention | None:
+    """The table's documented meaning: no open gate, no match; else the first entry whose
+    conditions all hold."""
+    if not any(_gate_opens(entry.when[0], name, attributes) for entry in table):
+        return None
+    for entry in table:
+        if all(condition.holds(name, attributes, span_events) for condition in entry.when):
+            return entry
+    return None
+
+
+marker_values = st.sampled_from(MARKER_VALUES) | st.sampled_from(list(Marker))
+compiled_attribute_maps = st.dictionaries(
+    st.sampled_from(KNOWN_KEYS), odd_values | marker_values | marker_values, max_size=8
+)
+
+
+@settings(max_examples=600, deadline=None)
+@given(name=span_names | st.sampled_from(list(Marker)), attributes=compiled_attribute_maps,
+       span_events=events)
+def test_compiled_tables_answer_as_the_tables_read_in_order(
+    name: str, attributes: dict[str, object], span_events: list[tuple[str, dict[str, object]]]
+) -> None:
+    tool_entry = _read_in_order(TOOL_CONVENTIONS, name, attributes, span_events)
+    bits = conventions._TOOLS.gate_bits(name, attributes)
+    assert (conventions._TOOLS.match(bits, name, attributes, span_events) if bits else None) is tool_entry
+    call = tool_call_from_span(name, attributes, span_events)
+    if tool_entry is None:
+        assert call is None
+        assert not arguments_available_at_start(name, attributes)
+    elif call is not None:
+        assert call.convention == tool_entry.name
+
+    agent_entry = _read_in_order(AGENT_CONVENTIONS, name, attributes, [])
+    bits = conventions._AGENTS.gate_bits(name, attributes)
+    assert (conventions._AGENTS.match(bits, name, attributes, ()) if bits else None) is agent_entry
+    assert (agent_from_span(name, attributes) is None) is (agent_entry is None)
+
+
+def test_a_str_subclass_value_alone_opens_no_gate_but_counts_once_one_is_open() -> None:
+    attributes = {"gen_ai.operation.name": Marker.EXECUTE_TOOL, "gen_ai.tool.name": "search",
+                  "logfire.msg": "running tool: search"}
+    assert tool_call_from_span("search", attributes) is None
+    call = tool_call_from_span("execute_tool search", attributes)  # the name gate opens
+    assert call is not None and call.convention == "pydantic_ai"
+    assert agent_from_span("x", {"gen_ai.operation.name": Marker.INVOKE_AGENT}) is None
+
+
+def test_every_condition_kind_compiles_to_its_holds() -> None:
+    spans: list[tuple[str, dict[str, object], list[tuple[str, dict[str, object]]]]] = [
+        ("execute_tool a", {"k": "v", "j": "w"}, [("ev", {})]),
+        ("call tool", {"k": Marker.TOOL, "j": None}, [["ev", {}]]),  # type: ignore[list-item]
+        ("", {"k": 1}, [("other", {}), ("x",)]),  # type: ignore[list-item]
+    ]
+    conditions = [
+        conventions.attribute_present("k"), conventions.attribute_present("j", "k"),
+        conventions.attribute_present("z"), conventions.attribute_is("k", "v", "TOOL"),
+        conventions.Condition(conventions.On.ATTRIBUTE, ("z", "j"), frozenset({"w"})),
+        conventions.span_name_is("call tool", ""), conventions.span_name_starts("exec", "x"),
+        conventions.has_event("ev"), conventions.has_event("nope"),
+    ]
+    for condition in conditions:
+        check = conventions._compile_check(condition)
+        for name, attributes, span_events in spans:
+            assert check(name, attributes, span_events) is condition.holds(name, attributes, span_events)
+
+
+def test_a_table_entry_must_start_with_a_cheap_gate() -> None:
+    entry = ToolConvention(name="events_first", when=(conventions.has_event("x"),))
+    with pytest.raises(ValueError, match="events_first"):
+        conventions._Dispatch([entry])
+    entry = ToolConvention(name="presence_first", when=(conventions.attribute_present("x"),))
+    with pytest.raises(ValueError, match="presence_first"):
+        conventions._Dispatch([entry])
+
+
+def test_the_fast_constructor_builds_the_same_frozen_span_tool_call() -> None:
+    names = [f.name for f in dataclasses.fields(SpanToolCall)]
+    assert list(inspect.signature(conventions._new_span_tool_call).parameters) == names
+    values: list[object] = ["search", {"q": 1}, "r", False, "c1", "a1", "agent", "conv", "genai"]
+    built = conventions._new_span_tool_call(*values)  # type: ignore[arg-type]
+    assert type(built) is SpanToolCall
+    assert built == SpanToolCall(*values)  # type: ignore[arg-type]
+    assert repr(built) == repr(SpanToolCall(*values))  # type: ignore[arg-type]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        built.tool = "other"  # type: ignore[misc]
+
+
+def test_any_mapping_reads_like_a_dict() -> None:
+    for dump in DUMPS:
+        for span, call in _tool_spans(dump)[:2]:
+            for wrapped in (MappingProxyType(span.attributes), CountingMapping(span.attributes)):
+                assert tool_call_from_span(span.name, wrapped, span.events, span.status_error) == call
+                assert agent_from_span(span.name, wrapped) is None
+
+
+def test_wrong_types_are_rejected_after_the_gate_too() -> None:
+    class GetOnly:
+        """Has get() but is no Mapping."""
+
+        def get(self, key: str, default: object = None) -> object:
+            return "execute_tool" if key == "gen_ai.operation.name" else default
+
+    assert tool_call_from_span("execute_tool x", GetOnly()) is None  # type: ignore[arg-type]
+    assert agent_from_span("invoke_agent x", GetOnly()) is None  # type: ignore[arg-type]
+    assert tool_call_from_span(b"execute_tool x", {}) is None  # type: ignore[arg-type]
+    tuple_name: Any = ("execute_tool x",)
+    assert tool_call_from_span(tuple_name, {"gen_ai.operation.name": "execute_tool"}) is None
+    call = tool_call_from_span("execute_tool x", {}, events=42)  # type: ignore[arg-type]
+    assert call is not None and call.tool == "x"

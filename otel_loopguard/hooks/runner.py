@@ -1,25 +1,29 @@
 """One command-hook invocation: the host's event on stdin, its answer on stdout, exit 0.
 
 Every tool call of the coding agent waits for this process, so it stays small: no OpenTelemetry
-SDK, no Prometheus client, one SQLite transaction.
+SDK, no Prometheus client, one SQLite transaction (or one HTTP request with ``--server``).
 
 It never raises and always exits 0 with a JSON object on stdout: the hosts treat a crash, a
 timeout or another exit status as "allow" anyway, and an answer they cannot read is lost.
 
 - Stdin that is not JSON, or not an event this host sends: a note on stderr, ``{}`` (allow).
-- The policy (``--preset``, ``--config``, ``LOOPGUARD_*``) or the state store cannot be used:
-  a note on stderr, then allow (fail-open) or, with ``--fail-closed``, deny the tool call.
+- The policy (``--preset``, ``--config``, ``LOOPGUARD_*``) or the state store cannot be used,
+  or with ``--server`` the server does not answer a decision (down, too slow, a wrong token, an
+  error status, not its JSON): a note on stderr, then allow (fail-open) or, with
+  ``--fail-closed``, deny the tool call.
 - One session's saved state is unreadable: a note on stderr; that session starts afresh.
 
 Where decisions are made is the :class:`Backend` role. :class:`LocalBackend` runs a
-:class:`~otel_loopguard.guard.LoopGuard` here on the session saved in the SQLite store. The
-``--server URL`` option of issue 5 (state kept by a running ``otel-loopguard serve``) is a second
-backend that sends the event there instead; it plugs in at :func:`run` once serve answers
-decisions, and does not exist yet.
+:class:`~otel_loopguard.guard.LoopGuard` here on the session saved in the SQLite store;
+:class:`~.remote.RemoteBackend` (``--server URL``) asks a running ``otel-loopguard serve``, which
+keeps the sessions. Both give the host the same answers for the same events: the helpers below
+(:func:`answer_before`, :func:`after_the_fact`, :func:`reminder_ref`, :func:`call_signature`) are
+shared with the decision API for that.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -195,6 +199,9 @@ def run(
     config: str | None = None,
     fail_closed: bool = False,
     problem: str | None = None,
+    server: str | None = None,
+    token: str | None = None,
+    timeout_seconds: float | None = None,
     stdin: BinaryIO | None = None,
     stdout: BinaryIO | None = None,
     stderr: TextIO | None = None,
@@ -204,6 +211,10 @@ def run(
 
     ``problem``: a reason the guard cannot decide that is already known (a command line that
     could not be parsed); the event is then answered as when the store is unusable.
+    ``server``: ask the ``otel-loopguard serve`` at this URL instead of keeping state in
+    ``store`` (:class:`~.remote.RemoteBackend`), with ``token`` (default:
+    ``$LOOPGUARD_SERVE_TOKEN``) and ``timeout_seconds`` (default: 2); its failures are answered
+    as an unusable store's.
     """
     err = stderr if stderr is not None else sys.stderr
     out = stdout if stdout is not None else sys.stdout.buffer
@@ -218,6 +229,7 @@ def run(
     answer_json: dict[str, object] = {}
     try:
         answer_json = _answer_json(host_name, store, preset, config, fail_closed, problem,
+                                   (server, token, timeout_seconds),
                                    stdin if stdin is not None else sys.stdin.buffer, environ,
                                    note)
     except Exception as exc:  # the last line: a bug here must still leave the host an answer
@@ -232,7 +244,8 @@ def run(
 
 
 def _answer_json(host_name: str, store: str | None, preset: str | None, config: str | None,
-                 fail_closed: bool, problem: str | None, stdin: BinaryIO,
+                 fail_closed: bool, problem: str | None,
+                 remote: tuple[str | None, str | None, float | None], stdin: BinaryIO,
                  environ: Mapping[str, str] | None, note: Note) -> dict[str, object]:
     host = HOSTS.get(host_name)
     if host is None:
@@ -251,14 +264,19 @@ def _answer_json(host_name: str, store: str | None, preset: str | None, config: 
     try:
         if problem is not None:
             raise Unavailable(problem)
-        try:
-            policy = load_policy(preset, config, environ)
-            path = Path(store).expanduser() if store else default_store_path(environ)
-        except ValueError as exc:
-            raise Unavailable(f"policy: {exc}") from None
-        except StoreError as exc:
-            raise Unavailable(str(exc)) from None
-        answer = LocalBackend(policy, path, note).answer(host, event)
+        backend: Backend
+        if remote[0] is not None:
+            backend = _remote_backend(remote, store, preset, config, environ)
+        else:
+            try:
+                policy = load_policy(preset, config, environ)
+                path = Path(store).expanduser() if store else default_store_path(environ)
+            except ValueError as exc:
+                raise Unavailable(f"policy: {exc}") from None
+            except StoreError as exc:
+                raise Unavailable(str(exc)) from None
+            backend = LocalBackend(policy, path, note)
+        answer = backend.answer(host, event)
     except Unavailable as exc:
         if fail_closed and event.kind is EventKind.PRE_TOOL:
             note(f"{exc}; denying the call (--fail-closed)")
@@ -268,6 +286,27 @@ def _answer_json(host_name: str, store: str | None, preset: str | None, config: 
                  else f"{exc}; nothing recorded")
             answer = ALLOWED
     return host.render(event, answer)
+
+
+def _remote_backend(remote: tuple[str | None, str | None, float | None], store: str | None,
+                    preset: str | None, config: str | None,
+                    environ: Mapping[str, str] | None) -> Backend:
+    from .remote import DEFAULT_TIMEOUT_SECONDS, TOKEN_ENV, RemoteBackend
+
+    url, token, timeout = remote
+    assert url is not None
+    local = [name for name, value in (("--store", store), ("--preset", preset),
+                                      ("--config", config)) if value]
+    if local:
+        raise Unavailable(f"{', '.join(local)} cannot be combined with --server (the server keeps"
+                          f" the sessions and applies its own policy)")
+    if token is None:
+        token = (os.environ if environ is None else environ).get(TOKEN_ENV) or None
+    try:
+        return RemoteBackend(url, token=token, timeout_seconds=(
+            DEFAULT_TIMEOUT_SECONDS if timeout is None else timeout))
+    except ValueError as exc:
+        raise Unavailable(str(exc)) from None
 
 
 def answer_usage_error(argv: Sequence[str], message: str) -> int:

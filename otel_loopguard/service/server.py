@@ -50,6 +50,7 @@ import orjson
 
 from otel_loopguard.config import Policy
 from otel_loopguard.guard import LoopGuard
+from otel_loopguard.hooks.remote import TOKEN_ENV
 from otel_loopguard.hooks.runner import after_the_fact, call_signature, reminder_ref
 from otel_loopguard.metrics import MetricKind, MetricSpec, PrometheusRecorder
 from otel_loopguard.policy import Action, Decision
@@ -99,8 +100,8 @@ MAX_DECISION_BODY_BYTES: Final = 1024 * 1024
 #: Reminders held for the ``/after`` of their call (``"hold_reminder": true``); the oldest is
 #: dropped beyond this.
 MAX_HELD_REMINDERS: Final = 10_000
-#: Environment variable read for the bearer token when ``--token`` is not given.
-TOKEN_ENV: Final = "LOOPGUARD_SERVE_TOKEN"
+# TOKEN_ENV (LOOPGUARD_SERVE_TOKEN), read for the bearer token when --token is not given, is
+# declared in otel_loopguard.hooks.remote, which sends it, and re-exported here.
 #: Seconds a throttled or draining client is told to wait (``Retry-After``, gRPC RetryInfo).
 RETRY_AFTER_SECONDS: Final = 1
 #: Seconds an HTTP connection may stay silent (mid-request or idle keep-alive) before it is closed.

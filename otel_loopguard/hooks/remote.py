@@ -1,0 +1,184 @@
+"""The ``--server URL`` backend: decisions from a running ``otel-loopguard serve``.
+
+The server keeps the guard and every session; this process sends the host's event to its
+decision API (``POST /v1/decisions/before``, ``/after``, ``/user_message``) and turns the answer
+into the host's answer as :class:`~.runner.LocalBackend` turns its own guard's decision, so the
+same events get the same answers from either backend. The server applies its own policy; the
+hook's ``--preset``, ``--config`` and ``LOOPGUARD_*`` settings do not apply.
+
+Reminders that wait for a call's result (hosts that take no context before a call) are kept by
+the server too: the pre-tool request says ``"hold_reminder": true``, and the post-tool answer of
+the same call carries the reminder. The post-tool answer also carries the text for a call that
+only its result reported, phrased by the server (its policy's words), as the local backend
+phrases it with :func:`~.runner.after_the_fact`.
+
+One request per invocation over the standard library's HTTP client (imported only here, when
+``--server`` is given), with a connect and read timeout. No connection, no answer in time, a
+status other than 200 (a wrong token: 401) or an answer that is not the API's JSON raise
+:class:`~.runner.Unavailable`: the runner allows the call with a note on stderr, or denies it
+with ``--fail-closed``, as for a broken local store. Nothing is retried.
+"""
+
+from __future__ import annotations
+
+import math
+import urllib.parse
+from collections.abc import Mapping
+from typing import Final
+
+import orjson
+
+from ..policy import Action
+from .hosts import ALLOWED, Answer, EventKind, HookEvent, Host
+from .runner import Unavailable, answer_before
+
+__all__ = ["DEFAULT_TIMEOUT_SECONDS", "RemoteBackend", "TOKEN_ENV"]
+
+#: Environment variable holding the bearer token: ``serve`` requires it when set (``--token``
+#: overrides it there), and the hooks send it (``--token`` overrides it here). Declared here, on
+#: the light side, so that the hook reads it without importing the service.
+TOKEN_ENV: Final = "LOOPGUARD_SERVE_TOKEN"
+#: Seconds to wait for the server to accept the connection, and for each read of its answer.
+DEFAULT_TIMEOUT_SECONDS: Final = 2.0
+#: An answer carries one decision (texts the guard keeps short); larger ones are not read.
+_MAX_ANSWER_BYTES: Final = 1 << 20
+#: How much of an error answer's text is quoted in the note on stderr.
+_QUOTED_CHARS: Final = 200
+
+
+class RemoteBackend:
+    """Decisions from the decision API of the ``otel-loopguard serve`` at ``url`` (its HTTP
+    port, e.g. ``http://127.0.0.1:4318``; a path prefix is kept). Raises ``ValueError`` for a
+    URL, token or timeout it cannot use."""
+
+    def __init__(self, url: str, *, token: str | None = None,
+                 timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS) -> None:
+        parts = urllib.parse.urlsplit(url.strip())
+        try:
+            port = parts.port
+        except ValueError:
+            raise ValueError(f"--server: bad port in {url!r}") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"--server: expected http://HOST:PORT, got {url!r}")
+        if parts.username is not None or parts.password is not None:
+            raise ValueError("--server: no credentials in the URL; pass the token with --token"
+                             f" or {TOKEN_ENV}")
+        if parts.query or parts.fragment:
+            raise ValueError(f"--server: expected no query or fragment, got {url!r}")
+        if token is not None and (not token or any(c.isspace() for c in token)):
+            raise ValueError("--token: expected a non-empty token without spaces")
+        if isinstance(timeout_seconds, bool) or not (
+                isinstance(timeout_seconds, (int, float)) and 0 < timeout_seconds
+                and math.isfinite(timeout_seconds)):
+            raise ValueError(f"--timeout: expected a number of seconds > 0, got"
+                             f" {timeout_seconds!r}")
+        self.url = urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"),
+                                            "", ""))
+        self.token = token
+        self.timeout_seconds = float(timeout_seconds)
+        self._https = parts.scheme == "https"
+        self._host = parts.hostname
+        self._port = port
+        self._prefix = parts.path.rstrip("/")
+
+    def answer(self, host: Host, event: HookEvent) -> Answer:
+        ids: dict[str, object] = {"session": event.session, "agent": event.agent}
+        if event.kind is EventKind.USER_PROMPT:
+            self._post("user_message", ids)
+            return ALLOWED
+        call = {**ids, "tool": event.tool, "arguments": event.arguments,
+                "call_id": event.call_id}
+        if event.kind is EventKind.PRE_TOOL:
+            answer = self._post("before", {**call, "hold_reminder": not host.pre_tool_context})
+            decision = self._decision(answer)
+            if decision is None:
+                raise self._unexpected("no decision for a call before it runs")
+            return answer_before(host, *decision)
+        if event.kind is not EventKind.POST_TOOL:
+            return ALLOWED
+        answer = self._post("after", {**call, "error": event.error, "result": event.result,
+                                      "duration_seconds": event.duration_seconds})
+        decision = self._decision(answer)
+        reminder = answer.get("reminder")
+        if reminder is not None and not isinstance(reminder, str):
+            raise self._unexpected(f"'reminder' is {type(reminder).__name__}, not text")
+        if decision is not None and decision[0] is Action.STOP:
+            return Answer(Action.STOP, decision[1])
+        return Answer(Action.REMIND, reminder) if reminder else ALLOWED
+
+    # -- the wire ----------------------------------------------------------------------------
+
+    def _post(self, endpoint: str, body: Mapping[str, object]) -> dict[str, object]:
+        import http.client  # only the --server path pays for it
+
+        where = f"server {self.url}"
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if self.token is not None:
+            headers["Authorization"] = f"Bearer {self.token}"
+        connection_class = (http.client.HTTPSConnection if self._https
+                            else http.client.HTTPConnection)
+        connection = connection_class(self._host, self._port, timeout=self.timeout_seconds)
+        try:
+            connection.request("POST", f"{self._prefix}/v1/decisions/{endpoint}",
+                               body=orjson.dumps(body), headers=headers)
+            response = connection.getresponse()
+            status = response.status
+            data = response.read(_MAX_ANSWER_BYTES + 1)
+        except TimeoutError:
+            raise Unavailable(f"{where}: no answer within {self.timeout_seconds:g} s") from None
+        except ConnectionRefusedError:
+            raise Unavailable(f"{where}: connection refused") from None
+        except OSError as exc:
+            raise Unavailable(f"{where}: {_one_line(exc.strerror or str(exc) or repr(exc))}"
+                              ) from None
+        except http.client.HTTPException as exc:
+            raise Unavailable(f"{where}: {_one_line(str(exc) or type(exc).__name__)}") from None
+        finally:
+            connection.close()
+        if status != 200:
+            raise Unavailable(f"{where}: HTTP {status}{_quoted_error(data)}")
+        if len(data) > _MAX_ANSWER_BYTES:
+            raise Unavailable(f"{where}: answer larger than {_MAX_ANSWER_BYTES} bytes")
+        try:
+            answer = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            raise Unavailable(f"{where}: the answer is not JSON") from None
+        if not isinstance(answer, dict):
+            raise self._unexpected(f"a JSON {type(answer).__name__}, not an object")
+        return answer
+
+    def _decision(self, answer: Mapping[str, object]) -> tuple[Action, str] | None:
+        """The action and message of the answer's ``decision`` (``None`` when it is null)."""
+        if "decision" not in answer:
+            raise self._unexpected("no 'decision'")
+        decision = answer["decision"]
+        if decision is None:
+            return None
+        if not isinstance(decision, dict):
+            raise self._unexpected("'decision' is not an object")
+        try:
+            action = Action(decision.get("action"))
+        except ValueError:
+            raise self._unexpected(f"unknown action {decision.get('action')!r}") from None
+        message = decision.get("message", "")
+        if not isinstance(message, str):
+            raise self._unexpected("the decision's 'message' is not text")
+        return action, message
+
+    def _unexpected(self, what: str) -> Unavailable:
+        return Unavailable(f"server {self.url}: unexpected answer ({what})")
+
+
+def _one_line(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= _QUOTED_CHARS else text[:_QUOTED_CHARS] + "…"
+
+
+def _quoted_error(data: bytes) -> str:
+    """`` (the error text)`` of an error answer, when it has one (JSON ``error``/``message``)."""
+    try:
+        body = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return ""
+    text = body.get("error", body.get("message")) if isinstance(body, dict) else None
+    return f" ({_one_line(text)})" if isinstance(text, str) and text.strip() else ""
