@@ -347,7 +347,9 @@ def _text(value: object) -> str | None:
     if isinstance(value, str):
         return value or None
     if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
+        # Python caps decimal str() of huge ints (ValueError); such an "identifier" is useless
+        # anyway, so it is treated as absent rather than failing the span.
+        return str(value) if value.bit_length() <= 14_000 else None
     return None
 
 
