@@ -279,6 +279,11 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--hold-seconds", metavar="SECONDS", type=_non_negative_seconds, default=2.0,
         help="how long a tool span waits for its trace's root span before it is judged with"
              " the ancestors known so far (default: %(default)s)")
+    parser.add_argument(
+        "--key-by", choices=("trace", "conversation"), default="trace",
+        help="session state per trace and agent (default), or per conversation id"
+             " (gen_ai.conversation.id, session.id, thread id; a new agent run then starts a new"
+             " progress epoch), as the Collector's conversation routing expects")
     parser.add_argument("--max-queued-spans", metavar="N", type=int, default=100_000,
                         help="accepted spans waiting for the guard before clients get 429 /"
                              " RESOURCE_EXHAUSTED (default: %(default)s)")
@@ -305,6 +310,7 @@ def _run_serve(args: argparse.Namespace) -> int:
             grpc_port=None if args.no_grpc else args.grpc_port, token=token,
             insecure=args.insecure, max_body_bytes=args.max_body_bytes,
             max_queued_spans=args.max_queued_spans, hold_seconds=args.hold_seconds,
+            key_by=args.key_by,
         )
     except ValueError as exc:
         raise _UsageError(str(exc)) from None

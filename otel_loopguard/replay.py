@@ -54,6 +54,7 @@ from .traces import (
     BadSpan,
     CallDecidedAtStart,
     CallObserved,
+    RunStarted,
     STATUS_CODE_ERROR,
     RecordedSpan,
     TraceBuffer,
@@ -183,7 +184,8 @@ class UserPrompt:
     timestamp: float | None = None
 
 
-Event = Union[CallStarted, CallFinished, UserPrompt, CallDecidedAtStart, CallObserved]
+Event = Union[CallStarted, CallFinished, UserPrompt, CallDecidedAtStart, CallObserved,
+              RunStarted]
 
 
 # --------------------------------------------------------------------------------------------
@@ -997,6 +999,9 @@ class Replayer:
             return None
         if isinstance(event, CallStarted):
             return self._start(source, event)
+        if isinstance(event, RunStarted):
+            feed(self._guard, event)
+            return None
         observed = feed(self._guard, event)
         if observed is None:
             return None  # already counted when its span started: only the outcome was added

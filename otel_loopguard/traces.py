@@ -28,6 +28,7 @@ from .conventions import (
     SpanToolCall,
     agent_from_span,
     arguments_available_at_start,
+    conversation_id,
     tool_call_from_span,
 )
 from .spans import AgentFrame, KeyBy, SpanView, nearest_agent, session_for
@@ -40,6 +41,7 @@ __all__ = [
     "BadSpan",
     "CallDecidedAtStart",
     "CallObserved",
+    "RunStarted",
     "MAX_BUFFERED_SPANS",
     "MAX_SPAN_PROBLEMS",
     "MAX_VALUE_DEPTH",
@@ -114,8 +116,18 @@ class CallObserved:
     timestamp: float | None = None
 
 
-#: What a :class:`TraceBuffer` gives for its tool spans.
-TraceEvent = Union[CallDecidedAtStart, CallObserved]
+@dataclass(frozen=True, slots=True)
+class RunStarted:
+    """An agent run started in a conversation (keyed by conversation only): as the span
+    processor does at an agent span's start, fed to ``new_run`` (a new progress epoch)."""
+
+    session: str
+    agent: str | None
+    timestamp: float | None = None
+
+
+#: What a :class:`TraceBuffer` gives for its tool spans (and, keyed by conversation, its runs).
+TraceEvent = Union[CallDecidedAtStart, CallObserved, RunStarted]
 
 
 def feed(guard: LoopGuard, event: TraceEvent) -> Decision | None:
@@ -127,6 +139,9 @@ def feed(guard: LoopGuard, event: TraceEvent) -> Decision | None:
     if isinstance(event, CallDecidedAtStart):
         return guard._decide_for_span(event.tool, event.arguments, event.session, event.agent,
                                       event.call_id)
+    if isinstance(event, RunStarted):
+        guard.new_run(event.session, agent=event.agent)
+        return None
     return guard.after_tool(
         event.tool, event.arguments, session=event.session, agent=event.agent,
         call_id=event.call_id, error=event.error, result=event.result,
@@ -218,6 +233,11 @@ class _Trace:
     parents: dict[int, int | None] = field(default_factory=dict)
     remote: set[int] = field(default_factory=set)
     agents: dict[int, SpanView] = field(default_factory=dict)
+    # Keyed by conversation: agent spans whose run start is still to be given, with their start
+    # time and depth order; and the latest time already given (a run starting before it arrived
+    # too late to start a new epoch without splitting calls already judged).
+    runs: dict[int, tuple[int, int]] = field(default_factory=dict)
+    given_until_ns: int = 0
     tools: list[_ToolSpan] = field(default_factory=list)
     resolved: dict[int | None, AgentFrame | None] = field(default_factory=dict)
     due: float | None = None
@@ -321,12 +341,17 @@ class TraceBuffer:
     Not thread-safe: one thread adds and takes.
     """
 
-    __slots__ = ("_clock", "_complete", "_hold", "_max", "_order", "_spans", "_traces",
-                 "_ttl", "flushed_early", "replayed_early")
+    __slots__ = ("_clock", "_complete", "_hold", "_key_by", "_max", "_order", "_spans",
+                 "_traces", "_ttl", "flushed_early", "replayed_early")
 
     def __init__(self, max_spans: int = MAX_BUFFERED_SPANS, *,
                  hold_seconds: float | None = None, trace_ttl_seconds: float = 300.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 key_by: KeyBy | str = KeyBy.TRACE) -> None:
+        try:
+            self._key_by = KeyBy(key_by)
+        except ValueError:
+            raise ValueError(f"key_by: expected 'trace' or 'conversation', got {key_by!r}") from None
         if isinstance(max_spans, bool) or not isinstance(max_spans, int) or max_spans < 1:
             raise ValueError(f"max_spans: expected a positive integer, got {max_spans!r}")
         if hold_seconds is not None and (
@@ -377,6 +402,8 @@ class TraceBuffer:
             local_parent = None
         if agent_from_span(span.name, span.attributes) is not None:
             trace.agents[span.span_id] = SpanView(span.name, span.attributes, local_parent)
+            if self._key_by is KeyBy.CONVERSATION:
+                trace.runs[span.span_id] = (span.start_ns, self._order)
         tool = _tool_span(span, local_parent, self._order)
         self._order += 1
         if self._hold is not None:
@@ -457,6 +484,19 @@ class TraceBuffer:
             trace = popped
             self._spans -= len(trace.parents)
         steps: list[tuple[tuple[int, int, int, int], TraceEvent]] = []
+        key_by = self._key_by
+        for span_id, (start_ns, order) in list(trace.runs.items()):
+            del trace.runs[span_id]
+            if start_ns < trace.given_until_ns:
+                continue  # its calls were judged already: a new epoch now would split them
+            view = trace.agents[span_id]
+            run = agent_from_span(view.name, view.attributes)
+            if run is None:
+                continue
+            conversation = run.conversation_id or conversation_id(view.attributes)
+            if conversation:
+                steps.append(((start_ns, 0, trace.depth(span_id), order), RunStarted(
+                    conversation, run.agent_name or run.agent_id, start_ns / 1e9)))
         for tool in trace.tools:
             depth = trace.depth(tool.span_id)
             frame = trace.agent_of(tool.parent_id)
@@ -464,7 +504,7 @@ class TraceBuffer:
             started: tuple[str, str | None, str | None] | None = None
             call = tool.start_call
             if call is not None:
-                session, agent = session_for(call, trace_id, frame, KeyBy.TRACE,
+                session, agent = session_for(call, trace_id, frame, key_by,
                                              tool.start_attributes)
                 started = (session, agent, call.call_id)
                 steps.append(((tool.start_ns, 0, depth, tool.order), CallDecidedAtStart(
@@ -475,13 +515,16 @@ class TraceBuffer:
                 if started is not None:
                     session, agent, call_id = started
                 else:
-                    session, agent = session_for(call, trace_id, frame, KeyBy.TRACE,
+                    session, agent = session_for(call, trace_id, frame, key_by,
                                                  tool.attributes)
                     call_id = call.call_id
                 steps.append(((tool.end_ns, 1, -depth, tool.order), CallObserved(
                     session, agent, call.tool, call.arguments, call_id, call.is_error,
                     call.result, duration, tool.end_ns / 1e9)))
         if keep:
+            if trace.tools:
+                trace.given_until_ns = max(trace.given_until_ns,
+                                           max(tool.start_ns for tool in trace.tools))
             trace.tools = []
             trace.due = None
         steps.sort(key=lambda step: step[0])

@@ -738,3 +738,38 @@ def test_connections_beyond_the_bound_are_closed_and_the_server_recovers(
             return False
 
     assert wait_for(healthy, 5)
+
+
+def test_keyed_by_conversation_serve_decides_as_the_processor(tmp_path: Path) -> None:
+    """Each call in its own trace, one conversation: keyed by conversation, serve shares one
+    chain across traces exactly as an in-process processor keyed by conversation does."""
+    in_process = LoopGuard(DEFAULT.replace(trip_log_path=str(tmp_path / "local.jsonl")))
+    service = start(tmp_path, key_by="conversation")
+    try:
+        provider = TracerProvider()
+        provider.add_span_processor(LoopGuardSpanProcessor(
+            in_process, key_by="conversation", tracer_provider=provider))
+        provider.add_span_processor(SimpleSpanProcessor(_exporter("http", service)))
+        tracer = provider.get_tracer("agent")
+        for n in range(8):  # no agent span: each tool call is its own trace
+            with tracer.start_as_current_span("execute_tool search", attributes={
+                    "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search",
+                    "gen_ai.conversation.id": "conv-42"}) as span:
+                span.set_attribute("gen_ai.tool.call.arguments", '{"q": "weather"}')
+                span.set_attribute("gen_ai.tool.call.id", f"c{n}")
+                span.set_attribute("gen_ai.tool.call.result", "nothing")
+        provider.shutdown()
+        assert wait_for(lambda: service.processed_spans >= 8)
+        assert service.wait_idle(10)
+        local = trip_lines(tmp_path / "local.jsonl")
+        served = trip_lines(tmp_path / "serve.trips.jsonl")
+        assert {line["action"] for line in local} >= {"remind", "deny"}
+        assert {line["session"] for line in served} == {"conv-42"}
+        assert served == local
+    finally:
+        assert service.close(timeout=10)
+
+
+def test_bad_key_by_is_refused_by_serve() -> None:
+    with pytest.raises(ValueError, match="key_by"):
+        ServeOptions(key_by="tenant")

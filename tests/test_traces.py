@@ -138,3 +138,73 @@ def test_feed_is_what_the_processor_calls() -> None:
     event = CallObserved("s", None, "search", {"q": 1}, result="same")
     decisions = [feed(guard, event) for _ in range(4)]
     assert [d.action if d else None for d in decisions][-1] is Action.DENY
+
+
+# -- keyed by conversation -----------------------------------------------------------------
+
+
+def conversation_trace(trace_id: int, runs: int, calls: int) -> list[RecordedSpan]:
+    """``runs`` agent runs of one conversation in one trace, each making ``calls`` searches."""
+    spans: list[RecordedSpan] = []
+    for run in range(runs):
+        agent_id = 0x100 + run
+        start = run * 1_000
+        for n in range(calls):
+            spans.append(RecordedSpan(
+                trace_id, 0x200 + run * 100 + n, agent_id, "execute_tool search",
+                {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search",
+                 "gen_ai.tool.call.arguments": '{"q": "x"}', "gen_ai.tool.call.result": "r"},
+                (), False, start + 10 * n + 1, start + 10 * n + 2))
+        spans.append(RecordedSpan(
+            trace_id, agent_id, None, "invoke_agent planner",
+            {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "planner",
+             "gen_ai.conversation.id": "conv-7"}, (), False, start, start + 900))
+    return spans
+
+
+def counts_fed(buffer: TraceBuffer, spans: list[RecordedSpan]) -> list[int]:
+    guard = LoopGuard(PRESETS["default"])
+    out = []
+    for span in spans:
+        buffer.add(span)
+        for event in buffer.take_ready():
+            decision = feed(guard, event)
+            if decision is not None:
+                assert isinstance(event, CallObserved) and event.session == "conv-7"
+                out.append(decision.count)
+    return out
+
+
+def test_conversation_keying_shares_a_chain_across_traces() -> None:
+    # two traces of one conversation, one run each: the second run starts a new epoch
+    buffer = TraceBuffer(key_by="conversation")
+    spans = conversation_trace(0x1, 1, 3) + conversation_trace(0x2, 1, 3)
+    assert counts_fed(buffer, spans) == [0, 2, 3, 0, 2, 3]
+
+
+def test_conversation_keying_without_runs_keeps_counting() -> None:
+    # tool spans whose only agent context is the conversation id on the tool span itself
+    buffer = TraceBuffer(key_by="conversation")
+    spans = []
+    for n in range(4):
+        spans.append(RecordedSpan(
+            0x10 + n, 0x20 + n, None, "execute_tool search",
+            {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search",
+             "gen_ai.tool.call.arguments": '{"q": "x"}', "gen_ai.conversation.id": "conv-7"},
+            (), False, 1, 2))
+    assert counts_fed(buffer, spans) == [0, 2, 3, 4]
+
+
+def test_trace_keying_keeps_runs_apart_and_gives_no_run_events() -> None:
+    buffer = TraceBuffer()
+    spans = conversation_trace(0x1, 1, 3)
+    for span in spans:
+        buffer.add(span)
+    events = buffer.take_ready()
+    assert all(isinstance(event, CallObserved) for event in events)
+    assert {event.session for event in events} == {f"{0x1:032x}/{0x100:016x}"}
+
+
+def test_bad_key_by_is_refused() -> None:
+    with pytest.raises(ValueError, match="key_by"):
+        TraceBuffer(key_by="tenant")

@@ -193,8 +193,12 @@ class ServeOptions:
     max_buffered_spans: int = MAX_BUFFERED_SPANS
     hold_seconds: float = DEFAULT_HOLD_SECONDS
     drain_timeout_seconds: float = DEFAULT_DRAIN_TIMEOUT_SECONDS
+    #: "trace" (trace + agent, as the in-process processor by default) or "conversation".
+    key_by: str = "trace"
 
     def __post_init__(self) -> None:
+        if self.key_by not in ("trace", "conversation"):
+            raise ValueError(f"key_by: expected 'trace' or 'conversation', got {self.key_by!r}")
         if not isinstance(self.host, str) or not self.host:
             raise ValueError(f"host: expected an address, got {self.host!r}")
         _check_int("http_port", self.http_port, 0, 65535)
@@ -420,7 +424,8 @@ class Service:
         """Bind the ports and serve. Raises ``OSError`` when a port cannot be bound (nothing
         is left running then)."""
         options = self.options
-        buffer = TraceBuffer(options.max_buffered_spans, hold_seconds=options.hold_seconds,
+        buffer = TraceBuffer(options.max_buffered_spans, key_by=options.key_by,
+                             hold_seconds=options.hold_seconds,
                              clock=self._clock)
         self._ingest = _Ingest(self.guard, buffer, options.max_queued_spans,
                                options.hold_seconds)
