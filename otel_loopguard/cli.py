@@ -113,7 +113,12 @@ def _add_replay(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     parser.add_argument(
         "--format", metavar="NAME", dest="input_format",
         help="read every file in this format instead of detecting it"
-             " (e.g. claude-code, transcript)",
+             " (claude-code, transcript, otlp-json, span-dump)",
+    )
+    parser.add_argument(
+        "--key-by", choices=("trace", "conversation"), default="trace",
+        help="recorded traces: session state per trace and agent (default, as the span"
+             " processor) or per conversation id (as serve --key-by conversation)",
     )
     parser.set_defaults(handler=_run_replay)
 
@@ -130,6 +135,7 @@ def _run_replay(args: argparse.Namespace) -> int:
             json_output=args.json,
             format_name=args.input_format,
             mode=Mode(args.mode) if args.mode else None,
+            key_by=args.key_by,
         )
     except UsageError as exc:
         raise _UsageError(str(exc)) from None

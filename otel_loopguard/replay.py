@@ -44,6 +44,8 @@ from typing import IO, TYPE_CHECKING, Any, Final, Protocol, TextIO, Union
 
 import orjson
 
+from .spans import KeyBy
+
 from .traces import (
     _ARGUMENTS_AT_START_CONVENTIONS,  # noqa: F401  (read by tests as replay's)
     MAX_BUFFERED_SPANS,
@@ -212,7 +214,9 @@ class InputFormat:
     name: str
     description: str
     claims: Callable[[object], bool]
-    decoder: Callable[[], RecordDecoder]
+    decoder: Callable[..., RecordDecoder]
+    #: The decoder reads recorded traces and takes ``key_by`` (trace or conversation).
+    traces: bool = False
 
 
 def _get(record: Mapping[str, Any], name: str) -> Any:
@@ -584,9 +588,11 @@ class SpanDumpDecoder:
 
     __slots__ = ("_buffer",)
 
-    def __init__(self, max_buffered_spans: int | None = None) -> None:
+    def __init__(self, max_buffered_spans: int | None = None,
+                 key_by: KeyBy | str = KeyBy.TRACE) -> None:
         self._buffer = TraceBuffer(
-            MAX_BUFFERED_SPANS if max_buffered_spans is None else max_buffered_spans)
+            MAX_BUFFERED_SPANS if max_buffered_spans is None else max_buffered_spans,
+            key_by=key_by)
 
     def decode(self, record: object) -> Iterable[Event]:
         if not isinstance(record, dict):
@@ -626,9 +632,11 @@ class OtlpJsonDecoder:
 
     __slots__ = ("_buffer",)
 
-    def __init__(self, max_buffered_spans: int | None = None) -> None:
+    def __init__(self, max_buffered_spans: int | None = None,
+                 key_by: KeyBy | str = KeyBy.TRACE) -> None:
         self._buffer = TraceBuffer(
-            MAX_BUFFERED_SPANS if max_buffered_spans is None else max_buffered_spans)
+            MAX_BUFFERED_SPANS if max_buffered_spans is None else max_buffered_spans,
+            key_by=key_by)
 
     def decode(self, record: object) -> Iterable[Event]:
         if not isinstance(record, dict):
@@ -671,12 +679,14 @@ FORMATS: list[InputFormat] = [
         "OTLP JSON lines: one ExportTraceServiceRequest per line (the Collector's file exporter)",
         _claims_otlp_json,
         OtlpJsonDecoder,
+        traces=True,
     ),
     InputFormat(
         "span-dump",
         'span JSON lines: {"name", "trace_id", "span_id", "attributes", ...} per finished span',
         _claims_span_dump,
         SpanDumpDecoder,
+        traces=True,
     ),
 ]
 
@@ -839,6 +849,7 @@ def _read_events(
     fmt: InputFormat | None,
     bad: _BadLines,
     progress: _Progress,
+    key_by: KeyBy = KeyBy.TRACE,
 ) -> Iterator[Event]:
     """Yield the events of one open file, reporting bad lines to ``bad``."""
     progress.start_file(name)
@@ -861,7 +872,7 @@ def _read_events(
             if records >= SNIFF_RECORDS:
                 break
         fmt = detect_format(record for _, record, problem in head if problem is None)
-    decoder = fmt.decoder()
+    decoder = fmt.decoder(key_by=key_by) if fmt.traces else fmt.decoder()
 
     def decode(lineno: int, record: object) -> Iterable[Event]:
         try:
@@ -1189,12 +1200,14 @@ def run_replay(
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
     progress: bool | None = None,
+    key_by: KeyBy | str = KeyBy.TRACE,
 ) -> int:
     """Replay ``paths`` (``-`` is stdin; a directory is its ``*.jsonl`` files) through a fresh
     guard with ``policy`` and write the report; return the exit status (0 all input read, 1 some
     lines bad or a file unreadable).
 
-    ``mode`` overrides the policy's mode. The policy's advisor is dropped: a replay reports where a
+    ``mode`` overrides the policy's mode. ``key_by`` keys recorded traces' sessions by trace and
+    agent (default) or by conversation, as the span processor and ``serve`` can. The policy's advisor is dropped: a replay reports where a
     rescue would trip but never buys advice. ``progress`` forces the progress bar on or off
     (default: on when ``stderr`` is a terminal and the input is large). Raises
     :class:`UsageError` for a missing or unreadable path or an unknown format name.
@@ -1208,6 +1221,10 @@ def run_replay(
         fmt = format_by_name(format_name) if format_name is not None else None
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    try:
+        keyed_by = KeyBy(key_by)
+    except ValueError:
+        raise UsageError(f"key_by: expected 'trace' or 'conversation', got {key_by!r}") from None
     inputs = _expand(paths)
     changes: dict[str, object] = {"advisor_command": None}
     if mode is not None:
@@ -1228,7 +1245,7 @@ def run_replay(
             bad.unreadable(label, exc.strerror or str(exc))
             continue
         try:
-            for event in _read_events(label, handle, fmt, bad, bar):
+            for event in _read_events(label, handle, fmt, bad, bar, keyed_by):
                 started = replayer.handle(source, event)
                 if started is not None and json_output:
                     report, index, decision = started

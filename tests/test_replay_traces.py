@@ -645,3 +645,34 @@ def test_any_trace_input_gives_a_report_never_an_exception(requests: list[list[A
     assert status in (0, 1)
     for row in out.getvalue().splitlines():
         assert list(json.loads(row)) == ["session", "index", "tool", "action", "rule", "count"]
+
+
+def test_replay_keys_recorded_traces_by_conversation(tmp_path: Path) -> None:
+    """Every call in its own trace, one conversation: by trace nothing repeats, by
+    conversation the loop is found (as the processor and serve keyed by conversation find it)."""
+    lines = []
+    for n in range(6):
+        lines.append(json.dumps({
+            "name": "execute_tool search", "kind": "INTERNAL", "trace_id": f"{n + 1:032x}",
+            "span_id": f"{n + 1:016x}", "parent_span_id": None, "scope": "t",
+            "start_time_ns": 1_000 * n + 1, "end_time_ns": 1_000 * n + 2,
+            "attributes": {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search",
+                           "gen_ai.tool.call.arguments": '{"q": "x"}',
+                           "gen_ai.tool.call.result": "none",
+                           "gen_ai.conversation.id": "conv-9"},
+            "events": [], "status": {"code": "UNSET", "description": None},
+            "name_at_start": "execute_tool search", "attributes_at_start": {}}))
+    path = tmp_path / "spans.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    by_trace, by_conversation = io.StringIO(), io.StringIO()
+    assert run_replay([str(path)], PRESETS["default"], json_output=True, stdout=by_trace,
+                      stderr=io.StringIO()) == 0
+    assert run_replay([str(path)], PRESETS["default"], json_output=True,
+                      stdout=by_conversation, stderr=io.StringIO(), key_by="conversation") == 0
+    trace_rows = [json.loads(line) for line in by_trace.getvalue().splitlines()]
+    conversation_rows = [json.loads(line) for line in by_conversation.getvalue().splitlines()]
+    assert {row["action"] for row in trace_rows} == {"allow"}
+    assert [row["session"] for row in conversation_rows] == ["conv-9"] * 6
+    stuck = PRESETS["default"].no_progress_threshold
+    assert stuck is not None
+    assert conversation_rows[stuck - 1]["action"] == "deny"
