@@ -578,8 +578,12 @@ class LoopGuard:
             # The same objects this thread's last before_tool keyed: reuse its key and session.
             known_key, known_state = last[4], last[5]
         if ref is not None or known_key is not None:
+            # The store key is needed only with a call id, or without the state at hand.
+            store_key: object = (
+                self._store_key(*self._ids(session, agent))
+                if ref is not None or known_state is None else None
+            )
             with self._lock:
-                store_key = self._store_key(*self._ids(session, agent))
                 if ref is not None and self._take_settled(store_key, ref):
                     return None  # this call was reported already (by the hook, or by its span)
                 state = known_state or self._store.get(store_key, create=False)
