@@ -48,6 +48,7 @@ import orjson
 
 __all__ = [
     "AGENT_CONVENTIONS",
+    "ARGUMENTS_AT_START_CONVENTIONS",
     "MAX_DECODE_CHARS",
     "MISSING",
     "TOOL_CONVENTIONS",
@@ -857,6 +858,12 @@ TOOL_CONVENTIONS: Final[tuple[ToolConvention, ...]] = (
     ToolConvention(name="genai", when=(span_name_starts(EXECUTE_TOOL_SPAN_PREFIX),)),
 )
 """Tool-span conventions, most specific first; the first entry whose conditions hold wins."""
+
+#: Conventions whose instrumentation starts tool spans with the arguments already set (Pydantic
+#: AI): a recording that does not say what a span carried at start (OTLP) can only have been
+#: decided at start for these. A test checks it against every fixture dump with
+#: :func:`arguments_available_at_start`.
+ARGUMENTS_AT_START_CONVENTIONS: Final = frozenset({"pydantic_ai", "pydantic_ai_legacy"})
 
 
 @dataclass(frozen=True, slots=True)

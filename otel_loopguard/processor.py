@@ -37,7 +37,14 @@ from .calls import SIGNATURE_CHARS, canonical_arguments, canonical_json
 from .conventions import MISSING, SpanToolCall, arguments_available_at_start, tool_call_from_span
 from .guard import LoopGuard
 from .policy import Action, Decision, arguments_preview
-from .spans import AgentFrame, KeyBy, SpanView, nearest_agent, session_for
+from .spans import (
+    START_NAME_PREFIXES,
+    AgentFrame,
+    KeyBy,
+    SpanView,
+    nearest_agent,
+    session_for,
+)
 
 __all__ = [
     "DECISION_EVENT",
@@ -61,9 +68,6 @@ ATTR_ARGUMENTS: Final = "loopguard.arguments"
 ATTR_TOOL_NAME: Final = "gen_ai.tool.name"
 ATTR_TOOL_CALL_ID: Final = "gen_ai.tool.call.id"
 
-#: First four characters of span names that may be tool or agent spans at start (a cheap gate:
-#: "execute_tool ...", "invoke_agent ...", "running tool", "agent run", "call tool").
-_START_PREFIXES: Final = frozenset({"exec", "invo", "runn", "agen", "call"})
 _TOOL_NAMES: Final = frozenset({"running tool", "call tool"})
 _MAX_CACHED_FRAMES: Final = 4096
 
@@ -168,7 +172,7 @@ class LoopGuardSpanProcessor(SpanProcessor):
             opened = self._open
             opened[context.span_id] = span
             name = span.name
-            if name[:4] in _START_PREFIXES:
+            if name[:4] in START_NAME_PREFIXES:
                 self._start(span, name, context.span_id, context.trace_id)
             # After _start: pruning also forgets what _start kept for a span it drops (even this
             # one, when its start time is already older than the TTL).

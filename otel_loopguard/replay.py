@@ -47,7 +47,6 @@ import orjson
 from .spans import KeyBy
 
 from .traces import (
-    _ARGUMENTS_AT_START_CONVENTIONS,  # noqa: F401  (read by tests as replay's)
     MAX_BUFFERED_SPANS,
     MAX_SPAN_PROBLEMS,
     MAX_VALUE_DEPTH,
@@ -62,7 +61,6 @@ from .traces import (
     TraceBuffer,
     _id_text,
     _nanos,
-    _otlp_span,  # noqa: F401  (read by tests as replay's)
     _parent_id,
     feed,
     otlp_json_spans,
@@ -571,7 +569,23 @@ def _dump_span(record: Mapping[str, Any]) -> RecordedSpan:
     )
 
 
-class SpanDumpDecoder:
+class _TraceDecoder:
+    """What the recorded-trace decoders share: one :class:`TraceBuffer` per file, which puts the
+    spans back in time order and gives the rest of its events when the input ends."""
+
+    __slots__ = ("_buffer",)
+
+    def __init__(self, max_buffered_spans: int | None = None,
+                 key_by: KeyBy | str = KeyBy.TRACE) -> None:
+        self._buffer = TraceBuffer(
+            MAX_BUFFERED_SPANS if max_buffered_spans is None else max_buffered_spans,
+            key_by=key_by)
+
+    def finish(self) -> Iterable[Event]:
+        return self._buffer.finish()
+
+
+class SpanDumpDecoder(_TraceDecoder):
     """Span dumps: one finished span per line, in the order spans ended (the fixtures' format)::
 
         {"name": "execute_tool search", "kind": "INTERNAL", "trace_id": "<32 hex>",
@@ -586,21 +600,12 @@ class SpanDumpDecoder:
     by a :class:`TraceBuffer`.
     """
 
-    __slots__ = ("_buffer",)
-
-    def __init__(self, max_buffered_spans: int | None = None,
-                 key_by: KeyBy | str = KeyBy.TRACE) -> None:
-        self._buffer = TraceBuffer(
-            MAX_BUFFERED_SPANS if max_buffered_spans is None else max_buffered_spans,
-            key_by=key_by)
+    __slots__ = ()
 
     def decode(self, record: object) -> Iterable[Event]:
         if not isinstance(record, dict):
             raise BadRecord(f"expected a JSON object (one span), got {type(record).__name__}")
         return _buffered(self._buffer, (_dump_span(record),), [])
-
-    def finish(self) -> Iterable[Event]:
-        return self._buffer.finish()
 
 
 def _claims_span_dump(record: object) -> bool:
@@ -608,7 +613,7 @@ def _claims_span_dump(record: object) -> bool:
             and "name" in record and "resourceSpans" not in record)
 
 
-class OtlpJsonDecoder:
+class OtlpJsonDecoder(_TraceDecoder):
     """OTLP JSON lines: one ``ExportTraceServiceRequest`` per line, as the Collector's ``file``
     exporter writes them::
 
@@ -630,13 +635,7 @@ class OtlpJsonDecoder:
     arguments (Pydantic AI), as the span processor would have; every other one at its end.
     """
 
-    __slots__ = ("_buffer",)
-
-    def __init__(self, max_buffered_spans: int | None = None,
-                 key_by: KeyBy | str = KeyBy.TRACE) -> None:
-        self._buffer = TraceBuffer(
-            MAX_BUFFERED_SPANS if max_buffered_spans is None else max_buffered_spans,
-            key_by=key_by)
+    __slots__ = ()
 
     def decode(self, record: object) -> Iterable[Event]:
         if not isinstance(record, dict):
@@ -648,9 +647,6 @@ class OtlpJsonDecoder:
             raise BadRecord("missing field 'resourceSpans'")
         read = otlp_json_spans(record)
         return _buffered(self._buffer, read.spans, read.problems, read.bad_spans)
-
-    def finish(self) -> Iterable[Event]:
-        return self._buffer.finish()
 
 
 def _claims_otlp_json(record: object) -> bool:

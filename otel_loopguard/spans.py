@@ -23,6 +23,7 @@ from .conventions import SpanAgent, SpanToolCall, agent_from_span, conversation_
 
 __all__ = [
     "MAX_ANCESTRY_DEPTH",
+    "START_NAME_PREFIXES",
     "AgentFrame",
     "KeyBy",
     "SpanView",
@@ -32,6 +33,12 @@ __all__ = [
 
 #: Ancestors looked at when resolving a tool span's agent (a guard against cycles in bad input).
 MAX_ANCESTRY_DEPTH: Final = 64
+
+#: The first four characters of the span names that may be a tool span with its arguments, or
+#: an agent run, when they start ("execute_tool ...", "invoke_agent ...", "running tool", "agent
+#: run", "call tool"): a cheap gate, so that only those spans are looked at in ``on_start``, and
+#: only those can have been decided at their start when a recording is read back.
+START_NAME_PREFIXES: Final = frozenset({"exec", "invo", "runn", "agen", "call"})
 
 
 class KeyBy(str, Enum):

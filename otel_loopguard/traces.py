@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Union
 
 from .conventions import (
+    ARGUMENTS_AT_START_CONVENTIONS,
     MISSING,
     SpanToolCall,
     agent_from_span,
@@ -31,7 +32,14 @@ from .conventions import (
     conversation_id,
     tool_call_from_span,
 )
-from .spans import AgentFrame, KeyBy, SpanView, nearest_agent, session_for
+from .spans import (
+    START_NAME_PREFIXES,
+    AgentFrame,
+    KeyBy,
+    SpanView,
+    nearest_agent,
+    session_for,
+)
 
 if TYPE_CHECKING:
     from .guard import LoopGuard
@@ -163,16 +171,6 @@ MAX_SPAN_PROBLEMS: Final = 3
 #: Ancestors counted for a span's depth (only breaks ties between equal timestamps).
 _MAX_DEPTH: Final = 1024
 
-#: The first four characters of the span names ``LoopGuardSpanProcessor.on_start`` looks at:
-#: only those spans can be decided at start. A copy of ``processor._START_PREFIXES`` (a test
-#: checks they agree), so that reading traces does not import the OpenTelemetry SDK.
-START_NAME_PREFIXES: Final = frozenset({"exec", "invo", "runn", "agen", "call"})
-
-#: Conventions whose instrumentation starts tool spans with the arguments already set (see
-#: ``conventions.arguments_available_at_start``). Used only when a recording does not say what a
-#: span carried at start (OTLP): the final attributes hold the arguments for every convention,
-#: and judging by them alone would decide at start calls the processor decides at end.
-_ARGUMENTS_AT_START_CONVENTIONS: Final = frozenset({"pydantic_ai", "pydantic_ai_legacy"})
 
 _HEX: Final = re.compile(r"[0-9a-fA-F]+")
 _DECIMAL: Final = re.compile(r"-?[0-9]{1,20}")
@@ -286,15 +284,17 @@ def _tool_span(span: RecordedSpan, local_parent: int | None, order: int) -> _Too
     unknown_start = span.start_attributes is None
     # Judged by its final attributes (OTLP), only a span of an instrumentation that starts tool
     # spans with their arguments can have been decided at start.
+    # (The final attributes hold the arguments for every convention: judged by them alone, calls
+    # the processor decides at end would be decided at start.)
     may_start = not unknown_start or (
-        end_call is not None and end_call.convention in _ARGUMENTS_AT_START_CONVENTIONS)
+        end_call is not None and end_call.convention in ARGUMENTS_AT_START_CONVENTIONS)
     if may_start and start_name[:4] in START_NAME_PREFIXES and arguments_available_at_start(
             start_name, start_attributes):
         start_call = tool_call_from_span(start_name, start_attributes, (), None)
         if start_call is not None and (
                 start_call.arguments is MISSING
                 or (unknown_start
-                    and start_call.convention not in _ARGUMENTS_AT_START_CONVENTIONS)):
+                    and start_call.convention not in ARGUMENTS_AT_START_CONVENTIONS)):
             start_call = None
     if start_call is None and end_call is None:
         return None

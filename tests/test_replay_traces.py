@@ -18,10 +18,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.sdk.trace import Tracer, TracerProvider
 
-from otel_loopguard import processor as processor_module
+from otel_loopguard import traces
 from otel_loopguard import replay
 from otel_loopguard.config import PRESETS
-from otel_loopguard.conventions import arguments_available_at_start, tool_call_from_span
+from otel_loopguard.conventions import (
+    ARGUMENTS_AT_START_CONVENTIONS,
+    arguments_available_at_start,
+    tool_call_from_span,
+)
 from otel_loopguard.guard import LoopGuard
 from otel_loopguard.policy import Decision
 from otel_loopguard.processor import LoopGuardSpanProcessor
@@ -259,7 +263,6 @@ def test_otlp_replay_gives_the_processors_decisions(path: Path, tmp_path: Path) 
 
 
 def test_processor_and_replay_agree_on_which_spans_decide_at_start() -> None:
-    assert replay.START_NAME_PREFIXES == processor_module._START_PREFIXES
     # OTLP does not say what a span carried at start; replay decides at start for the
     # conventions whose spans start with their arguments. The dumps record both: check them.
     seen = set()
@@ -271,7 +274,7 @@ def test_processor_and_replay_agree_on_which_spans_decide_at_start() -> None:
                 continue
             at_start = arguments_available_at_start(record["name_at_start"],
                                                     record["attributes_at_start"])
-            assert at_start == (call.convention in replay._ARGUMENTS_AT_START_CONVENTIONS), (
+            assert at_start == (call.convention in ARGUMENTS_AT_START_CONVENTIONS), (
                 dump_id(path), call.convention)
             seen.add((call.convention, at_start))
     assert {at_start for _, at_start in seen} == {True, False}
@@ -423,7 +426,7 @@ def test_otlp_values_of_every_type_are_read() -> None:
     call = events[0]
     assert (call.tool, call.arguments, call.error, call.session) == ("t", {"a": 1}, True, "a" * 32)
     buffer = replay.TraceBuffer()
-    span = replay._otlp_span(record["resourceSpans"][0]["scopeSpans"][0]["spans"][0])
+    span = traces._otlp_span(record["resourceSpans"][0]["scopeSpans"][0]["spans"][0])
     buffer.add(span)
     assert span.attributes["n"] == 9007199254740993 and span.attributes["b"] is False
     assert span.attributes["raw"] == b"\x00\xff" and span.attributes["list"] == (1, None)
