@@ -451,14 +451,10 @@ class LoopGuard:
         policy = self.policy
         name = tool if type(tool) is str and len(tool) <= MAX_TOOL_NAME_CHARS else tool_name(tool)
         if known is None:
-            value = canonical_arguments(arguments, policy.ignored_args)
-            tracked, mutating = self._classifier.classify(name, value)
-            if not tracked:
+            known = self._key_call(name, arguments)
+            if known is None:
                 return ALLOW
-            canonical = canonical_json(value)
-            key = args_key(name, canonical)
-        else:
-            mutating, canonical, key = known
+        mutating, canonical, key = known
         store_key: object
         if type(session) is str and agent is None:
             sid, aid, store_key = session, None, session  # the common case, without the calls
@@ -602,14 +598,11 @@ class LoopGuard:
                     self._record_wasted(state, pending, agent, tool, duration_seconds)
                 return None
         store_key = self._store_key(*self._ids(session, agent))
-        policy = self.policy
         name = tool_name(tool)
-        value = canonical_arguments(arguments, policy.ignored_args)
-        tracked, mutating = self._classifier.classify(name, value)
-        if not tracked:
+        keyed = self._key_call(name, arguments)
+        if keyed is None:
             return None
-        canonical = canonical_json(value)
-        key = args_key(name, canonical)
+        mutating, canonical, key = keyed
         with self._lock:
             state = self._store.get(store_key, create=False)
             pending = None
@@ -680,6 +673,16 @@ class LoopGuard:
                 del calls[ref]
                 return True
         return False
+
+    def _key_call(self, name: str, arguments: object) -> tuple[bool, bytes, str] | None:
+        """(mutating, canonical JSON, args key) of a call of ``name``, or ``None`` when the
+        policy does not track it."""
+        value = canonical_arguments(arguments, self.policy.ignored_args)
+        tracked, mutating = self._classifier.classify(name, value)
+        if not tracked:
+            return None
+        canonical = canonical_json(value)
+        return mutating, canonical, args_key(name, canonical)
 
     @staticmethod
     def _apply_outcome(
