@@ -368,7 +368,14 @@ class LoopGuard:
                 raise LoopDetected(decision)
             return decision.message
 
-        def finish(decision: Decision, result: Any) -> Any:
+        def failed(arguments: object, sid: str, started: float) -> None:
+            self.after_tool(name, arguments, session=sid, agent=agent, error=True,
+                            duration_seconds=time.perf_counter() - started)
+
+        def finish(decision: Decision, arguments: object, sid: str, started: float,
+                   result: Any) -> Any:
+            self.after_tool(name, arguments, session=sid, agent=agent, result=result,
+                            duration_seconds=time.perf_counter() - started)
             if append_reminders and decision.action is Action.REMIND and isinstance(result, str):
                 return f"{result}\n\n{decision.message}"
             return result
@@ -387,12 +394,9 @@ class LoopGuard:
                 try:
                     result = await async_fn(*args, **kwargs)
                 except BaseException:
-                    self.after_tool(name, arguments, session=sid, agent=agent, error=True,
-                                    duration_seconds=time.perf_counter() - started)
+                    failed(arguments, sid, started)
                     raise
-                self.after_tool(name, arguments, session=sid, agent=agent, result=result,
-                                duration_seconds=time.perf_counter() - started)
-                return finish(decision, result)
+                return finish(decision, arguments, sid, started, result)
 
             return cast(F, async_wrapper)
 
@@ -407,12 +411,9 @@ class LoopGuard:
             try:
                 result = fn(*args, **kwargs)
             except BaseException:
-                self.after_tool(name, arguments, session=sid, agent=agent, error=True,
-                                duration_seconds=time.perf_counter() - started)
+                failed(arguments, sid, started)
                 raise
-            self.after_tool(name, arguments, session=sid, agent=agent, result=result,
-                            duration_seconds=time.perf_counter() - started)
-            return finish(decision, result)
+            return finish(decision, arguments, sid, started, result)
 
         return cast(F, wrapper)
 
