@@ -4,7 +4,7 @@
 
 These functions run on the application's thread for every span it starts or ends, so their cost
 is compared with a span's own cost in the OpenTelemetry SDK (about 15 us). Spans come from the
-real framework dumps in ``shared/fixtures/spans`` (the non-blocked file of each instrumentation):
+real framework dumps in ``tests/data/spans`` (the non-blocked file of each instrumentation):
 
   - "reject tool" / "reject agent": ``tool_call_from_span`` / ``agent_from_span`` on the first
     span of the dump that is neither a tool nor an agent span, as ``on_end`` sees it; "reject
@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO))  # measure the code next to this script, whatever 
 
 from otel_loopguard import conventions  # noqa: E402
 
-SPAN_DUMPS = REPO.parent / "shared" / "fixtures" / "spans"
+SPAN_DUMPS = REPO / "tests" / "data" / "spans"
 DUMPS = (
     "pydantic_ai/spans.jsonl",
     "pydantic_ai/spans_v2_legacy.jsonl",

@@ -17,11 +17,11 @@ Where the time goes: the same batches through the service's pieces in this proce
 HTTP: decoding (``proto_spans``) and the ingest step (trace buffer, conventions, guard), each
 timed alone.
 
-Workloads ("agents" always; "fixtures" when ../shared/fixtures is there):
+Workloads ("agents" always; "fixtures" always):
   - agents: GenAI-semconv agent runs: per run an invoke_agent span, and per step a chat span
     (model, token counts, a short output message) and an execute_tool span (arguments, call id,
     result); one run in three loops on one call. About half the spans are tool spans.
-  - fixtures: the real framework span dumps of ../shared/fixtures/spans (Pydantic AI,
+  - fixtures: the real framework span dumps of tests/data/spans (Pydantic AI,
     LangGraph with OpenInference and OpenLLMetry, Strands), rebuilt through a TracerProvider:
     large LLM spans carrying whole conversations (about 4.7 KB a span).
 
@@ -53,7 +53,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 ROOT = Path(__file__).resolve().parents[1]
-FIXTURES = ROOT.parent / "shared" / "fixtures" / "spans"
+FIXTURES = ROOT / "tests" / "data" / "spans"
 BATCH = 512
 
 

@@ -23,6 +23,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Final
 
+from .env import LOOPGUARD_PRESET, POLICY_PREFIX
+
 __all__ = [
     "DEFAULT_IGNORED_ARGS",
     "DEFAULT_MUTATING_COMMANDS",
@@ -43,7 +45,7 @@ __all__ = [
 
 _log = logging.getLogger("otel_loopguard")
 
-ENV_PREFIX: Final = "LOOPGUARD_"
+ENV_PREFIX: Final = POLICY_PREFIX
 
 
 class Mode(str, Enum):
@@ -503,11 +505,11 @@ def policy_from_env(base: Policy | None = None, environ: Mapping[str, str] | Non
     """
     env = os.environ if environ is None else environ
     if base is None:
-        preset = env.get(ENV_PREFIX + "PRESET", "default").strip() or "default"
+        preset = env.get(LOOPGUARD_PRESET, "default").strip() or "default"
         if preset not in PRESETS:
             _log.warning(
-                "%sPRESET=%r is not one of %s; using the default preset",
-                ENV_PREFIX, preset, ", ".join(PRESETS),
+                "%s=%r is not one of %s; using the default preset",
+                LOOPGUARD_PRESET, preset, ", ".join(PRESETS),
             )
             preset = "default"
         base = PRESETS[preset]

@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, cast, overload
+from typing import Any, Final, Literal, TypeVar, cast, overload
 
 from .calls import (
     MAX_TOOL_NAME_CHARS,
@@ -47,9 +47,6 @@ from .policy import (
 )
 from .rules import evaluate, trend
 from .triplog import TripLog
-
-if TYPE_CHECKING:
-    from .processor import LoopGuardSpanProcessor
 
 __all__ = ["LoopGuard"]
 
@@ -154,7 +151,7 @@ class LoopGuard:
         try:
             return self._attempt(tool, arguments, session, agent, call_id, True)
         except Exception as exc:  # the hot path never raises (STYLE.md, error zone 3)
-            self._internal_error("before_tool", exc)
+            self.report_internal_error("before_tool", exc)
             return ALLOW
 
     def after_tool(
@@ -180,24 +177,22 @@ class LoopGuard:
             return self._finish(tool, arguments, session, agent, call_id, error, result,
                                 duration_seconds)
         except Exception as exc:
-            self._internal_error("after_tool", exc)
+            self.report_internal_error("after_tool", exc)
             return None
 
-    def span_processor(self, **options: Any) -> LoopGuardSpanProcessor:
-        """A :class:`~otel_loopguard.processor.LoopGuardSpanProcessor` bound to this guard, so
-        spans and the hook API share one state (options as the processor takes them)."""
-        from .processor import LoopGuardSpanProcessor
-
-        return LoopGuardSpanProcessor(self, **options)
-
-    def _decide_for_span(self, tool: object, arguments: object, session: str,
+    def decide_at_span_start(self, tool: object, arguments: object, session: str,
                          agent: str | None, call_id: str | None) -> Decision:
-        """``before_tool`` for a span entrance: the same counting, but never waits for the
-        advisor (a rescue asked here is settled in the background and cached)."""
+        """The seam for span entrances (the span processor, the trace reader of ``replay`` and
+        ``serve``): ``before_tool`` for a call whose arguments a span carries at its start.
+
+        Counts the attempt exactly as ``before_tool`` does, but never waits for the advisor (a
+        rescue asked here is settled in the background and cached). Called on the thread that
+        starts the span; never raises (an internal error is reported and answered with allow).
+        """
         try:
             return self._attempt(tool, arguments, session, agent, call_id, False)
         except Exception as exc:
-            self._internal_error("span_start", exc)
+            self.report_internal_error("span_start", exc)
             return ALLOW
 
     def user_message(self, session: str, *, agent: str | None = None) -> None:
@@ -790,7 +785,7 @@ class LoopGuard:
             if error is not None:
                 self._internal_once("advisor", error)
         except Exception as exc:  # never let a callback kill the advisor thread
-            self._internal_error("advisor_callback", exc)
+            self.report_internal_error("advisor_callback", exc)
 
     def _reset(self, session: object, agent: object, where: str) -> None:
         try:
@@ -804,7 +799,7 @@ class LoopGuard:
             for reason in evictions:
                 self._recorder.evicted(reason)
         except Exception as exc:
-            self._internal_error(where, exc)
+            self.report_internal_error(where, exc)
 
     def _take_evictions(self) -> list[str]:
         if not self._evictions:
@@ -821,8 +816,10 @@ class LoopGuard:
             _log.warning("loopguard %s unavailable: %s (further such failures are not logged)",
                          kind, exc)
 
-    def _internal_error(self, where: str, exc: BaseException) -> None:
-        """Count and log (once per kind) an exception caught on the hot path."""
+    def report_internal_error(self, where: str, exc: BaseException) -> None:
+        """The seam for adapters that catch an exception on the hot path: count it under
+        ``where`` (``internal_errors``, ``loopguard_internal_errors_total``) and log it once per
+        (place, exception type). Never raises."""
         try:
             with self._lock:
                 self._errors[where] = self._errors.get(where, 0) + 1

@@ -108,7 +108,7 @@ def _attributes(span: ReadableSpan) -> Mapping[str, Any]:
 class LoopGuardSpanProcessor(SpanProcessor):
     """Feeds tool-call spans to a :class:`LoopGuard` and records its decisions as span events.
 
-    ``guard``: share one with the hook API (or use ``guard.span_processor()``); default: a new
+    ``guard``: share one with the hook API (or use ``LoopGuardSpanProcessor(guard)``); default: a new
     guard with the ``default`` preset and ``LOOPGUARD_*`` overrides.
     ``key_by``: ``"trace"`` (trace + agent; default) or ``"conversation"`` (see
     :mod:`otel_loopguard.spans`).
@@ -179,7 +179,7 @@ class LoopGuardSpanProcessor(SpanProcessor):
             if len(opened) > self._max_spans:
                 self._prune()
         except Exception as exc:  # the SDK does not catch processor errors
-            self.guard._internal_error("span_processor.on_start", exc)
+            self.guard.report_internal_error("span_processor.on_start", exc)
 
     def on_end(self, span: ReadableSpan) -> None:
         """Called on the thread ending ``span``; must not block or raise."""
@@ -203,7 +203,7 @@ class LoopGuardSpanProcessor(SpanProcessor):
                 return
             self._end(span, name, attributes, span_id, context.trace_id)
         except Exception as exc:
-            self.guard._internal_error("span_processor.on_end", exc)
+            self.guard.report_internal_error("span_processor.on_end", exc)
 
     def shutdown(self) -> None:
         """Forget all bookkeeping and stop the guard's advisor worker."""
@@ -289,7 +289,7 @@ class LoopGuardSpanProcessor(SpanProcessor):
         if call is None or call.arguments is MISSING:
             return
         session, agent = self._keys(call, span, trace_id, attributes)
-        decision = self.guard._decide_for_span(call.tool, call.arguments, session, agent,
+        decision = self.guard.decide_at_span_start(call.tool, call.arguments, session, agent,
                                                call.call_id)
         self._started[span_id] = (session, agent, call.call_id)
         _START_DECISIONS[span_id] = decision

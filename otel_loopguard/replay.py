@@ -7,7 +7,7 @@ Input is JSON lines. Each file is read by one *input format*, chosen by sniffing
 - :class:`CallFinished`: the recorded outcome of a started call, fed to ``LoopGuard.after_tool``;
 - :class:`UserPrompt`: a real user message, fed to ``LoopGuard.user_message``;
 - :class:`CallDecidedAtStart`: a tool span whose arguments were there when it started (Pydantic
-  AI): decided as the span processor decides at ``on_start`` (``LoopGuard._decide_for_span``);
+  AI): decided as the span processor decides at ``on_start`` (``LoopGuard.decide_at_span_start``);
 - :class:`CallObserved`: a tool span at its end, fed to ``LoopGuard.after_tool`` only, as the span
   processor does at ``on_end``: it counts the call after the fact, or only adds the outcome of a
   call decided at its start.
@@ -974,7 +974,7 @@ class Replayer:
     on the report is what the guard would say had the agent kept to its recorded path. Every
     blocked call counts as saved: after a stop, the rest of the run would not have happened at all.
 
-    A recorded span is fed as the span processor feeds it: ``_decide_for_span`` at its start when
+    A recorded span is fed as the span processor feeds it: ``decide_at_span_start`` at its start when
     it carried the arguments then (:class:`CallDecidedAtStart`), ``after_tool`` at its end
     (:class:`CallObserved`); the call's decision is whichever of the two returned one.
     """

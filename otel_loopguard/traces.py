@@ -145,7 +145,7 @@ def feed(guard: LoopGuard, event: TraceEvent) -> Decision | None:
     when the end only added the outcome of a call already counted at its start. Never raises
     (the guard's hook contract)."""
     if isinstance(event, CallDecidedAtStart):
-        return guard._decide_for_span(event.tool, event.arguments, event.session, event.agent,
+        return guard.decide_at_span_start(event.tool, event.arguments, event.session, event.agent,
                                       event.call_id)
     if isinstance(event, RunStarted):
         guard.new_run(event.session, agent=event.agent)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,17 +11,9 @@ import pytest
 
 from otel_loopguard import Action, Decision, LoopGuard
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-FIXTURES = SHARED / "fixtures"
-
-
-def require_shared() -> Path:
-    """The ../shared folder; a failure in CI when missing, a skip elsewhere."""
-    if not FIXTURES.is_dir():
-        if os.environ.get("CI"):
-            pytest.fail(f"{FIXTURES} is missing; CI must have ../shared beside the clone")
-        pytest.skip(f"{FIXTURES} is missing")
-    return SHARED
+DATA = Path(__file__).resolve().parent / "data"
+# Real framework span dumps, copied with their provenance (tests/data/spans/README.md).
+SPAN_DUMPS = DATA / "spans"
 
 
 @dataclass

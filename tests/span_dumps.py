@@ -11,14 +11,11 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import Tracer
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from .conftest import FIXTURES, require_shared
-
-DUMPS_DIR = FIXTURES / "spans"
+from .conftest import SPAN_DUMPS as DUMPS_DIR
 
 
 def dump_paths() -> list[Path]:
-    """Every span dump (sorted); fails in CI when ../shared is missing."""
-    require_shared()
+    """Every span dump in tests/data/spans (sorted)."""
     return sorted(DUMPS_DIR.glob("*/*.jsonl"))
 
 

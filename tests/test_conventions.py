@@ -6,10 +6,8 @@ import dataclasses
 import enum
 import inspect
 import json
-import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -35,8 +33,7 @@ from otel_loopguard.conventions import (
     tool_call_from_span,
 )
 
-FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
-SPAN_DUMPS = FIXTURES / "spans"
+from .conftest import SPAN_DUMPS
 
 SEARCH_ARGS = {"query": "weather in Paris"}
 WEATHER_ARGS = {"city": "Paris", "unit": "C"}
@@ -99,16 +96,6 @@ DUMPS = [
 ]
 
 
-def _require(path: Path) -> Path:
-    """A prerequisite file: fail in CI when absent, skip elsewhere."""
-    if not path.exists():
-        message = f"fixture missing: {path} (shared/ must sit next to the repo)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return path
-
-
 @dataclass(frozen=True)
 class Span:
     name: str
@@ -124,7 +111,7 @@ class Span:
 
 def _load(dump: Dump) -> list[Span]:
     spans = []
-    for line in _require(SPAN_DUMPS / dump.path).read_text().splitlines():
+    for line in (SPAN_DUMPS / dump.path).read_text().splitlines():
         if not line.strip():
             continue
         row = json.loads(line)
@@ -154,7 +141,7 @@ dump_cases = pytest.mark.parametrize("dump", DUMPS, ids=[d.path for d in DUMPS])
 
 
 def test_every_dump_in_the_fixture_folder_is_covered() -> None:
-    on_disk = {p.relative_to(SPAN_DUMPS).as_posix() for p in _require(SPAN_DUMPS).glob("*/*.jsonl")}
+    on_disk = {p.relative_to(SPAN_DUMPS).as_posix() for p in SPAN_DUMPS.glob("*/*.jsonl")}
     assert on_disk == {d.path for d in DUMPS}
 
 

@@ -169,8 +169,8 @@ def test_rescues_and_evictions_by_reason() -> None:
 def test_internal_errors_are_counted_by_place() -> None:
     recorder = PrometheusRecorder()
     guard = LoopGuard(DEFAULT, recorder=recorder)
-    guard._internal_error("before_tool", RuntimeError("boom"))
-    guard._internal_error("somewhere new", RuntimeError("boom"))
+    guard.report_internal_error("before_tool", RuntimeError("boom"))
+    guard.report_internal_error("somewhere new", RuntimeError("boom"))
     assert sample(recorder, "loopguard_internal_errors_total", where="before_tool") == 1
     assert sample(recorder, "loopguard_internal_errors_total", where="somewhere new") == 1
 

@@ -24,7 +24,7 @@ class Recording:
 
     def __init__(self, guard: LoopGuard) -> None:
         self.decisions: list[tuple[str, Any]] = []
-        original_after, original_start = guard.after_tool, guard._decide_for_span
+        original_after, original_start = guard.after_tool, guard.decide_at_span_start
 
         def after_tool(tool: str, arguments: object, **kwargs: Any) -> Any:
             decision = original_after(tool, arguments, **kwargs)
@@ -38,7 +38,7 @@ class Recording:
             return decision
 
         guard.after_tool = after_tool  # type: ignore[method-assign]
-        guard._decide_for_span = decide  # type: ignore[method-assign]
+        guard.decide_at_span_start = decide  # type: ignore[method-assign]
 
 
 def run_dump(path: Path, guard: LoopGuard | None = None, **options: Any) -> tuple[
@@ -135,7 +135,7 @@ def test_capture_arguments_puts_the_preview_on_events() -> None:
 def test_current_decision_is_visible_inside_the_tool_span() -> None:
     guard = LoopGuard(DEFAULT)
     provider = TracerProvider()
-    provider.add_span_processor(guard.span_processor())
+    provider.add_span_processor(LoopGuardSpanProcessor(guard))
     tracer = provider.get_tracer("t")
     seen = []
     with tracer.start_as_current_span("invoke_agent a", attributes={

@@ -115,7 +115,7 @@ class DecisionSpy:
         self.decisions: list[tuple[str, Decision]] = []
         self.at_start = 0
         self.outcome_only = 0
-        original_after, original_start = guard.after_tool, guard._decide_for_span
+        original_after, original_start = guard.after_tool, guard.decide_at_span_start
 
         def after_tool(tool: str, arguments: object, **kwargs: Any) -> Decision | None:
             decision = original_after(tool, arguments, **kwargs)
@@ -135,7 +135,7 @@ class DecisionSpy:
             return decision
 
         guard.after_tool = after_tool  # type: ignore[method-assign]
-        guard._decide_for_span = decide  # type: ignore[method-assign]
+        guard.decide_at_span_start = decide  # type: ignore[method-assign]
 
 
 class DecisionEventCounter(SpanProcessor):

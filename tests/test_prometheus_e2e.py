@@ -28,7 +28,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client.parser import text_string_to_metric_families
 
-from otel_loopguard import PRESETS, LoopGuard
+from otel_loopguard import PRESETS, LoopGuard, LoopGuardSpanProcessor
 from otel_loopguard.metrics import PrometheusRecorder
 
 from .prometheus_tools import DASHBOARDS, dashboard_queries, load_generator, require_tool
@@ -181,7 +181,7 @@ def test_dashboard_queries_against_a_real_prometheus(
         target: tuple[LoopGuard, PrometheusRecorder, str], prometheus: PrometheusServer) -> None:
     guard, recorder, address = target
     provider = TracerProvider()
-    provider.add_span_processor(guard.span_processor())
+    provider.add_span_processor(LoopGuardSpanProcessor(guard))
     agent = Agent(provider)
 
     def scraped(expr: str, expected: float) -> Callable[[], bool]:

@@ -63,7 +63,7 @@ def processor_sessions(records: list[dict[str, Any]]) -> Sessions:
     every decision the processor got from the guard, by session label as replay names it."""
     guard = LoopGuard(DEFAULT)
     sessions: Sessions = defaultdict(list)
-    after, decide = guard.after_tool, guard._decide_for_span
+    after, decide = guard.after_tool, guard.decide_at_span_start
 
     def label(session: str, agent: str | None) -> str:
         return session if agent is None else f"{session}/{agent}"
@@ -81,7 +81,7 @@ def processor_sessions(records: list[dict[str, Any]]) -> Sessions:
         return decision
 
     guard.after_tool = after_tool  # type: ignore[method-assign]
-    guard._decide_for_span = decide_for_span  # type: ignore[method-assign]
+    guard.decide_at_span_start = decide_for_span  # type: ignore[method-assign]
     provider = TracerProvider()
     provider.add_span_processor(LoopGuardSpanProcessor(guard, tracer_provider=provider))
     rebuild(records, cast(Tracer, provider.get_tracer("fixture")))

@@ -28,6 +28,7 @@ from typing import Final
 
 import orjson
 
+from ..env import LOOPGUARD_SERVE_TOKEN
 from ..policy import Action
 from .hosts import ALLOWED, Answer, EventKind, HookEvent, Host
 from .runner import Unavailable, answer_before
@@ -37,7 +38,7 @@ __all__ = ["DEFAULT_TIMEOUT_SECONDS", "RemoteBackend", "TOKEN_ENV"]
 #: Environment variable holding the bearer token: ``serve`` requires it when set (``--token``
 #: overrides it there), and the hooks send it (``--token`` overrides it here). Declared here, on
 #: the light side, so that the hook reads it without importing the service.
-TOKEN_ENV: Final = "LOOPGUARD_SERVE_TOKEN"
+TOKEN_ENV: Final = LOOPGUARD_SERVE_TOKEN
 #: Seconds to wait for the server to accept the connection, and for each read of its answer.
 DEFAULT_TIMEOUT_SECONDS: Final = 2.0
 #: An answer carries one decision (texts the guard keeps short); larger ones are not read.

@@ -28,6 +28,8 @@ from typing import Final
 
 import orjson
 
+from ..env import LOOPGUARD_HOOK_STORE
+
 __all__ = [
     "DEFAULT_BUSY_TIMEOUT_SECONDS",
     "HookStore",
@@ -38,7 +40,7 @@ __all__ = [
     "default_store_path",
 ]
 
-STORE_ENV: Final = "LOOPGUARD_HOOK_STORE"
+STORE_ENV: Final = LOOPGUARD_HOOK_STORE
 """Path of the hooks' SQLite state file (``--store`` overrides it). Default:
 ``$XDG_STATE_HOME/otel-loopguard/hooks.sqlite3``, else
 ``~/.local/state/otel-loopguard/hooks.sqlite3``. An empty value means the default."""

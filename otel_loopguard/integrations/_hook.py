@@ -79,7 +79,7 @@ class ToolHook:
             raise ValueError(
                 f"processor: expected a LoopGuardSpanProcessor, got {type(processor).__name__}")
         if guard is not None and processor is not None and processor.guard is not guard:
-            raise ValueError("processor: it feeds another guard; pass guard.span_processor() "
+            raise ValueError("processor: it feeds another guard; pass LoopGuardSpanProcessor(guard) "
                              "to the provider, or only the processor here")
         if session is not None and not (isinstance(session, str) or callable(session)):
             raise ValueError(f"session: expected a string or a callable, got {session!r}")
@@ -105,7 +105,7 @@ class ToolHook:
             try:
                 keys = self.processor.current_session()
             except Exception as exc:  # never let key resolution break the agent
-                self.guard._internal_error("integration.keys", exc)
+                self.guard.report_internal_error("integration.keys", exc)
                 keys = None
             if keys is not None:
                 return keys
@@ -114,7 +114,7 @@ class ToolHook:
             try:
                 session = self._session() if callable(self._session) else self._session
             except Exception as exc:
-                self.guard._internal_error("integration.session", exc)
+                self.guard.report_internal_error("integration.session", exc)
         agent = self._agent if self._agent is not None else framework_agent
         return (session or framework_session or DEFAULT_SESSION), agent
 

@@ -291,7 +291,7 @@ class _Ingest:
                 self._feed(buffer.take_due())
                 self.flushed_early_time = buffer.flushed_early
             except Exception as exc:  # the ingest thread must outlive any span
-                self._guard._internal_error("serve.ingest", exc)
+                self._guard.report_internal_error("serve.ingest", exc)
             finally:
                 if batch is not None:
                     with self._cond:
@@ -301,7 +301,7 @@ class _Ingest:
         try:
             self._feed(buffer.finish())
         except Exception as exc:
-            self._guard._internal_error("serve.ingest", exc)
+            self._guard.report_internal_error("serve.ingest", exc)
 
     def _add(self, batch: OtlpSpans) -> None:
         buffer = self._buffer
@@ -589,7 +589,7 @@ class Service:
         try:
             outcome, message, answer = self._grpc_answer(request, context)
         except Exception as exc:
-            self.guard._internal_error("serve.grpc", exc)
+            self.guard.report_internal_error("serve.grpc", exc)
         self.metrics.requests.labels("grpc", outcome).inc()
         if outcome in ("ok", "partial"):
             return answer
@@ -843,7 +843,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(404, orjson.dumps({"error": f"no such endpoint: POST {path}"}),
                            _JSON)
         except Exception as exc:  # never let one request take the server down
-            service.guard._internal_error("serve.http", exc)
+            service.guard.report_internal_error("serve.http", exc)
             self.close_connection = True
             try:
                 self._send(500, orjson.dumps({"error": "internal error"}), _JSON)
