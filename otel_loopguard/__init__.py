@@ -7,17 +7,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .advice import AdviceRequest, Advisor, AdvisorError, CommandAdvisor
 from .config import PRESETS, Mode, Policy, Rule, load_policy
 from .guard import LoopGuard
-from .policy import (
-    Action,
-    AdviceRequest,
-    Advisor,
-    AdvisorError,
-    CommandAdvisor,
-    Decision,
-    LoopDetected,
-)
+from .policy import Action, Decision, LoopDetected
 
 if TYPE_CHECKING:
     from .processor import LoopGuardSpanProcessor, current_decision

@@ -139,8 +139,34 @@ def wildcard_union(patterns: Iterable[str]) -> re.Pattern[str] | None:
     return re.compile("|".join(texts), re.IGNORECASE) if texts else None
 
 
-def _doc(text: str) -> dict[str, str]:
-    return {"doc": text}
+class _Kind(Enum):
+    """What a policy field holds: how it is validated, read from TOML and from the environment.
+    Each field declares its kind once, in its metadata; everything else derives from it."""
+
+    MODE = "mode"  # a Mode
+    RULES = "rules"  # a set of Rule
+    THRESHOLDS = "thresholds"  # sorted distinct integers >= 2
+    THRESHOLD = "threshold"  # an integer >= minimum
+    OPTIONAL_THRESHOLD = "optional threshold"  # an integer >= minimum, or None (off)
+    COUNT = "count"  # an integer >= 1
+    BUDGET = "budget"  # an integer >= 0
+    SECONDS = "seconds"  # a finite number >= 0
+    POSITIVE_SECONDS = "positive seconds"  # a finite number > 0
+    PATTERNS = "patterns"  # tool-name patterns (* wildcard)
+    REGEXES = "regexes"  # regular expressions that must compile
+    NAMES = "names"  # a set of strings
+    COMMAND = "command"  # a command line, or None
+    PATH = "path"  # a non-empty file path, or None
+    FLAG = "flag"  # true or false
+
+
+_OPTIONAL_KINDS: Final = frozenset({_Kind.OPTIONAL_THRESHOLD, _Kind.COMMAND, _Kind.PATH})
+_LIST_KINDS: Final = frozenset({_Kind.THRESHOLDS, _Kind.PATTERNS, _Kind.REGEXES})
+_SET_KINDS: Final = frozenset({_Kind.RULES, _Kind.NAMES})
+
+
+def _doc(text: str, kind: _Kind, minimum: int = 2) -> dict[str, object]:
+    return {"doc": text, "kind": kind, "minimum": minimum}
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,139 +177,102 @@ class Policy:
     epoch, including the attempt being decided, as measured by the strongest enabled rule.
     """
 
-    mode: Mode = field(default=Mode.ENFORCE, metadata=_doc("observe, advise or enforce"))
+    mode: Mode = field(default=Mode.ENFORCE, metadata=_doc("observe, advise or enforce", _Kind.MODE))
     rules: frozenset[Rule] = field(
         default=frozenset(Rule),
-        metadata=_doc("enabled rules: consecutive, window, no_progress, stall"),
+        metadata=_doc("enabled rules: consecutive, window, no_progress, stall", _Kind.RULES),
     )
     window_size: int = field(
-        default=20, metadata=_doc("tracked calls the window rule looks back over")
+        default=20, metadata=_doc("tracked calls the window rule looks back over", _Kind.COUNT)
     )
     remind_thresholds: tuple[int, ...] = field(
         default=(3, 5),
         metadata=_doc(
             "counts at which to remind: gentle text at the first, detailed at later ones,"
             " and on every call past the last one"
-        ),
+        , _Kind.THRESHOLDS),
     )
     deny_threshold: int | None = field(
-        default=6, metadata=_doc("count from which a call without progress is denied (none: never)")
+        default=6, metadata=_doc("count from which a call without progress is denied (none: never)", _Kind.OPTIONAL_THRESHOLD)
     )
     no_progress_threshold: int | None = field(
         default=4,
         metadata=_doc(
             "count from which a call whose outcome came back the same each time is denied"
             " (no_progress rule; none: only deny_threshold blocks)"
-        ),
+        , _Kind.OPTIONAL_THRESHOLD),
     )
     rescue_threshold: int | None = field(
         default=8,
-        metadata=_doc("count from which a denial carries advice from the advisor (none: never)"),
+        metadata=_doc("count from which a denial carries advice from the advisor (none: never)", _Kind.OPTIONAL_THRESHOLD),
     )
     poll_limit: int | None = field(
         default=12,
         metadata=_doc(
             "count from which a call whose outcome keeps changing is denied too"
             " (none: outcomes never spare a call)"
-        ),
+        , _Kind.OPTIONAL_THRESHOLD),
     )
     stop_after_denials: int | None = field(
-        default=3, metadata=_doc("denied attempts in an epoch after which the agent is stopped")
+        default=3, metadata=_doc("denied attempts in an epoch after which the agent is stopped", _Kind.OPTIONAL_THRESHOLD, minimum=1)
     )
     stall_threshold: int = field(
-        default=40, metadata=_doc("redundant calls in one epoch that stop the agent (stall rule)")
+        default=40, metadata=_doc("redundant calls in one epoch that stop the agent (stall rule)", _Kind.THRESHOLD)
     )
     arguments_preview_chars: int = field(
-        default=200, metadata=_doc("characters of canonical arguments shown in detailed texts")
+        default=200, metadata=_doc("characters of canonical arguments shown in detailed texts", _Kind.COUNT)
     )
     ignored_args: frozenset[str] = field(
-        default=DEFAULT_IGNORED_ARGS, metadata=_doc("top-level argument fields ignored in keys")
+        default=DEFAULT_IGNORED_ARGS, metadata=_doc("top-level argument fields ignored in keys", _Kind.NAMES)
     )
     include: tuple[str, ...] = field(
-        default=("*",), metadata=_doc("tool-name patterns that are tracked (* wildcard)")
+        default=("*",), metadata=_doc("tool-name patterns that are tracked (* wildcard)", _Kind.PATTERNS)
     )
     exclude: tuple[str, ...] = field(
-        default=(), metadata=_doc("tool-name patterns that are never tracked (* wildcard)")
+        default=(), metadata=_doc("tool-name patterns that are never tracked (* wildcard)", _Kind.PATTERNS)
     )
     exclude_commands: tuple[str, ...] = field(
-        default=(), metadata=_doc("regexes over a shell command that make the call untracked")
+        default=(), metadata=_doc("regexes over a shell command that make the call untracked", _Kind.REGEXES)
     )
     shell_tools: tuple[str, ...] = field(
-        default=DEFAULT_SHELL_TOOLS, metadata=_doc("tool-name patterns whose `command` is shell")
+        default=DEFAULT_SHELL_TOOLS, metadata=_doc("tool-name patterns whose `command` is shell", _Kind.PATTERNS)
     )
     mutating_tools: tuple[str, ...] = field(
         default=DEFAULT_MUTATING_TOOLS,
-        metadata=_doc("tool-name patterns whose successful call starts a new epoch"),
+        metadata=_doc("tool-name patterns whose successful call starts a new epoch", _Kind.PATTERNS),
     )
     mutating_commands: tuple[str, ...] = field(
         default=DEFAULT_MUTATING_COMMANDS,
-        metadata=_doc("regexes over a shell command whose successful run starts a new epoch"),
+        metadata=_doc("regexes over a shell command whose successful run starts a new epoch", _Kind.REGEXES),
     )
-    max_rescues: int = field(default=3, metadata=_doc("advisor asks per session"))
+    max_rescues: int = field(default=3, metadata=_doc("advisor asks per session", _Kind.BUDGET))
     cooldown_seconds: float = field(
-        default=60.0, metadata=_doc("minimum seconds between two advisor asks in one session")
+        default=60.0, metadata=_doc("minimum seconds between two advisor asks in one session", _Kind.SECONDS)
     )
     advisor_timeout_seconds: float = field(
-        default=30.0, metadata=_doc("longest wait for advice; a command is killed after it")
+        default=30.0, metadata=_doc("longest wait for advice; a command is killed after it", _Kind.POSITIVE_SECONDS)
     )
     advisor_command: str | None = field(
-        default=None, metadata=_doc("advisor command line (advice on stdout, exit 0)")
+        default=None, metadata=_doc("advisor command line (advice on stdout, exit 0)", _Kind.COMMAND)
     )
     trip_log_path: str | None = field(
-        default=None, metadata=_doc("file to append one JSON line per non-allow decision to")
+        default=None, metadata=_doc("file to append one JSON line per non-allow decision to", _Kind.PATH)
     )
     trip_log_arguments: bool = field(
-        default=False, metadata=_doc("include the (cut) canonical arguments in trip lines")
+        default=False, metadata=_doc("include the (cut) canonical arguments in trip lines", _Kind.FLAG)
     )
-    max_sessions: int = field(default=10_000, metadata=_doc("sessions kept (LRU eviction)"))
+    max_sessions: int = field(default=10_000, metadata=_doc("sessions kept (LRU eviction)", _Kind.COUNT))
     session_ttl_seconds: float = field(
-        default=3600.0, metadata=_doc("idle seconds after which a session is forgotten")
+        default=3600.0, metadata=_doc("idle seconds after which a session is forgotten", _Kind.POSITIVE_SECONDS)
     )
     max_signatures_per_session: int = field(
-        default=256, metadata=_doc("distinct signatures remembered per session and epoch")
+        default=256, metadata=_doc("distinct signatures remembered per session and epoch", _Kind.COUNT)
     )
 
     def __post_init__(self) -> None:
         """Normalise collections and validate; raises ``ValueError`` naming field and value."""
-        _set = object.__setattr__
-        _set(self, "mode", _enum(Mode, "mode", self.mode))
-        rules = _as_tuple("rules", self.rules)
-        _set(self, "rules", frozenset(_enum(Rule, "rules", r) for r in rules))
-        for name in ("include", "exclude", "exclude_commands", "shell_tools", "mutating_tools",
-                     "mutating_commands"):
-            _set(self, name, _str_tuple(name, getattr(self, name)))
-        _set(self, "ignored_args", frozenset(_str_tuple("ignored_args", self.ignored_args)))
-
-        thresholds = _as_tuple("remind_thresholds", self.remind_thresholds)
-        for value in thresholds:
-            _threshold("remind_thresholds", value)
-        if len(set(thresholds)) != len(thresholds):
-            raise ValueError(f"remind_thresholds: duplicate thresholds in {list(thresholds)!r}")
-        _set(self, "remind_thresholds", tuple(sorted(thresholds)))
-
-        for name in ("deny_threshold", "no_progress_threshold", "rescue_threshold", "poll_limit",
-                     "stop_after_denials"):
-            value = getattr(self, name)
-            if value is not None:
-                _threshold(name, value, minimum=1 if name == "stop_after_denials" else 2)
-        _threshold("stall_threshold", self.stall_threshold)
-        for name in ("window_size", "arguments_preview_chars", "max_sessions",
-                     "max_signatures_per_session"):
-            _positive_int(name, getattr(self, name))
-        _non_negative_int("max_rescues", self.max_rescues)
-        for name in ("cooldown_seconds",):
-            _non_negative_float(name, getattr(self, name))
-        for name in ("advisor_timeout_seconds", "session_ttl_seconds"):
-            _positive_float(name, getattr(self, name))
-        if self.advisor_command is not None and not isinstance(self.advisor_command, str):
-            raise ValueError(f"advisor_command: expected a string, got {self.advisor_command!r}")
-        if self.trip_log_path is not None and (
-            not isinstance(self.trip_log_path, str) or not self.trip_log_path
-        ):
-            raise ValueError(f"trip_log_path: expected a file path, got {self.trip_log_path!r}")
-        if not isinstance(self.trip_log_arguments, bool):
-            raise ValueError(
-                f"trip_log_arguments: expected true or false, got {self.trip_log_arguments!r}")
+        for spec in _SPECS:
+            _set_valid(self, spec.name, spec.metadata["kind"], spec.metadata["minimum"])
 
         deny = self.deny_threshold
         if deny is not None and self.remind_thresholds and self.remind_thresholds[-1] >= deny:
@@ -316,13 +305,6 @@ class Policy:
             )
         if Rule.WINDOW in self.rules and self.window_size < 2:
             raise ValueError(f"window_size: must be >= 2 for the window rule, got {self.window_size!r}")
-        # Tool-name patterns need no check: literal apart from *, they always compile.
-        for name in ("exclude_commands", "mutating_commands"):
-            for pattern in getattr(self, name):
-                try:
-                    re.compile(pattern)
-                except re.error as exc:
-                    raise ValueError(f"{name}: pattern {pattern!r} does not compile: {exc}") from None
 
     def replace(self, **changes: Any) -> Policy:
         """Return a copy with ``changes`` applied (validated like a new policy)."""
@@ -332,8 +314,65 @@ class Policy:
         return dataclasses.replace(self, **changes)
 
 
-_FIELDS: Final = {f.name: f for f in dataclasses.fields(Policy)}
+_SPECS: Final = dataclasses.fields(Policy)
+_FIELDS: Final = {f.name: f for f in _SPECS}
 _FIELD_NAMES: Final = frozenset(_FIELDS)
+
+
+def _kind(name: str) -> _Kind:
+    kind: _Kind = _FIELDS[name].metadata["kind"]
+    return kind
+
+
+def _set_valid(policy: Policy, name: str, kind: _Kind, minimum: int) -> None:
+    """Validate (and normalise in place) one field of a policy under construction by its kind;
+    raises ``ValueError`` naming the field and the value."""
+    value = getattr(policy, name)
+    if kind in _OPTIONAL_KINDS and value is None:
+        return
+    if kind is _Kind.MODE:
+        value = _enum(Mode, name, value)
+    elif kind is _Kind.RULES:
+        value = frozenset(_enum(Rule, name, item) for item in _as_tuple(name, value))
+    elif kind is _Kind.THRESHOLDS:
+        value = _as_tuple(name, value)
+        for item in value:
+            _threshold(name, item, minimum)
+        if len(set(value)) != len(value):
+            raise ValueError(f"{name}: duplicate thresholds in {list(value)!r}")
+        value = tuple(sorted(value))
+    elif kind in (_Kind.THRESHOLD, _Kind.OPTIONAL_THRESHOLD):
+        _threshold(name, value, minimum)
+    elif kind is _Kind.COUNT:
+        _positive_int(name, value)
+    elif kind is _Kind.BUDGET:
+        _non_negative_int(name, value)
+    elif kind is _Kind.SECONDS:
+        _non_negative_float(name, value)
+    elif kind is _Kind.POSITIVE_SECONDS:
+        _positive_float(name, value)
+    elif kind is _Kind.PATTERNS:
+        # Literal apart from *, tool-name patterns always compile.
+        value = _str_tuple(name, value)
+    elif kind is _Kind.REGEXES:
+        value = _str_tuple(name, value)
+        for pattern in value:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"{name}: pattern {pattern!r} does not compile: {exc}") from None
+    elif kind is _Kind.NAMES:
+        value = frozenset(_str_tuple(name, value))
+    elif kind is _Kind.COMMAND:
+        if not isinstance(value, str):
+            raise ValueError(f"{name}: expected a string, got {value!r}")
+    elif kind is _Kind.PATH:
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"{name}: expected a file path, got {value!r}")
+    elif kind is _Kind.FLAG:
+        if not isinstance(value, bool):
+            raise ValueError(f"{name}: expected true or false, got {value!r}")
+    object.__setattr__(policy, name, value)
 
 
 def _enum(kind: type[Enum], name: str, value: object) -> Any:
@@ -431,10 +470,10 @@ PRESETS: Final[Mapping[str, Policy]] = {
 
 def _coerce(name: str, value: object) -> object:
     """Bring a TOML or environment value into the field's type (validation happens in Policy)."""
-    if name in ("remind_thresholds", "include", "exclude", "exclude_commands", "shell_tools",
-                "mutating_tools", "mutating_commands"):
+    kind = _kind(name)
+    if kind in _LIST_KINDS:
         return tuple(_as_tuple(name, value))
-    if name in ("rules", "ignored_args"):
+    if kind in _SET_KINDS:
         return frozenset(_as_tuple(name, value))
     return value
 
@@ -457,42 +496,36 @@ def policy_from_mapping(values: Mapping[str, object], base: Policy | None = None
         raise ValueError(f"unknown policy field(s): {', '.join(sorted(unknown))}")
     changes: dict[str, object] = {}
     for name, value in values.items():
-        if value is False and _FIELDS[name].default is not False and name in _OPTIONAL_FIELDS:
+        if value is False and _kind(name) in _OPTIONAL_KINDS:
             value = None  # TOML has no null
         changes[name] = _coerce(name, value)
     return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
 
 
-_OPTIONAL_FIELDS: Final = frozenset(
-    {"deny_threshold", "no_progress_threshold", "rescue_threshold", "poll_limit",
-     "stop_after_denials", "advisor_command", "trip_log_path"}
-)
-
-
 def _parse_env(name: str, text: str) -> object:
     """Parse one environment value for field ``name``; raises ``ValueError`` when unparsable."""
     text = text.strip()
-    current = _FIELDS[name].default
-    if name in _OPTIONAL_FIELDS and text.lower() in ("", "none", "off", "false"):
+    kind = _kind(name)
+    if kind in _OPTIONAL_KINDS and text.lower() in ("", "none", "off", "false"):
         return None
-    if name in ("remind_thresholds",):
+    if kind is _Kind.THRESHOLDS:
         return tuple(int(part) for part in text.split(",") if part.strip())
-    if name in ("rules", "ignored_args"):
+    if kind in _SET_KINDS:
         return frozenset(part.strip() for part in text.split(",") if part.strip())
-    if isinstance(current, tuple):
-        # Regex lists may contain commas; they are separated by newlines or ';;'.
-        separator = "\n" if "\n" in text else ";;" if name.endswith("commands") else ","
+    if kind in _LIST_KINDS:
+        # Regexes may contain commas; they are separated by newlines or ';;'.
+        separator = "\n" if "\n" in text else ";;" if kind is _Kind.REGEXES else ","
         return tuple(part.strip() for part in text.split(separator) if part.strip())
-    if name == "mode":
+    if kind is _Kind.MODE:
         return text.lower()
-    if name in ("advisor_command", "trip_log_path"):
+    if kind in (_Kind.COMMAND, _Kind.PATH):
         return text
-    if name == "trip_log_arguments":
+    if kind is _Kind.FLAG:
         lowered = text.lower()
         if lowered not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
             raise ValueError(f"expected true or false, got {text!r}")
         return lowered in ("1", "true", "yes", "on")
-    if name.endswith("_seconds"):
+    if kind in (_Kind.SECONDS, _Kind.POSITIVE_SECONDS):
         return float(text)
     return int(text)
 

@@ -29,6 +29,7 @@ __all__ = [
     "MAX_PENDING_CALLS",
     "Classifier",
     "Pending",
+    "ReportLedger",
     "SessionState",
     "SessionStore",
     "SignatureState",
@@ -516,3 +517,75 @@ class SessionStore:
         """Drop sessions idle for longer than the TTL now (``get`` does so at most once a second)."""
         self._next_expiry = float("-inf")
         self._expire(self.clock())
+
+
+class ReportLedger:
+    """The calls of each session whose outcome is in, so that a second report of one call (a
+    framework hook's and its span's, in either order, with or without the call id) counts once.
+
+    Session key -> {call ref: args key}, oldest first; bounded by ``max_sessions`` (least recently
+    used dropped) and ``max_calls`` per session (oldest dropped). Not thread-safe: the guard
+    calls it under its own lock.
+    """
+
+    __slots__ = ("_calls", "_max_calls", "_max_sessions")
+
+    def __init__(self, max_sessions: int, max_calls: int) -> None:
+        self._calls: OrderedDict[object, dict[str, str]] = OrderedDict()
+        self._max_sessions = max_sessions
+        self._max_calls = max_calls
+
+    def __bool__(self) -> bool:
+        return bool(self._calls)
+
+    def settle(self, store_key: object, ref: str, key: str) -> None:
+        """Remember that the call ``ref`` (arguments ``key``) was reported."""
+        calls = self._calls.get(store_key)
+        if calls is None:
+            calls = self._calls[store_key] = {}
+            if len(self._calls) > self._max_sessions:
+                self._calls.popitem(last=False)
+        else:
+            self._calls.move_to_end(store_key)
+        calls[ref] = key
+        if len(calls) > self._max_calls:
+            del calls[next(iter(calls))]
+
+    def take(self, store_key: object, ref: str) -> bool:
+        """Whether ``ref`` was reported already; a second report uses it up."""
+        calls = self._calls.get(store_key)
+        return calls is not None and calls.pop(ref, None) is not None
+
+    def take_by_args(self, store_key: object, key: str) -> bool:
+        """Use up the oldest reported call of this session with these arguments, if any."""
+        calls = self._calls.get(store_key)
+        if not calls:
+            return False
+        for ref, settled_key in calls.items():
+            if settled_key == key:
+                del calls[ref]
+                return True
+        return False
+
+    def take_pending_by_args(self, state: SessionState, store_key: object,
+                             key: str) -> Pending | None:
+        """The oldest attempt of ``key`` pending under a call id in ``state``, preferring one
+        that was allowed to run (a blocked call has no span to report it); settled here."""
+        match: str | None = None
+        for ref, pending in (state.pending or {}).items():
+            if pending.args_key == key:
+                if not pending.blocked:
+                    match = ref
+                    break
+                if match is None:
+                    match = ref
+        if match is None:
+            return None
+        taken = state.take_pending(match)
+        if taken is not None and match not in (state.pending or ()):
+            self.settle(store_key, match, key)
+        return taken
+
+    def forget(self, store_key: object) -> None:
+        """Drop a session's reported calls (a new run may reuse call ids)."""
+        self._calls.pop(store_key, None)

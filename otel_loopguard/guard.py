@@ -14,10 +14,10 @@ import logging
 import threading
 import time
 import weakref
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeVar, cast, overload
 
 from .calls import (
@@ -28,17 +28,15 @@ from .calls import (
     outcome_key,
     tool_name,
 )
+from .advice import MAX_ADVICE_CHARS, AdviceRequest, Advisor, CommandAdvisor
 from .config import Mode, Policy, policy_from_env
-from .engine import Classifier, Pending, SessionState, SessionStore
+from .engine import Classifier, Pending, ReportLedger, SessionState, SessionStore
 from .metrics import MetricsServer, NoopRecorder, PrometheusRecorder, Recorder
 from .policy import (
     ALLOW,
+    BLOCKING_ACTIONS,
     Action,
-    AdviceRequest,
-    Advisor,
-    CommandAdvisor,
     Decision,
-    MAX_ADVICE_CHARS,
     LoopDetected,
     Step,
     arguments_preview,
@@ -52,7 +50,6 @@ __all__ = ["LoopGuard"]
 
 _log = logging.getLogger("otel_loopguard")
 
-_BLOCKING: Final = frozenset({Action.DENY, Action.RESCUE, Action.STOP})
 _ALLOW_STEP: Final = Step(Action.ALLOW)
 #: Extra seconds a hook waits beyond a command advisor's own timeout, so the kill is reported.
 _ADVISOR_GRACE_SECONDS: Final = 2.0
@@ -73,6 +70,19 @@ def _clean_advice(advice: object) -> str | None:
 
 def _text(value: object) -> str:
     return value if isinstance(value, str) else tool_name(value)
+
+
+@dataclass(frozen=True, slots=True)
+class _Ran:
+    """A call reported only after it ran: how ``after_tool`` classified and keyed it (so nothing
+    is computed twice) and how it ended."""
+
+    mutating: bool
+    canonical: bytes
+    key: str
+    outcome: str | None
+    error: bool | None
+    duration_seconds: float | None
 
 
 class LoopGuard:
@@ -127,7 +137,7 @@ class LoopGuard:
         # Hook attempts whose outcome is in: session key -> {call id: args key}, oldest first. A
         # second report of such a call (by its id, or by its arguments when it carries no id, as
         # OpenInference tool spans do) only returns None. Cleared per session on a new run.
-        self._settled: OrderedDict[object, dict[str, str]] = OrderedDict()
+        self._settled = ReportLedger(_MAX_SETTLED_SESSIONS, _MAX_SETTLED_CALLS)
         self._errors: dict[str, int] = {}
         self._logged: set[tuple[str, str]] = set()
         self._watch_sessions(self._recorder)
@@ -149,7 +159,7 @@ class LoopGuard:
         policy's ``advisor_timeout_seconds`` while the advisor is asked. Never raises.
         """
         try:
-            return self._attempt(tool, arguments, session, agent, call_id, True)
+            return self._attempt(tool, arguments, session, agent, call_id, wait_for_advice=True)
         except Exception as exc:  # the hot path never raises (STYLE.md, error zone 3)
             self.report_internal_error("before_tool", exc)
             return ALLOW
@@ -190,7 +200,8 @@ class LoopGuard:
         starts the span; never raises (an internal error is reported and answered with allow).
         """
         try:
-            return self._attempt(tool, arguments, session, agent, call_id, False)
+            return self._attempt(tool, arguments, session, agent, call_id,
+                                 wait_for_advice=False)
         except Exception as exc:
             self.report_internal_error("span_start", exc)
             return ALLOW
@@ -211,9 +222,27 @@ class LoopGuard:
 
     @property
     def session_count(self) -> int:
-        """Sessions currently tracked."""
+        """Sessions currently tracked, after dropping those idle beyond the policy's
+        ``session_ttl_seconds`` (so the ``loopguard_sessions`` gauge, read at each scrape, is
+        never stale). Never raises."""
+        self.expire_idle_sessions()
         with self._lock:
             return len(self._store)
+
+    def expire_idle_sessions(self) -> int:
+        """Drop the sessions idle beyond ``session_ttl_seconds`` now (calls do so at most once a
+        second on their own) and count them in ``loopguard_sessions_evicted_total{reason="ttl"}``;
+        returns how many were dropped. For a long-running host's timer. Never raises."""
+        try:
+            with self._lock:
+                self._store.expire()
+                evictions = self._take_evictions()
+            for reason in evictions:
+                self._recorder.evicted(reason)
+            return len(evictions)
+        except Exception as exc:
+            self.report_internal_error("expire_idle_sessions", exc)
+            return 0
 
     def export_session(self, session: str, *, agent: str | None = None) -> SessionState | None:
         """The state kept for ``session`` (and ``agent``), or ``None`` when there is none.
@@ -433,24 +462,22 @@ class LoopGuard:
         session: object,
         agent: object,
         call_id: object,
+        *,
         wait_for_advice: bool,
-        after_the_fact: bool = False,
-        outcome: str | None = None,
-        error: bool | None = None,
-        duration_seconds: float | None = None,
-        known: tuple[bool, bytes, str] | None = None,
+        ran: _Ran | None = None,
     ) -> Decision:
-        """Count one attempt and decide. ``after_the_fact``: the attempt already ran (reported
-        only when it ended), so its outcome is recorded at once and it is never pending.
-        ``known``: (mutating, canonical JSON, args key) of a tracked call the caller already
-        classified and keyed (``after_tool``), so they are not computed twice."""
+        """Count one attempt and decide. ``ran``: the attempt already ran (reported only when it
+        ended, keyed by ``after_tool``), so its outcome is recorded at once and it is never
+        pending; ``None`` for an attempt about to run."""
         policy = self.policy
         name = tool if type(tool) is str and len(tool) <= MAX_TOOL_NAME_CHARS else tool_name(tool)
-        if known is None:
+        if ran is None:
             known = self._key_call(name, arguments)
             if known is None:
                 return ALLOW
-        mutating, canonical, key = known
+            mutating, canonical, key = known
+        else:
+            mutating, canonical, key = ran.mutating, ran.canonical, ran.key
         store_key: object
         if type(session) is str and agent is None:
             sid, aid, store_key = session, None, session  # the common case, without the calls
@@ -462,7 +489,7 @@ class LoopGuard:
         rescue_outcome: str | None = None
         with self._lock:
             state: SessionState = self._store.get(store_key)  # type: ignore[assignment]
-            if not after_the_fact:
+            if ran is None:
                 self._last.call = (arguments, tool, session, agent, key, state)
             verdict, stuck, stalled = evaluate(state, key, policy)
             if verdict is None and stalled is None and not state.stopped:
@@ -477,20 +504,20 @@ class LoopGuard:
                     policy=policy,
                     stuck=stuck,
                 )
-            detected_block = step.action in _BLOCKING
-            enforced_block = detected_block and policy.mode is Mode.ENFORCE and not after_the_fact
+            detected_block = step.action in BLOCKING_ACTIONS
+            enforced_block = detected_block and policy.mode is Mode.ENFORCE and ran is None
             repeated = state.record_attempt(key, policy, blocked=detected_block)
             if step.action is Action.STOP:
                 state.stopped = True
-            if after_the_fact:
-                state.record_outcome(key, outcome)
-                if mutating and error is not True:
+            if ran is not None:
+                state.record_outcome(key, ran.outcome)
+                if mutating and ran.error is not True:
                     state.new_epoch()  # it ran (we only heard of it afterwards): progress
             else:
                 ref = key if call_id is None else _text(call_id)
                 state.add_pending(ref, key, enforced_block, mutating)
                 if call_id is not None and self._settled:
-                    self._take_settled(store_key, ref)  # a new attempt under a reused call id
+                    self._settled.take(store_key, ref)  # a new attempt under a reused call id
             recent: tuple[str, ...] = ()
             if step.action is Action.RESCUE:
                 advice, rescue_outcome, ask = self._reserve_rescue(state, key)
@@ -502,8 +529,8 @@ class LoopGuard:
             for reason in evictions:
                 recorder.evicted(reason)
         recorder.tool_call(aid, name, repeated)
-        if after_the_fact and repeated and duration_seconds:
-            recorder.wasted(aid, name, duration_seconds)
+        if ran is not None and repeated and ran.duration_seconds:
+            recorder.wasted(aid, name, ran.duration_seconds)
 
         if ask is not None:
             advice = self._ask(ask, key, name, canonical, step, sid, recent, wait_for_advice)
@@ -531,7 +558,7 @@ class LoopGuard:
         action: Action = step.action
         if policy.mode is Mode.OBSERVE:
             action = Action.ALLOW
-        elif policy.mode is Mode.ADVISE and action in _BLOCKING:
+        elif policy.mode is Mode.ADVISE and action in BLOCKING_ACTIONS:
             action = Action.REMIND
         message = "" if action is Action.ALLOW else message_for(
             step, name, canonical, policy, advice, action=action
@@ -576,7 +603,7 @@ class LoopGuard:
                 if ref is not None or known_state is None else None
             )
             with self._lock:
-                if ref is not None and self._take_settled(store_key, ref):
+                if ref is not None and self._settled.take(store_key, ref):
                     return None  # this call was reported already (by the hook, or by its span)
                 state = known_state or self._store.get(store_key, create=False)
                 pending = None
@@ -584,7 +611,7 @@ class LoopGuard:
                     if ref is not None:
                         pending = state.take_pending(ref)
                         if pending is not None:
-                            self._settle(store_key, ref, pending.args_key)
+                            self._settled.settle(store_key, ref, pending.args_key)
                     if pending is None and known_key is not None:
                         pending = state.take_pending(known_key)
                 if pending is not None:
@@ -607,68 +634,19 @@ class LoopGuard:
                 # or under an id this report does not carry: match it by session and arguments.
                 pending = state.take_pending(key)
                 if pending is None and state.pending:
-                    pending = self._take_pending_by_args(state, store_key, key)
+                    pending = self._settled.take_pending_by_args(state, store_key, key)
             if pending is not None:
                 self._apply_outcome(state, pending, outcome, error)  # type: ignore[arg-type]
-            elif ref is None and self._take_settled_by_args(store_key, key):
+            elif ref is None and self._settled.take_by_args(store_key, key):
                 return None  # the hook reported this call with its id; this is the span's echo
         if pending is not None:
             if duration_seconds:
                 self._record_wasted(state, pending, agent, name, duration_seconds)
             return None
         return self._attempt(
-            name, arguments, session, agent, call_id, False, True, outcome, error, duration_seconds,
-            (mutating, canonical, key),
+            name, arguments, session, agent, call_id, wait_for_advice=False,
+            ran=_Ran(mutating, canonical, key, outcome, error, duration_seconds),
         )
-
-    def _take_pending_by_args(self, state: SessionState, store_key: object,
-                              key: str) -> Pending | None:
-        """Under the lock: the oldest attempt of ``key`` pending under a call id, preferring one
-        that was allowed to run (a blocked call has no span to report it)."""
-        match: str | None = None
-        for ref, pending in (state.pending or {}).items():
-            if pending.args_key == key:
-                if not pending.blocked:
-                    match = ref
-                    break
-                if match is None:
-                    match = ref
-        if match is None:
-            return None
-        taken = state.take_pending(match)
-        if taken is not None and match not in (state.pending or ()):
-            self._settle(store_key, match, key)
-        return taken
-
-    def _settle(self, store_key: object, ref: str, key: str) -> None:
-        """Under the lock: remember that the call ``ref`` (arguments ``key``) was reported."""
-        calls = self._settled.get(store_key)
-        if calls is None:
-            calls = self._settled[store_key] = {}
-            if len(self._settled) > _MAX_SETTLED_SESSIONS:
-                self._settled.popitem(last=False)
-        else:
-            self._settled.move_to_end(store_key)
-        calls[ref] = key
-        if len(calls) > _MAX_SETTLED_CALLS:
-            del calls[next(iter(calls))]
-
-    def _take_settled(self, store_key: object, ref: str) -> bool:
-        """Under the lock: whether ``ref`` was reported already; a second report uses it up."""
-        calls = self._settled.get(store_key)
-        return calls is not None and calls.pop(ref, None) is not None
-
-    def _take_settled_by_args(self, store_key: object, key: str) -> bool:
-        """Under the lock: use up the oldest reported call of this session with these
-        arguments, if any."""
-        calls = self._settled.get(store_key)
-        if not calls:
-            return False
-        for ref, settled_key in calls.items():
-            if settled_key == key:
-                del calls[ref]
-                return True
-        return False
 
     def _key_call(self, name: str, arguments: object) -> tuple[bool, bytes, str] | None:
         """(mutating, canonical JSON, args key) of a call of ``name``, or ``None`` when the
@@ -794,7 +772,7 @@ class LoopGuard:
                 state = self._store.get(store_key)
                 if state is not None:
                     state.new_epoch(clear_stop=True)
-                self._settled.pop(store_key, None)  # a new run may reuse call ids
+                self._settled.forget(store_key)  # a new run may reuse call ids
                 evictions = self._take_evictions()
             for reason in evictions:
                 self._recorder.evicted(reason)

@@ -5,44 +5,32 @@ Exceptions, in one place::
     LoopDetected (RuntimeError)     raised by guard.wrap(...) tools when a call is blocked
     AdvisorError (RuntimeError)     raised by an advisor that could not give advice; the guard
                                     catches it, refunds the budget and falls back to a denial
+                                    (in otel_loopguard.advice)
 
-Pure except for :class:`CommandAdvisor`, which runs a process (off the span hot path; see guard).
+Pure: the advisor that runs a process lives in :mod:`otel_loopguard.advice`.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import shlex
-from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Final, Protocol
-
-if TYPE_CHECKING:
-    import subprocess
+from typing import Final
 
 from .config import Policy, Rule
 from .rules import Trend, Verdict
 
 __all__ = [
     "ALLOW",
+    "BLOCKING_ACTIONS",
     "Action",
-    "AdviceRequest",
-    "Advisor",
-    "AdvisorError",
-    "CommandAdvisor",
     "Decision",
     "LoopDetected",
-    "MAX_ADVICE_CHARS",
     "Step",
     "arguments_preview",
     "climb",
     "message_for",
 ]
 
-#: Advice longer than this is cut (hosts cap what they show; the model needs the gist).
-MAX_ADVICE_CHARS: Final = 4000
 _PREFIX: Final = "[loopguard] "
 
 
@@ -56,7 +44,8 @@ class Action(str, Enum):
     STOP = "stop"
 
 
-_BLOCKING: Final = frozenset({Action.DENY, Action.RESCUE, Action.STOP})
+#: The actions that keep a call from running (the one declaration; hosts and guard use it).
+BLOCKING_ACTIONS: Final = frozenset({Action.DENY, Action.RESCUE, Action.STOP})
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +74,7 @@ class Decision:
     @property
     def blocks(self) -> bool:
         """True when the call must not run (deny, rescue, stop)."""
-        return self.action in _BLOCKING
+        return self.action in BLOCKING_ACTIONS
 
 
 #: The decision for untracked calls and for every internal fallback.
@@ -246,7 +235,7 @@ def message_for(step: Step, tool: str, canonical: bytes, policy: Policy, advice:
             " message."
         )
     preview = arguments_preview(canonical, policy.arguments_preview_chars)
-    if shown in (Action.DENY, Action.RESCUE, Action.STOP):
+    if shown in BLOCKING_ACTIONS:
         earlier = _scope(step.rule, step.count - 1, policy)
         text = (
             f"{_PREFIX}Not run: {name} with these arguments was already called {earlier}."
@@ -276,114 +265,3 @@ def message_for(step: Step, tool: str, canonical: bytes, policy: Policy, advice:
         " Repeating it will not give a different answer. Next: use the last result, change the"
         " arguments, try a different tool, or tell the user what is blocking you."
     )
-
-
-@dataclass(frozen=True, slots=True)
-class AdviceRequest:
-    """What an advisor is told about a loop (arguments only as the bounded preview)."""
-
-    session: str
-    tool: str
-    arguments_preview: str
-    count: int
-    rule: str
-    denial: str
-    recent_calls: tuple[str, ...] = ()
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {
-                "session": self.session,
-                "tool": self.tool,
-                "arguments_preview": self.arguments_preview,
-                "count": self.count,
-                "rule": self.rule,
-                "denial": self.denial,
-                "recent_calls": list(self.recent_calls),
-            }
-        )
-
-
-class AdvisorError(RuntimeError):
-    """An advisor could not give advice (the reason is in the message)."""
-
-
-class Advisor(Protocol):
-    """A stronger model asked for advice when a loop is denied.
-
-    Called on a guard worker thread, never on a span processor's thread; may block up to the
-    policy's ``advisor_timeout_seconds`` (a hook waits that long at most). Returns the advice
-    text, or ``None``/raises :class:`AdvisorError` when it has none.
-    """
-
-    def __call__(self, request: AdviceRequest) -> str | None: ...
-
-
-class CommandAdvisor:
-    """An advisor that runs a command: one argv string (split like a shell, never run by one),
-    the request as JSON on stdin, advice on stdout, exit 0. Anything else means unavailable.
-
-    On timeout the command and every process it started (its process group) are killed.
-    """
-
-    def __init__(self, command: str, timeout_seconds: float = 30.0) -> None:
-        try:
-            argv = shlex.split(command)
-        except ValueError as exc:
-            raise ValueError(f"advisor_command: {command!r} cannot be split: {exc}") from None
-        if not argv:
-            raise ValueError(f"advisor_command: {command!r} is empty")
-        if not timeout_seconds > 0:
-            raise ValueError(f"timeout_seconds: expected a number > 0, got {timeout_seconds!r}")
-        self.argv: Sequence[str] = argv
-        self.timeout_seconds = timeout_seconds
-
-    def __repr__(self) -> str:
-        return f"CommandAdvisor({shlex.join(self.argv)!r}, timeout_seconds={self.timeout_seconds})"
-
-    def __call__(self, request: AdviceRequest) -> str:
-        import subprocess  # here: few processes ever ask, and hook processes start per call
-
-        try:
-            process = subprocess.Popen(
-                self.argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            raise AdvisorError(f"advisor command {self.argv[0]!r} could not start: {exc}") from None
-        try:
-            stdout, _ = process.communicate(request.to_json().encode(), timeout=self.timeout_seconds)
-        except subprocess.TimeoutExpired:
-            _kill_group(process)
-            raise AdvisorError(
-                f"advisor command {self.argv[0]!r} timed out after {self.timeout_seconds}s"
-                " and was killed"
-            ) from None
-        if process.returncode != 0:
-            raise AdvisorError(
-                f"advisor command {self.argv[0]!r} exited with {process.returncode}"
-            )
-        advice = stdout.decode("utf-8", "replace").strip()
-        if not advice:
-            raise AdvisorError(f"advisor command {self.argv[0]!r} printed no advice")
-        return advice[:MAX_ADVICE_CHARS]
-
-
-def _kill_group(process: subprocess.Popen[bytes]) -> None:
-    import signal
-    import subprocess
-
-    try:
-        if hasattr(os, "killpg"):
-            os.killpg(process.pid, signal.SIGKILL)
-        else:  # pragma: no cover - Windows
-            process.kill()
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        process.communicate(timeout=5)
-    except subprocess.TimeoutExpired:  # pragma: no cover - a grandchild escaped the group
-        process.kill()

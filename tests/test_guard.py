@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from otel_loopguard import PRESETS, Action, LoopDetected, LoopGuard, Mode, Rule
+from otel_loopguard import PRESETS, Action, LoopDetected, LoopGuard, Mode, Policy, Rule
 
 from .conftest import Call, run
 
@@ -291,3 +291,21 @@ def test_unwritable_trip_log_is_counted_never_raised(tmp_path: Any) -> None:
     assert transcript.decisions[-1].action is Action.DENY
     assert guard.trip_log is not None and guard.trip_log.failures >= 2
     assert guard.internal_errors == {}
+
+
+def test_idle_sessions_are_expired_when_counted_and_on_request() -> None:
+    from .conftest import FakeClock
+
+    clock = FakeClock()
+    guard = LoopGuard(Policy(session_ttl_seconds=60), clock=clock)
+    guard.before_tool("grep", {"q": 1}, session="a")
+    guard.before_tool("grep", {"q": 1}, session="b")
+    assert guard.session_count == 2
+    clock.advance(30)
+    guard.before_tool("grep", {"q": 2}, session="b")
+    clock.advance(31)  # a idle for 61 s, b for 31 s; no call since: only a count or a sweep sees it
+    assert guard.session_count == 1
+    clock.advance(30)
+    assert guard.expire_idle_sessions() == 1
+    assert guard.expire_idle_sessions() == 0
+    assert guard.session_count == 0
