@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from otel_loopguard import replay
 from otel_loopguard.cli import main
 from otel_loopguard.config import PRESETS, Mode
+from otel_loopguard.replay import _formats, _reader
 from otel_loopguard.replay import (
     MAX_REPORTED_BAD_LINES,
     BadRecord,
@@ -500,11 +501,11 @@ def test_register_format_adds_a_reader(tmp_path: Path, monkeypatch: pytest.Monke
         def finish(self) -> Iterable[replay.Event]:
             return ()
 
-    monkeypatch.setattr(replay, "FORMATS", list(replay.FORMATS))
+    monkeypatch.setattr(_formats, "FORMATS", list(_formats.FORMATS))
     fmt = InputFormat("spans", "span dumps", lambda r: isinstance(r, dict) and "trace_id" in r,
                       Spans)
     register_format(fmt, before="claude-code")
-    assert replay.FORMATS[0] is fmt and format_by_name("spans") is fmt
+    assert _formats.FORMATS[0] is fmt and format_by_name("spans") is fmt
     with pytest.raises(ValueError, match="already registered"):
         register_format(fmt)
     path = write(tmp_path, [json.dumps({"trace_id": "t1", "name": "search"})])
@@ -526,7 +527,7 @@ class _Terminal(io.StringIO):
 
 def test_progress_bar_only_on_a_terminal_and_large_input(tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(replay, "LARGE_INPUT_LINES", 300)
+    monkeypatch.setattr(_reader, "LARGE_INPUT_LINES", 300)
     small = write(tmp_path, [call(session=f"s{i}") for i in range(200)], "small.jsonl")
     large = write(tmp_path, [call(session=f"s{i}") for i in range(1000)], "large.jsonl")
 
@@ -549,7 +550,7 @@ def test_progress_bar_only_on_a_terminal_and_large_input(tmp_path: Path,
 
 def test_progress_bar_shows_percent_for_large_files(tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(replay, "LARGE_INPUT_BYTES", 1000)
+    monkeypatch.setattr(_reader, "LARGE_INPUT_BYTES", 1000)
     path = write(tmp_path, [call(session=f"s{i}") for i in range(600)])
     terminal = _Terminal()
     run_replay([str(path)], PRESETS["default"], json_output=True, stdout=io.StringIO(),

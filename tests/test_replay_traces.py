@@ -29,6 +29,7 @@ from otel_loopguard.conventions import (
 from otel_loopguard.guard import LoopGuard
 from otel_loopguard.policy import Decision
 from otel_loopguard.processor import LoopGuardSpanProcessor
+from otel_loopguard.replay import _trace_formats
 from otel_loopguard.replay import (
     CallDecidedAtStart,
     CallObserved,
@@ -576,7 +577,7 @@ def test_other_signals_carry_no_calls(tmp_path: Path) -> None:
 
 def test_buffer_overflow_replays_early_and_reports_the_line(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(replay, "MAX_BUFFERED_SPANS", 5)
+    monkeypatch.setattr(_trace_formats, "MAX_BUFFERED_SPANS", 5)
     # Spans of a trace whose root never comes (it is in another process).
     lines = [_dump_tool(f"{n + 1:016x}", parent_span_id="a" * 16, start_time_ns=n,
                         end_time_ns=n + 1) for n in range(8)]
@@ -602,8 +603,8 @@ def test_sniffing_tells_the_formats_apart() -> None:
     assert detect_format([dump]).name == "span-dump"
     assert detect_format([{"session": "s", "tool": "t"}]).name == "transcript"
     assert detect_format([{"type": "user", "sessionId": "S", "message": {}}]).name == "claude-code"
-    assert not replay._claims_span_dump({"session": "s", "tool": "t", "arguments": {}})
-    assert not replay._claims_otlp_json({"type": "user", "sessionId": "S"})
+    assert not _trace_formats._claims_span_dump({"session": "s", "tool": "t", "arguments": {}})
+    assert not _trace_formats._claims_otlp_json({"type": "user", "sessionId": "S"})
 
 
 # -- nothing crashes ---------------------------------------------------------------------------

@@ -1,0 +1,77 @@
+"""The report: one ``--json`` line per call, or the text report per session and in total."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import orjson
+
+from ._replayer import SessionReport
+
+if TYPE_CHECKING:
+    from otel_loopguard.policy import Decision
+
+
+def _json_line(report: SessionReport, index: int, tool: str, decision: Decision) -> str:
+    """One ``--json`` line. ``rule`` is null for an allowed call (no rule acted, even when
+    evidence is building up); ``count`` is the decision's evidence count (0 for a new call)."""
+    acted = decision.action.value != "allow" and decision.rule is not None
+    rule = decision.rule.value if acted and decision.rule is not None else None
+    return orjson.dumps({
+        "session": report.label, "index": index, "tool": tool,
+        "action": decision.action.value, "rule": rule, "count": decision.count,
+    }).decode() + "\n"
+
+
+def _seconds(report_seconds: float, timed: int, blocked: int) -> str:
+    if blocked == 0 or timed == 0:
+        return ""
+    if timed == blocked:
+        return f" ({report_seconds:,.1f} s)"
+    return f" (at least {report_seconds:,.1f} s; {blocked - timed} without a duration)"
+
+
+def format_session(report: SessionReport) -> str:
+    """The text report of one session: its decisions, then a summary line."""
+    lines = [f"session {report.label}"]
+    if report.decisions:
+        tool_width = min(30, max(4, *(len(d.tool) for d in report.decisions)))
+        lines.append(f"  {'call':>6}  {'tool':<{tool_width}}  {'rule':<11}  {'action':<7}  count")
+        for d in report.decisions:
+            tool = d.tool if len(d.tool) <= tool_width else d.tool[: tool_width - 1] + "…"
+            lines.append(
+                f"  {d.index:>6}  {tool:<{tool_width}}  {d.rule or '-':<11}  {d.action:<7}"
+                f"  {d.count:>5}"
+            )
+        hidden = report.decision_count - len(report.decisions)
+        if hidden > 0:
+            lines.append(f"  … and {hidden} more decisions not listed")
+    firsts = ", ".join(
+        f"first {action} #{report.first_index[action]}" if action in report.first_index
+        else f"no {action}"
+        for action in ("remind", "deny", "stop")
+    )
+    saved = (
+        f"a deny would have saved {report.blocked} call{'s' if report.blocked != 1 else ''}"
+        f"{_seconds(report.blocked_seconds, report.blocked_timed, report.blocked)}"
+    )
+    lines.append(f"  {report.calls} calls, {report.repeated} repeated; {firsts}; {saved}")
+    return "\n".join(lines) + "\n"
+
+
+def format_totals(reports: Sequence[SessionReport], files: int, bad_lines: int) -> str:
+    """The closing line of a text report."""
+    calls = sum(r.calls for r in reports)
+    repeated = sum(r.repeated for r in reports)
+    blocked = sum(r.blocked for r in reports)
+    seconds = sum(r.blocked_seconds for r in reports)
+    timed = sum(r.blocked_timed for r in reports)
+    tripped = sum(1 for r in reports if r.decision_count)
+    return (
+        f"total: {files} file{'s' if files != 1 else ''}, {len(reports)} session"
+        f"{'s' if len(reports) != 1 else ''} ({tripped} with decisions), {calls} calls,"
+        f" {repeated} repeated; a deny would have saved {blocked} call"
+        f"{'s' if blocked != 1 else ''}{_seconds(seconds, timed, blocked)};"
+        f" {bad_lines} bad line{'s' if bad_lines != 1 else ''}\n"
+    )
