@@ -1,0 +1,141 @@
+"""What the guard reports: the :class:`Recorder` role and the one declaration of every metric.
+
+Every metric is declared once, in :data:`METRICS` (DESIGN §7), with the label values known in
+advance; the recorders (:mod:`.prometheus`, :mod:`.otel`) and the dashboards build from it.
+Imports nothing beyond the standard library and :mod:`otel_loopguard.config`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Final, Protocol
+
+from ..config import Rule
+
+
+class Recorder(Protocol):
+    """Receives what the guard observed. Called on application threads; must not block or raise."""
+
+    def tool_call(self, agent: str | None, tool: str, repeated: bool) -> None:
+        """A tracked tool-call attempt was counted (``repeated``: its args key was seen before)."""
+
+    def wasted(self, agent: str | None, tool: str, seconds: float) -> None:
+        """A repeated call finished after ``seconds``."""
+
+    def decision(self, agent: str | None, tool: str, rule: str, action: str, count: int) -> None:
+        """A non-allow decision was made (``action`` as detected, before the mode softened it)."""
+
+    def rescue(self, outcome: str) -> None:
+        """A rescue was attempted: advice, cached, failed, budget or cooldown."""
+
+    def evicted(self, reason: str) -> None:
+        """A session was evicted: ttl or capacity."""
+
+    def internal_error(self, where: str) -> None:
+        """An exception was caught at ``where`` and a fallback taken."""
+
+
+class NoopRecorder:
+    """A recorder that records nothing (the default when metrics are off)."""
+
+    def tool_call(self, agent: str | None, tool: str, repeated: bool) -> None:
+        pass
+
+    def wasted(self, agent: str | None, tool: str, seconds: float) -> None:
+        pass
+
+    def decision(self, agent: str | None, tool: str, rule: str, action: str, count: int) -> None:
+        pass
+
+    def rescue(self, outcome: str) -> None:
+        pass
+
+    def evicted(self, reason: str) -> None:
+        pass
+
+    def internal_error(self, where: str) -> None:
+        pass
+
+
+# -- the one declaration of names --------------------------------------------------------------
+
+
+class MetricKind(str, Enum):
+    """How a metric aggregates; values are the Prometheus type names."""
+
+    COUNTER = "counter"
+    GAUGE = "gauge"
+    HISTOGRAM = "histogram"
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    """One metric: ``name`` is the OpenTelemetry instrument name; Prometheus adds ``_total`` to
+    a counter's (:attr:`prometheus_name`), as OpenTelemetry's Prometheus exporters do."""
+
+    name: str
+    kind: MetricKind
+    description: str
+    labels: tuple[str, ...] = ()
+    unit: str = "1"
+    buckets: tuple[float, ...] = ()
+
+    @property
+    def prometheus_name(self) -> str:
+        return f"{self.name}_total" if self.kind is MetricKind.COUNTER else self.name
+
+
+TOOL_CALLS: Final = MetricSpec(
+    "loopguard_tool_calls", MetricKind.COUNTER, "Tracked tool-call attempts seen.",
+    ("agent", "tool"), "{call}")
+REPEATED_CALLS: Final = MetricSpec(
+    "loopguard_repeated_calls", MetricKind.COUNTER,
+    "Tracked tool-call attempts whose arguments were already seen in the progress epoch.",
+    ("agent", "tool"), "{call}")
+DECISIONS: Final = MetricSpec(
+    "loopguard_decisions", MetricKind.COUNTER,
+    "Non-allow decisions, by the action detected (before the mode softened it).",
+    ("agent", "tool", "rule", "action"), "{decision}")
+WASTED_SECONDS: Final = MetricSpec(
+    "loopguard_wasted_seconds", MetricKind.COUNTER, "Seconds spent running repeated calls.",
+    ("agent", "tool"), "s")
+RESCUES: Final = MetricSpec(
+    "loopguard_rescues", MetricKind.COUNTER,
+    "Rescue attempts by outcome: advice, cached, failed, budget, cooldown.", ("outcome",),
+    "{rescue}")
+SESSIONS: Final = MetricSpec(
+    "loopguard_sessions", MetricKind.GAUGE, "Sessions currently tracked.", (), "{session}")
+SESSIONS_EVICTED: Final = MetricSpec(
+    "loopguard_sessions_evicted", MetricKind.COUNTER,
+    "Sessions forgotten, by reason: ttl (idle too long) or capacity (max_sessions).",
+    ("reason",), "{session}")
+INTERNAL_ERRORS: Final = MetricSpec(
+    "loopguard_internal_errors", MetricKind.COUNTER,
+    "Exceptions caught on the hot path (the call was allowed), by where they happened.",
+    ("where",), "{error}")
+DECISION_REPEATS: Final = MetricSpec(
+    "loopguard_decision_repeats", MetricKind.HISTOGRAM,
+    "Attempts of the call, as the rule counts them, when a non-allow decision was made.",
+    ("action",), "{call}", (2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 30, 40, 60, 100))
+REPEATED_CALL_SECONDS: Final = MetricSpec(
+    "loopguard_repeated_call_seconds", MetricKind.HISTOGRAM,
+    "Duration of each repeated call that ran.", (), "s",
+    (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300))
+
+#: Every metric the recorders export (DESIGN §7), declared once.
+METRICS: Final = (TOOL_CALLS, REPEATED_CALLS, DECISIONS, WASTED_SECONDS, RESCUES, SESSIONS,
+                  SESSIONS_EVICTED, INTERNAL_ERRORS, DECISION_REPEATS, REPEATED_CALL_SECONDS)
+
+#: Label values known in advance; their series are created at zero.
+RULES: Final = tuple(rule.value for rule in Rule)
+#: The actions a decision is reported with (allow never is). A stop after an earlier stop in the
+#: epoch has no rule: it reports ``rule="none"``.
+ACTIONS: Final = ("remind", "deny", "rescue", "stop")
+RESCUE_OUTCOMES: Final = ("advice", "cached", "failed", "budget", "cooldown")
+EVICTION_REASONS: Final = ("ttl", "capacity")
+#: Where the guard and the span processor catch exceptions.
+ERROR_PLACES: Final = ("before_tool", "after_tool", "user_message", "new_run", "span_start",
+                       "advisor_callback", "span_processor.on_start", "span_processor.on_end")
+NO_RULE: Final = "none"
+NO_AGENT: Final = "none"

@@ -1,0 +1,273 @@
+"""The Prometheus backend: :class:`PrometheusRecorder`, the metrics of :data:`~._spec.METRICS` in
+a ``CollectorRegistry`` (a private one per guard by default), served by :mod:`._exposition`.
+
+``prometheus_client`` is imported when a recorder is built, never at import.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from . import _exposition
+from ._exposition import MetricsServer
+from ._failsafe import Failures, session_reader
+from ._labels import (
+    DEFAULT_MAX_LABEL_VALUES,
+    MAX_CACHED_PAIRS,
+    OTHER,
+    Bounded,
+    check_max_label_values,
+)
+from ._spec import (
+    ACTIONS,
+    DECISION_REPEATS,
+    DECISIONS,
+    ERROR_PLACES,
+    EVICTION_REASONS,
+    INTERNAL_ERRORS,
+    METRICS,
+    NO_AGENT,
+    NO_RULE,
+    REPEATED_CALL_SECONDS,
+    REPEATED_CALLS,
+    RESCUE_OUTCOMES,
+    RESCUES,
+    RULES,
+    SESSIONS,
+    SESSIONS_EVICTED,
+    TOOL_CALLS,
+    WASTED_SECONDS,
+    MetricKind,
+)
+
+__all__ = ["PrometheusRecorder"]
+
+
+class _Pair:
+    """One (agent, tool) label pair: its per-call counts and its wasted-seconds child.
+
+    The two counts bumped on every call are ``itertools.count`` objects: ``next()`` on one is
+    a single C call, atomic under the GIL, several times cheaper than a locked counter child
+    (see benchmarks/README.md). They are read at collection by :func:`_count_value`.
+    """
+
+    __slots__ = ("agent", "calls", "repeated", "tool", "wasted")
+
+    def __init__(self, agent: str, tool: str, wasted: Any) -> None:
+        self.agent = agent
+        self.tool = tool
+        self.calls = itertools.count()
+        self.repeated = itertools.count()
+        self.wasted = wasted
+
+
+def _count_value(counter: itertools.count[int]) -> int:
+    """How far ``counter`` (started at 0, step 1) has counted, without advancing it: its repr
+    is ``count(N)``."""
+    return int(repr(counter)[6:-1])
+
+
+class _CallCounts:
+    """Collects ``loopguard_tool_calls_total`` and ``loopguard_repeated_calls_total`` from the
+    pairs' counts at scrape time (copied under the lock, rendered outside it)."""
+
+    def __init__(self, pairs: dict[tuple[str, str], _Pair], lock: threading.Lock) -> None:
+        self._pairs = pairs
+        self._lock = lock
+
+    def describe(self) -> list[Any]:
+        return self._families([])
+
+    def collect(self) -> list[Any]:
+        with self._lock:
+            pairs = list(self._pairs.values())
+        return self._families(pairs)
+
+    @staticmethod
+    def _families(pairs: list[_Pair]) -> list[Any]:
+        from prometheus_client.core import CounterMetricFamily
+
+        calls = CounterMetricFamily(TOOL_CALLS.name, TOOL_CALLS.description,
+                                    labels=TOOL_CALLS.labels)
+        repeated = CounterMetricFamily(REPEATED_CALLS.name, REPEATED_CALLS.description,
+                                       labels=REPEATED_CALLS.labels)
+        for pair in pairs:
+            calls.add_metric([pair.agent, pair.tool], _count_value(pair.calls))
+            repeated.add_metric([pair.agent, pair.tool], _count_value(pair.repeated))
+        return [calls, repeated]
+
+
+class PrometheusRecorder:
+    """Records the metrics of :data:`METRICS` in a Prometheus ``CollectorRegistry``.
+
+    ``registry``: where to register (default: a new private one, :attr:`registry`; pass your own
+    to expose them beside other metrics; registering twice in one registry raises ``ValueError``).
+    ``max_label_values``: distinct agents, and separately tools, reported by name; the rest as
+    ``other``.
+
+    Series that exist at zero before anything happens: rescues by outcome, evictions by reason,
+    internal errors by place, the repeat-count histogram by action; and, from the first call of
+    each (agent, tool), its calls, repeats, wasted seconds and a decision series for every rule
+    and action. (A counter that first appears at 3 shows no increase in ``rate()``.)
+
+    Every method may be called from any thread and never raises: a failure is counted in
+    :attr:`failures` and logged once per kind. Label children are cached per (agent, tool), so
+    a call costs a dict lookup and one or two increments.
+    """
+
+    def __init__(self, registry: Any = None, *,
+                 max_label_values: int = DEFAULT_MAX_LABEL_VALUES) -> None:
+        limit = check_max_label_values(max_label_values)
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry: Any = registry if registry is not None else CollectorRegistry()
+        self.max_label_values = limit
+        self.failures = Failures()
+        self._sessions: Callable[[], int] = lambda: 0
+        metrics: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        # (agent label, tool label) -> its pair; raw (agent, tool) -> the same pair, cached.
+        self._by_labels: dict[tuple[str, str], _Pair] = {}
+        self._pairs: dict[tuple[object, object], _Pair] = {}
+        for spec in METRICS:
+            if spec in (TOOL_CALLS, REPEATED_CALLS):
+                continue  # counted per call without a lock: collected by _CallCounts
+            if spec.kind is MetricKind.COUNTER:
+                metrics[spec.name] = Counter(spec.name, spec.description, spec.labels,
+                                             registry=self.registry)
+            elif spec.kind is MetricKind.GAUGE:
+                metrics[spec.name] = Gauge(spec.name, spec.description, spec.labels,
+                                           registry=self.registry)
+            else:
+                metrics[spec.name] = Histogram(spec.name, spec.description, spec.labels,
+                                               registry=self.registry, buckets=spec.buckets)
+        metrics[SESSIONS.name].set_function(lambda: self._sessions())
+        self.registry.register(_CallCounts(self._by_labels, self._lock))
+        self._decisions = metrics[DECISIONS.name]
+        self._wasted = metrics[WASTED_SECONDS.name]
+        self._wasted_hist = metrics[REPEATED_CALL_SECONDS.name]
+        self._agents = Bounded(limit, none=NO_AGENT)
+        self._tools = Bounded(limit)
+        self._rules = Bounded(0, RULES + (NO_RULE,))
+        self._actions = Bounded(0, ACTIONS)
+        self._outcomes = Bounded(0, RESCUE_OUTCOMES)
+        self._reasons = Bounded(0, EVICTION_REASONS)
+        self._places = Bounded(limit, ERROR_PLACES)
+        self._repeats = {action: metrics[DECISION_REPEATS.name].labels(action)
+                         for action in ACTIONS + (OTHER,)}
+        self._rescues = {o: metrics[RESCUES.name].labels(o) for o in RESCUE_OUTCOMES + (OTHER,)}
+        self._evicted = {r: metrics[SESSIONS_EVICTED.name].labels(r)
+                         for r in EVICTION_REASONS + (OTHER,)}
+        self._errors_metric = metrics[INTERNAL_ERRORS.name]
+        self._errors = {p: self._errors_metric.labels(p) for p in ERROR_PLACES}
+        self._decision_children: dict[tuple[object, ...], Any] = {}
+
+    # -- Recorder ------------------------------------------------------------------------
+
+    def observe_sessions(self, count: Callable[[], int]) -> None:
+        """Read ``loopguard_sessions`` from ``count()`` at each collection."""
+        self._sessions = session_reader(count)
+
+    def tool_call(self, agent: str | None, tool: str, repeated: bool) -> None:
+        try:
+            pair = self._pairs.get((agent, tool))
+            if pair is None:
+                pair = self._pair(agent, tool)
+            next(pair.calls)
+            if repeated:
+                next(pair.repeated)
+        except Exception as exc:
+            self.failures("tool_call", exc)
+
+    def wasted(self, agent: str | None, tool: str, seconds: float) -> None:
+        try:
+            if not (seconds > 0 and math.isfinite(seconds)):
+                return
+            pair = self._pairs.get((agent, tool))
+            if pair is None:
+                pair = self._pair(agent, tool)
+            pair.wasted.inc(seconds)
+            self._wasted_hist.observe(seconds)
+        except Exception as exc:
+            self.failures("wasted", exc)
+
+    def decision(self, agent: str | None, tool: str, rule: str, action: str, count: int) -> None:
+        try:
+            key = (agent, tool, rule, action)
+            child = self._decision_children.get(key)
+            if child is None:
+                pair = self._pairs.get((agent, tool)) or self._pair(agent, tool)
+                labels = (pair.agent, pair.tool, self._rules(rule), self._actions(action))
+                child = self._decisions.labels(*labels)
+                if len(self._decision_children) < MAX_CACHED_PAIRS:
+                    self._decision_children[key] = child
+            child.inc()
+            self._repeats[self._actions(action)].observe(count)
+        except Exception as exc:
+            self.failures("decision", exc)
+
+    def rescue(self, outcome: str) -> None:
+        try:
+            self._rescues[self._outcomes(outcome)].inc()
+        except Exception as exc:
+            self.failures("rescue", exc)
+
+    def evicted(self, reason: str) -> None:
+        try:
+            self._evicted[self._reasons(reason)].inc()
+        except Exception as exc:
+            self.failures("evicted", exc)
+
+    def internal_error(self, where: str) -> None:
+        try:
+            child = self._errors.get(where)
+            if child is None:
+                child = self._errors_metric.labels(self._places(where))
+            child.inc()
+        except Exception as exc:
+            self.failures("internal_error", exc)
+
+    # -- exposition ----------------------------------------------------------------------
+
+    def exposition(self) -> bytes:
+        """The registry in the Prometheus text format, as ``/metrics`` serves it."""
+        return _exposition.exposition(self.registry)
+
+    def wsgi_app(self) -> Callable[..., Iterable[bytes]]:
+        """A WSGI app serving the registry (mount it at ``/metrics`` in your own server)."""
+        return _exposition.wsgi_app(self.registry)
+
+    def asgi_app(self) -> Callable[..., Any]:
+        """An ASGI app serving the registry (e.g. ``app.mount("/metrics", ...)`` in Starlette
+        or FastAPI)."""
+        return _exposition.asgi_app(self.registry)
+
+    def serve(self, port: int, addr: str = "127.0.0.1") -> MetricsServer:
+        """Serve ``/metrics`` over HTTP from a daemon thread on ``addr`` (loopback by default;
+        ``"0.0.0.0"`` to let other machines scrape). ``port=0`` picks a free port (see
+        :attr:`MetricsServer.port`). Raises ``ValueError`` for a bad port, ``OSError`` when the
+        address cannot be bound."""
+        return _exposition.serve(self.registry, port, addr)
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _pair(self, agent: object, tool: object) -> _Pair:
+        """The pair of a new raw (agent, tool); a new label pair is created with every rule x
+        action at zero."""
+        agent_label, tool_label = self._agents(agent), self._tools(tool)
+        with self._lock:
+            pair = self._pairs.get((agent, tool)) or self._by_labels.get((agent_label, tool_label))
+            if pair is None:
+                pair = _Pair(agent_label, tool_label, self._wasted.labels(agent_label, tool_label))
+                for rule in RULES:
+                    for action in ACTIONS:
+                        self._decisions.labels(agent_label, tool_label, rule, action)
+                self._decisions.labels(agent_label, tool_label, NO_RULE, "stop")
+                self._by_labels[(agent_label, tool_label)] = pair
+            if len(self._pairs) < MAX_CACHED_PAIRS:
+                self._pairs[(agent, tool)] = pair
+        return pair
