@@ -84,7 +84,7 @@ def test_a_clean_project_passes_the_test_step(tmp_path: Path) -> None:
     assert "1 passed" in done.stdout
 
 
-@pytest.mark.parametrize("script", ["run", "install", "test", "frameworks"])
+@pytest.mark.parametrize("script", ["run", "install", "test", "package", "frameworks"])
 def test_every_script_fails_on_any_step(script: str) -> None:
     lines = (CI / script).read_text().splitlines()
     assert "set -euo pipefail" in lines
@@ -97,4 +97,17 @@ def test_every_script_fails_on_any_step(script: str) -> None:
 
 def test_the_run_script_is_its_steps_in_order() -> None:
     steps = [line for line in (CI / "run").read_text().splitlines() if line.startswith("bash ")]
-    assert steps == ["bash .ci/install", "bash .ci/test", "bash .ci/frameworks"]
+    assert steps == [
+        "bash .ci/install", "bash .ci/test", "bash .ci/package", "bash .ci/frameworks"]
+
+
+def test_the_version_is_written_in_one_place() -> None:
+    from importlib.metadata import version
+
+    import otel_loopguard
+
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert 'dynamic = ["version"]' in pyproject
+    assert 'version = { attr = "otel_loopguard.__version__" }' in pyproject
+    assert version("otel-loopguard") == otel_loopguard.__version__
+    assert f"## {otel_loopguard.__version__}" in (ROOT / "CHANGELOG.md").read_text()

@@ -24,7 +24,7 @@ def test_quickstart_is_exactly_two_commands_and_the_second_is_what_ci_runs() -> 
     assert commands[1] == "bash .ci/run"  # CI runs `bash .ci/run` on a clean clone
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert [line for line in ci if line.startswith("bash ")] == [
-        "bash .ci/install", "bash .ci/test", "bash .ci/frameworks"]
+        "bash .ci/install", "bash .ci/test", "bash .ci/package", "bash .ci/frameworks"]
 
 
 def test_readme_preset_table_is_current() -> None:
