@@ -1,6 +1,6 @@
 """Cost per span of recognising tool calls and agents (otel_loopguard.conventions).
 
-    python benchmarks/bench_conventions.py [--repeat 15] [--baseline OLD_CONVENTIONS.py]
+    python benchmarks/bench_conventions.py [--repeat 15] [--baseline OLD_CONVENTIONS]
 
 These functions run on the application's thread for every span it starts or ends, so their cost
 is compared with a span's own cost in the OpenTelemetry SDK (about 15 us). Spans come from the
@@ -16,7 +16,9 @@ real framework dumps in ``tests/data/spans`` (the non-blocked file of each instr
 
 Each figure is the median, and the best, over --repeat short runs of the time per call, in
 microseconds; on a shared machine the best is the steadier figure. With --baseline (another
-copy of conventions.py, e.g. ``git show HEAD:otel_loopguard/conventions.py > /tmp/old.py``)
+copy of the conventions package, e.g. ``mkdir /tmp/old && git archive HEAD
+otel_loopguard/conventions | tar -x -C /tmp/old`` then ``--baseline
+/tmp/old/otel_loopguard/conventions``, or of the single-module ``conventions.py`` it replaced)
 both are measured side by side, alternating, and the ratio of medians is printed.
 """
 
@@ -122,7 +124,12 @@ def cases() -> list[Case]:
 
 
 def load_module(path: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("baseline_conventions", path)
+    """The conventions package (a directory) or module (a .py file) at ``path``."""
+    if Path(path).is_dir():  # a package: its modules import each other relatively
+        spec = importlib.util.spec_from_file_location(
+            "baseline_conventions", Path(path) / "__init__.py", submodule_search_locations=[path])
+    else:
+        spec = importlib.util.spec_from_file_location("baseline_conventions", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while being built
@@ -137,7 +144,7 @@ def timer(case: Case, module: ModuleType) -> timeit.Timer:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=15)
-    parser.add_argument("--baseline", help="path of another conventions.py to compare against")
+    parser.add_argument("--baseline", help="another conventions package (directory) or conventions.py to compare against")
     args = parser.parse_args()
 
     baseline = load_module(args.baseline) if args.baseline else None

@@ -214,14 +214,14 @@ def pieces(bodies: list[bytes]) -> tuple[float, float]:
     from otel_loopguard import LoopGuard
     from otel_loopguard.metrics import PrometheusRecorder
     from otel_loopguard.service.proto import proto_spans
-    from otel_loopguard.service.server import _Ingest
+    from otel_loopguard.service._ingest import Ingest
     from otel_loopguard.traces import TraceBuffer
 
     started = time.perf_counter()
     decoded = [proto_spans(body) for body in bodies]
     decode = time.perf_counter() - started
     guard = LoopGuard(recorder=PrometheusRecorder())
-    ingest = _Ingest(guard, TraceBuffer(hold_seconds=2.0), 10**9, 2.0)
+    ingest = Ingest(guard, TraceBuffer(hold_seconds=2.0), 10**9, 2.0)
     started = time.perf_counter()
     for batch in decoded:
         ingest._add(batch)

@@ -45,7 +45,7 @@ from otel_loopguard.guard import LoopGuard  # noqa: E402
 from otel_loopguard.metrics import PrometheusRecorder  # noqa: E402
 from otel_loopguard.processor import LoopGuardSpanProcessor  # noqa: E402
 from otel_loopguard.service import ServeOptions, Service  # noqa: E402
-from otel_loopguard.service.server import (  # noqa: E402
+from otel_loopguard.service._options import (  # noqa: E402
     DEFAULT_MAX_BODY_BYTES,
     RETRY_AFTER_SECONDS,
 )
@@ -493,8 +493,8 @@ def test_decision_api_holds_reminders_for_command_hooks(service: Service) -> Non
     """What ``otel-loopguard hook HOST --server`` needs: a reminder decided before a call is
     held (``"hold_reminder": true``) and given with that call's ``/after``, once; a call reported
     only after it ran gets the text a hook shows for it (a denial worded as a reminder)."""
-    from otel_loopguard.hooks.runner import after_the_fact
-    from otel_loopguard.service.server import _HeldReminders
+    from otel_loopguard.hooks.answers import after_the_fact
+    from otel_loopguard.service._decisions import HeldReminders
 
     port = service.http_port
     remind_at = DEFAULT.remind_thresholds[0]
@@ -548,7 +548,7 @@ def test_decision_api_holds_reminders_for_command_hooks(service: Service) -> Non
     assert answer.status == 400 and "'hold_reminder' must be true or false" in answer.json()[
         "error"]
     # Bounded: the oldest is dropped (a result that never came); holding again renews.
-    reminders = _HeldReminders(2)
+    reminders = HeldReminders(2)
     for key in ("a", "b", "a", "c"):
         reminders.hold(("s", None, key), key)
     assert [reminders.take(("s", None, key)) for key in ("a", "b", "c")] == ["a", None, "c"]

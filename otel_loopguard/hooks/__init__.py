@@ -7,20 +7,29 @@ session's state is kept in a SQLite file between calls (:mod:`.store`), or by a 
 ``otel-loopguard serve`` (``--server URL``, :mod:`.remote`).
 
 - :mod:`.hosts`: each host's events and answers (pure).
+- :mod:`.answers`: the answer protocol every entrance shares (the two backends below and serve's
+  decision API): what a host is told before and after a call, where a reminder waits (pure).
 - :mod:`.store`: the SQLite state file, safe under concurrent hook processes.
-- :mod:`.runner`: one invocation, its failure modes, and the :class:`~.runner.Backend` role.
-- :mod:`.remote`: the backend that asks serve's decision API (standard-library HTTP client,
-  imported only when it is used).
+- :mod:`.runner`: one invocation, its failure modes, and the local backend.
+- :mod:`.remote`: the backend that asks serve's decision API (standard-library HTTP client).
 
-Importing this package does not import the OpenTelemetry SDK or the Prometheus client.
+Importing this package does not import the OpenTelemetry SDK or the Prometheus client; the
+runner, the remote backend and the store (SQLite) are imported when one of their names is first
+used, so that serve's decision API imports :mod:`.answers` without them.
 """
 
 from __future__ import annotations
 
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+from .answers import Backend, Unavailable
 from .hosts import HOSTS, MAX_TEXT_CHARS, Answer, EventKind, HookEvent, Host, MalformedEvent
-from .runner import Backend, LocalBackend, Unavailable, answer_usage_error, decide, run
-from .remote import DEFAULT_TIMEOUT_SECONDS, TOKEN_ENV, RemoteBackend
-from .store import STORE_ENV, HookStore, StoreError, default_store_path
+
+if TYPE_CHECKING:
+    from .remote import DEFAULT_TIMEOUT_SECONDS, TOKEN_ENV, RemoteBackend
+    from .runner import LocalBackend, answer_usage_error, decide, run
+    from .store import STORE_ENV, HookStore, StoreError, default_store_path
 
 __all__ = [
     "Answer",
@@ -44,3 +53,19 @@ __all__ = [
     "default_store_path",
     "run",
 ]
+
+_LAZY = {
+    "LocalBackend": "runner", "answer_usage_error": "runner", "decide": "runner", "run": "runner",
+    "DEFAULT_TIMEOUT_SECONDS": "remote", "TOKEN_ENV": "remote", "RemoteBackend": "remote",
+    "STORE_ENV": "store", "HookStore": "store", "StoreError": "store",
+    "default_store_path": "store",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value

@@ -2,20 +2,21 @@
 
 The server keeps the guard and every session; this process sends the host's event to its
 decision API (``POST /v1/decisions/before``, ``/after``, ``/user_message``) and turns the answer
-into the host's answer as :class:`~.runner.LocalBackend` turns its own guard's decision, so the
-same events get the same answers from either backend. The server applies its own policy; the
-hook's ``--preset``, ``--config`` and ``LOOPGUARD_*`` settings do not apply.
+into the host's answer with the rules of :mod:`.answers`, as :class:`~.runner.LocalBackend` turns
+its own guard's decision, so the same events get the same answers from either backend. The
+server applies its own policy; the hook's ``--preset``, ``--config`` and ``LOOPGUARD_*`` settings
+do not apply.
 
 Reminders that wait for a call's result (hosts that take no context before a call) are kept by
 the server too: the pre-tool request says ``"hold_reminder": true``, and the post-tool answer of
 the same call carries the reminder. The post-tool answer also carries the text for a call that
 only its result reported, phrased by the server (its policy's words), as the local backend
-phrases it with :func:`~.runner.after_the_fact`.
+phrases it with :func:`~.answers.after_the_fact`.
 
 One request per invocation over the standard library's HTTP client (imported only here, when
 ``--server`` is given), with a connect and read timeout. No connection, no answer in time, a
 status other than 200 (a wrong token: 401) or an answer that is not the API's JSON raise
-:class:`~.runner.Unavailable`: the runner allows the call with a note on stderr, or denies it
+:class:`~.answers.Unavailable`: the runner allows the call with a note on stderr, or denies it
 with ``--fail-closed``, as for a broken local store. Nothing is retried.
 """
 
@@ -30,14 +31,14 @@ import orjson
 
 from ..env import LOOPGUARD_SERVE_TOKEN
 from ..policy import Action
+from .answers import Unavailable, answer_before
 from .hosts import ALLOWED, Answer, EventKind, HookEvent, Host
-from .runner import Unavailable, answer_before
 
 __all__ = ["DEFAULT_TIMEOUT_SECONDS", "RemoteBackend", "TOKEN_ENV"]
 
-#: Environment variable holding the bearer token: ``serve`` requires it when set (``--token``
-#: overrides it there), and the hooks send it (``--token`` overrides it here). Declared here, on
-#: the light side, so that the hook reads it without importing the service.
+#: Environment variable holding the bearer token (declared in :mod:`otel_loopguard.env`, kept
+#: here under this name for compatibility): ``serve`` requires it when set (``--token``
+#: overrides it there), and the hooks send it (``--token`` overrides it here).
 TOKEN_ENV: Final = LOOPGUARD_SERVE_TOKEN
 #: Seconds to wait for the server to accept the connection, and for each read of its answer.
 DEFAULT_TIMEOUT_SECONDS: Final = 2.0

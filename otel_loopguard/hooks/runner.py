@@ -16,9 +16,8 @@ timeout or another exit status as "allow" anyway, and an answer they cannot read
 Where decisions are made is the :class:`Backend` role. :class:`LocalBackend` runs a
 :class:`~otel_loopguard.guard.LoopGuard` here on the session saved in the SQLite store;
 :class:`~.remote.RemoteBackend` (``--server URL``) asks a running ``otel-loopguard serve``, which
-keeps the sessions. Both give the host the same answers for the same events: the helpers below
-(:func:`answer_before`, :func:`after_the_fact`, :func:`reminder_ref`, :func:`call_signature`) are
-shared with the decision API for that.
+keeps the sessions. Both give the host the same answers for the same events: the rules are in
+:mod:`.answers`, shared by both backends and by the decision API of ``serve``.
 """
 
 from __future__ import annotations
@@ -28,21 +27,21 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import BinaryIO, Final, Protocol, TextIO
+from typing import BinaryIO, Final, TextIO
 
 import orjson
 
-from ..calls import SIGNATURE_CHARS, args_key, canonical_arguments, canonical_json, tool_name
 from ..config import Policy, load_policy
 from ..engine import MAX_PENDING_CALLS, SessionState
+from ..env import LOOPGUARD_SERVE_TOKEN
 from ..guard import LoopGuard
-from ..policy import Action, Decision, Step, message_for
+from ..policy import Action
+from .answers import Backend, Unavailable, answer_before, decide_after, decide_before
 from .hosts import ALLOWED, HOSTS, Answer, EventKind, HookEvent, Host, MalformedEvent
 from .store import DEFAULT_BUSY_TIMEOUT_SECONDS, HookStore, StoreError, default_store_path
 
 __all__ = ["FAIL_CLOSED_TEXT", "MAX_STDIN_BYTES", "Backend", "LocalBackend", "Unavailable",
-           "after_the_fact", "answer_before", "answer_usage_error", "call_signature", "decide",
-           "reminder_ref", "run"]
+           "answer_usage_error", "decide", "run"]
 
 #: Larger stdin (a huge tool result) is not read: the call is allowed with a note.
 MAX_STDIN_BYTES: Final = 64 << 20
@@ -56,16 +55,6 @@ FAIL_CLOSED_TEXT: Final = (
 _PROGRAM: Final = "otel-loopguard hook"
 
 Note = Callable[[str], None]
-
-
-class Unavailable(Exception):
-    """The guard cannot decide (policy or state store unusable); the message says why."""
-
-
-class Backend(Protocol):
-    """Decides hook events. Raises :class:`Unavailable` when it cannot."""
-
-    def answer(self, host: Host, event: HookEvent) -> Answer: ...
 
 
 class LocalBackend:
@@ -114,7 +103,8 @@ class LocalBackend:
 
 def decide(host: Host, event: HookEvent, guard: LoopGuard, notes: dict[str, str],
            policy: Policy) -> Answer:
-    """Feed ``event`` to ``guard`` and say what the host should be told.
+    """Feed ``event`` to ``guard`` and say what the host should be told, by the rules of
+    :mod:`.answers` (shared with the remote backend and serve's decision API).
 
     1. A prompt starts a new progress epoch (and lifts a stop).
     2. Before a call: deny, rescue (a denial with advice) and stop block it. A reminder goes out
@@ -128,67 +118,37 @@ def decide(host: Host, event: HookEvent, guard: LoopGuard, notes: dict[str, str]
         guard.user_message(event.session, agent=event.agent)
         return ALLOWED
     if event.kind is EventKind.PRE_TOOL:
-        decision = guard.before_tool(event.tool, event.arguments, session=event.session,
-                                     agent=event.agent, call_id=event.call_id)
-        if decision.action is Action.REMIND and not host.pre_tool_context:
-            ref = reminder_ref(event.call_id, decision.signature)
-            notes.pop(ref, None)
-            notes[ref] = decision.message  # newest last
+        decision = decide_before(guard, event.tool, event.arguments, session=event.session,
+                                 agent=event.agent, call_id=event.call_id,
+                                 held=None if host.pre_tool_context else _Notes(notes))
         return answer_before(host, decision.action, decision.message)
     if event.kind is not EventKind.POST_TOOL:
         return ALLOWED
-    after = guard.after_tool(event.tool, event.arguments, session=event.session,
-                             agent=event.agent, call_id=event.call_id, error=event.error,
-                             result=event.result, duration_seconds=event.duration_seconds)
-    if after is None:  # counted before it ran
-        if not notes:
-            return ALLOWED
-        kept = notes.pop(reminder_ref(event.call_id, None if event.call_id else call_signature(
-            event.tool, event.arguments, policy)), None)
-        return Answer(Action.REMIND, kept) if kept else ALLOWED
-    return after_the_fact(after, event.arguments, policy)
+    _, shown = decide_after(guard, event.tool, event.arguments, session=event.session,
+                            agent=event.agent, call_id=event.call_id, error=event.error,
+                            result=event.result, duration_seconds=event.duration_seconds,
+                            held=_Notes(notes), policy=policy)
+    return shown
 
 
-def answer_before(host: Host, action: Action, message: str) -> Answer:
-    """What ``host`` is told before a call the guard decided ``action`` for: deny, rescue and
-    stop block it; a reminder goes out only where the host takes context before a call (else it
-    is kept for the call's result)."""
-    if action is Action.REMIND:
-        return Answer(Action.REMIND, message) if host.pre_tool_context else ALLOWED
-    if action in (Action.DENY, Action.RESCUE):
-        return Answer(Action.DENY, message)
-    if action is Action.STOP:
-        return Answer(Action.STOP, message)
-    return ALLOWED
+class _Notes:
+    """A session's waiting reminders as the store row keeps them (a dict, oldest first)."""
 
+    __slots__ = ("_notes",)
 
-def reminder_ref(call_id: str | None, signature: str | None) -> str:
-    """Where a reminder waiting for its call's result is kept: the call id, else the call's
-    signature (hosts without call ids match a result to its call by its arguments)."""
-    return call_id if call_id is not None else f"signature:{signature}"
+    def __init__(self, notes: dict[str, str]) -> None:
+        self._notes = notes
 
+    def __len__(self) -> int:
+        return len(self._notes)
 
-def call_signature(tool: object, arguments: object, policy: Policy) -> str:
-    """The signature the guard gives this call (to find a reminder kept without a call id)."""
-    canonical = canonical_json(canonical_arguments(arguments, policy.ignored_args))
-    return args_key(tool_name(tool), canonical)[:SIGNATURE_CHARS]
+    def hold(self, ref: str, text: str) -> None:
+        notes = self._notes
+        notes.pop(ref, None)
+        notes[ref] = text  # newest last
 
-
-def after_the_fact(decision: Decision, arguments: object, policy: Policy) -> Answer:
-    """What to show with the result of a call the guard counted only after it ran (no pre-tool
-    event counted it): it can only be reminded about, or the run stopped."""
-    if decision.action is Action.STOP:
-        return Answer(Action.STOP, decision.message)
-    if decision.action is Action.REMIND:
-        return Answer(Action.REMIND, decision.message)
-    if decision.action is Action.ALLOW:
-        return ALLOWED
-    # A denial for a call that already ran: its text ("Not run: ...") would be untrue.
-    step = Step(decision.detected, decision.rule, decision.count, decision.threshold,
-                detailed=True)
-    canonical = canonical_json(canonical_arguments(arguments, policy.ignored_args))
-    return Answer(Action.REMIND,
-                  message_for(step, decision.tool, canonical, policy, action=Action.REMIND))
+    def take(self, ref: str) -> str | None:
+        return self._notes.pop(ref, None)
 
 
 def run(
@@ -291,7 +251,7 @@ def _answer_json(host_name: str, store: str | None, preset: str | None, config: 
 def _remote_backend(remote: tuple[str | None, str | None, float | None], store: str | None,
                     preset: str | None, config: str | None,
                     environ: Mapping[str, str] | None) -> Backend:
-    from .remote import DEFAULT_TIMEOUT_SECONDS, TOKEN_ENV, RemoteBackend
+    from .remote import DEFAULT_TIMEOUT_SECONDS, RemoteBackend  # only the --server path
 
     url, token, timeout = remote
     assert url is not None
@@ -301,7 +261,7 @@ def _remote_backend(remote: tuple[str | None, str | None, float | None], store: 
         raise Unavailable(f"{', '.join(local)} cannot be combined with --server (the server keeps"
                           f" the sessions and applies its own policy)")
     if token is None:
-        token = (os.environ if environ is None else environ).get(TOKEN_ENV) or None
+        token = (os.environ if environ is None else environ).get(LOOPGUARD_SERVE_TOKEN) or None
     try:
         return RemoteBackend(url, token=token, timeout_seconds=(
             DEFAULT_TIMEOUT_SECONDS if timeout is None else timeout))

@@ -6,18 +6,24 @@ span processor (:mod:`otel_loopguard.traces`), and answers decisions over HTTP f
 processes. See :class:`Service` and :class:`ServeOptions`; ``otel-loopguard serve --help`` for the
 command line. Needs the ``serve`` extra (``pip install 'otel-loopguard[serve]'``): protobuf,
 opentelemetry-proto, googleapis-common-protos and grpcio, imported only here.
+
+Private modules, one job each: ``_options`` (:class:`ServeOptions`, defaults and limits),
+``_ingest`` (the queue and the thread feeding the trace buffer to the guard), ``_decisions``
+(the decision API, on :mod:`otel_loopguard.hooks.answers`), ``_http`` (OTLP/HTTP and the
+decision API over the standard library's ``http.server``: the only module that knows it),
+``_grpc`` (OTLP/gRPC), ``_metrics`` (the service's own metrics), ``_service``
+(:class:`Service`: lifecycle, authorization, admission) and ``_run`` (:func:`run_serve`).
+:mod:`.proto` decodes OTLP protobuf. ``TOKEN_ENV`` is
+:data:`otel_loopguard.env.LOOPGUARD_SERVE_TOKEN`.
 """
 
 from __future__ import annotations
 
-from .server import (
-    DEFAULT_GRPC_PORT,
-    DEFAULT_HTTP_PORT,
-    TOKEN_ENV,
-    ServeOptions,
-    Service,
-    run_serve,
-)
+from otel_loopguard.env import LOOPGUARD_SERVE_TOKEN as TOKEN_ENV
+
+from ._options import DEFAULT_GRPC_PORT, DEFAULT_HTTP_PORT, ServeOptions
+from ._run import run_serve
+from ._service import Service
 
 __all__ = [
     "DEFAULT_GRPC_PORT",

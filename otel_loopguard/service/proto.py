@@ -52,10 +52,20 @@ from otel_loopguard.traces import (
 __all__ = [
     "ExportTraceServiceRequest",
     "ExportTraceServiceResponse",
+    "RPC_INVALID_ARGUMENT",
+    "RPC_RESOURCE_EXHAUSTED",
+    "RPC_UNAUTHENTICATED",
+    "RPC_UNAVAILABLE",
     "candidate_patterns",
     "proto_spans",
     "response_bytes",
 ]
+
+# google.rpc.Code values used in the Status of an answer that is not a success.
+RPC_INVALID_ARGUMENT: Final = 3
+RPC_RESOURCE_EXHAUSTED: Final = 8
+RPC_UNAVAILABLE: Final = 14
+RPC_UNAUTHENTICATED: Final = 16
 
 #: ``Span.flags``: SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE | SPAN_FLAGS_CONTEXT_IS_REMOTE.
 _REMOTE_PARENT: Final = 0x300

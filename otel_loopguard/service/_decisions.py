@@ -1,0 +1,172 @@
+"""The decision API of ``serve`` (``POST /v1/decisions/before``, ``/after``, ``/user_message``,
+``/new_run``), on the answer protocol of the command hooks (:mod:`otel_loopguard.hooks.answers`).
+
+Each request calls the guard's hook API on its connection's thread; the guard's lock is short,
+so decisions do not wait for ingest. For command hooks on hosts that show the model text only
+with a call's result, the reminders that wait for a result are kept here
+(:class:`HeldReminders`), and the reminder for a call reported only after it ran is worded with
+the same function as a hook's local backend: a hook answers as with its local store.
+
+Knows nothing of HTTP: a request body parsed as JSON in, the answer as a JSON-ready dict out.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any, Final
+
+from otel_loopguard.guard import LoopGuard
+from otel_loopguard.hooks.answers import decide_after, decide_before
+from otel_loopguard.policy import Action, Decision
+
+__all__ = [
+    "DECISION_ENDPOINTS",
+    "MAX_DECISION_BODY_BYTES",
+    "MAX_HELD_REMINDERS",
+    "DecisionAPI",
+    "HeldReminders",
+    "decision_json",
+]
+
+#: The endpoints under ``/v1/decisions/``.
+DECISION_ENDPOINTS: Final = frozenset({"before", "after", "user_message", "new_run"})
+#: Largest decision request body.
+MAX_DECISION_BODY_BYTES: Final = 1024 * 1024
+#: Reminders held for the ``/after`` of their call (``"hold_reminder": true``); the oldest is
+#: dropped beyond this.
+MAX_HELD_REMINDERS: Final = 10_000
+
+_Key = tuple[str, str | None, str]
+
+
+class HeldReminders:
+    """Reminders decided before a call for a caller that can only show them with the call's
+    result (a command hook of a host that takes no context before a call): kept under the
+    session, agent and call (:func:`~otel_loopguard.hooks.answers.reminder_ref`) until the
+    ``/after`` of that call takes them. The oldest is dropped beyond ``limit`` (a result that
+    never came)."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._lock = threading.Lock()
+        self._texts: OrderedDict[_Key, str] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._texts)
+
+    def hold(self, key: _Key, text: str) -> None:
+        with self._lock:
+            self._texts.pop(key, None)
+            self._texts[key] = text  # newest last
+            while len(self._texts) > self._limit:
+                self._texts.popitem(last=False)
+
+    def take(self, key: _Key) -> str | None:
+        with self._lock:
+            return self._texts.pop(key, None)
+
+    def of(self, session: str, agent: str | None) -> _CallerReminders:
+        """The reminders of one session and agent, as the answer protocol keeps them
+        (:class:`~otel_loopguard.hooks.answers.Reminders`)."""
+        return _CallerReminders(self, session, agent)
+
+
+class _CallerReminders:
+    __slots__ = ("_agent", "_held", "_session")
+
+    def __init__(self, held: HeldReminders, session: str, agent: str | None) -> None:
+        self._held = held
+        self._session = session
+        self._agent = agent
+
+    def __len__(self) -> int:  # any held at all (cheap): else no signature is computed
+        return len(self._held)
+
+    def hold(self, ref: str, text: str) -> None:
+        self._held.hold((self._session, self._agent, ref), text)
+
+    def take(self, ref: str) -> str | None:
+        return self._held.take((self._session, self._agent, ref))
+
+
+class DecisionAPI:
+    """The decision endpoints on ``guard``, with the reminders held for command hooks."""
+
+    def __init__(self, guard: LoopGuard, max_held_reminders: int = MAX_HELD_REMINDERS) -> None:
+        self.guard = guard
+        self.held = HeldReminders(max_held_reminders)
+
+    def decide(self, endpoint: str, payload: object) -> dict[str, object]:
+        """One decision API call; raises ``ValueError`` naming a bad field."""
+        if not isinstance(payload, dict):
+            raise ValueError("expected a JSON object")
+        session = _text(payload, "session", required=True)
+        agent = _text(payload, "agent")
+        guard = self.guard
+        if endpoint == "user_message":
+            guard.user_message(session, agent=agent)
+            return {}
+        if endpoint == "new_run":
+            guard.new_run(session, agent=agent)
+            return {}
+        tool = _text(payload, "tool", required=True)
+        arguments = payload.get("arguments", {})
+        call_id = _text(payload, "call_id")
+        if endpoint == "before":
+            hold = payload.get("hold_reminder", False)
+            if not isinstance(hold, bool):
+                raise ValueError(f"'hold_reminder' must be true or false, got {hold!r}")
+            before = decide_before(guard, tool, arguments, session=session, agent=agent,
+                                   call_id=call_id,
+                                   held=self.held.of(session, agent) if hold else None)
+            return {"decision": decision_json(before)}
+        error = payload.get("error", False)
+        if error is not None and not isinstance(error, bool):
+            raise ValueError(f"'error' must be true, false or null, got {error!r}")
+        duration = payload.get("duration_seconds")
+        if duration is not None and (isinstance(duration, bool)
+                                     or not isinstance(duration, (int, float))
+                                     or not 0 <= duration < float("inf")):
+            raise ValueError(f"'duration_seconds' must be a number >= 0, got {duration!r}")
+        decision, shown = decide_after(
+            guard, tool, arguments, session=session, agent=agent, call_id=call_id, error=error,
+            result=payload.get("result"),
+            duration_seconds=None if duration is None else float(duration),
+            held=self.held.of(session, agent), policy=guard.policy)
+        # Counted before it ran: the reminder that waited for this result, if any; counted only
+        # now: what a hook shows for a call that already ran.
+        answer: dict[str, object] = {
+            "decision": None if decision is None else decision_json(decision)}
+        if shown.action is Action.REMIND:
+            answer["reminder"] = shown.message
+        return answer
+
+
+def decision_json(decision: Decision) -> dict[str, object]:
+    """A decision as the decision API returns it."""
+    return {
+        "action": decision.action.value,
+        "blocks": decision.blocks,
+        "message": decision.message,
+        "rule": decision.rule.value if decision.rule is not None else None,
+        "count": decision.count,
+        "threshold": decision.threshold,
+        "signature": decision.signature,
+        "tool": decision.tool,
+        "session": decision.session,
+        "repeated": decision.repeated,
+        "detected": decision.detected.value,
+    }
+
+
+def _text(payload: Mapping[str, object], name: str, required: bool = False) -> Any:
+    value = payload.get(name)
+    if value is None:
+        if required:
+            raise ValueError(f"missing field {name!r}")
+        return None
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{name!r} must be a non-empty string, got {value!r}")
+    return value

@@ -1,0 +1,119 @@
+"""OTLP/gRPC: ``TraceService/Export`` on a pool of gRPC threads (grpcio, imported when started).
+
+Each call is authenticated, decoded (:func:`~otel_loopguard.service.proto.proto_spans`, raw
+bytes in: no generated stubs) and offered to the ingest queue (:meth:`Service.accept`); a full
+queue or a draining service answers ``RESOURCE_EXHAUSTED`` / ``UNAVAILABLE`` with a retry delay
+in the trailing metadata. An unexpected error is counted as the guard's internal error
+(``where="serve.grpc"``) and answered ``INTERNAL``.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Final
+
+from otel_loopguard.traces import BadSpan
+
+from ._options import RETRY_AFTER_SECONDS
+from .proto import RPC_RESOURCE_EXHAUSTED, proto_spans, response_bytes
+
+if TYPE_CHECKING:
+    from ._service import Service
+
+__all__ = ["GRPC_WORKERS", "MAX_CONCURRENT_RPCS", "GrpcReceiver"]
+
+#: Threads answering gRPC calls.
+GRPC_WORKERS: Final = 8
+#: gRPC calls under way at once; more are refused by gRPC with RESOURCE_EXHAUSTED.
+MAX_CONCURRENT_RPCS: Final = 64
+
+_GRPC_SERVICE: Final = "opentelemetry.proto.collector.trace.v1.TraceService"
+
+
+class GrpcReceiver:
+    """The gRPC port of ``service``, bound (``OSError`` when it cannot be); serves from
+    :meth:`start`."""
+
+    def __init__(self, service: Service) -> None:
+        import grpc
+
+        self._service = service
+        options = service.options
+        server = grpc.server(
+            ThreadPoolExecutor(max_workers=GRPC_WORKERS, thread_name_prefix="loopguard-grpc"),
+            options=[("grpc.max_receive_message_length", options.max_body_bytes),
+                     ("grpc.so_reuseport", 0)],
+            maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
+        )
+        handler = grpc.method_handlers_generic_handler(_GRPC_SERVICE, {
+            # No deserializer: the handler gets the request bytes (see proto.proto_spans).
+            "Export": grpc.unary_unary_rpc_method_handler(self._export),
+        })
+        server.add_generic_rpc_handlers((handler,))
+        host = options.host if ":" not in options.host.strip("[]") else (
+            f"[{options.host.strip('[]')}]")
+        port = server.add_insecure_port(f"{host}:{options.grpc_port}")
+        if port == 0:
+            raise OSError(f"cannot bind gRPC on {host}:{options.grpc_port}")
+        self._server = server
+        self.port: int = port
+
+    def start(self) -> None:
+        self._server.start()
+
+    def stop(self, grace: float) -> bool:
+        """Stop accepting, give calls under way ``grace`` seconds; False if they did not end."""
+        return bool(self._server.stop(grace).wait(grace + 1))
+
+    def _export(self, request: bytes, context: Any) -> bytes:
+        """OTLP/gRPC ``TraceService/Export`` on a gRPC worker thread; raw bytes in and out."""
+        import grpc
+
+        service = self._service
+        outcome, message, answer = "error", "internal error", b""
+        try:
+            outcome, message, answer = self._answer(request, context)
+        except Exception as exc:
+            service.guard.report_internal_error("serve.grpc", exc)
+        service.metrics.requests.labels("grpc", outcome).inc()
+        if outcome in ("ok", "partial"):
+            return answer
+        if outcome in ("throttled", "unavailable"):
+            context.set_trailing_metadata(_retry_metadata(message))
+        code = {
+            "unauthorized": grpc.StatusCode.UNAUTHENTICATED,
+            "bad_request": grpc.StatusCode.INVALID_ARGUMENT,
+            "throttled": grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "unavailable": grpc.StatusCode.UNAVAILABLE,
+        }.get(outcome, grpc.StatusCode.INTERNAL)
+        context.abort(code, message)  # raises
+        return b""  # pragma: no cover
+
+    def _answer(self, request: bytes, context: Any) -> tuple[str, str, bytes]:
+        service = self._service
+        metadata = dict(context.invocation_metadata())
+        if not service.authorized(metadata.get("authorization")):
+            return "unauthorized", "missing or wrong bearer token", b""
+        try:
+            read = proto_spans(request)
+        except BadSpan as exc:
+            return "bad_request", str(exc), b""
+        outcome, message = service.accept(read, "grpc")
+        if outcome in ("ok", "partial"):
+            return outcome, message, response_bytes(read.bad_spans, message)
+        return outcome, message, b""
+
+
+def _retry_metadata(message: str) -> tuple[tuple[str, bytes], ...]:
+    """Trailing metadata carrying a retry delay: as the Python exporter reads it
+    (``google.rpc.retryinfo-bin``) and as the Collector reads it (in the status details)."""
+    from google.protobuf import any_pb2
+    from google.rpc import error_details_pb2, status_pb2
+
+    info = error_details_pb2.RetryInfo()
+    info.retry_delay.seconds = RETRY_AFTER_SECONDS
+    detail = any_pb2.Any()
+    detail.Pack(info)
+    status = status_pb2.Status(code=RPC_RESOURCE_EXHAUSTED, message=message, details=[detail])
+    return (("google.rpc.retryinfo-bin", info.SerializeToString()),
+            ("grpc-status-details-bin", status.SerializeToString()))

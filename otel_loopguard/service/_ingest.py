@@ -1,0 +1,117 @@
+"""The ingest side of ``serve``: the bounded queue of accepted spans and the one thread that owns
+the :class:`~otel_loopguard.traces.TraceBuffer` and feeds the guard.
+
+The ingest thread adds each batch, takes the traces whose root arrived (and, on a short tick,
+the tool spans that waited ``hold_seconds``), and feeds their events to the guard with
+:func:`~otel_loopguard.traces.feed`, as the in-process span processor calls it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Any, Final
+
+from otel_loopguard.guard import LoopGuard
+from otel_loopguard.traces import OtlpSpans, TraceBuffer, feed
+
+__all__ = ["Ingest"]
+
+#: How often the ingest thread looks for tool spans that waited ``hold_seconds`` (at most).
+_TICK_SECONDS: Final = 0.25
+
+
+class Ingest:
+    """The bounded queue of accepted spans and the one thread that feeds them to the guard."""
+
+    def __init__(self, guard: LoopGuard, buffer: TraceBuffer, max_queued: int,
+                 hold_seconds: float) -> None:
+        self._guard = guard
+        self._buffer = buffer
+        self._max = max_queued
+        self._cond = threading.Condition()
+        self._batches: deque[OtlpSpans] = deque()
+        self._closing = False
+        self.queued = 0
+        self.processed = 0
+        self.flushed_early_time = 0
+        self.flushed_early_capacity = 0
+        self._tick = min(_TICK_SECONDS, hold_seconds / 4) if hold_seconds > 0 else _TICK_SECONDS
+        self._thread = threading.Thread(target=self._run, name="loopguard-ingest", daemon=True)
+        self._thread.start()
+
+    def offer(self, batch: OtlpSpans) -> bool:
+        """Queue a batch; False when the queue is full (an oversized batch is taken only when
+        the queue is empty, so any batch the body cap allows can get through) or closing."""
+        size = batch.accepted
+        with self._cond:
+            if self._closing or (self.queued and self.queued + size > self._max):
+                return False
+            self._batches.append(batch)
+            self.queued += size
+            self._cond.notify()
+        return True
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until every queued span was fed to the guard; False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self.queued:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def close(self, timeout: float) -> bool:
+        """Feed what is queued, then every buffered trace; False if that took past timeout."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _run(self) -> None:
+        buffer = self._buffer
+        while True:
+            with self._cond:
+                if not self._batches and not self._closing:
+                    self._cond.wait(self._tick)
+                batch = self._batches.popleft() if self._batches else None
+                done = batch is None and self._closing
+            if done:
+                break
+            try:
+                if batch is not None:
+                    self._add(batch)
+                self._feed(buffer.take_due())
+                self.flushed_early_time = buffer.flushed_early
+            except Exception as exc:  # the ingest thread must outlive any span
+                self._guard.report_internal_error("serve.ingest", exc)
+            finally:
+                if batch is not None:
+                    with self._cond:
+                        self.queued -= batch.accepted
+                        self.processed += batch.accepted
+                        self._cond.notify_all()
+        try:
+            self._feed(buffer.finish())
+        except Exception as exc:
+            self._guard.report_internal_error("serve.ingest", exc)
+
+    def _add(self, batch: OtlpSpans) -> None:
+        buffer = self._buffer
+        add_link = buffer.add_link
+        for trace_id, span_id, parent_id, remote in batch.links:
+            add_link(trace_id, span_id, parent_id, remote)
+        add = buffer.add
+        for span in batch.spans:
+            add(span)
+        self._feed(buffer.take_ready())
+        self.flushed_early_capacity = buffer.replayed_early
+
+    def _feed(self, events: list[Any]) -> None:
+        guard = self._guard
+        for event in events:
+            feed(guard, event)

@@ -1,0 +1,104 @@
+"""How ``serve`` listens and how much it holds: :class:`ServeOptions`, its defaults and checks,
+and the fixed limits every part of the service shares."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from typing import Final
+
+from otel_loopguard.env import LOOPGUARD_SERVE_TOKEN
+from otel_loopguard.traces import MAX_BUFFERED_SPANS
+
+__all__ = [
+    "DEFAULT_DRAIN_TIMEOUT_SECONDS",
+    "DEFAULT_GRPC_PORT",
+    "DEFAULT_HOLD_SECONDS",
+    "DEFAULT_HTTP_PORT",
+    "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_MAX_QUEUED_SPANS",
+    "RETRY_AFTER_SECONDS",
+    "ServeOptions",
+]
+
+#: OTLP/HTTP's default port: traces, decisions, /metrics and /healthz.
+DEFAULT_HTTP_PORT: Final = 4318
+#: OTLP/gRPC's default port.
+DEFAULT_GRPC_PORT: Final = 4317
+#: Largest request body read, after decompression (the OTLP specification suggests 20 MiB);
+#: larger ones get 413 (gRPC: RESOURCE_EXHAUSTED from the transport).
+DEFAULT_MAX_BODY_BYTES: Final = 20 * 1024 * 1024
+#: Spans accepted but not yet fed to the guard; past it requests get 429 / RESOURCE_EXHAUSTED.
+DEFAULT_MAX_QUEUED_SPANS: Final = 100_000
+#: Seconds a tool span waits for its ancestors when its trace's root has not arrived.
+DEFAULT_HOLD_SECONDS: Final = 2.0
+#: Seconds ``close`` waits for requests under way and the queue to drain.
+DEFAULT_DRAIN_TIMEOUT_SECONDS: Final = 30.0
+#: Seconds a throttled or draining client is told to wait (``Retry-After``, gRPC RetryInfo).
+RETRY_AFTER_SECONDS: Final = 1
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _check_int(name: str, value: object, low: int, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (
+            high is not None and value > high):
+        bound = f"from {low} to {high}" if high is not None else f">= {low}"
+        raise ValueError(f"{name}: expected an integer {bound}, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class ServeOptions:
+    """How ``serve`` listens and how much it holds. Bad values raise ``ValueError`` naming the
+    field and the value.
+
+    ``host``: address to bind (loopback by default); a non-loopback address needs ``token`` or
+    ``insecure=True``. ``http_port``/``grpc_port``: 0 picks a free port; ``grpc_port=None``
+    turns gRPC off. ``token``: bearer token every endpoint but ``/healthz`` requires.
+    """
+
+    host: str = "127.0.0.1"
+    http_port: int = DEFAULT_HTTP_PORT
+    grpc_port: int | None = DEFAULT_GRPC_PORT
+    token: str | None = None
+    insecure: bool = False
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_queued_spans: int = DEFAULT_MAX_QUEUED_SPANS
+    max_buffered_spans: int = MAX_BUFFERED_SPANS
+    hold_seconds: float = DEFAULT_HOLD_SECONDS
+    drain_timeout_seconds: float = DEFAULT_DRAIN_TIMEOUT_SECONDS
+    #: "trace" (trace + agent, as the in-process processor by default) or "conversation".
+    key_by: str = "trace"
+
+    def __post_init__(self) -> None:
+        if self.key_by not in ("trace", "conversation"):
+            raise ValueError(f"key_by: expected 'trace' or 'conversation', got {self.key_by!r}")
+        if not isinstance(self.host, str) or not self.host:
+            raise ValueError(f"host: expected an address, got {self.host!r}")
+        _check_int("http_port", self.http_port, 0, 65535)
+        if self.grpc_port is not None:
+            _check_int("grpc_port", self.grpc_port, 0, 65535)
+        if self.token is not None and (not isinstance(self.token, str) or not self.token
+                                       or any(c.isspace() for c in self.token)):
+            raise ValueError("token: expected a non-empty string without spaces")
+        _check_int("max_body_bytes", self.max_body_bytes, 1024)
+        _check_int("max_queued_spans", self.max_queued_spans, 1)
+        _check_int("max_buffered_spans", self.max_buffered_spans, 1)
+        for name in ("hold_seconds", "drain_timeout_seconds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                    0 <= value < float("inf")):
+                raise ValueError(f"{name}: expected a finite number >= 0, got {value!r}")
+        if not _is_loopback(self.host) and self.token is None and not self.insecure:
+            raise ValueError(
+                f"host: {self.host!r} is not a loopback address; binding it without a token"
+                f" would let anyone send spans and read decisions. Set a token (--token or"
+                f" {LOOPGUARD_SERVE_TOKEN}) or pass --insecure")

@@ -1,0 +1,254 @@
+"""The service: OTLP receivers, the ingest worker, the decision API, metrics and shutdown.
+
+Threads and the path of a span:
+
+1. A receiver thread (one per HTTP connection, :mod:`._http`; a pool for gRPC, :mod:`._grpc`)
+   authenticates the request, reads and decodes it
+   (:func:`~otel_loopguard.service.proto.proto_spans`, or OTLP JSON through
+   :func:`~otel_loopguard.traces.otlp_json_spans`), and offers the spans to a bounded ingest
+   queue (:meth:`Service.accept`). The answer is sent once they are queued: 200 (with
+   ``partial_success`` when some spans were rejected), 400 for data that cannot be read, 429 /
+   ``RESOURCE_EXHAUSTED`` with a retry hint when the queue is full (nothing queued, so a retry
+   loses nothing).
+2. One ingest thread (:mod:`._ingest`) owns the :class:`~otel_loopguard.traces.TraceBuffer`: it
+   adds each batch, takes the traces whose root arrived (and, on a short tick, the tool spans
+   that waited ``hold_seconds``), and feeds their events to the guard with
+   :func:`~otel_loopguard.traces.feed`, as the in-process span processor calls it.
+3. Decision requests (``/v1/decisions/...``, :mod:`._decisions`) call the guard's hook API on
+   their own connection thread; the guard's lock is short, so they do not wait for ingest. They
+   answer with the command hooks' answer protocol (:mod:`otel_loopguard.hooks.answers`): a hook
+   asking the server answers as with its local store.
+
+Shutdown (:meth:`Service.close`) stops accepting, lets requests under way finish, then drains
+the queue and flushes every buffered trace through the guard before returning: every span that
+was answered 200 is judged.
+
+Every receiver catches everything: an unexpected error is counted as the guard's internal error
+(``loopguard_internal_errors_total{where="serve..."}``) and answered 500 / ``INTERNAL``; the
+server keeps serving.
+"""
+
+from __future__ import annotations
+
+import hmac
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Final
+
+from otel_loopguard.config import Policy
+from otel_loopguard.guard import LoopGuard
+from otel_loopguard.metrics import PrometheusRecorder
+from otel_loopguard.traces import OtlpSpans, TraceBuffer
+
+from ._decisions import DecisionAPI
+from ._grpc import GrpcReceiver
+from ._http import HTTPReceiver, bind_http
+from ._ingest import Ingest
+from ._metrics import ServiceMetrics
+from ._options import RETRY_AFTER_SECONDS, ServeOptions
+
+__all__ = ["Service"]
+
+
+class Service:
+    """``otel-loopguard serve`` as an object: :meth:`start` binds and serves from background
+    threads, :meth:`close` drains and stops. Use it as a context manager in tests.
+
+    ``guard``: the guard to feed (default: a new one with ``policy``, or the ``LOOPGUARD_*``
+    default). Its metrics are served on ``/metrics``: a guard without a recorder gets a
+    :class:`~otel_loopguard.metrics.PrometheusRecorder`. ``clock`` drives the trace hold.
+    """
+
+    def __init__(self, options: ServeOptions | None = None, *, guard: LoopGuard | None = None,
+                 policy: Policy | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if options is not None and not isinstance(options, ServeOptions):
+            raise ValueError(f"options: expected ServeOptions, got {type(options).__name__}")
+        if guard is not None and not isinstance(guard, LoopGuard):
+            raise ValueError(f"guard: expected a LoopGuard, got {type(guard).__name__}")
+        self.options: Final = options if options is not None else ServeOptions()
+        if guard is None:
+            guard = LoopGuard(policy, recorder=PrometheusRecorder())
+        elif not isinstance(guard.recorder, PrometheusRecorder):
+            guard.metrics_wsgi_app()  # installs a PrometheusRecorder when it has none
+        self.guard: Final = guard
+        recorder = guard.recorder
+        if not isinstance(recorder, PrometheusRecorder):
+            raise ValueError("guard: its recorder has no Prometheus registry to serve")
+        self._recorder = recorder
+        self._clock = clock
+        self._ingest: Ingest | None = None
+        self._http: HTTPReceiver | None = None
+        self._grpc: GrpcReceiver | None = None
+        self._closing = False
+        self._closed = False
+        self._inflight = 0
+        self._inflight_lock = threading.Condition()
+        self.http_port = 0
+        self.grpc_port: int | None = None
+        self.metrics = ServiceMetrics(recorder.registry, lambda: self.queued_spans)
+        self._flushes_synced = [0, 0]
+        self._decisions = DecisionAPI(guard)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> Service:
+        """Bind the ports and serve. Raises ``OSError`` when a port cannot be bound (nothing
+        is left running then)."""
+        options = self.options
+        buffer = TraceBuffer(options.max_buffered_spans, key_by=options.key_by,
+                             hold_seconds=options.hold_seconds,
+                             clock=self._clock)
+        self._ingest = Ingest(self.guard, buffer, options.max_queued_spans,
+                              options.hold_seconds)
+        try:
+            self._http = bind_http(self)
+            self.http_port = self._http.port
+            if options.grpc_port is not None:
+                self._grpc = GrpcReceiver(self)
+                self.grpc_port = self._grpc.port
+                self._grpc.start()
+        except BaseException:
+            self._stop_listeners(0)
+            self._ingest.close(5)
+            raise
+        self._http.serve_in_background()
+        return self
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Stop accepting, let requests under way finish, feed every accepted span and every
+        buffered trace to the guard, and stop. Returns False when that took longer than
+        ``timeout`` (default: ``drain_timeout_seconds``). Safe to call twice."""
+        if self._closed:
+            return True
+        self._closed = True
+        limit = self.options.drain_timeout_seconds if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        self._closing = True
+        drained = self._stop_listeners(limit)
+        with self._inflight_lock:
+            while self._inflight:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    drained = False
+                    break
+                self._inflight_lock.wait(left)
+        if self._ingest is not None:
+            drained = self._ingest.close(max(0.0, deadline - time.monotonic())) and drained
+        self.guard.close(wait=True)
+        self._sync_flush_metrics()
+        return drained
+
+    def _stop_listeners(self, grace: float) -> bool:
+        stopped = True
+        if self._grpc is not None:
+            stopped = self._grpc.stop(grace)
+        if self._http is not None:
+            self._http.stop()
+        return stopped
+
+    def __enter__(self) -> Service:
+        return self.start() if self._ingest is None else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- what tests and operators read -----------------------------------------------------
+
+    @property
+    def queued_spans(self) -> int:
+        """Spans accepted and not yet fed to the guard."""
+        return self._ingest.queued if self._ingest is not None else 0
+
+    @property
+    def processed_spans(self) -> int:
+        """Spans fed to the trace buffer so far."""
+        return self._ingest.processed if self._ingest is not None else 0
+
+    def wait_idle(self, timeout: float = 10.0) -> bool:
+        """Wait until every accepted span was fed to the trace buffer; False on timeout."""
+        ok = self._ingest.wait_idle(timeout) if self._ingest is not None else True
+        self._sync_flush_metrics()
+        return ok
+
+    @property
+    def urls(self) -> Mapping[str, str]:
+        """Where it listens: ``http`` (traces, decisions, metrics, health) and ``grpc``."""
+        host = self.options.host.strip("[]")
+        shown = f"[{host}]" if ":" in host else host
+        urls = {"http": f"http://{shown}:{self.http_port}"}
+        if self.grpc_port is not None:
+            urls["grpc"] = f"{shown}:{self.grpc_port}"
+        return urls
+
+    def _sync_flush_metrics(self) -> None:
+        """Bring the early-flush counters up to the ingest thread's counts (read at scrape)."""
+        ingest = self._ingest
+        if ingest is None:
+            return
+        with self._inflight_lock:
+            for index, (child, value) in enumerate((
+                    (self.metrics.flush_time, ingest.flushed_early_time),
+                    (self.metrics.flush_capacity, ingest.flushed_early_capacity))):
+                if value > self._flushes_synced[index]:
+                    child.inc(value - self._flushes_synced[index])
+                    self._flushes_synced[index] = value
+
+    def metrics_page(self) -> tuple[bytes, str]:
+        """What ``/metrics`` answers: the guard's and the service's metrics in the Prometheus
+        text format, and its content type."""
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        self._sync_flush_metrics()
+        return generate_latest(self._recorder.registry), CONTENT_TYPE_LATEST
+
+    # -- request handling shared by both transports ----------------------------------------
+
+    def authorized(self, header: str | None) -> bool:
+        """Whether an ``Authorization`` value carries the token (always, without a token)."""
+        token = self.options.token
+        if token is None:
+            return True
+        if not header:
+            return False
+        return hmac.compare_digest(header.encode(), f"Bearer {token}".encode())
+
+    def accept(self, read: OtlpSpans, transport: str) -> tuple[str, str]:
+        """Queue the spans of one request: ``(outcome, message)`` with outcome ``ok``,
+        ``partial``, ``bad_request`` (nothing usable) or ``throttled`` (queue full)."""
+        metrics = self.metrics
+        if read.bad_spans:
+            metrics.spans.labels("rejected").inc(read.bad_spans)
+        message = "; ".join(read.problems)
+        if read.bad_spans and not read.accepted:
+            return "bad_request", message or "no usable span"
+        if read.accepted:
+            if self._closing or self._ingest is None:
+                metrics.spans.labels("throttled").inc(read.accepted)
+                return "unavailable", "shutting down"
+            if not self._ingest.offer(read):
+                metrics.spans.labels("throttled").inc(read.accepted)
+                return "throttled", (f"ingest queue full ({self.options.max_queued_spans:,}"
+                                     f" spans); retry after {RETRY_AFTER_SECONDS} s")
+            metrics.spans.labels("accepted").inc(read.accepted)
+        return ("partial" if read.bad_spans else "ok"), message
+
+    def decide(self, endpoint: str, payload: object) -> dict[str, object]:
+        """One decision API call (:class:`~._decisions.DecisionAPI`); raises ``ValueError``
+        naming a bad field."""
+        return self._decisions.decide(endpoint, payload)
+
+    def enter_request(self) -> None:
+        with self._inflight_lock:
+            self._inflight += 1
+
+    def leave_request(self) -> None:
+        with self._inflight_lock:
+            self._inflight -= 1
+            if not self._inflight:
+                self._inflight_lock.notify_all()
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
