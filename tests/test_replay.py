@@ -197,6 +197,67 @@ def test_a_session_without_decisions_says_so(tmp_path: Path) -> None:
         in out.getvalue()
 
 
+def test_counts_are_singular_for_one(tmp_path: Path) -> None:
+    deny = PRESETS["brake"].deny_threshold
+    assert deny is not None
+    one = write(tmp_path, [call()], "one.jsonl")
+    out = io.StringIO()
+    run_replay([str(one)], PRESETS["brake"], stdout=out, stderr=io.StringIO())
+    text = out.getvalue()
+    assert "  1 call, 0 repeated; no remind, no deny, no stop; a deny would have saved 0 calls\n" \
+        in text
+    assert text.endswith("total: 1 file, 1 session (0 with decisions), 1 call, 0 repeated;"
+                         " a deny would have saved 0 calls; 0 bad lines\n")
+    # One blocked call, one bad line, two files: singular where it is one.
+    blocked = write(tmp_path, [call(session="b")] * deny + ["garbage"], "blocked.jsonl")
+    out = io.StringIO()
+    run_replay([str(one), str(blocked)], PRESETS["brake"], stdout=out, stderr=io.StringIO())
+    text = out.getvalue()
+    assert f"  {deny} calls, {deny - 1} repeated;" in text
+    assert "a deny would have saved 1 call\n" in text
+    assert text.endswith(f"total: 2 files, 2 sessions (1 with decisions), {deny + 1} calls,"
+                         f" {deny - 1} repeated; a deny would have saved 1 call; 1 bad line\n")
+    assert " 1 calls" not in text and " 1 sessions" not in text and " 1 files" not in text
+
+
+def test_decisions_beyond_the_list_are_counted_in_the_plural(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    from otel_loopguard.replay import _replayer
+
+    deny = PRESETS["brake"].deny_threshold
+    assert deny is not None
+    monkeypatch.setattr(_replayer, "MAX_LISTED_DECISIONS", 1)
+    for extra, words in ((1, "1 more decision"), (2, "2 more decisions")):
+        out = io.StringIO()
+        run_replay([str(write(tmp_path, [call()] * (deny + extra)))], PRESETS["brake"],
+                   stdout=out, stderr=io.StringIO())
+        assert f"  … and {words} not listed\n" in out.getvalue()
+
+
+def test_one_bad_line_beyond_the_limit_is_singular(tmp_path: Path) -> None:
+    path = write(tmp_path, ["nope"] * (MAX_REPORTED_BAD_LINES + 1))
+    err = io.StringIO()
+    run_replay([str(path)], PRESETS["default"], stdout=io.StringIO(), stderr=err)
+    assert f"{path}: 1 more bad line not shown" in err.getvalue().splitlines()
+
+
+def test_help_lists_every_registered_format(capsys: pytest.CaptureFixture[str],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    extra = InputFormat("my-format", "my team's own JSON lines", lambda record: False,
+                        TranscriptDecoder)
+    monkeypatch.setattr(_formats, "FORMATS", [*_formats.FORMATS])  # undone after the test
+    monkeypatch.setattr(replay, "FORMATS", _formats.FORMATS)
+    register_format(extra)
+    assert main(["replay", "--help"]) == 0
+    out = capsys.readouterr().out
+    listed = out[out.index("input formats"):]
+    for fmt in replay.FORMATS:
+        line = next(line for line in listed.splitlines() if line.split()[:1] == [fmt.name])
+        assert fmt.description.split()[0] in line
+    assert "my-format    my team's own JSON lines" in listed
+
+
 def test_a_directory_means_its_jsonl_files(tmp_path: Path) -> None:
     folder = tmp_path / "logs"
     (folder / "deep").mkdir(parents=True)
@@ -310,14 +371,25 @@ def test_unknown_format_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureF
     assert "format: 'xml' is not one of claude-code, transcript" in capsys.readouterr().err
 
 
-def test_broken_pipe_ends_quietly(tmp_path: Path) -> None:
+@pytest.mark.parametrize("options", [["--json"], []], ids=["json", "text"])
+def test_broken_pipe_ends_quietly(tmp_path: Path, options: list[str]) -> None:
+    """`replay big.jsonl | head -1`: the reader goes away; the replay ends quietly, and the
+    closed pipe is not taken for an unreadable input."""
     path = write(tmp_path, [call(session=f"s{i}") for i in range(20_000)])
-    result = subprocess.run(
-        f"'{sys.executable}' -m otel_loopguard.cli replay --json '{path}' | head -n 1",
-        shell=True, capture_output=True, text=True, timeout=120,
+    process = subprocess.Popen(
+        [sys.executable, "-m", "otel_loopguard.cli", "replay", *options, str(path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
-    assert json.loads(result.stdout)["session"] == "s0"
-    assert "Traceback" not in result.stderr and "BrokenPipe" not in result.stderr
+    assert process.stdout is not None and process.stderr is not None
+    first = process.stdout.readline()
+    process.stdout.close()  # as head does after its line
+    err = process.stderr.read().decode()
+    assert process.wait(timeout=120) in (0, 141)
+    assert err == ""  # no traceback, no "cannot read", no "not all input was read"
+    if options:
+        assert json.loads(first)["session"] == "s0"
+    else:
+        assert first == b"replay: 1 input, mode enforce\n"
 
 
 # -- Claude Code transcripts -----------------------------------------------------------------

@@ -51,7 +51,18 @@ from ._events import (
 )
 from ._formats import FORMATS, detect_format, format_by_name, register_format
 from ._reader import LARGE_INPUT_BYTES, LARGE_INPUT_LINES, MAX_REPORTED_BAD_LINES
-from ._replayer import MAX_LISTED_DECISIONS, ListedDecision, ReplayClock, Replayer, SessionReport
+from ._replayer import (
+    MAX_LISTED_DECISIONS,
+    MAX_TIMELINE_SIGNATURES,
+    ListedDecision,
+    ReplayClock,
+    Replayer,
+    SessionReport,
+    SignatureSummary,
+    Timeline,
+    TimelineCall,
+    TimelineMark,
+)
 from ._report import format_session, format_totals
 from ._run import UsageError, run_replay
 from ._trace_formats import OtlpJsonDecoder, SpanDumpDecoder
@@ -72,6 +83,7 @@ __all__ = [
     "ListedDecision",
     "MAX_BUFFERED_SPANS",
     "MAX_LISTED_DECISIONS",
+    "MAX_TIMELINE_SIGNATURES",
     "MAX_REPORTED_BAD_LINES",
     "MAX_VALUE_DEPTH",
     "OtlpJsonDecoder",
@@ -81,7 +93,11 @@ __all__ = [
     "Replayer",
     "START_NAME_PREFIXES",
     "SessionReport",
+    "SignatureSummary",
     "SpanDumpDecoder",
+    "Timeline",
+    "TimelineCall",
+    "TimelineMark",
     "TraceBuffer",
     "TranscriptDecoder",
     "UsageError",

@@ -30,7 +30,8 @@ FORMATS: list[InputFormat] = [
     ),
     InputFormat(
         "transcript",
-        'tool-call transcripts: {"session", "tool", "arguments", "error"} per line',
+        'tool-call transcripts: {"session", "tool", "arguments", "error"} per call,'
+        ' {"type": "user_message", "session"} per prompt',
         _claims_transcript,
         TranscriptDecoder,
     ),

@@ -130,7 +130,8 @@ class _BadLines:
         hidden = self.per_file.get(name, 0) - MAX_REPORTED_BAD_LINES
         if hidden > 0:
             self.progress.clear()
-            self.stream.write(f"{name}: {hidden} more bad lines not shown\n")
+            lines = "line" if hidden == 1 else "lines"
+            self.stream.write(f"{name}: {hidden} more bad {lines} not shown\n")
 
 
 def _read_events(

@@ -6,6 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
+from ..calls import (
+    SIGNATURE_CHARS,
+    args_key,
+    canonical_arguments,
+    canonical_json,
+    tool_name,
+)
+from ..engine import Classifier
 from ..traces import RunStarted, feed
 from ._events import MAX_PENDING_CALLS, CallFinished, CallStarted, Event, UserPrompt
 
@@ -15,6 +23,10 @@ if TYPE_CHECKING:
 
 #: Non-allow decisions kept and listed per session; the rest are only counted.
 MAX_LISTED_DECISIONS: Final = 1_000
+#: Distinct call signatures per session described in a timeline's legend; the rest are counted.
+MAX_TIMELINE_SIGNATURES: Final = 50
+#: Characters of canonical arguments kept per signature for a timeline's legend.
+TIMELINE_PREVIEW_CHARS: Final = 200
 
 
 class ReplayClock:
@@ -46,9 +58,102 @@ class ListedDecision:
     count: int
 
 
+@dataclass(frozen=True, slots=True)
+class TimelineCall:
+    """One call as drawn on a session's timeline. ``signature`` is empty for an untracked call;
+    ``action`` is what the guard answered, ``detected`` what the ladder reached (they differ
+    only in the observe and advise modes)."""
+
+    index: int
+    tool: str
+    signature: str
+    action: str
+    detected: str
+    rule: str | None
+    count: int
+    repeated: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineMark:
+    """A new progress epoch the input shows (``kind``: ``user message`` or ``new run``), drawn
+    before the call ``before_index``."""
+
+    before_index: int
+    kind: str
+
+
+@dataclass(slots=True)
+class SignatureSummary:
+    """One call signature of a session: its tool, the start of its canonical arguments, and
+    what happened to its calls (``actions``: non-allow decisions by action)."""
+
+    tool: str
+    preview: str
+    calls: int = 0
+    repeated: int = 0
+    actions: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Timeline:
+    """The bounded record of a session's calls behind ``replay --html``: the first
+    ``max_calls`` calls and epoch marks; later ones are only counted (``calls_dropped``,
+    ``decisions_dropped``); the first :data:`MAX_TIMELINE_SIGNATURES` signatures are described,
+    the calls of later ones counted in ``other_signature_calls``."""
+
+    max_calls: int
+    calls: list[TimelineCall] = field(default_factory=list)
+    marks: list[TimelineMark] = field(default_factory=list)
+    signatures: dict[str, SignatureSummary] = field(default_factory=dict)
+    calls_dropped: int = 0
+    decisions_dropped: int = 0
+    marks_dropped: int = 0
+    other_signature_calls: int = 0
+
+    def add_call(self, call: TimelineCall, canonical: object) -> None:
+        """Add the next call (``canonical``: its canonical arguments, for the legend)."""
+        if len(self.calls) < self.max_calls:
+            self.calls.append(call)
+        else:
+            self.calls_dropped += 1
+            if call.action != "allow":
+                self.decisions_dropped += 1
+        if not call.signature:
+            return
+        summary = self.signatures.get(call.signature)
+        if summary is None:
+            if len(self.signatures) >= MAX_TIMELINE_SIGNATURES:
+                self.other_signature_calls += 1
+                return
+            summary = self.signatures[call.signature] = SignatureSummary(
+                call.tool, _preview(canonical))
+        summary.calls += 1
+        if call.repeated:
+            summary.repeated += 1
+        if call.action != "allow":
+            summary.actions[call.action] = summary.actions.get(call.action, 0) + 1
+
+    def add_mark(self, before_index: int, kind: str) -> None:
+        if len(self.marks) < self.max_calls and before_index <= self.max_calls:
+            self.marks.append(TimelineMark(before_index, kind))
+        else:
+            self.marks_dropped += 1
+
+
+def _preview(canonical: object) -> str:
+    text = canonical_json(canonical).decode("utf-8", "replace")
+    if len(text) <= TIMELINE_PREVIEW_CHARS:
+        return text
+    return f"{text[:TIMELINE_PREVIEW_CHARS]}… (+{len(text) - TIMELINE_PREVIEW_CHARS} more chars)"
+
+
 @dataclass(slots=True)
 class SessionReport:
-    """What the guard would have done in one session (one session id and agent)."""
+    """What the guard would have done in one session (one session id and agent).
+
+    ``actions`` counts the non-allow decisions by action; ``timeline`` is kept only when the
+    replayer was asked for timelines (``replay --html``), for its first sessions."""
 
     label: str
     calls: int = 0
@@ -56,9 +161,11 @@ class SessionReport:
     first_index: dict[str, int] = field(default_factory=dict)
     decisions: list[ListedDecision] = field(default_factory=list)
     decision_count: int = 0
+    actions: dict[str, int] = field(default_factory=dict)
     blocked: int = 0
     blocked_seconds: float = 0.0
     blocked_timed: int = 0
+    timeline: Timeline | None = None
 
 
 @dataclass(slots=True)
@@ -89,13 +196,22 @@ class Replayer:
     A recorded span is fed as the span processor feeds it: ``decide_at_span_start`` at its start
     when it carried the arguments then (:class:`CallDecidedAtStart`), ``after_tool`` at its end
     (:class:`CallObserved`); the call's decision is whichever of the two returned one.
+
+    With ``timeline_sessions`` above 0, the first that many sessions also keep a
+    :class:`Timeline` of up to ``timeline_calls`` calls each (for ``replay --html``); memory
+    then stays within their product.
     """
 
-    def __init__(self, guard: LoopGuard, clock: ReplayClock) -> None:
+    def __init__(self, guard: LoopGuard, clock: ReplayClock, *, timeline_sessions: int = 0,
+                 timeline_calls: int = 0) -> None:
         self._guard = guard
         self._clock = clock
         self.reports: dict[tuple[str, str | None], SessionReport] = {}
         self._open: dict[tuple[int, int], _Open] = {}
+        self._timeline_sessions = timeline_sessions
+        self._timeline_calls = timeline_calls
+        self._timelines = 0
+        self._classifier = Classifier(guard.policy) if timeline_sessions > 0 else None
 
     def _report(self, session: str, agent: str | None) -> SessionReport:
         key = (session, agent)
@@ -103,7 +219,17 @@ class Replayer:
         if report is None:
             label = session if agent is None else f"{session}/{agent}"
             report = self.reports[key] = SessionReport(label)
+            if self._timelines < self._timeline_sessions:
+                self._timelines += 1
+                report.timeline = Timeline(self._timeline_calls)
         return report
+
+    def _mark(self, session: str, agent: str | None, kind: str) -> None:
+        # A session's first prompt comes before its first call: its report does not exist yet,
+        # and the start of a timeline needs no mark.
+        report = self.reports.get((session, agent))
+        if report is not None and report.timeline is not None:
+            report.timeline.add_mark(report.calls + 1, kind)
 
     def handle(self, source: int, event: Event) -> tuple[SessionReport, int, Decision] | None:
         """Feed one event from input ``source``; for a call it counts (a started, decided or
@@ -112,6 +238,7 @@ class Replayer:
         self._clock.observe(event.timestamp)
         if isinstance(event, UserPrompt):
             self._guard.user_message(event.session, agent=event.agent)
+            self._mark(event.session, event.agent, "user message")
             return None
         if isinstance(event, CallFinished):
             self._finish(source, event)
@@ -120,47 +247,72 @@ class Replayer:
             return self._start(source, event)
         if isinstance(event, RunStarted):
             feed(self._guard, event)
+            self._mark(event.session, event.agent, "new run")
             return None
         observed = feed(self._guard, event)
         if observed is None:
             return None  # already counted when its span started: only the outcome was added
-        return self._count(event.session, event.agent, event.tool, observed,
+        return self._count(event.session, event.agent, event.tool, event.arguments, observed,
                            event.duration_seconds)
 
-    def _count(self, session: str, agent: str | None, tool: str, decision: Decision,
-               duration_seconds: float | None) -> tuple[SessionReport, int, Decision]:
+    def _count(self, session: str, agent: str | None, tool: str, arguments: object,
+               decision: Decision, duration_seconds: float | None
+               ) -> tuple[SessionReport, int, Decision]:
         """Add one counted call and its decision to its session's report. A recorded duration
         of a blocked call (spans: known as soon as the call is) is what the block would save."""
-        report = self._record(session, agent, tool, decision)
+        report = self._record(session, agent, tool, arguments, decision)
         if decision.blocks and duration_seconds is not None:
             report.blocked_seconds += duration_seconds
             report.blocked_timed += 1
         return report, report.calls, decision
 
-    def _record(self, session: str, agent: str | None, tool: str, decision: Decision
-                ) -> SessionReport:
+    def _record(self, session: str, agent: str | None, tool: str, arguments: object,
+                decision: Decision) -> SessionReport:
         report = self._report(session, agent)
         report.calls += 1
         index = report.calls
         if decision.repeated:
             report.repeated += 1
         action = decision.action.value
+        rule = decision.rule.value if decision.rule is not None else None
         if action != "allow":
             report.first_index.setdefault(_first_key(action), index)
             report.decision_count += 1
+            report.actions[action] = report.actions.get(action, 0) + 1
             if len(report.decisions) < MAX_LISTED_DECISIONS:
-                rule = decision.rule.value if decision.rule is not None else None
                 report.decisions.append(ListedDecision(index, tool, rule, action, decision.count))
         if decision.blocks:
             report.blocked += 1
+        if report.timeline is not None:
+            signature, canonical = self._signature(tool, arguments, decision)
+            report.timeline.add_call(TimelineCall(
+                index, tool, signature, action, decision.detected.value,
+                rule if action != "allow" or decision.detected.value != "allow" else None,
+                decision.count, decision.repeated,
+            ), canonical)
         return report
+
+    def _signature(self, tool: str, arguments: object, decision: Decision
+                   ) -> tuple[str, object]:
+        """The call's signature (empty when the policy does not track it) and canonical
+        arguments. A first, allowed call's decision carries no signature: derived as the guard
+        derives it."""
+        canonical = canonical_arguments(arguments, self._guard.policy.ignored_args)
+        if decision.signature:
+            return decision.signature, canonical
+        name = tool_name(tool)
+        assert self._classifier is not None  # kept whenever timelines are
+        tracked, _ = self._classifier.classify(name, canonical)
+        if not tracked:
+            return "", canonical
+        return args_key(name, canonical_json(canonical))[:SIGNATURE_CHARS], canonical
 
     def _start(self, source: int, event: CallStarted) -> tuple[SessionReport, int, Decision]:
         decision: Decision = self._guard.before_tool(
             event.tool, event.arguments, session=event.session, agent=event.agent,
             call_id=event.call_id,
         )
-        report = self._record(event.session, event.agent, event.tool, decision)
+        report = self._record(event.session, event.agent, event.tool, event.arguments, decision)
         index = report.calls
         _remember_open(self._open, (source, event.token), _Open(
             report, event.session, event.agent, event.tool, event.arguments, event.call_id,

@@ -24,6 +24,11 @@ def _json_line(report: SessionReport, index: int, tool: str, decision: Decision)
     }).decode() + "\n"
 
 
+def plural(count: int, noun: str) -> str:
+    """``1 call``, ``2 calls``: a count and its noun, pluralised with an ``s``."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def _seconds(report_seconds: float, timed: int, blocked: int) -> str:
     if blocked == 0 or timed == 0:
         return ""
@@ -46,17 +51,18 @@ def format_session(report: SessionReport) -> str:
             )
         hidden = report.decision_count - len(report.decisions)
         if hidden > 0:
-            lines.append(f"  … and {hidden} more decisions not listed")
+            lines.append(f"  … and {plural(hidden, 'more decision')} not listed")
     firsts = ", ".join(
         f"first {action} #{report.first_index[action]}" if action in report.first_index
         else f"no {action}"
         for action in ("remind", "deny", "stop")
     )
     saved = (
-        f"a deny would have saved {report.blocked} call{'s' if report.blocked != 1 else ''}"
+        f"a deny would have saved {plural(report.blocked, 'call')}"
         f"{_seconds(report.blocked_seconds, report.blocked_timed, report.blocked)}"
     )
-    lines.append(f"  {report.calls} calls, {report.repeated} repeated; {firsts}; {saved}")
+    lines.append(f"  {plural(report.calls, 'call')}, {report.repeated} repeated; {firsts};"
+                 f" {saved}")
     return "\n".join(lines) + "\n"
 
 
@@ -69,9 +75,8 @@ def format_totals(reports: Sequence[SessionReport], files: int, bad_lines: int) 
     timed = sum(r.blocked_timed for r in reports)
     tripped = sum(1 for r in reports if r.decision_count)
     return (
-        f"total: {files} file{'s' if files != 1 else ''}, {len(reports)} session"
-        f"{'s' if len(reports) != 1 else ''} ({tripped} with decisions), {calls} calls,"
-        f" {repeated} repeated; a deny would have saved {blocked} call"
-        f"{'s' if blocked != 1 else ''}{_seconds(seconds, timed, blocked)};"
-        f" {bad_lines} bad line{'s' if bad_lines != 1 else ''}\n"
+        f"total: {plural(files, 'file')}, {plural(len(reports), 'session')} ({tripped} with"
+        f" decisions), {plural(calls, 'call')}, {repeated} repeated; a deny would have saved"
+        f" {plural(blocked, 'call')}{_seconds(seconds, timed, blocked)};"
+        f" {plural(bad_lines, 'bad line')}\n"
     )

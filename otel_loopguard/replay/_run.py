@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, TextIO
 
 from ..spans import KeyBy
 from ..traces import CallDecidedAtStart, CallObserved
-from ._events import CallStarted
+from . import _html
+from ._events import CallStarted, Event
 from ._formats import format_by_name
 from ._reader import _BadLines, _Progress, _read_events
 from ._replayer import ReplayClock, Replayer
@@ -18,6 +19,8 @@ from ._report import _json_line, format_session, format_totals
 
 if TYPE_CHECKING:
     from otel_loopguard.config import Mode, Policy
+
+    from ._events import InputFormat
 
 
 class UsageError(Exception):
@@ -47,6 +50,24 @@ def _expand(paths: Sequence[str]) -> list[str]:
     return inputs
 
 
+def _reading(label: str, events: Iterator[Event], bad: _BadLines) -> Iterator[Event]:
+    """``events``, with an error reading the input reported as an unreadable file (the rest of
+    the file is skipped). Only reading is guarded: an error writing the report (a closed pipe
+    on stdout) is not the input's fault and goes to the caller."""
+    try:
+        yield from events
+    except OSError as exc:
+        bad.unreadable(label, exc.strerror or str(exc))
+
+
+def _open_html(path: str) -> TextIO:
+    """Open the ``--html`` file before anything is replayed; raises :class:`UsageError`."""
+    try:
+        return open(path, "w", encoding="utf-8")  # closed by run_replay
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
 def _input_size(inputs: Sequence[str]) -> int | None:
     total = 0
     for name in inputs:
@@ -71,6 +92,7 @@ def run_replay(
     stderr: TextIO | None = None,
     progress: bool | None = None,
     key_by: KeyBy | str = KeyBy.TRACE,
+    html_path: str | None = None,
 ) -> int:
     """Replay ``paths`` (``-`` is stdin; a directory is its ``*.jsonl`` files) through a fresh
     guard with ``policy`` and write the report; return the exit status (0 all input read, 1 some
@@ -80,11 +102,12 @@ def run_replay(
     agent (default) or by conversation, as the span processor and ``serve`` can. The policy's
     advisor is dropped: a replay reports where a rescue would trip but never buys advice.
     ``progress`` forces the progress bar on or off (default: on when ``stderr`` is a terminal and
-    the input is large). Raises :class:`UsageError` for a missing or unreadable path or an
-    unknown format name.
+    the input is large). ``html_path`` also writes the HTML report there (a timeline per
+    session; see :mod:`otel_loopguard.replay._html` for its bounds), besides the text or JSON
+    output. Raises :class:`UsageError` for a missing or unreadable path, an unknown format name
+    or an HTML file that cannot be written. An error writing to ``stdout`` (a closed pipe)
+    propagates.
     """
-    from otel_loopguard.guard import LoopGuard
-
     out = stdout if stdout is not None else sys.stdout
     err = stderr if stderr is not None else sys.stderr
     source_in = stdin if stdin is not None else sys.stdin.buffer
@@ -101,9 +124,30 @@ def run_replay(
     if mode is not None:
         changes["mode"] = mode
     policy = policy.replace(**changes)
+    html_out = _open_html(html_path) if html_path is not None else None
+    try:
+        return _replay(inputs, policy, json_output=json_output, fmt=fmt, source_in=source_in,
+                       out=out, err=err, progress=progress, keyed_by=keyed_by,
+                       html_out=html_out, html_path=html_path)
+    finally:
+        if html_out is not None:
+            html_out.close()
+
+
+def _replay(inputs: list[str], policy: Policy, *, json_output: bool, fmt: InputFormat | None,
+            source_in: IO[bytes], out: TextIO, err: TextIO, progress: bool | None,
+            keyed_by: KeyBy, html_out: TextIO | None, html_path: str | None) -> int:
+    """The replay itself, once the inputs and options are checked (see :func:`run_replay`)."""
+    from otel_loopguard.guard import LoopGuard
 
     clock = ReplayClock()
-    replayer = Replayer(LoopGuard(policy=policy, clock=clock), clock)
+    # Timelines (per-session call lists) are kept only for the HTML report, bounded by it.
+    timelines = html_out is not None
+    replayer = Replayer(
+        LoopGuard(policy=policy, clock=clock), clock,
+        timeline_sessions=_html.MAX_HTML_SESSIONS if timelines else 0,
+        timeline_calls=_html.MAX_HTML_CALLS if timelines else 0,
+    )
     show_progress = err.isatty() if progress is None else progress
     bar = _Progress(err, _input_size(inputs), show_progress)
     bad = _BadLines(err, bar)
@@ -116,14 +160,13 @@ def run_replay(
             bad.unreadable(label, exc.strerror or str(exc))
             continue
         try:
-            for event in _read_events(label, handle, fmt, bad, bar, keyed_by):
+            for event in _reading(label, _read_events(label, handle, fmt, bad, bar, keyed_by),
+                                  bad):
                 started = replayer.handle(source, event)
                 if started is not None and json_output:
                     report, index, decision = started
                     assert isinstance(event, (CallStarted, CallDecidedAtStart, CallObserved))
                     out.write(_json_line(report, index, event.tool, decision))
-        except OSError as exc:
-            bad.unreadable(label, exc.strerror or str(exc))
         finally:
             if handle is not source_in:
                 handle.close()
@@ -139,6 +182,14 @@ def run_replay(
             out.write("\n")
         out.write(format_totals(reports, len(inputs), bad.total))
     out.flush()
+    if html_out is not None:
+        try:
+            html_out.write(_html.render_html(reports, inputs=inputs, policy=policy,
+                                             bad_lines=bad.total))
+            html_out.flush()
+        except OSError as exc:
+            raise UsageError(f"cannot write {html_path}: {exc.strerror or exc}") from None
+        err.write(f"otel-loopguard replay: HTML report written to {html_path}\n")
     if bad.total or bad.unreadable_files:
         parts = []
         if bad.total:

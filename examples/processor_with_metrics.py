@@ -1,0 +1,73 @@
+"""The span processor and Prometheus metrics together, on a real TracerProvider.
+
+    python examples/processor_with_metrics.py            # metrics on 127.0.0.1:9464 until Ctrl-C
+    python examples/processor_with_metrics.py --port 0   # any free port (printed)
+
+A scripted agent runs the same tool call six times, traced with the OpenTelemetry GenAI
+conventions as an instrumented framework would trace it. The processor feeds each tool span to
+the guard (its decisions become ``loopguard.decision`` events on the agent span), and the
+guard's metrics are served for Prometheus: ``curl`` the printed URL and look for
+``loopguard_decisions_total``. In your agent, only the four lines marked "setup" are needed;
+add your exporter's span processor to the same provider as usual.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import threading
+from collections.abc import Sequence
+
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import Tracer
+
+from otel_loopguard import LoopGuard, LoopGuardSpanProcessor
+
+
+def looping_agent(tracer: Tracer, calls: int = 6) -> None:
+    """An agent run that greps for the same thing ``calls`` times, learning nothing."""
+    with tracer.start_as_current_span(
+        "invoke_agent researcher",
+        attributes={"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "researcher"},
+    ):
+        for _ in range(calls):
+            with tracer.start_as_current_span(
+                "execute_tool search",
+                attributes={
+                    "gen_ai.operation.name": "execute_tool",
+                    "gen_ai.tool.name": "search",
+                    "gen_ai.tool.call.arguments": json.dumps({"query": "TODO", "path": "src"}),
+                    "gen_ai.tool.call.result": "no match",
+                },
+            ):
+                pass
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--port", type=int, default=9464, help="metrics port (0: any free one)")
+    args = parser.parse_args(argv)
+
+    guard = LoopGuard()                                     # setup: the "default" preset
+    server = guard.serve_metrics(args.port)                 # setup: before any call is counted
+    provider = TracerProvider()                             # setup: or the provider you have
+    provider.add_span_processor(LoopGuardSpanProcessor(guard))  # setup
+
+    looping_agent(provider.get_tracer("example-agent"))
+    print(f"metrics: {server.url}", flush=True)
+
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    try:
+        stopped.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
+        provider.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
