@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Final, Protocol
 
-from ..policy import Action
+from ..policy import BLOCKING_ACTIONS, Action
 
 __all__ = [
     "HOSTS",
@@ -182,7 +182,7 @@ def _stop(text: str) -> JSONObject:
 
 
 def _blocks(action: Action) -> bool:
-    return action in (Action.DENY, Action.RESCUE, Action.STOP)
+    return action in BLOCKING_ACTIONS
 
 
 class ClaudeCode:
