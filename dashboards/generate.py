@@ -3,12 +3,24 @@
     python dashboards/generate.py           # rewrite loopguard.json
     python dashboards/generate.py --check   # exit 1 if loopguard.json is not what this generates
 
-Plain Python (no dashboard SDK): the classic JSON model, which Grafana 10 and 11 both read. The
-dashboard imports as is (``__inputs`` asks for a Prometheus data source, ``DS_PROMETHEUS``) and
-provisions from a file as is (a data-source variable of the same name). Metric names come from
-``otel_loopguard.metrics`` (their one declaration); ``tests/test_dashboards.py`` checks that the
-committed JSON is this script's output, and ``tests/test_prometheus_e2e.py`` runs every query
-against a real Prometheus.
+Built with Grafana's own ``grafana-foundation-sdk`` (types generated from Grafana's schema),
+pinned to its Grafana 11.6 release, :data:`SDK_VERSION` (``pip install -e '.[test]'`` installs
+it; it is a dev tool, never a dependency of the package). The JSON targets Grafana
+:data:`GRAFANA_VERSION` or later (schemaVersion 41).
+
+Data source, both ways Grafana loads a dashboard:
+
+- **UI import** (Dashboards > New > Import): ``__inputs`` asks for a Prometheus data source
+  (``DS_PROMETHEUS``) and Grafana writes its uid wherever ``${DS_PROMETHEUS}`` appears: only in
+  the default value of the ``datasource`` variable.
+- **File provisioning**: nothing is substituted; the ``datasource`` variable (type datasource,
+  Prometheus) falls back to a Prometheus data source of the instance.
+
+Every panel and query reads ``${datasource}``, so switching the variable works after either.
+Metric names come from ``otel_loopguard.metrics`` (their one declaration);
+``tests/test_dashboards.py`` checks that the committed JSON is this script's output and that it
+loads into the SDK's models unchanged, and ``tests/test_prometheus_e2e.py`` runs every query
+against a real Prometheus after the demo the README describes.
 """
 
 from __future__ import annotations
@@ -16,8 +28,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from grafana_foundation_sdk.builders import bargauge, stat, timeseries
+from grafana_foundation_sdk.builders import common as cb
+from grafana_foundation_sdk.builders import dashboard as db
+from grafana_foundation_sdk.builders import prometheus as pb
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common as cm
+from grafana_foundation_sdk.models import dashboard as dm
 
 from otel_loopguard.metrics import (
     DECISION_REPEATS,
@@ -33,8 +54,16 @@ from otel_loopguard.metrics import (
 )
 
 OUTPUT = Path(__file__).resolve().parent / "loopguard.json"
+#: The grafana-foundation-sdk release this script is written against (pyproject's ``test`` extra).
+SDK_VERSION = "1769699379!11.6.0"
+#: The Grafana release that SDK release is generated from: the oldest this dashboard targets.
+GRAFANA_VERSION = "11.6.0"
 UID = "otel-loopguard"
-DATASOURCE = {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}
+#: The import input; Grafana substitutes ``${DS_PROMETHEUS}`` with the data source picked.
+INPUT = "DS_PROMETHEUS"
+#: The data-source variable every panel reads.
+VARIABLE = "datasource"
+DATASOURCE = dm.DataSourceRef(type_val="prometheus", uid="${" + VARIABLE + "}")
 #: The agent and tool filter every per-call series takes (histograms have neither label).
 FILTER = '{agent=~"$agent", tool=~"$tool"}'
 BLOCKING = 'action=~"deny|rescue|stop"'
@@ -49,212 +78,226 @@ def _filtered(extra: str = "") -> str:
     return FILTER[:-1] + (f", {extra}" if extra else "") + "}"
 
 
-def target(expr: str, legend: str = "", *, instant: bool = False) -> dict[str, Any]:
-    return {"datasource": DATASOURCE, "expr": expr, "legendFormat": legend or "__auto",
-            "range": not instant, "instant": instant, "refId": ""}
+@dataclass(frozen=True, slots=True)
+class Query:
+    """One PromQL query of a panel: an instant one for stat and bar panels, else a range."""
+
+    expr: str
+    legend: str = "__auto"
+    instant: bool = False
 
 
-def panel(kind: str, title: str, description: str, targets: list[dict[str, Any]],
-          grid: tuple[int, int, int, int], *, unit: str = "short",
-          options: dict[str, Any] | None = None, custom: dict[str, Any] | None = None,
-          decimals: int | None = None) -> dict[str, Any]:
+def _target(query: Query, ref_id: str) -> pb.Dataquery:
+    target = (pb.Dataquery().expr(query.expr).legend_format(query.legend).ref_id(ref_id)
+              .datasource(DATASOURCE))
+    return target.instant() if query.instant else target.range()
+
+
+Builder = stat.Panel | bargauge.Panel | timeseries.Panel
+
+
+def _common(panel: Builder, title: str, description: str, queries: list[Query],
+            grid: tuple[int, int, int, int], unit: str, decimals: int | None) -> Builder:
     x, y, w, h = grid
-    for index, item in enumerate(targets):
-        item["refId"] = chr(ord("A") + index)
-    defaults: dict[str, Any] = {"unit": unit, "color": {"mode": "palette-classic"}}
-    if custom is not None:
-        defaults["custom"] = custom
-    if decimals is not None:
-        defaults["decimals"] = decimals
-    return {
-        "type": kind,
-        "title": title,
-        "description": description,
-        "datasource": DATASOURCE,
-        "gridPos": {"x": x, "y": y, "w": w, "h": h},
-        "targets": targets,
-        "fieldConfig": {"defaults": defaults, "overrides": []},
-        "options": options or {},
-    }
+    panel = (panel.title(title).description(description).datasource(DATASOURCE)
+             .grid_pos(dm.GridPos(x=x, y=y, w=w, h=h)).unit(unit)
+             .color_scheme(db.FieldColor().mode(dm.FieldColorModeId.PALETTE_CLASSIC)))
+    for index, query in enumerate(queries):
+        panel = panel.with_target(_target(query, chr(ord("A") + index)))
+    return panel.decimals(decimals) if decimals is not None else panel
 
 
-_LINES = {"drawStyle": "line", "lineWidth": 1, "fillOpacity": 10, "showPoints": "never",
-          "spanNulls": False}
-_STACKED = {**_LINES, "stacking": {"mode": "normal", "group": "A"}, "fillOpacity": 40}
-_LEGEND = {"legend": {"displayMode": "table", "placement": "right", "showLegend": True,
-                      "calcs": ["sum"]}, "tooltip": {"mode": "multi", "sort": "desc"}}
-_STAT = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-         "colorMode": "value", "graphMode": "none", "textMode": "value", "justifyMode": "auto"}
-_BARS = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-         "orientation": "horizontal", "displayMode": "gradient", "showUnfilled": True}
+def _reduce_last() -> cb.ReduceDataOptions:
+    return cb.ReduceDataOptions().calcs(["lastNotNull"]).fields("").values(False)
 
 
-def panels() -> list[dict[str, Any]]:
+def stat_panel(title: str, description: str, query: Query, grid: tuple[int, int, int, int], *,
+               unit: str = "short", decimals: int | None = None) -> Builder:
+    panel = (stat.Panel().reduce_options(_reduce_last()).color_mode(cm.BigValueColorMode.VALUE)
+             .graph_mode(cm.BigValueGraphMode.NONE).text_mode(cm.BigValueTextMode.VALUE))
+    return _common(panel, title, description, [query], grid, unit, decimals)
+
+
+def bar_panel(title: str, description: str, query: Query,
+              grid: tuple[int, int, int, int]) -> Builder:
+    panel = (bargauge.Panel().reduce_options(_reduce_last())
+             .orientation(cm.VizOrientation.HORIZONTAL)
+             .display_mode(cm.BarGaugeDisplayMode.GRADIENT).show_unfilled(True))
+    return _common(panel, title, description, [query], grid, "short", 0)
+
+
+def time_panel(title: str, description: str, queries: list[Query],
+               grid: tuple[int, int, int, int], *, unit: str = "short", stacked: bool = False,
+               legend_table: bool = False, decimals: int | None = None) -> Builder:
+    panel = (timeseries.Panel().line_width(1).fill_opacity(40 if stacked else 10)
+             .show_points(cm.VisibilityMode.NEVER).span_nulls(False)
+             .tooltip(cb.VizTooltipOptions().mode(cm.TooltipDisplayMode.MULTI)
+                      .sort(cm.SortOrder.DESCENDING)))
+    if stacked:
+        panel = panel.stacking(cb.StackingConfig().mode(cm.StackingMode.NORMAL).group("A"))
+    if legend_table:
+        panel = panel.legend(cb.VizLegendOptions().display_mode(cm.LegendDisplayMode.TABLE)
+                             .placement(cm.LegendPlacement.RIGHT).show_legend(True)
+                             .calcs(["sum"]))
+    return _common(panel, title, description, queries, grid, unit, decimals)
+
+
+def _repeat_count(quantile: str) -> str:
+    """The repeat count at decisions at ``quantile``, exact: counts are whole and the
+    histogram has one bucket per count (see DECISION_REPEAT_BUCKETS), so rounding the
+    interpolated estimate up gives the count itself, not 2.5 for a reminder at 3."""
+    return (f"ceil(histogram_quantile({quantile}, sum by (le, action)"
+            f" (rate({DECISION_REPEATS.name}_bucket[$__rate_interval]))))")
+
+
+def panels() -> list[Builder]:
     """Every panel, top to bottom; each query reads series of the metrics' one declaration."""
     blocked = _filtered(BLOCKING)
     stops = _filtered('action="stop"')
-    stats = [
-        panel("stat", "Tool calls", "Tracked tool-call attempts in the time range.",
-              [target(f"sum(increase({CALLS}{FILTER}[$__range]))", instant=True)],
-              (0, 0, 4, 4), decimals=0),
-        panel("stat", "Repeat share", "Share of the calls in the time range whose arguments"
-              " had already been seen in the progress epoch.",
-              [target(f"sum(increase({REPEATS}{FILTER}[$__range]))"
-                      f" / sum(increase({CALLS}{FILTER}[$__range]))", instant=True)],
-              (4, 0, 4, 4), unit="percentunit"),
-        panel("stat", "Blocked calls", "Calls denied, rescued or stopped in the time range"
-              " (as detected: in observe or advise mode they still ran).",
-              [target(f"sum(increase({DECIDED}{blocked}[$__range]))", instant=True)],
-              (8, 0, 4, 4), decimals=0),
-        panel("stat", "Stops", "Stop decisions in the time range: runs that should have ended.",
-              [target(f"sum(increase({DECIDED}{stops}[$__range]))", instant=True)],
-              (12, 0, 4, 4), decimals=0),
-        panel("stat", "Wasted time", "Seconds spent running repeated calls in the time range.",
-              [target(f"sum(increase({WASTED}{FILTER}[$__range]))", instant=True)],
-              (16, 0, 4, 4), unit="s"),
-        panel("stat", "Tracked sessions", "Sessions the guards hold now.",
-              [target(f"sum({SESSIONS.prometheus_name})", instant=True)], (20, 0, 4, 4),
-              decimals=0),
-    ]
-    return stats + [
-        panel("timeseries", "Loops over time by rule and action",
-              "Non-allow decisions per minute, by the rule that fired and the action detected.",
-              [target(f"sum by (rule, action) (rate({DECIDED}{FILTER}[$__rate_interval])) * 60",
-                      "{{rule}} / {{action}}")],
-              (0, 4, 12, 8), unit="short", custom=_STACKED, options=_LEGEND),
-        panel("timeseries", "Share of calls that are repeats",
-              "Repeated calls / tracked calls. A healthy agent re-reads a little; a looping one"
-              " climbs towards 1.",
-              [target(f"sum(rate({REPEATS}{FILTER}[$__rate_interval]))"
-                      f" / sum(rate({CALLS}{FILTER}[$__rate_interval]))", "repeat share")],
-              (12, 4, 12, 8), unit="percentunit", custom=_LINES),
-        panel("bargauge", "Top looping agents", "Agents by decisions other than allow in the"
-              " time range (agent \"none\": calls reported without an agent); only those that"
-              " looped.",
-              [target(f"topk(10, sum by (agent) (increase({DECIDED}{FILTER}[$__range])) > 0)",
-                      "{{agent}}", instant=True)],
-              (0, 12, 12, 8), options=_BARS, decimals=0),
-        panel("bargauge", "Top looping tools", "Tools by decisions other than allow in the time"
-              " range.",
-              [target(f"topk(10, sum by (tool) (increase({DECIDED}{FILTER}[$__range])) > 0)",
-                      "{{tool}}", instant=True)],
-              (12, 12, 12, 8), options=_BARS, decimals=0),
-        panel("timeseries", "Repeated calls by tool",
-              "Calls per minute whose arguments were already seen in the progress epoch.",
-              [target(f"sum by (tool) (rate({REPEATS}{FILTER}[$__rate_interval])) * 60",
-                      "{{tool}}")],
-              (0, 20, 12, 8), custom=_LINES, options=_LEGEND),
-        panel("timeseries", "Wasted seconds by tool",
-              "Seconds per minute spent running repeated calls.",
-              [target(f"sum by (tool) (rate({WASTED}{FILTER}[$__rate_interval])) * 60",
-                      "{{tool}}")],
-              (12, 20, 12, 8), unit="s", custom=_LINES, options=_LEGEND),
-        panel("timeseries", "Repeat count at decisions",
-              "How many times a call had been made when the guard reminded, denied or stopped"
-              " (median and 90th percentile, all agents and tools).",
-              [target("histogram_quantile(0.5, sum by (le, action)"
-                      f" (rate({DECISION_REPEATS.name}_bucket[$__rate_interval])))",
-                      "p50 {{action}}"),
-               target("histogram_quantile(0.9, sum by (le, action)"
-                      f" (rate({DECISION_REPEATS.name}_bucket[$__rate_interval])))",
-                      "p90 {{action}}")],
-              (0, 28, 12, 8), custom=_LINES),
-        panel("timeseries", "Duration of repeated calls",
-              "How long each repeated call ran (median and 90th percentile, all agents and"
-              " tools).",
-              [target("histogram_quantile(0.5, sum by (le)"
-                      f" (rate({REPEATED_CALL_SECONDS.name}_bucket[$__rate_interval])))", "p50"),
-               target("histogram_quantile(0.9, sum by (le)"
-                      f" (rate({REPEATED_CALL_SECONDS.name}_bucket[$__rate_interval])))", "p90")],
-              (12, 28, 12, 8), unit="s", custom=_LINES),
-        panel("timeseries", "Rescues by outcome",
-              "Rescues per minute: advice bought, cached advice reused, failed asks, and asks"
-              " refused by the budget or the cooldown.",
-              [target(f"sum by (outcome) (rate({RESCUES.prometheus_name}[$__rate_interval]))"
-                      " * 60", "{{outcome}}")],
-              (0, 36, 8, 8), custom=_STACKED),
-        panel("timeseries", "Tracked sessions and evictions",
-              "Sessions held now, and sessions forgotten per minute (ttl: idle too long;"
-              " capacity: max_sessions reached).",
-              [target(f"sum({SESSIONS.prometheus_name})", "tracked"),
-               target(f"sum by (reason) (rate({SESSIONS_EVICTED.prometheus_name}"
-                      "[$__rate_interval])) * 60", "evicted: {{reason}}")],
-              (8, 36, 8, 8), custom=_LINES),
-        panel("timeseries", "Internal errors",
-              "Exceptions the guard caught per minute, by where (the call was allowed)."
-              " Should stay at zero.",
-              [target(f"sum by (where) (rate({INTERNAL_ERRORS.prometheus_name}"
-                      "[$__rate_interval])) * 60", "{{where}}")],
-              (16, 36, 8, 8), custom=_LINES),
-    ]
-
-
-def _variable(name: str, label: str, query: str) -> dict[str, Any]:
-    return {
-        "type": "query",
-        "name": name,
-        "label": label,
-        "datasource": DATASOURCE,
-        "definition": query,
-        "query": {"query": query, "refId": f"{name}-variable", "qryType": 1},
-        "refresh": 2,
-        "sort": 1,
-        "multi": True,
-        "includeAll": True,
-        "allValue": ".*",
-        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
-        "options": [],
-        "regex": "",
-        "hide": 0,
-    }
-
-
-def variables() -> list[dict[str, Any]]:
+    durations = REPEATED_CALL_SECONDS.name
     return [
-        {"type": "datasource", "name": "DS_PROMETHEUS", "label": "Data source",
-         "query": "prometheus", "current": {}, "options": [], "regex": "", "refresh": 1,
-         "hide": 0},
-        _variable("agent", "Agent", f"label_values({CALLS}, agent)"),
-        _variable("tool", "Tool", f'label_values({CALLS}{{agent=~"$agent"}}, tool)'),
+        stat_panel("Tool calls", "Tracked tool-call attempts in the time range.",
+                   Query(f"sum(increase({CALLS}{FILTER}[$__range]))", instant=True),
+                   (0, 0, 4, 4), decimals=0),
+        stat_panel("Repeat share", "Share of the calls in the time range whose arguments had"
+                   " already been seen in the progress epoch.",
+                   Query(f"sum(increase({REPEATS}{FILTER}[$__range]))"
+                         f" / sum(increase({CALLS}{FILTER}[$__range]))", instant=True),
+                   (4, 0, 4, 4), unit="percentunit"),
+        stat_panel("Blocked calls", "Calls denied, rescued or stopped in the time range (as"
+                   " detected: in observe or advise mode they still ran).",
+                   Query(f"sum(increase({DECIDED}{blocked}[$__range]))", instant=True),
+                   (8, 0, 4, 4), decimals=0),
+        stat_panel("Stops", "Stop decisions in the time range: runs that should have ended.",
+                   Query(f"sum(increase({DECIDED}{stops}[$__range]))", instant=True),
+                   (12, 0, 4, 4), decimals=0),
+        stat_panel("Wasted time", "Seconds spent running repeated calls in the time range.",
+                   Query(f"sum(increase({WASTED}{FILTER}[$__range]))", instant=True),
+                   (16, 0, 4, 4), unit="s"),
+        stat_panel("Tracked sessions", "Sessions the guards hold now.",
+                   Query(f"sum({SESSIONS.prometheus_name})", instant=True), (20, 0, 4, 4),
+                   decimals=0),
+        time_panel("Loops over time by rule and action",
+                   "Non-allow decisions per minute, by the rule that fired and the action"
+                   " detected.",
+                   [Query(f"sum by (rule, action) (rate({DECIDED}{FILTER}[$__rate_interval]))"
+                          " * 60", "{{rule}} / {{action}}")],
+                   (0, 4, 12, 8), stacked=True, legend_table=True),
+        time_panel("Share of calls that are repeats",
+                   "Repeated calls / tracked calls. A healthy agent re-reads a little; a looping"
+                   " one climbs towards 1.",
+                   [Query(f"sum(rate({REPEATS}{FILTER}[$__rate_interval]))"
+                          f" / sum(rate({CALLS}{FILTER}[$__rate_interval]))", "repeat share")],
+                   (12, 4, 12, 8), unit="percentunit"),
+        bar_panel("Top looping agents", "Agents by decisions other than allow in the time range"
+                  " (agent \"none\": calls reported without an agent); only those that looped.",
+                  Query(f"topk(10, sum by (agent) (increase({DECIDED}{FILTER}[$__range])) > 0)",
+                        "{{agent}}", instant=True),
+                  (0, 12, 12, 8)),
+        bar_panel("Top looping tools", "Tools by decisions other than allow in the time range.",
+                  Query(f"topk(10, sum by (tool) (increase({DECIDED}{FILTER}[$__range])) > 0)",
+                        "{{tool}}", instant=True),
+                  (12, 12, 12, 8)),
+        time_panel("Repeated calls by tool",
+                   "Calls per minute whose arguments were already seen in the progress epoch.",
+                   [Query(f"sum by (tool) (rate({REPEATS}{FILTER}[$__rate_interval])) * 60",
+                          "{{tool}}")],
+                   (0, 20, 12, 8), legend_table=True),
+        time_panel("Wasted seconds by tool", "Seconds per minute spent running repeated calls.",
+                   [Query(f"sum by (tool) (rate({WASTED}{FILTER}[$__rate_interval])) * 60",
+                          "{{tool}}")],
+                   (12, 20, 12, 8), unit="s", legend_table=True),
+        time_panel("Repeat count at decisions",
+                   "How many times a call had been made when the guard reminded, denied or"
+                   " stopped (median and 90th percentile, all agents and tools). Exact whole"
+                   " counts up to 20; above, the histogram's bucket bound.",
+                   [Query(_repeat_count("0.5"), "p50 {{action}}"),
+                    Query(_repeat_count("0.9"), "p90 {{action}}")],
+                   (0, 28, 12, 8), decimals=0),
+        time_panel("Duration of repeated calls",
+                   "How long each repeated call ran: the mean (exact) and the 90th percentile"
+                   " (estimated within the histogram's buckets), all agents and tools.",
+                   [Query(f"sum(rate({durations}_sum[$__rate_interval]))"
+                          f" / sum(rate({durations}_count[$__rate_interval]))", "mean"),
+                    Query("histogram_quantile(0.9, sum by (le)"
+                          f" (rate({durations}_bucket[$__rate_interval])))", "p90")],
+                   (12, 28, 12, 8), unit="s"),
+        time_panel("Rescues by outcome",
+                   "Rescues per minute: advice bought, cached advice reused, failed asks, and"
+                   " asks refused by the budget or the cooldown.",
+                   [Query(f"sum by (outcome) (rate({RESCUES.prometheus_name}"
+                          "[$__rate_interval])) * 60", "{{outcome}}")],
+                   (0, 36, 8, 8), stacked=True),
+        time_panel("Tracked sessions and evictions",
+                   "Sessions held now, and sessions forgotten per minute (ttl: idle too long;"
+                   " capacity: max_sessions reached).",
+                   [Query(f"sum({SESSIONS.prometheus_name})", "tracked"),
+                    Query(f"sum by (reason) (rate({SESSIONS_EVICTED.prometheus_name}"
+                          "[$__rate_interval])) * 60", "evicted: {{reason}}")],
+                   (8, 36, 8, 8)),
+        time_panel("Internal errors",
+                   "Exceptions the guard caught per minute, by where (the call was allowed)."
+                   " Should stay at zero.",
+                   [Query(f"sum by (where) (rate({INTERNAL_ERRORS.prometheus_name}"
+                          "[$__rate_interval])) * 60", "{{where}}")],
+                   (16, 36, 8, 8)),
     ]
+
+
+def _filter_variable(name: str, label: str, query: str) -> db.QueryVariable:
+    return (db.QueryVariable(name).label(label).datasource(DATASOURCE)
+            .query({"query": query, "refId": f"{name}-variable", "qryType": 1})
+            .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
+            .sort(dm.VariableSort.ALPHABETICAL_ASC).multi(True).include_all(True)
+            .all_value(".*").allow_custom_value(False)
+            .current(dm.VariableOption(selected=True, text=["All"], value=["$__all"])))
+
+
+def variables() -> list[db.DatasourceVariable | db.QueryVariable]:
+    source = "${" + INPUT + "}"
+    return [
+        db.DatasourceVariable(VARIABLE).label("Data source").type("prometheus")
+        .current(dm.VariableOption(selected=True, text=source, value=source)),
+        _filter_variable("agent", "Agent", f"label_values({CALLS}, agent)"),
+        _filter_variable("tool", "Tool", f'label_values({CALLS}{{agent=~"$agent"}}, tool)'),
+    ]
+
+
+def build() -> dm.Dashboard:
+    """The dashboard as the SDK's model."""
+    dashboard = (
+        db.Dashboard("otel-loopguard").uid(UID)
+        .description("otel-loopguard: AI agents repeating tool calls, and what the guard did"
+                     " about it.")
+        .tags(["otel-loopguard", "ai-agents"]).editable().timezone("")
+        .tooltip(dm.DashboardCursorSync.CROSSHAIR).time("now-1h", "now").refresh("30s")
+        .version(1)
+    )
+    for variable in variables():
+        dashboard = dashboard.with_variable(variable)
+    for number, panel in enumerate(panels(), start=1):
+        dashboard = dashboard.with_panel(panel.id(number))
+    return dashboard.build()
 
 
 def dashboard() -> dict[str, Any]:
-    """The dashboard as Grafana's JSON model."""
-    items = panels()
-    for number, item in enumerate(items, start=1):
-        item["id"] = number
-    kinds = sorted({item["type"] for item in items})
+    """The dashboard as Grafana's JSON model: the SDK's, plus what a shared dashboard carries
+    for import (``__inputs``, ``__requires``), which the SDK's schema does not model."""
+    model: dict[str, Any] = json.loads(json.dumps(build(), cls=JSONEncoder))
+    kinds = sorted({panel["type"] for panel in model["panels"]})
     names = {"bargauge": "Bar gauge", "stat": "Stat", "timeseries": "Time series"}
-    return {
-        "__inputs": [{"name": "DS_PROMETHEUS", "label": "Prometheus", "description": "",
+    shared: dict[str, Any] = {
+        "__inputs": [{"name": INPUT, "label": "Prometheus", "description": "",
                       "type": "datasource", "pluginId": "prometheus",
                       "pluginName": "Prometheus"}],
         "__requires": [
-            {"type": "grafana", "id": "grafana", "name": "Grafana", "version": "10.0.0"},
+            {"type": "grafana", "id": "grafana", "name": "Grafana", "version": GRAFANA_VERSION},
             {"type": "datasource", "id": "prometheus", "name": "Prometheus", "version": "1.0.0"},
             *({"type": "panel", "id": kind, "name": names[kind], "version": ""}
               for kind in kinds),
         ],
-        "annotations": {"list": []},
-        "description": "otel-loopguard: AI agents repeating tool calls, and what the guard"
-                       " did about it.",
-        "editable": True,
-        "graphTooltip": 1,
-        "id": None,
-        "links": [],
-        "panels": items,
-        "refresh": "30s",
-        "schemaVersion": 39,
-        "tags": ["otel-loopguard", "ai-agents"],
-        "templating": {"list": variables()},
-        "time": {"from": "now-1h", "to": "now"},
-        "timepicker": {},
-        "timezone": "",
-        "title": "otel-loopguard",
-        "uid": UID,
-        "version": 1,
     }
+    return {**shared, **model}
 
 
 def render() -> str:

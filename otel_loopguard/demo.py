@@ -9,14 +9,21 @@ The story: an agent fixing a failing test keeps re-running the test without chan
 The guard reminds it, then refuses the call, then stops the run (with the ``default`` preset;
 other presets show their own ladder). The user then steps in, which starts a new progress epoch,
 and the agent fixes the bug.
+
+With ``--metrics-port`` the demo is paced for Prometheus: the guard's series for the agent's tools
+exist at zero from the start, the story waits for the first scrape, plays one step per
+:data:`METRICS_STEP_SECONDS`, and then plays again in a new run every
+:data:`METRICS_ROUND_PAUSE_SECONDS` until interrupted, so every call shows on the dashboard.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -26,13 +33,25 @@ import orjson
 
 if TYPE_CHECKING:
     from otel_loopguard.config import Policy
+    from otel_loopguard.guard import LoopGuard
     from otel_loopguard.metrics import MetricsServer
     from otel_loopguard.policy import Decision
 
-__all__ = ["MAX_LOOP_CALLS", "MetricsServeError", "TERMINAL_DELAY_SECONDS", "run_demo"]
+__all__ = ["DEMO_AGENT", "MAX_LOOP_CALLS", "METRICS_ROUND_PAUSE_SECONDS", "METRICS_STEP_SECONDS",
+           "SCRAPE_POLL_SECONDS",
+           "MetricsServeError", "TERMINAL_DELAY_SECONDS", "run_demo"]
 
 #: Pause between steps when stdout is a terminal and no ``--delay`` is given.
 TERMINAL_DELAY_SECONDS: Final = 0.6
+#: Pause between steps with ``metrics_port`` and no ``--delay``: a Prometheus scraping every few
+#: seconds sees the loop grow over several scrapes, not appear whole in one.
+METRICS_STEP_SECONDS: Final = 1.0
+#: With ``metrics_port``: the pause before the story plays again, in a new run of the agent.
+METRICS_ROUND_PAUSE_SECONDS: Final = 10.0
+#: How often the demo looks whether its metrics were scraped yet (before the first play).
+SCRAPE_POLL_SECONDS: Final = 0.1
+#: The agent's name in the guard's metrics (the ``agent`` label).
+DEMO_AGENT: Final = "demo-agent"
 #: The stuck agent gives up by itself after this many calls of its loop if the guard never stops it.
 MAX_LOOP_CALLS: Final = 20
 
@@ -79,10 +98,18 @@ class MetricsServeError(Exception):
     """The metrics endpoint could not be started (bad address, port taken)."""
 
 
-def _wait_until_interrupted(server: MetricsServer) -> None:
-    """Keep the process (and the server's daemon thread) alive until Ctrl-C."""
-    while True:
-        time.sleep(3600)
+class _ScrapeWatch:
+    """A collector that exports nothing and notes that the registry was collected (a scrape)."""
+
+    def __init__(self) -> None:
+        self.scraped = threading.Event()
+
+    def describe(self) -> list[object]:
+        return []
+
+    def collect(self) -> list[object]:
+        self.scraped.set()
+        return []
 
 
 class _Style:
@@ -170,39 +197,77 @@ def run_demo(
     sleep: Callable[[float], None] = time.sleep,
     metrics_port: int | None = None,
     metrics_addr: str = "127.0.0.1",
-    wait: Callable[[MetricsServer], None] = _wait_until_interrupted,
+    rounds: int | None = None,
 ) -> int:
     """Play the scripted agent against a fresh guard with ``policy`` and print each step to
     ``out`` (default stdout); return exit status 0.
 
     ``delay`` is the pause between steps (default :data:`TERMINAL_DELAY_SECONDS` when ``out`` is a
-    terminal, else none); ``sleep`` performs it (tests inject one). The policy's advisor is
-    dropped so the demo never runs an outside command; a rescue shows as the local denial.
+    terminal, else none); ``sleep`` performs it and every other wait (tests inject one). The
+    policy's advisor is dropped so the demo never runs an outside command; a rescue shows as the
+    local denial.
 
     With ``metrics_port`` (0: any free port), the guard's Prometheus metrics are served on
-    ``metrics_addr`` from the start, and after the story the demo keeps serving them, calling
-    ``wait(server)`` (default: until Ctrl-C, which ends it with status 0), so Prometheus and
-    the Grafana dashboard can be pointed at it. Raises :class:`MetricsServeError` when the
-    address cannot be served.
+    ``metrics_addr`` for Prometheus and the Grafana dashboard, paced for scrapes:
+
+    1. the agent's tools are declared to the recorder, so their series exist at zero before the
+       first call (``increase()`` then sees every call, the first ones included);
+    2. the story waits until the endpoint is first scraped;
+    3. it plays with ``delay`` between steps (default :data:`METRICS_STEP_SECONDS`);
+    4. it plays again, in a new run of the same session (a new progress epoch), every
+       :data:`METRICS_ROUND_PAUSE_SECONDS`, one summary line per play, until Ctrl-C (status 0)
+       or ``rounds`` plays in all (default: no limit).
+
+    Raises :class:`MetricsServeError` when the address cannot be served.
     """
-    from otel_loopguard.config import Rule
     from otel_loopguard.guard import LoopGuard
+    from otel_loopguard.metrics import PrometheusRecorder
 
     stream = out if out is not None else sys.stdout
     tty = stream.isatty()
-    pause = delay if delay is not None else (TERMINAL_DELAY_SECONDS if tty else 0.0)
+    if delay is not None:
+        pause = delay
+    elif metrics_port is not None:
+        pause = METRICS_STEP_SECONDS
+    else:
+        pause = TERMINAL_DELAY_SECONDS if tty else 0.0
     style = _Style(tty and "NO_COLOR" not in os.environ)
     screen = _Screen(stream, style, min(100, shutil.get_terminal_size((100, 24)).columns))
     policy = policy.replace(advisor_command=None)
     clock = _Clock()
-    guard = LoopGuard(policy=policy, clock=clock)
     server: MetricsServer | None = None
-    if metrics_port is not None:
+    watch = _ScrapeWatch()
+    if metrics_port is None:
+        guard = LoopGuard(policy=policy, clock=clock)
+    else:
+        recorder = PrometheusRecorder()
+        recorder.declare_tools(sorted({call.tool for call in _WARMUP + _AFTER_USER}), DEMO_AGENT)
+        recorder.registry.register(watch)
+        guard = LoopGuard(policy=policy, clock=clock, recorder=recorder)
         try:
             server = guard.serve_metrics(metrics_port, metrics_addr)
         except (OSError, ValueError) as exc:
             raise MetricsServeError(
                 f"cannot serve metrics on {metrics_addr}:{metrics_port}: {exc}") from None
+    try:
+        return _play(guard, policy, clock, screen, style, pause, sleep, preset, server, watch,
+                     rounds)
+    except KeyboardInterrupt:  # Ctrl-C while serving metrics: the documented way to end
+        if server is None:
+            raise
+        screen.line()
+        return 0
+    finally:
+        if server is not None:
+            server.close()
+
+
+def _play(guard: LoopGuard, policy: Policy, clock: _Clock, screen: _Screen, style: _Style,
+          pause: float, sleep: Callable[[float], None], preset: str | None,
+          server: MetricsServer | None, watch: _ScrapeWatch, rounds: int | None) -> int:
+    """The story once, told step by step; with ``server``, then again until interrupted."""
+    from otel_loopguard.config import Rule
+
     tally = _Tally()
 
     screen.line(style("bold", "otel-loopguard demo") + ": a scripted agent gets stuck; a real"
@@ -210,6 +275,12 @@ def run_demo(
     screen.line(f"policy: {('preset ' + preset) if preset else 'from --config'} ({_ladder(policy)})")
     if server is not None:
         screen.line(f"metrics: {server.url}")
+        screen.line(textwrap.fill(
+            f"Waiting for the first scrape: point Prometheus at {server.host}:{server.port}"
+            " (a static target). The story starts then, so the dashboard sees every call.",
+            screen.width))
+        while not watch.scraped.is_set():
+            sleep(SCRAPE_POLL_SECONDS)
     screen.line()
     screen.line("user: test_parse_minutes fails since yesterday; please fix it")
     screen.line()
@@ -219,7 +290,8 @@ def run_demo(
             sleep(pause)
         tally.calls += 1
         number = tally.calls
-        decision = guard.before_tool(call.tool, dict(call.arguments), session=_SESSION)
+        decision = guard.before_tool(call.tool, dict(call.arguments), session=_SESSION,
+                                     agent=DEMO_AGENT)
         action = decision.action.value
         tally.counts[action] = tally.counts.get(action, 0) + 1
         if action != "allow":
@@ -248,53 +320,56 @@ def run_demo(
             return decision
         clock.now += call.seconds
         tally.ran += 1
-        guard.after_tool(call.tool, dict(call.arguments), session=_SESSION, error=call.error,
-                         result=call.result, duration_seconds=call.seconds)
+        guard.after_tool(call.tool, dict(call.arguments), session=_SESSION, agent=DEMO_AGENT,
+                         error=call.error, result=call.result, duration_seconds=call.seconds)
         first = call.result.splitlines()[0]
         screen.line(f"       tool:  {first}{' (error)' if call.error else ''}")
         if action == "remind":
             screen.block("the model also gets:", decision.message)
         return decision
 
-    for call in _WARMUP:
-        step(call)
-    # The stuck agent: convinced the test is flaky, it re-runs it and ignores every hint,
-    # until the guard stops the run (or it gives up after MAX_LOOP_CALLS attempts).
-    for _ in range(MAX_LOOP_CALLS):
-        if step(_RUN_TESTS).action.value == "stop":
-            break
-    screen.line()
-    if pause:
-        sleep(pause)
-    screen.line(f"user: {_USER_PROMPT}")
-    guard.user_message(_SESSION)
-    screen.line(style("dim", "       (a real user message starts a new progress epoch and lifts"
-                             " a stop)"))
-    for call in _AFTER_USER:
-        last = step(call)
-    tally.finished_ok = not last.blocks
+    def story() -> None:
+        for call in _WARMUP:
+            step(call)
+        # The stuck agent: convinced the test is flaky, it re-runs it and ignores every hint,
+        # until the guard stops the run (or it gives up after MAX_LOOP_CALLS attempts).
+        for _ in range(MAX_LOOP_CALLS):
+            if step(_RUN_TESTS).action.value == "stop":
+                break
+        screen.line()
+        if pause:
+            sleep(pause)
+        screen.line(f"user: {_USER_PROMPT}")
+        guard.user_message(_SESSION, agent=DEMO_AGENT)
+        screen.line(style("dim", "       (a real user message starts a new progress epoch and"
+                                 " lifts a stop)"))
+        for call in _AFTER_USER:
+            last = step(call)
+        tally.finished_ok = not last.blocks
+
+    story()
     screen.line()
     for paragraph in _summary(tally):
         screen.line(textwrap.fill(paragraph, screen.width))
         screen.line()
-    if server is not None:
-        return _keep_serving(server, screen, wait)
-    return 0
-
-
-def _keep_serving(server: MetricsServer, screen: _Screen,
-                  wait: Callable[[MetricsServer], None]) -> int:
+    if server is None:
+        return 0
     screen.line(f"metrics: serving {server.url} (the guard's counters from this run)")
     screen.line(textwrap.fill(
-        f"Scrape it with Prometheus (a static target {server.host}:{server.port}) and import"
-        " dashboards/loopguard.json into Grafana to see this run. Press Ctrl-C to stop.",
+        f"Import dashboards/loopguard.json into Grafana to watch it. The story plays again every"
+        f" {METRICS_ROUND_PAUSE_SECONDS:g} s in a new run of the agent. Press Ctrl-C to stop.",
         screen.width))
-    try:
-        wait(server)
-    except KeyboardInterrupt:
-        screen.line()
-    finally:
-        server.close()
+    told = screen
+    played = 1
+    while rounds is None or played < rounds:
+        sleep(METRICS_ROUND_PAUSE_SECONDS)
+        played += 1
+        screen = _Screen(io.StringIO(), style, told.width)  # later plays: one line each
+        tally = _Tally()
+        guard.new_run(_SESSION, agent=DEMO_AGENT)
+        story()
+        told.line(f"play {played}: {tally.calls} calls, " + ", ".join(
+            f"{count} {action}" for action, count in tally.counts.items()))
     return 0
 
 

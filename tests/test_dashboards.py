@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import re
 import subprocess
 
 import pytest
 
-from otel_loopguard.metrics import METRICS, MetricKind
+from otel_loopguard.metrics import DECISION_REPEATS, METRICS, MetricKind
 
 from .prometheus_tools import DASHBOARDS, dashboard_queries, load_generator, require_tool
 
@@ -32,26 +33,67 @@ def test_committed_dashboard_is_what_the_generator_writes() -> None:
     assert generator.main(["--check"]) == 0
 
 
+def test_generator_uses_the_pinned_sdk() -> None:
+    """The SDK release named in the generator is the one installed and the one pyproject pins."""
+    generator = load_generator()
+    assert importlib.metadata.version("grafana-foundation-sdk") == generator.SDK_VERSION
+    assert f'"grafana-foundation-sdk=={generator.SDK_VERSION}"' in (
+        DASHBOARDS.parent / "pyproject.toml").read_text()
+    assert generator.SDK_VERSION.endswith("!" + generator.GRAFANA_VERSION)
+
+
+def test_committed_dashboard_loads_into_the_sdk_models_unchanged() -> None:
+    """Every key the JSON carries is a field of Grafana's schema, with its type (the SDK's
+    models drop unknown keys and fail on wrong types): loading and dumping changes nothing."""
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.models.dashboard import Dashboard
+
+    committed = json.loads(COMMITTED.read_text())
+    modelled = {k: v for k, v in committed.items() if k not in ("__inputs", "__requires")}
+    loaded = Dashboard.from_json(modelled)
+    assert json.loads(json.dumps(loaded, cls=JSONEncoder)) == modelled
+    assert committed["schemaVersion"] == 41
+    requires = {r["id"]: r["version"] for r in committed["__requires"]}
+    assert requires["grafana"] == load_generator().GRAFANA_VERSION
+    assert set(requires) == {"grafana", "prometheus"} | {p["type"] for p in committed["panels"]}
+
+
 def test_dashboard_imports_and_provisions_as_is() -> None:
     dashboard = json.loads(COMMITTED.read_text())
-    # Import: Grafana asks for the data source named by __inputs and substitutes it.
+    source = {"type": "prometheus", "uid": "${datasource}"}
+    # Import: Grafana asks for the data source named by __inputs and writes its uid wherever
+    # ${DS_PROMETHEUS} appears: only as the default of the data-source variable, so the
+    # variable keeps working after an import.
     assert [i["name"] for i in dashboard["__inputs"]] == ["DS_PROMETHEUS"]
     assert dashboard["__inputs"][0]["pluginId"] == "prometheus"
-    # File provisioning: no import step, so the same name must resolve as a variable.
+    text = COMMITTED.read_text()
+    assert text.count("${DS_PROMETHEUS}") == 2
     variables = {v["name"]: v for v in dashboard["templating"]["list"]}
-    assert variables["DS_PROMETHEUS"]["type"] == "datasource"
-    assert variables["DS_PROMETHEUS"]["query"] == "prometheus"
+    assert variables["datasource"]["current"]["value"] == "${DS_PROMETHEUS}"
+    # File provisioning: nothing is substituted; the variable picks a Prometheus data source.
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
     for name in ("agent", "tool"):
         assert variables[name]["type"] == "query"
         assert variables[name]["includeAll"] and variables[name]["multi"]
-        assert variables[name]["datasource"]["uid"] == "${DS_PROMETHEUS}"
-    assert dashboard["id"] is None and dashboard["uid"] == "otel-loopguard"
+        assert variables[name]["datasource"] == source
+    assert "id" not in dashboard and dashboard["uid"] == "otel-loopguard"
     for panel in dashboard["panels"]:
-        assert panel["datasource"] == {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}
+        assert panel["datasource"] == source
         refs = [t["refId"] for t in panel["targets"]]
         assert refs and len(set(refs)) == len(refs) and all(refs)
         for target in panel["targets"]:
-            assert target["datasource"] == panel["datasource"]
+            assert target["datasource"] == source
+
+
+def test_repeat_counts_are_shown_as_whole_counts() -> None:
+    """Quantiles of whole counts are rounded up inside one-count buckets: never 2.5 for 3."""
+    panels = {p["title"]: p for p in json.loads(COMMITTED.read_text())["panels"]}
+    panel = panels["Repeat count at decisions"]
+    assert panel["fieldConfig"]["defaults"]["decimals"] == 0
+    for target in panel["targets"]:
+        assert target["expr"].startswith("ceil(histogram_quantile(")
+    assert set(range(1, 21)) <= set(DECISION_REPEATS.buckets)
 
 
 def test_dashboard_has_the_panels_the_issue_asks_for() -> None:
@@ -84,7 +126,7 @@ def test_every_query_reads_declared_metrics_and_filters_by_agent_and_tool() -> N
         for name in used & labelled:
             assert re.search(name + r'\{agent=~"\$agent", tool=~"\$tool"', expr), (title, name)
     for variable in dashboard["templating"]["list"][1:]:
-        assert set(re.findall(r"\bloopguard_[a-z_]+", variable["definition"])) <= declared
+        assert set(re.findall(r"\bloopguard_[a-z_]+", variable["query"]["query"])) <= declared
 
 
 def test_alert_rules_read_declared_metrics() -> None:

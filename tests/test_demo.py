@@ -13,7 +13,15 @@ import pytest
 
 from otel_loopguard import Decision, LoopGuard
 from otel_loopguard.config import PRESETS
-from otel_loopguard.demo import MAX_LOOP_CALLS, TERMINAL_DELAY_SECONDS, run_demo
+from otel_loopguard.demo import (
+    DEMO_AGENT,
+    MAX_LOOP_CALLS,
+    METRICS_ROUND_PAUSE_SECONDS,
+    METRICS_STEP_SECONDS,
+    SCRAPE_POLL_SECONDS,
+    TERMINAL_DELAY_SECONDS,
+    run_demo,
+)
 
 
 class _Terminal(io.StringIO):
@@ -158,28 +166,75 @@ def _decisions(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], ac
                if name == "loopguard_decisions_total" and ("action", action) in labels)
 
 
-def test_demo_serves_its_metrics_until_interrupted() -> None:
-    scraped: list[dict[tuple[str, tuple[tuple[str, str], ...]], float]] = []
+class _Scraper:
+    """The demo's ``sleep``: scrapes the demo's endpoint when the demo waits for a scrape or
+    pauses between plays, and never sleeps."""
 
-    def wait(server: Any) -> None:
-        assert server.host == "127.0.0.1"
-        scraped.append(_scrape(server.url))
-        raise KeyboardInterrupt  # what Ctrl-C does while the demo waits
+    def __init__(self, out: io.StringIO, interrupt_after: int | None = None) -> None:
+        self.out = out
+        self.scrapes: list[dict[tuple[str, tuple[tuple[str, str], ...]], float]] = []
+        self.pauses: list[float] = []
+        self.interrupt_after = interrupt_after
 
+    def url(self) -> str:
+        match = re.search(r"^metrics: (http://127\.0\.0\.1:\d+/metrics)$", self.out.getvalue(),
+                          re.M)
+        assert match is not None
+        return match[1]
+
+    def __call__(self, seconds: float) -> None:
+        self.pauses.append(seconds)
+        if seconds == SCRAPE_POLL_SECONDS and not self.scrapes:
+            assert "Waiting for the first scrape" in _flat(self.out.getvalue())
+            assert "run_tests(" not in self.out.getvalue()  # nothing ran before it
+            self.scrapes.append(_scrape(self.url()))
+        elif seconds == METRICS_ROUND_PAUSE_SECONDS:
+            self.scrapes.append(_scrape(self.url()))
+            if self.interrupt_after is not None and len(self.scrapes) > self.interrupt_after:
+                raise KeyboardInterrupt  # what Ctrl-C does while the demo waits
+
+
+def _calls(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], tool: str) -> float:
+    return samples[("loopguard_tool_calls_total", (("agent", DEMO_AGENT), ("tool", tool)))]
+
+
+def test_demo_with_metrics_waits_for_the_first_scrape_with_series_at_zero() -> None:
     out = io.StringIO()
-    assert run_demo(PRESETS["default"], out=out, metrics_port=0, wait=wait) == 0
+    scraper = _Scraper(out)
+    assert run_demo(PRESETS["default"], out=out, metrics_port=0, sleep=scraper, rounds=1) == 0
+    first = scraper.scrapes[0]
+    for tool in ("read_file", "run_tests", "search_code", "edit_file"):
+        assert _calls(first, tool) == 0
+        assert first[("loopguard_repeated_calls_total",
+                      (("agent", DEMO_AGENT), ("tool", tool)))] == 0
+    assert _decisions(first, "stop") == _decisions(first, "deny") == 0
+    assert any(name == "loopguard_decisions_total" for name, _ in first)
+    # Paced for scrapes: one step per METRICS_STEP_SECONDS.
+    steps = len(re.findall(r"^\s+\d+  \w+\(", out.getvalue(), re.M))
+    assert scraper.pauses.count(METRICS_STEP_SECONDS) >= steps
+
+
+def test_demo_serves_its_metrics_and_plays_again_until_interrupted() -> None:
+    out = io.StringIO()
+    scraper = _Scraper(out, interrupt_after=2)
+    assert run_demo(PRESETS["default"], out=out, metrics_port=0, delay=0, sleep=scraper) == 0
     text = out.getvalue()
-    url = re.search(r"^metrics: (http://127\.0\.0\.1:\d+/metrics)$", text, re.M)
-    assert url is not None and f"metrics: serving {url[1]}" in text
+    url = scraper.url()
+    assert f"metrics: serving {url}" in text
     assert "Press Ctrl-C to stop." in _flat(text)
-    samples = scraped[0]
-    assert _decisions(samples, "stop") == len(_step_lines(text, "STOP")) == 1
-    assert _decisions(samples, "deny") == len(_step_lines(text, "DENY"))
-    assert _decisions(samples, "remind") == len(_step_lines(text, "REMIND"))
-    calls = samples[("loopguard_tool_calls_total", (("agent", "none"), ("tool", "run_tests")))]
-    assert calls == len(re.findall(r"^\s+\d+  run_tests\(", text, re.M))
+    after_first, after_second = scraper.scrapes[1], scraper.scrapes[2]
+    assert _decisions(after_first, "stop") == len(_step_lines(text, "STOP")) == 1
+    assert _decisions(after_first, "deny") == len(_step_lines(text, "DENY"))
+    assert _decisions(after_first, "remind") == len(_step_lines(text, "REMIND"))
+    calls = len(re.findall(r"^\s+\d+  run_tests\(", text, re.M))
+    assert _calls(after_first, "run_tests") == calls
+    # The second play is the same story in a new run: every count doubles.
+    assert _calls(after_second, "run_tests") == 2 * calls
+    assert _decisions(after_second, "stop") == 2
+    play = re.search(r"^play 2: (\d+) calls, ", text, re.M)
+    assert play is not None and int(play[1]) == len(re.findall(r"^\s+\d+  \w+\(", text, re.M))
     with pytest.raises(OSError):  # closed when the demo ended
-        _scrape(url[1])
+        _scrape(url)
 
 
 def test_demo_metrics_port_as_a_command() -> None:
@@ -195,17 +250,17 @@ def test_demo_metrics_port_as_a_command() -> None:
     threading.Thread(target=lambda: [lines.put(line) for line in stdout], daemon=True).start()
     try:
         url = None
-        while True:
-            line = lines.get(timeout=60)
-            match = re.match(r"metrics: serving (\S+)", line)
-            url = match[1] if match else url
-            if "Ctrl-C" in line:
-                break
-        assert url is not None
+        while url is None:
+            match = re.match(r"metrics: (http://\S+)$", lines.get(timeout=60))
+            url = match[1] if match else None
+        first = _scrape(url)  # the story starts at the first scrape
+        assert _calls(first, "run_tests") == 0
+        while "Ctrl-C" not in lines.get(timeout=60):
+            pass
         samples = _scrape(url)
         assert _decisions(samples, "stop") == 1
         assert samples[("loopguard_sessions", ())] == 1
-        assert process.poll() is None  # still serving
+        assert process.poll() is None  # still serving, and playing again
     finally:
         process.terminate()
         process.wait(timeout=30)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import io
+import math
 import subprocess
 import sys
 import urllib.request
@@ -103,6 +104,45 @@ def test_first_call_of_a_tool_creates_every_rule_and_action_at_zero() -> None:
     assert sample(recorder, "loopguard_tool_calls_total", agent="coder", tool="ls") == 1
     assert recorder.registry.get_sample_value(
         "loopguard_repeated_calls_total", {"agent": "coder", "tool": "ls"}) == 0
+
+
+def test_declared_tools_exist_at_zero_before_their_first_call() -> None:
+    recorder = PrometheusRecorder()
+    recorder.declare_tools(["ls", "grep"], agent="coder")
+    recorder.declare_tools(["ls"])  # no agent: "none"
+    for agent, tool in (("coder", "ls"), ("coder", "grep"), ("none", "ls")):
+        labels = {"agent": agent, "tool": tool}
+        for name in ("loopguard_tool_calls_total", "loopguard_repeated_calls_total",
+                     "loopguard_wasted_seconds_total"):
+            assert recorder.registry.get_sample_value(name, labels) == 0, (name, labels)
+        for rule in RULES:
+            for action in ACTIONS:
+                assert recorder.registry.get_sample_value(
+                    "loopguard_decisions_total", {**labels, "rule": rule, "action": action}) == 0
+    # The first call then counts from zero, on the same series.
+    LoopGuard(DEFAULT, recorder=recorder).before_tool("ls", {}, session="s", agent="coder")
+    assert sample(recorder, "loopguard_tool_calls_total", agent="coder", tool="ls") == 1
+    assert label_values(recorder.exposition())["tool"] == {"ls", "grep"}
+
+
+def test_declared_tools_are_bounded_and_never_raise() -> None:
+    recorder = PrometheusRecorder(max_label_values=1)
+    recorder.declare_tools(["a", "b", "4bf92f3577b34da6a3ce929d0e0e4736"], agent="coder")
+    assert label_values(recorder.exposition())["tool"] == {"a", OTHER}
+    recorder.declare_tools(None)  # type: ignore[arg-type]
+    assert recorder.failures.count == 1
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 4, 5, 7, 12, 20])
+def test_repeat_count_quantiles_are_whole_counts(count: int) -> None:
+    """A count n is observed in the bucket (n-1, n]: ceil of any interpolated quantile is n."""
+    spec = {spec.name: spec for spec in METRICS}["loopguard_decision_repeats"]
+    bounds = (0.0, *spec.buckets)
+    assert count in spec.buckets
+    upper = bounds.index(float(count))
+    for q in (0.01, 0.5, 0.9, 1.0):  # Prometheus' linear interpolation inside the bucket
+        estimate = bounds[upper - 1] + (bounds[upper] - bounds[upper - 1]) * q
+        assert math.ceil(estimate) == count
 
 
 def test_counts_follow_the_guards_decisions() -> None:

@@ -9,11 +9,15 @@ scenario must return data. In CI a missing ``prometheus`` fails the test; elsewh
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
+import queue
 import socket
 import subprocess
+import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -29,6 +33,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client.parser import text_string_to_metric_families
 
 from otel_loopguard import PRESETS, LoopGuard, LoopGuardSpanProcessor
+from otel_loopguard.demo import DEMO_AGENT
 from otel_loopguard.metrics import PrometheusRecorder
 
 from .prometheus_tools import DASHBOARDS, dashboard_queries, load_generator, require_tool
@@ -108,9 +113,9 @@ def target() -> Iterator[tuple[LoopGuard, PrometheusRecorder, str]]:
         guard.close()
 
 
-@pytest.fixture
-def prometheus(tmp_path: Path, target: tuple[LoopGuard, PrometheusRecorder, str],
-               ) -> Iterator[PrometheusServer]:
+@contextlib.contextmanager
+def running_prometheus(tmp_path: Path, address: str) -> Iterator[PrometheusServer]:
+    """A real Prometheus scraping ``address`` every SCRAPE_INTERVAL, with the alert rules."""
     binary = require_tool("prometheus")
     port = free_port()
     config = tmp_path / "prometheus.yml"
@@ -118,7 +123,7 @@ def prometheus(tmp_path: Path, target: tuple[LoopGuard, PrometheusRecorder, str]
         "global": {"scrape_interval": SCRAPE_INTERVAL, "evaluation_interval": SCRAPE_INTERVAL},
         "rule_files": [str(DASHBOARDS / "alerts.yml")],
         "scrape_configs": [{"job_name": "loopguard", "scrape_interval": SCRAPE_INTERVAL,
-                            "static_configs": [{"targets": [target[2]]}]}],
+                            "static_configs": [{"targets": [address]}]}],
     }))
     log = (tmp_path / "prometheus.log").open("wb")
     process = subprocess.Popen(
@@ -147,6 +152,13 @@ def prometheus(tmp_path: Path, target: tuple[LoopGuard, PrometheusRecorder, str]
             process.kill()
             process.wait(timeout=20)
         log.close()
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path, target: tuple[LoopGuard, PrometheusRecorder, str],
+               ) -> Iterator[PrometheusServer]:
+    with running_prometheus(tmp_path, target[2]) as server:
+        yield server
 
 
 class Agent:
@@ -226,8 +238,8 @@ def test_dashboard_queries_against_a_real_prometheus(
 
     # The variables' queries, through the label-values API Grafana uses for them.
     for variable in dashboard["templating"]["list"][1:]:
-        match = re.fullmatch(r"label_values\((.+), (\w+)\)", variable["definition"])
-        assert match, variable["definition"]
+        match = re.fullmatch(r"label_values\((.+), (\w+)\)", variable["query"]["query"])
+        assert match, variable["query"]
         result = prometheus.get(f"/api/v1/label/{match[2]}/values",
                                 **{"match[]": substitute(match[1])})
         assert result["status"] == "success", result
@@ -265,3 +277,70 @@ def test_dashboard_queries_against_a_real_prometheus(
     assert not any(value.startswith("conversation-") for value in everything)
     assert labels["agent"] == {"coder"} and labels["tool"] == {"grep", "read_file"}
     provider.shutdown()
+
+
+def _scrape_sum(url: str, name: str, **labels: str) -> float:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == name and labels.items() <= s.labels.items())
+
+
+def test_the_readme_demo_fills_the_dashboard(tmp_path: Path) -> None:
+    """README, "To watch it fill": run ``otel-loopguard demo --metrics-port PORT``, point
+    Prometheus at it, open the dashboard. Every panel the README names must show the demo's
+    first play, its first calls included (its series exist at zero before the first call and
+    the story starts at the first scrape)."""
+    port = free_port()
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "otel_loopguard", "demo", "--metrics-port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True)
+    lines: queue.Queue[str] = queue.Queue()
+    assert demo.stdout is not None
+    stdout = demo.stdout
+    threading.Thread(target=lambda: [lines.put(line) for line in stdout], daemon=True).start()
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        with running_prometheus(tmp_path, f"127.0.0.1:{port}") as prometheus:
+            # The first play ends with the line telling how to stop the demo.
+            deadline = time.monotonic() + WAIT_SECONDS
+            while "Ctrl-C" not in lines.get(timeout=max(1.0, deadline - time.monotonic())):
+                pass
+            calls = _scrape_sum(url, "loopguard_tool_calls_total")
+            stops = _scrape_sum(url, "loopguard_decisions_total", action="stop")
+            assert calls > 0 and stops == 1
+            wait_for("the first play to be scraped", lambda: values(prometheus.query(
+                "sum(loopguard_tool_calls_total)")) == [calls])
+            at = str(time.time())
+
+            def panel(expr: str) -> list[float]:
+                result = prometheus.get("/api/v1/query", query=substitute(expr), time=at)
+                return [v for v in values(result) if not math.isnan(v)]
+
+            dashboard = load_generator().dashboard()
+            shown: dict[str, list[float]] = {}
+            for title, _ref, expr in dashboard_queries(dashboard):
+                shown.setdefault(title, []).extend(panel(expr))
+            # Nothing of the first play is lost to the first scrape: increase() sees every call.
+            assert shown["Tool calls"] and shown["Tool calls"][0] >= calls
+            assert shown["Stops"] and shown["Stops"][0] >= 1
+            # The panels the README lists, filled by the demo (it has no advisor, evicts no
+            # session and raises nothing: those panels show zeros).
+            for title in ("Repeat share", "Blocked calls", "Wasted time", "Tracked sessions",
+                          "Loops over time by rule and action", "Share of calls that are repeats",
+                          "Top looping agents", "Top looping tools", "Repeated calls by tool",
+                          "Wasted seconds by tool", "Repeat count at decisions",
+                          "Duration of repeated calls", "Tracked sessions and evictions"):
+                assert shown[title] and max(shown[title]) > 0, (title, shown[title])
+            for title in ("Rescues by outcome", "Internal errors"):
+                assert shown[title] and set(shown[title]) == {0.0}, (title, shown[title])
+            # Whole repeat counts: the default preset reminds first at 3, never "2.5".
+            counts = shown["Repeat count at decisions"]
+            assert all(count == int(count) for count in counts), counts
+            queries = {title: expr for title, _ref, expr in dashboard_queries(dashboard)}
+            agents = prometheus.get("/api/v1/query", query=substitute(
+                queries["Top looping agents"]), time=at)["data"]["result"]
+            assert [agent["metric"]["agent"] for agent in agents] == [DEMO_AGENT]
+    finally:
+        demo.terminate()
+        demo.wait(timeout=30)

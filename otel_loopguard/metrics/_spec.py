@@ -114,10 +114,14 @@ INTERNAL_ERRORS: Final = MetricSpec(
     "loopguard_internal_errors", MetricKind.COUNTER,
     "Exceptions caught on the hot path (the call was allowed), by where they happened.",
     ("where",), "{error}")
+#: Counts are whole numbers: one bucket per count up to 20, so ``ceil(histogram_quantile(...))``
+#: is the exact count there (a count n lies in the bucket (n-1, n], which linear interpolation
+#: never leaves); above 20 the buckets are coarser and a quantile is only bounded by them.
+DECISION_REPEAT_BUCKETS: Final = (*range(1, 21), 25, 30, 40, 50, 60, 80, 100)
 DECISION_REPEATS: Final = MetricSpec(
     "loopguard_decision_repeats", MetricKind.HISTOGRAM,
     "Attempts of the call, as the rule counts them, when a non-allow decision was made.",
-    ("action",), "{call}", (2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 30, 40, 60, 100))
+    ("action",), "{call}", tuple(float(bound) for bound in DECISION_REPEAT_BUCKETS))
 REPEATED_CALL_SECONDS: Final = MetricSpec(
     "loopguard_repeated_call_seconds", MetricKind.HISTOGRAM,
     "Duration of each repeated call that ran.", (), "s",

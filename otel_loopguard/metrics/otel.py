@@ -106,6 +106,17 @@ class OpenTelemetryRecorder:
         """Read ``loopguard_sessions`` from ``count()`` at each collection."""
         self._sessions = session_reader(count)
 
+    def declare_tools(self, tools: Iterable[str], agent: str | None = None) -> None:
+        """Record zero now for ``agent`` with each of ``tools`` (calls, repeats, wasted seconds,
+        every rule x action), before their first call, as
+        :meth:`PrometheusRecorder.declare_tools <otel_loopguard.metrics.PrometheusRecorder.declare_tools>`
+        does. Never raises."""
+        try:
+            for tool in tools:
+                self._pair(agent, tool)
+        except Exception as exc:
+            self.failures("declare_tools", exc)
+
     def tool_call(self, agent: str | None, tool: str, repeated: bool) -> None:
         try:
             attributes = self._pairs.get((agent, tool)) or self._pair(agent, tool)

@@ -111,8 +111,9 @@ class PrometheusRecorder:
 
     Series that exist at zero before anything happens: rescues by outcome, evictions by reason,
     internal errors by place, the repeat-count histogram by action; and, from the first call of
-    each (agent, tool), its calls, repeats, wasted seconds and a decision series for every rule
-    and action. (A counter that first appears at 3 shows no increase in ``rate()``.)
+    each (agent, tool), or earlier from :meth:`declare_tools`, its calls, repeats, wasted
+    seconds and a decision series for every rule and action. (A counter that first appears at 3
+    shows no increase in ``rate()``; one declared before its first call shows every call.)
 
     Every method may be called from any thread and never raises: a failure is counted in
     :attr:`failures` and logged once per kind. Label children are cached per (agent, tool), so
@@ -171,6 +172,19 @@ class PrometheusRecorder:
     def observe_sessions(self, count: Callable[[], int]) -> None:
         """Read ``loopguard_sessions`` from ``count()`` at each collection."""
         self._sessions = session_reader(count)
+
+    def declare_tools(self, tools: Iterable[str], agent: str | None = None) -> None:
+        """Create the series of ``agent`` with each of ``tools`` at zero now, before their first
+        call: calls, repeats, wasted seconds and every rule x action. Without it a pair's series
+        appear at its first call with that call already counted, and ``increase()`` over the
+        first scrapes misses it. Call it when an agent's tools are known (when it is built);
+        the labels are bounded as for any call. Never raises."""
+        try:
+            for tool in tools:
+                if self._pairs.get((agent, tool)) is None:
+                    self._pair(agent, tool)
+        except Exception as exc:
+            self.failures("declare_tools", exc)
 
     def tool_call(self, agent: str | None, tool: str, repeated: bool) -> None:
         try:
