@@ -34,7 +34,13 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.trace import NonRecordingSpan, StatusCode
 
 from .calls import SIGNATURE_CHARS, canonical_arguments, canonical_json
-from .conventions import MISSING, SpanToolCall, arguments_available_at_start, tool_call_from_span
+from .conventions import (
+    MISSING,
+    SpanToolCall,
+    arguments_available_at_start,
+    may_be_tool_span,
+    tool_call_from_span,
+)
 from .guard import LoopGuard
 from .policy import Action, Decision, arguments_preview
 from .spans import (
@@ -68,7 +74,6 @@ ATTR_ARGUMENTS: Final = "loopguard.arguments"
 ATTR_TOOL_NAME: Final = "gen_ai.tool.name"
 ATTR_TOOL_CALL_ID: Final = "gen_ai.tool.call.id"
 
-_TOOL_NAMES: Final = frozenset({"running tool", "call tool"})
 _MAX_CACHED_FRAMES: Final = 4096
 
 _NO_CALL: Final = SpanToolCall("", MISSING, None, None, None, None, None, None, "hook")
@@ -191,15 +196,7 @@ class LoopGuardSpanProcessor(SpanProcessor):
             self._open.pop(span_id, None)
             name = span.name
             attributes = _attributes(span)
-            get = attributes.get
-            if not (  # unrolled: this runs for every span the application ends
-                name.startswith("execute_tool")
-                or name in _TOOL_NAMES
-                or name.endswith(".tool")
-                or get("gen_ai.operation.name") == "execute_tool"
-                or get("openinference.span.kind") == "TOOL"
-                or get("traceloop.span.kind") == "tool"
-            ):
+            if not may_be_tool_span(name, attributes):  # most spans end here
                 return
             self._end(span, name, attributes, span_id, context.trace_id)
         except Exception as exc:

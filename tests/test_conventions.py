@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
 import enum
-import inspect
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -26,10 +24,12 @@ from otel_loopguard.conventions import (
     SpanAgent,
     SpanToolCall,
     ToolConvention,
+    _dispatch,
     agent_from_span,
     arguments_available_at_start,
     conversation_id,
     decode_json,
+    may_be_tool_span,
     tool_call_from_span,
 )
 
@@ -634,6 +634,9 @@ def test_rejecting_a_non_tool_span_costs_a_few_lookups(name: str, attributes: di
     counting.lookups = 0
     assert agent_from_span(name, counting) is None
     assert counting.lookups <= 4
+    counting.lookups = 0
+    assert may_be_tool_span(name, counting) is False
+    assert counting.lookups <= 4
 
 
 # --- Nothing raises ----------------------------------------------------------------------------
@@ -700,6 +703,7 @@ def test_nothing_raises_on_wrong_argument_types(name: Any, attributes: Any) -> N
     assert tool_call_from_span(name, attributes) is None
     assert agent_from_span(name, attributes) is None
     assert arguments_available_at_start(name, attributes) is False
+    assert may_be_tool_span(name, attributes) is False
     assert conversation_id(attributes) is None
 
 
@@ -753,8 +757,9 @@ def test_compiled_tables_answer_as_the_tables_read_in_order(
     name: str, attributes: dict[str, object], span_events: list[tuple[str, dict[str, object]]]
 ) -> None:
     tool_entry = _read_in_order(TOOL_CONVENTIONS, name, attributes, span_events)
-    bits = conventions._TOOLS.gate_bits(name, attributes)
-    assert (conventions._TOOLS.match(bits, name, attributes, span_events) if bits else None) is tool_entry
+    bits = _dispatch._TOOLS.gate_bits(name, attributes)
+    assert (_dispatch._TOOLS.match(bits, name, attributes, span_events) if bits else None) is tool_entry
+    assert may_be_tool_span(name, attributes) is (bits != 0)
     call = tool_call_from_span(name, attributes, span_events)
     if tool_entry is None:
         assert call is None
@@ -763,8 +768,8 @@ def test_compiled_tables_answer_as_the_tables_read_in_order(
         assert call.convention == tool_entry.name
 
     agent_entry = _read_in_order(AGENT_CONVENTIONS, name, attributes, [])
-    bits = conventions._AGENTS.gate_bits(name, attributes)
-    assert (conventions._AGENTS.match(bits, name, attributes, ()) if bits else None) is agent_entry
+    bits = _dispatch._AGENTS.gate_bits(name, attributes)
+    assert (_dispatch._AGENTS.match(bits, name, attributes, ()) if bits else None) is agent_entry
     assert (agent_from_span(name, attributes) is None) is (agent_entry is None)
 
 
@@ -791,7 +796,7 @@ def test_every_condition_kind_compiles_to_its_holds() -> None:
         conventions.has_event("ev"), conventions.has_event("nope"),
     ]
     for condition in conditions:
-        check = conventions._compile_check(condition)
+        check = _dispatch._compile_check(condition)
         for name, attributes, span_events in spans:
             assert check(name, attributes, span_events) is condition.holds(name, attributes, span_events)
 
@@ -799,22 +804,93 @@ def test_every_condition_kind_compiles_to_its_holds() -> None:
 def test_a_table_entry_must_start_with_a_cheap_gate() -> None:
     entry = ToolConvention(name="events_first", when=(conventions.has_event("x"),))
     with pytest.raises(ValueError, match="events_first"):
-        conventions._Dispatch([entry])
+        _dispatch._Dispatch([entry])
     entry = ToolConvention(name="presence_first", when=(conventions.attribute_present("x"),))
     with pytest.raises(ValueError, match="presence_first"):
-        conventions._Dispatch([entry])
+        _dispatch._Dispatch([entry])
 
 
-def test_the_fast_constructor_builds_the_same_frozen_span_tool_call() -> None:
-    names = [f.name for f in dataclasses.fields(SpanToolCall)]
-    assert list(inspect.signature(conventions._new_span_tool_call).parameters) == names
-    values: list[object] = ["search", {"q": 1}, "r", False, "c1", "a1", "agent", "conv", "genai"]
-    built = conventions._new_span_tool_call(*values)  # type: ignore[arg-type]
-    assert type(built) is SpanToolCall
-    assert built == SpanToolCall(*values)  # type: ignore[arg-type]
-    assert repr(built) == repr(SpanToolCall(*values))  # type: ignore[arg-type]
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        built.tool = "other"  # type: ignore[misc]
+# --- The gate: derived from the tool table once, used by the span processor ---------------------
+
+
+def _span_meeting(
+    conditions: tuple[conventions.Condition, ...],
+) -> tuple[str, dict[str, object], list[tuple[str, dict[str, object]]]]:
+    """A span (name, attributes, events) meeting every one of ``conditions``."""
+    name, attributes, span_events = "some span", {}, []
+    for condition in conditions:
+        first = condition.keys[0]
+        if condition.on is conventions.On.ATTRIBUTE:
+            attributes[first] = min(condition.values) if condition.values else "x"
+        elif condition.on is conventions.On.SPAN_NAME:
+            name = first
+        elif condition.on is conventions.On.SPAN_NAME_PREFIX:
+            name = f"{first}search"
+        else:
+            span_events.append((first, {}))
+    return name, attributes, span_events
+
+
+@pytest.mark.parametrize("entry", TOOL_CONVENTIONS, ids=lambda entry: entry.name)
+def test_a_span_meeting_a_tool_convention_passes_the_gate(entry: ToolConvention) -> None:
+    name, attributes, span_events = _span_meeting(entry.when)
+    assert may_be_tool_span(name, attributes)
+    assert _read_in_order(TOOL_CONVENTIONS, name, attributes, span_events) is not None
+    name, attributes, _ = _span_meeting(entry.when[:1])  # the entry's gate alone opens it
+    assert may_be_tool_span(name, attributes)
+
+
+def test_the_gate_reads_past_unhashable_and_str_subclass_values() -> None:
+    attributes: dict[str, object] = {"traceloop.span.kind": ["tool"], "openinference.span.kind": Marker.TOOL,
+                                     "gen_ai.operation.name": "execute_tool"}
+    assert may_be_tool_span("search", attributes)
+    del attributes["gen_ai.operation.name"]
+    assert not may_be_tool_span("search", attributes)
+    assert tool_call_from_span("search", attributes) is None
+
+
+def test_the_gate_is_derived_from_the_table() -> None:
+    name, attributes = "fetch_tool web", {"my.kind": "tool_call"}  # no gate of today's table
+    assert not may_be_tool_span(name, attributes)
+    assert not _dispatch._Dispatch(TOOL_CONVENTIONS).gate()(name, attributes)
+    for gate in (conventions.span_name_starts("fetch_tool "), conventions.attribute_is("my.kind", "tool_call")):
+        table = (*TOOL_CONVENTIONS, ToolConvention(name="new", when=(gate,)))
+        assert _dispatch._Dispatch(table).gate()(name, attributes)
+    # Removing an entry closes a gate only it had: "running tool" is Pydantic AI v2's alone.
+    without = tuple(entry for entry in TOOL_CONVENTIONS if entry.name != "pydantic_ai_legacy")
+    assert may_be_tool_span("running tool", {})
+    assert not _dispatch._Dispatch(without).gate()("running tool", {})
+
+
+def test_the_span_processor_reads_exactly_the_spans_the_gate_opens_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from otel_loopguard.processor import LoopGuardSpanProcessor
+
+    ended: list[str] = []
+    monkeypatch.setattr(LoopGuardSpanProcessor, "_end",
+                        lambda self, span, name, *rest: ended.append(name))
+    processor = LoopGuardSpanProcessor()
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    tracer = provider.get_tracer("test")
+    spans = [_span_meeting(entry.when)[:2] for entry in TOOL_CONVENTIONS] + [
+        ("chat gpt-4o", {"gen_ai.operation.name": "chat"}),
+        ("invoke_agent weather", {"gen_ai.operation.name": "invoke_agent"}),
+        ("GET /", {"http.request.method": "GET"}),
+        ("search.tool", {}),  # an OpenLLMetry name without its span kind: no gate
+        ("execute_tool", {}),  # no tool name after the prefix: no gate
+        ("search", {"gen_ai.operation.name": Marker.EXECUTE_TOOL}),  # str subclass alone: no gate
+    ]
+    try:
+        for name, attributes in spans:
+            tracer.start_span(name, attributes=attributes).end()  # type: ignore[arg-type]
+    finally:
+        processor.shutdown()
+    assert ended == [name for name, attributes in spans if may_be_tool_span(name, attributes)]
+    assert len(ended) == len(TOOL_CONVENTIONS)
 
 
 def test_any_mapping_reads_like_a_dict() -> None:

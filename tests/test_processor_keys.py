@@ -24,7 +24,7 @@ def setup(**options: Any) -> tuple[trace.Tracer, LoopGuardSpanProcessor, Recordi
     guard = LoopGuard(OBSERVE)
     recording = Recording(guard)
     provider = TracerProvider()
-    processor = guard.span_processor(tracer_provider=provider, **options)
+    processor = LoopGuardSpanProcessor(guard, tracer_provider=provider, **options)
     provider.add_span_processor(processor)
     return provider.get_tracer("t"), processor, recording
 
@@ -119,7 +119,7 @@ def test_a_blocked_call_without_a_span_still_counts() -> None:
     # Strands and LangGraph emit no span for a call their hook blocked: the guard counts it.
     guard = LoopGuard(PRESETS["default"])
     provider = TracerProvider()
-    processor = guard.span_processor(tracer_provider=provider)
+    processor = LoopGuardSpanProcessor(guard, tracer_provider=provider)
     provider.add_span_processor(processor)
     tracer = provider.get_tracer("t")
     actions = []

@@ -672,7 +672,7 @@ def test_guard_sessions_stay_bounded() -> None:
     counter = CallCounter()
     guard = LoopGuard(policy, recorder=counter)
     provider = TracerProvider()
-    provider.add_span_processor(guard.span_processor(tracer_provider=provider))
+    provider.add_span_processor(LoopGuardSpanProcessor(guard, tracer_provider=provider))
     tracer = provider.get_tracer("t")
     runs = 500
     for run in range(runs):
@@ -737,7 +737,7 @@ def test_lone_surrogates_are_counted_not_errors() -> None:
     counter = CallCounter()
     guard = LoopGuard(DEFAULT, recorder=counter)
     provider = TracerProvider()
-    provider.add_span_processor(guard.span_processor(tracer_provider=provider))
+    provider.add_span_processor(LoopGuardSpanProcessor(guard, tracer_provider=provider))
     tracer = provider.get_tracer("t")
     agent = agent_span(tracer, "a")
     escaped = '{"q": "\\ud800"}'  # plain ASCII JSON text, as a model's tool call arrives
@@ -753,7 +753,7 @@ def test_lone_surrogates_are_counted_not_errors() -> None:
 def huge_int_spans(attributes: Mapping[str, Any]) -> LoopGuard:
     guard = LoopGuard(DEFAULT)
     provider = TracerProvider()
-    provider.add_span_processor(guard.span_processor(tracer_provider=provider))
+    provider.add_span_processor(LoopGuardSpanProcessor(guard, tracer_provider=provider))
     tracer = provider.get_tracer("t")
     parent = trace.set_span_in_context(agent_span(tracer, "a"))
     span = tracer.start_span("execute_tool search", context=parent,
@@ -877,7 +877,7 @@ def test_concurrent_tool_spans_are_counted_exactly(
     guard = LoopGuard(CONCURRENCY_POLICY, recorder=counter)
     spy = DecisionSpy(guard)
     provider = make_provider()
-    processor = guard.span_processor(tracer_provider=provider)
+    processor = LoopGuardSpanProcessor(guard, tracer_provider=provider)
     events = DecisionEventCounter()
     provider.add_span_processor(processor)
     provider.add_span_processor(events)

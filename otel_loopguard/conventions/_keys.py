@@ -1,0 +1,91 @@
+"""Attribute keys, event names and marker values the conventions read, each declared once.
+
+The opentelemetry-semantic-conventions package marks its gen_ai constants as moved, so the keys
+this project reads are declared here. Nothing here imports from the rest of the package.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
+GEN_AI_TOOL_NAME: Final = "gen_ai.tool.name"
+GEN_AI_TOOL_TYPE: Final = "gen_ai.tool.type"
+GEN_AI_TOOL_CALL_ID: Final = "gen_ai.tool.call.id"
+GEN_AI_TOOL_CALL_ARGUMENTS: Final = "gen_ai.tool.call.arguments"
+GEN_AI_TOOL_CALL_RESULT: Final = "gen_ai.tool.call.result"
+GEN_AI_TOOL_STATUS: Final = "gen_ai.tool.status"
+GEN_AI_AGENT_ID: Final = "gen_ai.agent.id"
+GEN_AI_AGENT_NAME: Final = "gen_ai.agent.name"
+GEN_AI_CONVERSATION_ID: Final = "gen_ai.conversation.id"
+GEN_AI_PROVIDER_NAME: Final = "gen_ai.provider.name"
+GEN_AI_SYSTEM: Final = "gen_ai.system"
+ERROR_TYPE: Final = "error.type"
+SESSION_ID: Final = "session.id"
+
+OPERATION_EXECUTE_TOOL: Final = "execute_tool"
+OPERATION_INVOKE_AGENT: Final = "invoke_agent"
+EXECUTE_TOOL_SPAN_PREFIX: Final = "execute_tool "
+INVOKE_AGENT_SPAN_PREFIX: Final = "invoke_agent "
+
+# Pydantic AI instrumentation version 2 ("running tool" spans).
+PYDANTIC_AI_LEGACY_ARGUMENTS: Final = "tool_arguments"
+PYDANTIC_AI_LEGACY_RESULT: Final = "tool_response"
+PYDANTIC_AI_LEGACY_AGENT_NAME: Final = "agent_name"
+LOGFIRE_MSG: Final = "logfire.msg"
+
+# OpenInference.
+OPENINFERENCE_SPAN_KIND: Final = "openinference.span.kind"
+OPENINFERENCE_TOOL_NAME: Final = "tool.name"
+OPENINFERENCE_TOOL_PARAMETERS: Final = "tool.parameters"
+OPENINFERENCE_TOOL_JSON_SCHEMA: Final = "tool.json_schema"
+OPENINFERENCE_TOOL_CALL_ID: Final = "tool_call.id"
+OPENINFERENCE_INPUT_VALUE: Final = "input.value"
+OPENINFERENCE_OUTPUT_VALUE: Final = "output.value"
+OPENINFERENCE_METADATA: Final = "metadata"
+OPENINFERENCE_AGENT_NAME: Final = "agent.name"
+
+# OpenLLMetry (traceloop).
+TRACELOOP_SPAN_KIND: Final = "traceloop.span.kind"
+TRACELOOP_ENTITY_NAME: Final = "traceloop.entity.name"
+TRACELOOP_ENTITY_INPUT: Final = "traceloop.entity.input"
+TRACELOOP_ENTITY_OUTPUT: Final = "traceloop.entity.output"
+TRACELOOP_WORKFLOW_NAME: Final = "traceloop.workflow.name"
+TRACELOOP_TASK_STATUS: Final = "gen_ai.task.status"
+TRACELOOP_THREAD_ID: Final = "traceloop.association.properties.thread_id"
+TRACELOOP_SESSION_ID: Final = "traceloop.association.properties.session_id"
+TRACELOOP_CONVERSATION_ID: Final = "traceloop.association.properties.conversation_id"
+
+# Strands Agents (default semconv: arguments and result travel in span events).
+STRANDS_PROVIDER: Final = "strands-agents"
+STRANDS_TOOL_MESSAGE_EVENT: Final = "gen_ai.tool.message"
+STRANDS_CHOICE_EVENT: Final = "gen_ai.choice"
+
+# Google ADK legacy schema.
+ADK_TOOL_CALL_ARGS: Final = "gcp.vertex.agent.tool_call_args"
+ADK_TOOL_RESPONSE: Final = "gcp.vertex.agent.tool_response"
+ADK_EVENT_ID: Final = "gcp.vertex.agent.event_id"
+ADK_SESSION_ID: Final = "gcp.vertex.agent.session_id"
+ADK_MERGED_TOOLS: Final = "(merged tools)"
+
+# OpenLIT before it adopted gen_ai.tool.call.arguments.
+OPENLIT_TOOL_ARGS: Final = "gen_ai.tool.args"
+
+EXCEPTION_EVENT: Final = "exception"
+
+_CALL_ID_PLACEHOLDERS: Final = frozenset({"<not specified>", "N/A"})
+"""Values instrumentations write when they have no call id (Google ADK)."""
+
+_ERROR_STATUS_KEYS: Final = (GEN_AI_TOOL_STATUS, TRACELOOP_TASK_STATUS)
+_ERROR_STATUS_VALUES: Final = frozenset({"error", "failure", "failed"})
+_SUCCESS_STATUS_VALUES: Final = frozenset({"success", "ok"})
+
+_CONVERSATION_ID_KEYS: Final = (
+    GEN_AI_CONVERSATION_ID,
+    SESSION_ID,
+    TRACELOOP_THREAD_ID,
+    TRACELOOP_SESSION_ID,
+    TRACELOOP_CONVERSATION_ID,
+    ADK_SESSION_ID,
+)
+_METADATA_CONVERSATION_KEYS: Final = ("thread_id", "session_id", "conversation_id")

@@ -1,0 +1,60 @@
+"""What the conventions give for a span: a :class:`SpanToolCall`, a :class:`SpanAgent`, and the
+:data:`MISSING` sentinel for arguments a span does not carry."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Final
+
+
+class Missing(enum.Enum):
+    """Type of :data:`MISSING`; an enum so the sentinel is a typed singleton that pickles."""
+
+    MISSING = "MISSING"
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+MISSING: Final = Missing.MISSING
+"""``SpanToolCall.arguments`` when the span carries no arguments at all (content capture off,
+or not yet set). Distinct from ``{}``, which is a real call without arguments."""
+
+
+@dataclass(frozen=True, slots=True)
+class SpanToolCall:
+    """One tool call recognised in a span.
+
+    ``arguments`` is the decoded arguments (a dict normally; a bare scalar or list when the
+    instrumentation gives no parameter names; :data:`MISSING` when the span carries none).
+    ``result`` is the decoded result, ``None`` when unknown. ``is_error`` is ``None`` when the
+    span says nothing either way. ``agent_id``/``agent_name`` are only what the tool span itself
+    carries; the caller falls back to the nearest ancestor agent span. ``convention`` names the
+    :data:`TOOL_CONVENTIONS` entry that matched.
+    """
+
+    tool: str
+    arguments: object
+    result: object
+    is_error: bool | None
+    call_id: str | None
+    agent_id: str | None
+    agent_name: str | None
+    conversation_id: str | None
+    convention: str
+
+
+@dataclass(frozen=True, slots=True)
+class SpanAgent:
+    """An agent-run span (``invoke_agent``, OpenInference AGENT, OpenLLMetry agent/workflow).
+
+    Both identity fields may be ``None``: the span still marks the start of an agent run.
+    """
+
+    agent_id: str | None
+    agent_name: str | None
+    conversation_id: str | None
