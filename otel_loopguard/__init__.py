@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .advice import AdviceRequest, Advisor, AdvisorError, CommandAdvisor
-from .config import PRESETS, Mode, Policy, Rule, load_policy
+from .advice import AdviceRequest, Advisor, AdvisorError, CallRecord, CommandAdvisor
+from .config import PRESETS, AdvisorInput, Mode, Policy, Rule, load_policy
 from .guard import LoopGuard
 from .policy import Action, Decision, LoopDetected
 
@@ -20,6 +20,8 @@ __all__ = [
     "AdviceRequest",
     "Advisor",
     "AdvisorError",
+    "AdvisorInput",
+    "CallRecord",
     "CommandAdvisor",
     "Decision",
     "LoopDetected",

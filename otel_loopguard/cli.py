@@ -54,7 +54,8 @@ def _port(text: str) -> int:
     return value
 
 
-def _policy_options(parser: argparse.ArgumentParser, preset_default: str | None) -> None:
+def _policy_options(parser: argparse.ArgumentParser, preset_default: str | None,
+                    *, plugin_config: bool = True) -> None:
     from otel_loopguard.config import PRESETS
 
     names = ", ".join(PRESETS)
@@ -67,6 +68,14 @@ def _policy_options(parser: argparse.ArgumentParser, preset_default: str | None)
         "--config", metavar="FILE",
         help="TOML policy file (top-level keys or a [loopguard] table); overrides the preset",
     )
+    if plugin_config:
+        parser.add_argument(
+            "--plugin-config", metavar="[NAME=]FILE",
+            help="the configuration of the repeat-tool-reminder, loop-brake or loop-rescue"
+                 " plugin, as is (YAML, JSON or TOML: its entry with id and config, or"
+                 " NAME=FILE for a bare config); its preset is the base instead of --preset,"
+                 " and --config still applies on top",
+        )
 
 
 def _load_policy(args: argparse.Namespace, *, use_environment: bool = True) -> Policy:
@@ -75,12 +84,39 @@ def _load_policy(args: argparse.Namespace, *, use_environment: bool = True) -> P
     from otel_loopguard.config import load_policy
 
     try:
-        return load_policy(args.preset, args.config, None if use_environment else {})
+        return load_policy(args.preset, args.config, None if use_environment else {},
+                           getattr(args, "plugin_config", None))
     except ValueError as exc:
         raise _UsageError(str(exc)) from None
 
 
 # -- replay ------------------------------------------------------------------------------------
+
+#: Stands for the list of input formats in ``replay --help``, filled in when help is shown.
+_INPUT_FORMATS_EPILOG: Final = "\0input formats\0"
+
+
+class _ReplayHelpFormatter(argparse.HelpFormatter):
+    """Lists the registered input formats, read from the format registry only when help is
+    shown: building the parser must not import the replay package (hooks build it per call)."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if text != _INPUT_FORMATS_EPILOG:
+            return super()._fill_text(text, width, indent)
+        import textwrap
+
+        from otel_loopguard.replay import FORMATS
+
+        lines = ["input formats (detected from a file's first records; --format NAME forces"
+                 " one):"]
+        name_width = max(len(fmt.name) for fmt in FORMATS) + 2
+        for fmt in FORMATS:
+            lines.extend(textwrap.wrap(
+                fmt.description, width=max(width, name_width + 20),
+                initial_indent=f"{indent}  {fmt.name:<{name_width}}",
+                subsequent_indent=f"{indent}  {'':<{name_width}}",
+            ))
+        return "\n".join(lines)
 
 
 def _add_replay(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -90,11 +126,11 @@ def _add_replay(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         description=(
             "Feed recorded tool calls through the guard and report, per session, every reminder,"
             " denial and stop it would have given, and what a deny would have saved. Input is"
-            " JSON lines: tool-call transcripts ({\"session\", \"tool\", \"arguments\","
-            " \"error\"} per call, {\"type\": \"user_message\", \"session\"} per prompt) or"
-            " Claude Code session files, detected automatically. Exit status 0 when all input"
-            " was read, 1 when some lines were bad, 2 for usage errors."
+            " JSON lines in one of the input formats below, detected automatically. Exit status"
+            " 0 when all input was read, 1 when some lines were bad, 2 for usage errors."
         ),
+        epilog=_INPUT_FORMATS_EPILOG,
+        formatter_class=_ReplayHelpFormatter,
     )
     parser.add_argument(
         "files", nargs="+", metavar="FILE",
@@ -105,6 +141,11 @@ def _add_replay(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help='print one JSON line per call: {"session", "index", "tool", "action", "rule",'
              ' "count"}, nothing else on stdout',
     )
+    parser.add_argument(
+        "--html", metavar="FILE", dest="html_path",
+        help="also write a self-contained HTML report to FILE: per session a timeline of its"
+             " calls, repeats, reminders, denials, stops and user messages, for tuning a policy",
+    )
     _policy_options(parser, None)
     parser.add_argument(
         "--mode", choices=("observe", "advise", "enforce"),
@@ -112,8 +153,8 @@ def _add_replay(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     )
     parser.add_argument(
         "--format", metavar="NAME", dest="input_format",
-        help="read every file in this format instead of detecting it"
-             " (claude-code, transcript, otlp-json, span-dump)",
+        help="read every file in this format instead of detecting it (see input formats"
+             " below)",
     )
     parser.add_argument(
         "--key-by", choices=("trace", "conversation"), default="trace",
@@ -136,6 +177,7 @@ def _run_replay(args: argparse.Namespace) -> int:
             format_name=args.input_format,
             mode=Mode(args.mode) if args.mode else None,
             key_by=args.key_by,
+            html_path=args.html_path,
         )
     except UsageError as exc:
         raise _UsageError(str(exc)) from None
@@ -154,7 +196,7 @@ def _add_demo(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
             " denial the model would get, and the stop. LOOPGUARD_* settings do not apply."
         ),
     )
-    _policy_options(parser, "default")
+    _policy_options(parser, "default", plugin_config=False)
     parser.add_argument(
         "--delay", metavar="SECONDS", type=_non_negative_seconds, default=None,
         help="pause between steps (default: a short pause when stdout is a terminal, else 0)",
@@ -216,8 +258,8 @@ def _add_hook(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     parser.add_argument(
         "--server", metavar="URL",
         help="ask the otel-loopguard serve at URL (its HTTP port, e.g. http://127.0.0.1:4318)"
-             " instead: it keeps the sessions and applies its own policy (no --store, --preset"
-             " or --config)",
+             " instead: it keeps the sessions and applies its own policy (no --store, --preset,"
+             " --config or --plugin-config)",
     )
     parser.add_argument(
         "--token", metavar="TOKEN",
@@ -242,7 +284,7 @@ def _run_hook(args: argparse.Namespace) -> int:
 
     return run(args.host, store=args.store, preset=args.preset, config=args.config,
                fail_closed=args.fail_closed, server=args.server, token=args.token,
-               timeout_seconds=args.timeout)
+               timeout_seconds=args.timeout, plugin_config=args.plugin_config)
 
 
 # -- serve -------------------------------------------------------------------------------------

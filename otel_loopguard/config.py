@@ -26,6 +26,7 @@ from typing import Any, Final
 from .env import LOOPGUARD_PRESET, POLICY_PREFIX
 
 __all__ = [
+    "AdvisorInput",
     "DEFAULT_IGNORED_ARGS",
     "DEFAULT_MUTATING_COMMANDS",
     "DEFAULT_MUTATING_TOOLS",
@@ -34,11 +35,15 @@ __all__ = [
     "Mode",
     "PRESETS",
     "Policy",
+    "RESCUE_PLUGIN_EXCLUDE",
+    "RESCUE_PLUGIN_IGNORED_ARGS",
+    "RESCUE_PLUGIN_MUTATING_TOOLS",
     "Rule",
     "env_var",
     "load_policy",
     "policy_from_env",
     "policy_from_mapping",
+    "validate_field",
     "wildcard_regex",
     "wildcard_union",
 ]
@@ -57,6 +62,15 @@ class Mode(str, Enum):
     ADVISE = "advise"
     #: The whole ladder: remind, deny, rescue, stop.
     ENFORCE = "enforce"
+
+
+class AdvisorInput(str, Enum):
+    """How a command advisor is given the question."""
+
+    #: The question as one extra argv element; nothing on stdin (the rescue plugin's contract).
+    ARGV = "argv"
+    #: The whole request as one JSON object on stdin, the question included; no extra argv.
+    STDIN_JSON = "stdin_json"
 
 
 class Rule(str, Enum):
@@ -143,7 +157,7 @@ class _Kind(Enum):
     """What a policy field holds: how it is validated, read from TOML and from the environment.
     Each field declares its kind once, in its metadata; everything else derives from it."""
 
-    MODE = "mode"  # a Mode
+    CHOICE = "choice"  # a member of the Enum in the field's metadata ("choices")
     RULES = "rules"  # a set of Rule
     THRESHOLDS = "thresholds"  # sorted distinct integers >= 2
     THRESHOLD = "threshold"  # an integer >= minimum
@@ -156,17 +170,21 @@ class _Kind(Enum):
     REGEXES = "regexes"  # regular expressions that must compile
     NAMES = "names"  # a set of strings
     COMMAND = "command"  # a command line, or None
-    PATH = "path"  # a non-empty file path, or None
+    PATH = "path"  # a non-empty file path, or None (a leading ~ is expanded where it is used)
+    TEXT = "text"  # a non-empty string, or None
     FLAG = "flag"  # true or false
 
 
-_OPTIONAL_KINDS: Final = frozenset({_Kind.OPTIONAL_THRESHOLD, _Kind.COMMAND, _Kind.PATH})
+_OPTIONAL_KINDS: Final = frozenset(
+    {_Kind.OPTIONAL_THRESHOLD, _Kind.COMMAND, _Kind.PATH, _Kind.TEXT}
+)
 _LIST_KINDS: Final = frozenset({_Kind.THRESHOLDS, _Kind.PATTERNS, _Kind.REGEXES})
 _SET_KINDS: Final = frozenset({_Kind.RULES, _Kind.NAMES})
 
 
-def _doc(text: str, kind: _Kind, minimum: int = 2) -> dict[str, object]:
-    return {"doc": text, "kind": kind, "minimum": minimum}
+def _doc(text: str, kind: _Kind, minimum: int = 2,
+         choices: type[Enum] | None = None) -> dict[str, object]:
+    return {"doc": text, "kind": kind, "minimum": minimum, "choices": choices}
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +195,9 @@ class Policy:
     epoch, including the attempt being decided, as measured by the strongest enabled rule.
     """
 
-    mode: Mode = field(default=Mode.ENFORCE, metadata=_doc("observe, advise or enforce", _Kind.MODE))
+    mode: Mode = field(
+        default=Mode.ENFORCE, metadata=_doc("observe, advise or enforce", _Kind.CHOICE, choices=Mode)
+    )
     rules: frozenset[Rule] = field(
         default=frozenset(Rule),
         metadata=_doc("enabled rules: consecutive, window, no_progress, stall", _Kind.RULES),
@@ -189,8 +209,14 @@ class Policy:
         default=(3, 5),
         metadata=_doc(
             "counts at which to remind: gentle text at the first, detailed at later ones,"
-            " and on every call past the last one"
+            " and on every call past the last one (see remind_past_thresholds)"
         , _Kind.THRESHOLDS),
+    )
+    remind_past_thresholds: bool = field(
+        default=True,
+        metadata=_doc(
+            "remind on every call past the last remind threshold too (false: only at the"
+            " thresholds, as the reminder plugin)", _Kind.FLAG),
     )
     deny_threshold: int | None = field(
         default=6, metadata=_doc("count from which a call without progress is denied (none: never)", _Kind.OPTIONAL_THRESHOLD)
@@ -219,6 +245,12 @@ class Policy:
     stall_threshold: int = field(
         default=40, metadata=_doc("redundant calls in one epoch that stop the agent (stall rule)", _Kind.THRESHOLD)
     )
+    rescue_on_stall: bool = field(
+        default=False,
+        metadata=_doc(
+            "on stall, deny the redundant call with advice (a rescue) instead of stopping the"
+            " run, as the rescue plugin", _Kind.FLAG),
+    )
     arguments_preview_chars: int = field(
         default=200, metadata=_doc("characters of canonical arguments shown in detailed texts", _Kind.COUNT)
     )
@@ -226,7 +258,8 @@ class Policy:
         default=DEFAULT_IGNORED_ARGS, metadata=_doc("top-level argument fields ignored in keys", _Kind.NAMES)
     )
     include: tuple[str, ...] = field(
-        default=("*",), metadata=_doc("tool-name patterns that are tracked (* wildcard)", _Kind.PATTERNS)
+        default=("*",),
+        metadata=_doc("tool-name patterns that are tracked (* wildcard; empty: every tool)", _Kind.PATTERNS),
     )
     exclude: tuple[str, ...] = field(
         default=(), metadata=_doc("tool-name patterns that are never tracked (* wildcard)", _Kind.PATTERNS)
@@ -255,6 +288,18 @@ class Policy:
     advisor_command: str | None = field(
         default=None, metadata=_doc("advisor command line (advice on stdout, exit 0)", _Kind.COMMAND)
     )
+    advisor_input: AdvisorInput = field(
+        default=AdvisorInput.ARGV,
+        metadata=_doc(
+            "how advisor_command gets the question: argv (one extra argument, nothing on stdin)"
+            " or stdin_json (the request as JSON on stdin)", _Kind.CHOICE, choices=AdvisorInput),
+    )
+    advisor_model: str | None = field(
+        default=None,
+        metadata=_doc(
+            "model name handed to the advisor (AdviceRequest.model; a command gets it in"
+            " LOOPGUARD_ADVISOR_MODEL)", _Kind.TEXT),
+    )
     trip_log_path: str | None = field(
         default=None, metadata=_doc("file to append one JSON line per non-allow decision to", _Kind.PATH)
     )
@@ -272,7 +317,12 @@ class Policy:
     def __post_init__(self) -> None:
         """Normalise collections and validate; raises ``ValueError`` naming field and value."""
         for spec in _SPECS:
-            _set_valid(self, spec.name, spec.metadata["kind"], spec.metadata["minimum"])
+            value = getattr(self, spec.name)
+            valid = _valid(spec.name, value, spec.metadata)
+            if valid is not value:
+                object.__setattr__(self, spec.name, valid)
+        if not self.include:
+            object.__setattr__(self, "include", ("*",))  # empty means every tool, as the plugins
 
         deny = self.deny_threshold
         if deny is not None and self.remind_thresholds and self.remind_thresholds[-1] >= deny:
@@ -324,24 +374,39 @@ def _kind(name: str) -> _Kind:
     return kind
 
 
-def _set_valid(policy: Policy, name: str, kind: _Kind, minimum: int) -> None:
-    """Validate (and normalise in place) one field of a policy under construction by its kind;
-    raises ``ValueError`` naming the field and the value."""
-    value = getattr(policy, name)
+def validate_field(name: str, value: object, *, label: str | None = None) -> object:
+    """Validate ``value`` for the policy field ``name`` by the field's kind and return it
+    normalised (lists as tuples, sets as frozensets, sorted thresholds, enum members).
+
+    Raises ``ValueError`` naming ``label`` (default: the field) and the value; for an unknown
+    field, naming the field. Cross-field rules (deny before rescue, ...) are checked by
+    :class:`Policy` itself.
+    """
+    spec = _FIELDS.get(name)
+    if spec is None:
+        raise ValueError(f"unknown policy field: {name}")
+    return _valid(label or name, value, spec.metadata)
+
+
+def _valid(name: str, value: object, metadata: Mapping[str, Any]) -> Any:
+    """Validate one field value by its kind; return it normalised (the same object when
+    nothing changes). Raises ``ValueError`` naming ``name`` and the value."""
+    kind: _Kind = metadata["kind"]
+    minimum: int = metadata["minimum"]
     if kind in _OPTIONAL_KINDS and value is None:
-        return
-    if kind is _Kind.MODE:
-        value = _enum(Mode, name, value)
-    elif kind is _Kind.RULES:
-        value = frozenset(_enum(Rule, name, item) for item in _as_tuple(name, value))
-    elif kind is _Kind.THRESHOLDS:
-        value = _as_tuple(name, value)
-        for item in value:
+        return value
+    if kind is _Kind.CHOICE:
+        return _enum(metadata["choices"], name, value)
+    if kind is _Kind.RULES:
+        return frozenset(_enum(Rule, name, item) for item in _as_tuple(name, value))
+    if kind is _Kind.THRESHOLDS:
+        items = _as_tuple(name, value)
+        for item in items:
             _threshold(name, item, minimum)
-        if len(set(value)) != len(value):
-            raise ValueError(f"{name}: duplicate thresholds in {list(value)!r}")
-        value = tuple(sorted(value))
-    elif kind in (_Kind.THRESHOLD, _Kind.OPTIONAL_THRESHOLD):
+        if len(set(items)) != len(items):
+            raise ValueError(f"{name}: duplicate thresholds in {list(items)!r}")
+        return tuple(sorted(items))
+    if kind in (_Kind.THRESHOLD, _Kind.OPTIONAL_THRESHOLD):
         _threshold(name, value, minimum)
     elif kind is _Kind.COUNT:
         _positive_int(name, value)
@@ -353,26 +418,28 @@ def _set_valid(policy: Policy, name: str, kind: _Kind, minimum: int) -> None:
         _positive_float(name, value)
     elif kind is _Kind.PATTERNS:
         # Literal apart from *, tool-name patterns always compile.
-        value = _str_tuple(name, value)
+        return _str_tuple(name, value)
     elif kind is _Kind.REGEXES:
-        value = _str_tuple(name, value)
-        for pattern in value:
+        patterns = _str_tuple(name, value)
+        for pattern in patterns:
             try:
                 re.compile(pattern)
             except re.error as exc:
                 raise ValueError(f"{name}: pattern {pattern!r} does not compile: {exc}") from None
+        return patterns
     elif kind is _Kind.NAMES:
-        value = frozenset(_str_tuple(name, value))
+        return frozenset(_str_tuple(name, value))
     elif kind is _Kind.COMMAND:
         if not isinstance(value, str):
             raise ValueError(f"{name}: expected a string, got {value!r}")
-    elif kind is _Kind.PATH:
+    elif kind in (_Kind.PATH, _Kind.TEXT):
         if not isinstance(value, str) or not value:
-            raise ValueError(f"{name}: expected a file path, got {value!r}")
+            what = "a file path" if kind is _Kind.PATH else "a non-empty string"
+            raise ValueError(f"{name}: expected {what}, got {value!r}")
     elif kind is _Kind.FLAG:
         if not isinstance(value, bool):
             raise ValueError(f"{name}: expected true or false, got {value!r}")
-    object.__setattr__(policy, name, value)
+    return value
 
 
 def _enum(kind: type[Enum], name: str, value: object) -> Any:
@@ -432,20 +499,38 @@ def _positive_float(name: str, value: object) -> None:
         raise ValueError(f"{name}: expected a number > 0, got {value!r}")
 
 
+#: The rescue plugin's defaults (its README's configuration block): tools it never tracks,
+#: argument fields it strips, tools whose successful call is progress.
+RESCUE_PLUGIN_EXCLUDE: Final = ("todo_write", "ask_user", "mcp__claude__*")
+RESCUE_PLUGIN_IGNORED_ARGS: Final = frozenset(
+    {"description", "explanation", "reasoning", "thought", "comment"}
+)
+RESCUE_PLUGIN_MUTATING_TOOLS: Final = (
+    "edit", "write", "multi_edit", "str_replace_editor", "apply_patch", "create_file",
+    "notebook_edit",
+)
+
 PRESETS: Final[Mapping[str, Policy]] = {
     # Ours: window + outcome awareness; see README "Choosing thresholds" for the scenarios.
     "default": Policy(),
-    # The advisory reminder plugin: consecutive identical calls, reminders at 3, 5 and 8.
+    # The repeat-tool-reminder plugin: consecutive identical calls (arguments compared whole,
+    # no epochs), advisory reminders at exactly 3, 5 and 8, arguments quoted up to 500 chars.
     "reminder": Policy(
         mode=Mode.ADVISE,
         rules=frozenset({Rule.CONSECUTIVE}),
         remind_thresholds=(3, 5, 8),
+        remind_past_thresholds=False,
         deny_threshold=None,
         rescue_threshold=None,
         poll_limit=None,
         stop_after_denials=None,
+        arguments_preview_chars=500,
+        ignored_args=frozenset(),
+        mutating_tools=(),
+        mutating_commands=(),
     ),
-    # The brake plugin: deny the 4th consecutive identical call, whatever its outcome.
+    # The loop-brake plugin (maxRepeats 3): deny the 4th consecutive identical call, whatever
+    # its outcome, arguments compared whole; never reminds, never stops.
     "brake": Policy(
         rules=frozenset({Rule.CONSECUTIVE}),
         remind_thresholds=(),
@@ -453,8 +538,14 @@ PRESETS: Final[Mapping[str, Policy]] = {
         rescue_threshold=None,
         poll_limit=None,
         stop_after_denials=None,
+        ignored_args=frozenset(),
+        mutating_tools=(),
+        mutating_commands=(),
     ),
-    # The rescue plugin: 12-call window, deny the 3rd occurrence, rescue at the 5th, stall at 40.
+    # The loop-rescue plugin: 12-call window, deny the 3rd occurrence (nudgeAt), rescue from the
+    # 5th (rescueAt), a rescue at 40 redundant calls in an epoch (stallAt); never stops. Its
+    # advisor command and trip log are not set here (a preset runs no program and writes no
+    # file): LoopGuard.from_plugin_config fills the plugin's own defaults for those.
     "rescue": Policy(
         rules=frozenset({Rule.WINDOW, Rule.STALL}),
         window_size=12,
@@ -464,6 +555,14 @@ PRESETS: Final[Mapping[str, Policy]] = {
         poll_limit=None,
         stop_after_denials=None,
         stall_threshold=40,
+        rescue_on_stall=True,
+        exclude=RESCUE_PLUGIN_EXCLUDE,
+        ignored_args=RESCUE_PLUGIN_IGNORED_ARGS,
+        mutating_tools=RESCUE_PLUGIN_MUTATING_TOOLS,
+        mutating_commands=(),
+        max_rescues=3,
+        cooldown_seconds=45.0,
+        advisor_timeout_seconds=90.0,
     ),
 }
 
@@ -516,9 +615,9 @@ def _parse_env(name: str, text: str) -> object:
         # Regexes may contain commas; they are separated by newlines or ';;'.
         separator = "\n" if "\n" in text else ";;" if kind is _Kind.REGEXES else ","
         return tuple(part.strip() for part in text.split(separator) if part.strip())
-    if kind is _Kind.MODE:
+    if kind is _Kind.CHOICE:
         return text.lower()
-    if kind in (_Kind.COMMAND, _Kind.PATH):
+    if kind in (_Kind.COMMAND, _Kind.PATH, _Kind.TEXT):
         return text
     if kind is _Kind.FLAG:
         lowered = text.lower()
@@ -576,16 +675,29 @@ def load_policy(
     preset: str | None = None,
     config_path: str | Path | None = None,
     environ: Mapping[str, str] | None = None,
+    plugin_config: str | Path | None = None,
 ) -> Policy:
     """Build the policy a command-line entrance uses.
 
     Order, later wins: the preset (``preset``, else ``LOOPGUARD_PRESET``, else ``default``), then
-    ``LOOPGUARD_*`` environment overrides, then the TOML file at ``config_path`` (top-level keys
-    or a ``[loopguard]`` table). A bad preset name or file raises ``ValueError`` naming it.
+    ``LOOPGUARD_*`` environment overrides, then the plugin configuration file at
+    ``plugin_config`` (read as :func:`otel_loopguard.plugins.load_plugin_config` does: its
+    plugin's preset is the base instead of ``preset``), then the TOML file at ``config_path``
+    (top-level keys or a ``[loopguard]`` table). A bad preset name or file raises
+    ``ValueError`` naming it.
     """
     if preset is not None and preset not in PRESETS:
         raise ValueError(f"preset: {preset!r} is not one of {', '.join(PRESETS)}")
-    policy = policy_from_env(PRESETS[preset] if preset else None, environ)
+    if plugin_config is not None:
+        if preset is not None:
+            raise ValueError("a preset and a plugin config both choose the base policy;"
+                             " give one of them")
+        from .plugins import load_plugin_config  # only a plugin config needs it
+
+        plugin = load_plugin_config(plugin_config, environ)
+        policy = plugin.policy(policy_from_env(PRESETS[plugin.preset], environ))
+    else:
+        policy = policy_from_env(PRESETS[preset] if preset else None, environ)
     if config_path is None:
         return policy
     # Imported here: only a config file needs it, and hook processes start per tool call.
@@ -593,7 +705,7 @@ def load_policy(
         import tomllib
     else:  # pragma: no cover - exercised on Python 3.10 only
         import tomli as tomllib
-    path = Path(config_path)
+    path = Path(config_path).expanduser()
     try:
         with path.open("rb") as handle:
             data = tomllib.load(handle)

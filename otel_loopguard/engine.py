@@ -15,24 +15,31 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
 import orjson
 
+from .calls import MAX_TOOL_NAME_CHARS as MAX_TOOL_CHARS
 from .config import Policy, wildcard_union
 
 __all__ = [
     "MAX_COMMAND_CHARS",
     "MAX_PENDING_CALLS",
+    "MAX_TASK_CHARS",
+    "MAX_TRAIL_ARGUMENT_CHARS",
+    "MAX_TRAIL_CALLS",
+    "MAX_TRAIL_OUTPUT_CHARS",
     "Classifier",
     "Pending",
     "ReportLedger",
     "SessionState",
     "SessionStore",
     "SignatureState",
+    "Trail",
+    "TrailCall",
     "shell_command",
 ]
 
@@ -40,6 +47,14 @@ __all__ = [
 MAX_PENDING_CALLS: Final = 64
 #: Shell commands longer than this are matched on their first this-many characters only.
 MAX_COMMAND_CHARS: Final = 4096
+#: What a session remembers for an advisor's question (kept only by a guard that can ask one):
+#: its latest calls (oldest forgotten first), each call's canonical arguments and output cut to
+#: these many characters, and the task and the latest user message cut to MAX_TASK_CHARS.
+MAX_TRAIL_CALLS: Final = 8
+MAX_TRAIL_ARGUMENT_CHARS: Final = 300
+MAX_TRAIL_OUTPUT_CHARS: Final = 1000
+MAX_TASK_CHARS: Final = 2000
+_MAX_KEY_CHARS: Final = 64
 _COMMAND_KEYS: Final = ("command", "cmd", "script", "commands")
 _MAX_CACHED_TOOL_NAMES: Final = 1024
 _EXPIRY_INTERVAL_SECONDS: Final = 1.0
@@ -75,7 +90,9 @@ class Classifier:
     """
 
     def __init__(self, policy: Policy) -> None:
-        self._include = wildcard_union(policy.include)
+        # An empty include list means every tool, as in the plugins (Policy stores it as "*").
+        self._include = None if "*" in policy.include or not policy.include \
+            else wildcard_union(policy.include)
         self._exclude = wildcard_union(policy.exclude)
         self._shell = wildcard_union(policy.shell_tools)
         self._mutating = wildcard_union(policy.mutating_tools)
@@ -88,7 +105,8 @@ class Classifier:
         """Return (tracked by name, shell tool, mutating by name) for ``tool``."""
         kind = self._cache.get(tool)
         if kind is None:
-            tracked = _matches(self._include, tool) and not _matches(self._exclude, tool)
+            tracked = ((self._include is None or _matches(self._include, tool))
+                       and not _matches(self._exclude, tool))
             kind = (tracked, _matches(self._shell, tool), _matches(self._mutating, tool))
             if len(self._cache) >= _MAX_CACHED_TOOL_NAMES:
                 self._cache.clear()
@@ -149,6 +167,115 @@ class SignatureState:
         self.changed = False
 
 
+class TrailCall:
+    """One remembered call, or a run of the same call repeated back to back: tool, cut
+    canonical arguments, args key, how the latest attempt ended (``"ok"``, ``"error"``,
+    ``"ran"`` (failure unknown), ``"refused"``, or ``None`` while unknown), the latest cut
+    output, the attempts in the run (``times``) and how many of them were refused."""
+
+    __slots__ = ("arguments", "key", "outcome", "output", "refused", "times", "tool")
+
+    def __init__(self, tool: str, arguments: str, key: str, outcome: str | None,
+                 output: str | None, times: int = 1, refused: int = 0) -> None:
+        self.tool = tool
+        self.arguments = arguments
+        self.key = key
+        self.outcome = outcome
+        self.output = output
+        self.times = times
+        self.refused = refused
+
+
+class Trail:
+    """What a session remembers so that an advisor can be asked a real question: the task,
+    the latest user message and the latest :data:`MAX_TRAIL_CALLS` calls, every text cut to
+    its bound (a session's trail stays under about 17k characters, tool names included)."""
+
+    __slots__ = ("calls", "latest_message", "task")
+
+    def __init__(self) -> None:
+        self.calls: deque[TrailCall] = deque(maxlen=MAX_TRAIL_CALLS)  # the oldest falls out
+        self.task: str | None = None
+        self.latest_message: str | None = None
+
+    def add(self, tool: str, arguments: str, key: str, outcome: str | None,
+            output: str | None, times: int = 1, refused: int = 0) -> None:
+        """Remember a call: a repeat of the latest one adds to its run (so a loop does not push
+        the calls before it out); another starts an entry (the oldest is forgotten beyond the
+        bound)."""
+        calls = self.calls
+        if output is not None:
+            output = output[:MAX_TRAIL_OUTPUT_CHARS]
+        if calls and calls[-1].key == key:
+            last = calls[-1]
+            last.times += times
+            last.refused += refused if outcome != "refused" else max(refused, 1)
+            last.outcome = outcome
+            if output is not None:
+                last.output = output
+            return
+        if outcome == "refused":
+            refused = max(refused, 1)
+        calls.append(TrailCall(tool, arguments[:MAX_TRAIL_ARGUMENT_CHARS], key, outcome, output,
+                               times, refused))
+
+    def settle(self, key: str, outcome: str, output: str | None) -> None:
+        """Give the latest call of ``key`` still without an outcome its outcome and output."""
+        for call in reversed(self.calls):
+            if call.key == key and call.outcome is None:
+                call.outcome = outcome
+                if output is not None:
+                    call.output = output[:MAX_TRAIL_OUTPUT_CHARS]
+                return
+
+    def latest_output(self, key: str) -> str | None:
+        """The output of the latest remembered call of ``key`` that has one."""
+        for call in reversed(self.calls):
+            if call.key == key and call.output is not None:
+                return call.output
+        return None
+
+    def user_message(self, text: str) -> None:
+        """A user message: the task if none is known yet, else the latest message."""
+        text = text[:MAX_TASK_CHARS]
+        if self.task is None:
+            self.task = text
+        else:
+            self.latest_message = text
+
+    def new_task(self, text: str) -> None:
+        """A run's prompt: the task from now on."""
+        self.task = text[:MAX_TASK_CHARS]
+        self.latest_message = None
+
+    def to_json(self) -> dict[str, object]:
+        return {"task": self.task, "latest": self.latest_message,
+                "calls": [[c.tool, c.arguments, c.key, c.outcome, c.output, c.times, c.refused]
+                          for c in self.calls]}
+
+    @classmethod
+    def from_json(cls, raw: object) -> Trail:
+        """Rebuild from :meth:`to_json` output, within the bounds; raises ``ValueError``."""
+        if not isinstance(raw, dict):
+            raise ValueError("session state: trail must be an object")
+        trail = cls()
+        task, latest = raw.get("task"), raw.get("latest")
+        trail.task = None if task is None else _text(task, "task")[:MAX_TASK_CHARS]
+        trail.latest_message = None if latest is None else _text(latest, "latest")[:MAX_TASK_CHARS]
+        for entry in _list(raw.get("calls"), "trail calls")[-MAX_TRAIL_CALLS:]:
+            if not (isinstance(entry, list) and len(entry) == 7):
+                raise ValueError(f"session state: bad trail entry {entry!r}")
+            tool, arguments, key, outcome, output, times, refused = entry
+            trail.calls.append(TrailCall(
+                _text(tool, "trail tool")[:MAX_TOOL_CHARS],
+                _text(arguments, "trail arguments")[:MAX_TRAIL_ARGUMENT_CHARS],
+                _text(key, "trail key")[:_MAX_KEY_CHARS],
+                _optional_text(outcome, "trail outcome"),
+                None if output is None else _text(output, "trail output")[:MAX_TRAIL_OUTPUT_CHARS],
+                max(1, _count(times, "trail times")), _count(refused, "trail refused")))
+        return trail
+
+
 @dataclass(slots=True)
 class Pending:
     """A hook attempt whose outcome has not been reported yet."""
@@ -178,6 +305,7 @@ class SessionState:
         "run_length",
         "signatures",
         "stopped",
+        "trail",
         "window",
     )
 
@@ -195,6 +323,7 @@ class SessionState:
         self.rescues = 0
         self.last_rescue_at: float | None = None
         self.last_seen = now
+        self.trail: Trail | None = None  # kept only by a guard that can ask an advisor
 
     def signature(self, key: str) -> SignatureState | None:
         return self.signatures.get(key)
@@ -298,11 +427,13 @@ class SessionState:
         """The whole state as compact JSON, to keep outside the process (see :meth:`from_bytes`).
 
         Signatures are listed least recently used first, as kept; the window and the last key
-        refer to them by position, so each 128-bit key is written once.
+        refer to them by position, so each 128-bit key is written once. The trail (see
+        :class:`Trail`) is written only when there is one.
         """
         signatures = self.signatures
         position = {key: index for index, key in enumerate(signatures)}
         last = self.last_key
+        extra = {} if self.trail is None else {"trail": self.trail.to_json()}
         return orjson.dumps({
             "v": _SNAPSHOT_VERSION,
             "epoch": self.epoch,
@@ -320,6 +451,7 @@ class SessionState:
             "rescues": self.rescues,
             "rescue_at": self.last_rescue_at,
             "seen": self.last_seen,
+            **extra,
         })
 
     @classmethod
@@ -393,6 +525,8 @@ class SessionState:
         while len(pending) > MAX_PENDING_CALLS:
             pending.popitem(last=False)
         state.pending = pending or None
+        trail = raw.get("trail")
+        state.trail = None if trail is None else Trail.from_json(trail)
         return state
 
 

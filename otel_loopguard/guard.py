@@ -28,9 +28,25 @@ from .calls import (
     outcome_key,
     tool_name,
 )
-from .advice import MAX_ADVICE_CHARS, AdviceRequest, Advisor, CommandAdvisor
-from .config import Mode, Policy, policy_from_env
-from .engine import Classifier, Pending, ReportLedger, SessionState, SessionStore
+from .advice import (
+    MAX_ADVICE_CHARS,
+    MAX_QUESTION_ARGUMENT_CHARS,
+    AdviceRequest,
+    Advisor,
+    CallRecord,
+    CommandAdvisor,
+)
+from .config import Mode, Policy, Rule, policy_from_env
+from .engine import (
+    MAX_TRAIL_ARGUMENT_CHARS,
+    MAX_TRAIL_OUTPUT_CHARS,
+    Classifier,
+    Pending,
+    ReportLedger,
+    SessionState,
+    SessionStore,
+    Trail,
+)
 from .metrics import MetricsServer, NoopRecorder, PrometheusRecorder, Recorder
 from .policy import (
     ALLOW,
@@ -57,7 +73,6 @@ _ADVISOR_GRACE_SECONDS: Final = 2.0
 #: framework hook's and its span's, in either order) does not count it again; and sessions kept.
 _MAX_SETTLED_CALLS: Final = 64
 _MAX_SETTLED_SESSIONS: Final = 1024
-_RECENT_CALLS: Final = 8
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -72,6 +87,36 @@ def _text(value: object) -> str:
     return value if isinstance(value, str) else tool_name(value)
 
 
+def _cut_utf8(data: bytes, limit: int) -> str:
+    """The first ``limit`` characters of UTF-8 ``data``, decoding no more than needed."""
+    return data[: limit * 4].decode("utf-8", "ignore")[:limit]
+
+
+def _output_text(result: object) -> str | None:
+    """A call's result as text for the advisor's question, cut (``None`` when there is none).
+    Only a guard that keeps trails pays for this."""
+    if result is None:
+        return None
+    if type(result) is str:
+        return result[:MAX_TRAIL_OUTPUT_CHARS]
+    if isinstance(result, (bytes, bytearray)):
+        return _cut_utf8(bytes(result[: MAX_TRAIL_OUTPUT_CHARS * 4]), MAX_TRAIL_OUTPUT_CHARS)
+    return _cut_utf8(canonical_json(canonical_arguments(result)), MAX_TRAIL_OUTPUT_CHARS)
+
+
+def _ended(error: bool | None) -> str:
+    """How a call that ran ended, as the advisor's question says it."""
+    return "error" if error is True else "ok" if error is False else "ran"
+
+
+def _hash_prefix(tool: str, canonical: bytes) -> str:
+    """The loop-brake plugin's call hash: 12 hex of sha256(tool + newline + canonical JSON).
+    Computed on blocking decisions only."""
+    import hashlib  # here: imported on the first block, not by every hook process
+
+    return hashlib.sha256(tool.encode("utf-8", "surrogatepass") + b"\n" + canonical).hexdigest()[:12]
+
+
 @dataclass(frozen=True, slots=True)
 class _Ran:
     """A call reported only after it ran: how ``after_tool`` classified and keyed it (so nothing
@@ -83,13 +128,17 @@ class _Ran:
     outcome: str | None
     error: bool | None
     duration_seconds: float | None
+    output: str | None = None  # cut result text, only when the guard keeps trails
 
 
 class LoopGuard:
     """Detects repeated tool calls and decides what to do about them.
 
     ``policy`` defaults to the ``default`` preset with ``LOOPGUARD_*`` environment overrides.
-    ``advisor`` is asked for advice at rescue (default: ``policy.advisor_command`` if set).
+    ``advisor`` is asked for advice at rescue (default: ``policy.advisor_command`` if set, run
+    as ``policy.advisor_input`` says). A guard with an advisor and a policy that can rescue
+    keeps, per session, a bounded trail of recent calls (arguments and outputs cut) and the task
+    text, so that its question can say what the agent was doing (see :mod:`.advice`).
     ``clock`` (seconds, monotonic) drives session TTL and advisor cooldown; tests inject one.
     ``recorder`` receives metrics (default: none; :meth:`serve_metrics` and the metrics apps
     install a :class:`~otel_loopguard.metrics.PrometheusRecorder`). A recorder with an
@@ -110,11 +159,15 @@ class LoopGuard:
         self.policy: Final = policy if policy is not None else policy_from_env()
         if advisor is None and self.policy.advisor_command:
             advisor = CommandAdvisor(
-                self.policy.advisor_command, self.policy.advisor_timeout_seconds
+                self.policy.advisor_command, self.policy.advisor_timeout_seconds,
+                input_mode=self.policy.advisor_input,
             )
         if advisor is not None and not callable(advisor):
             raise ValueError(f"advisor: expected a callable, got {type(advisor).__name__}")
         self.advisor = advisor
+        # Trails cost a little per call: only a guard that can ask an advisor keeps them.
+        self._keep_trail = advisor is not None and (
+            self.policy.rescue_threshold is not None or self.policy.rescue_on_stall)
         self._clock = clock if clock is not None else time.monotonic
         self._recorder: Recorder = recorder if recorder is not None else NoopRecorder()
         self._lock = threading.Lock()
@@ -141,6 +194,30 @@ class LoopGuard:
         self._errors: dict[str, int] = {}
         self._logged: set[tuple[str, str]] = set()
         self._watch_sessions(self._recorder)
+
+    @classmethod
+    def from_plugin_config(
+        cls,
+        plugin: str,
+        config: Mapping[str, object],
+        *,
+        advisor: Advisor | None = None,
+        clock: Callable[[], float] | None = None,
+        recorder: Recorder | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> LoopGuard:
+        """A guard configured as one of the plugins this project replaces was, from that
+        plugin's own configuration, as is: ``plugin`` is ``"reminder"``, ``"brake"`` or
+        ``"rescue"`` (or the plugin's id or package name), ``config`` its ``config`` mapping
+        (or its whole entry with ``id``/``name`` and ``config``). Keys the configuration leaves
+        out take the plugin's defaults (``DSH_LOOP_BRAKE_MAX_REPEATS`` from ``environ``, default
+        ``os.environ``, for the brake). ``LOOPGUARD_*`` variables do not apply. Raises
+        ``ValueError`` naming the plugin's key and the value. See
+        :mod:`otel_loopguard.plugins` for the mapping."""
+        from .plugins import read_plugin_config  # only migrating users need it
+
+        policy = read_plugin_config(plugin, config, environ).policy()
+        return cls(policy, advisor=advisor, clock=clock, recorder=recorder)
 
     # -- public hook API ---------------------------------------------------------------------
 
@@ -206,13 +283,44 @@ class LoopGuard:
             self.report_internal_error("span_start", exc)
             return ALLOW
 
-    def user_message(self, session: str, *, agent: str | None = None) -> None:
-        """A real user message arrived: start a new progress epoch and lift a stop."""
-        self._reset(session, agent, "user_message")
+    def user_message(self, session: str, *, agent: str | None = None,
+                     text: str | None = None) -> None:
+        """A real user message arrived: start a new progress epoch and lift a stop.
 
-    def new_run(self, session: str, *, agent: str | None = None) -> None:
-        """A new agent run started in this session: start a new progress epoch and lift a stop."""
-        self._reset(session, agent, "new_run")
+        ``text``, the message, is what an advisor is told the agent's task is (the session's
+        first message; a later one as the latest message), cut to
+        :data:`~otel_loopguard.engine.MAX_TASK_CHARS`. Kept only by a guard that can ask an
+        advisor. Never raises."""
+        self._reset(session, agent, "user_message", text, task=False)
+
+    def new_run(self, session: str, *, agent: str | None = None,
+                task: str | None = None) -> None:
+        """A new agent run started in this session: start a new progress epoch and lift a stop.
+
+        ``task``, the run's prompt, becomes what an advisor is told the task is (as
+        :meth:`user_message`'s ``text``). Never raises."""
+        self._reset(session, agent, "new_run", task, task=True)
+
+    def set_task(self, session: str, task: str, *, agent: str | None = None) -> None:
+        """Tell the guard what the session's task is (what an advisor is told, as
+        :meth:`new_run`'s ``task``) without starting a new progress epoch: for hosts that learn
+        the run's prompt only once its calls have begun. Kept only by a guard that can ask an
+        advisor. Never raises."""
+        if not self._keep_trail or not isinstance(task, str) or not task.strip():
+            return
+        try:
+            with self._lock:
+                state = self._store.get(self._store_key(*self._ids(session, agent)))
+                evictions = self._take_evictions()
+                if state is not None:
+                    trail = state.trail
+                    if trail is None:
+                        trail = state.trail = Trail()
+                    trail.new_task(task)
+            for reason in evictions:
+                self._recorder.evicted(reason)
+        except Exception as exc:
+            self.report_internal_error("set_task", exc)
 
     @property
     def internal_errors(self) -> Mapping[str, int]:
@@ -478,6 +586,8 @@ class LoopGuard:
             mutating, canonical, key = known
         else:
             mutating, canonical, key = ran.mutating, ran.canonical, ran.key
+        keep_trail = self._keep_trail
+        trail_arguments = _cut_utf8(canonical, MAX_TRAIL_ARGUMENT_CHARS) if keep_trail else ""
         store_key: object
         if type(session) is str and agent is None:
             sid, aid, store_key = session, None, session  # the common case, without the calls
@@ -518,10 +628,20 @@ class LoopGuard:
                 state.add_pending(ref, key, enforced_block, mutating)
                 if call_id is not None and self._settled:
                     self._settled.take(store_key, ref)  # a new attempt under a reused call id
-            recent: tuple[str, ...] = ()
+            if keep_trail:
+                trail = state.trail
+                if trail is None:
+                    trail = state.trail = Trail()
+                if ran is None:
+                    trail.add(name, trail_arguments, key, "refused" if enforced_block else None,
+                              None)
+                else:
+                    trail.add(name, trail_arguments, key, _ended(ran.error), ran.output)
+            context: dict[str, Any] | None = None
             if step.action is Action.RESCUE:
                 advice, rescue_outcome, ask = self._reserve_rescue(state, key)
-                recent = tuple(state.window[-_RECENT_CALLS:])
+                if ask is not None:
+                    context = self._context(state, key)
             evictions = self._take_evictions() if self._evictions else None
 
         recorder = self._recorder
@@ -532,12 +652,36 @@ class LoopGuard:
         if ran is not None and repeated and ran.duration_seconds:
             recorder.wasted(aid, name, ran.duration_seconds)
 
-        if ask is not None:
-            advice = self._ask(ask, key, name, canonical, step, sid, recent, wait_for_advice)
+        escalation_failed = False
+        if ask is not None and context is not None:
+            request = AdviceRequest(
+                session=sid,
+                tool=name,
+                arguments_preview=arguments_preview(canonical, MAX_QUESTION_ARGUMENT_CHARS),
+                count=step.count,
+                rule=step.rule.value if step.rule else "",
+                denial=message_for(step, name, canonical, policy, action=Action.DENY),
+                agent=aid,
+                signature=key[:12],
+                model=policy.advisor_model,
+                **context,
+            )
+            trip: dict[str, Any] | None = None
+            if self.trip_log is not None and not wait_for_advice:
+                # Nobody waits for this ask: if it fails, its own line says so.
+                trip = dict(
+                    session=sid, agent=aid, tool=name, rule=request.rule or None,
+                    action=step.action.value, mode=policy.mode.value, count=step.count,
+                    threshold=step.threshold, signature=key[:12], kind="escalation-failed",
+                    arguments=arguments_preview(canonical, policy.arguments_preview_chars)
+                    if self.trip_log.arguments else None)
+            advice, escalation_failed = self._ask(ask, key, request, trip, wait_for_advice)
         if rescue_outcome is not None:
             recorder.rescue(rescue_outcome)
         if step.action is Action.RESCUE and advice is None:
-            step = Step(Action.DENY, step.rule, step.count, policy.deny_threshold or step.threshold)
+            threshold = step.threshold if step.rule is Rule.STALL else (
+                policy.deny_threshold or step.threshold)
+            step = Step(Action.DENY, step.rule, step.count, threshold, denials=step.denials)
 
         if step.action is Action.ALLOW:
             if not repeated:
@@ -554,6 +698,7 @@ class LoopGuard:
                 signature=key[:12],
                 arguments=arguments_preview(canonical, policy.arguments_preview_chars)
                 if trip_log.arguments else None,
+                kind="escalation-failed" if escalation_failed else None,
             )
         action: Action = step.action
         if policy.mode is Mode.OBSERVE:
@@ -574,6 +719,7 @@ class LoopGuard:
             session=sid,
             repeated=repeated,
             detected=step.action,
+            hash_prefix=_hash_prefix(name, canonical) if action in BLOCKING_ACTIONS else "",
         )
 
     def _finish(
@@ -589,6 +735,7 @@ class LoopGuard:
     ) -> Decision | None:
         ref = _text(call_id) if call_id is not None else None
         outcome = outcome_key(result, error)
+        output = _output_text(result) if self._keep_trail else None
         last = getattr(self._last, "call", None)
         known_key: str | None = None
         known_state: SessionState | None = None
@@ -615,7 +762,8 @@ class LoopGuard:
                     if pending is None and known_key is not None:
                         pending = state.take_pending(known_key)
                 if pending is not None:
-                    self._apply_outcome(state, pending, outcome, error)  # type: ignore[arg-type]
+                    self._apply_outcome(state, pending, outcome, error,  # type: ignore[arg-type]
+                                        output)
             if pending is not None:
                 if duration_seconds:
                     self._record_wasted(state, pending, agent, tool, duration_seconds)
@@ -636,7 +784,7 @@ class LoopGuard:
                 if pending is None and state.pending:
                     pending = self._settled.take_pending_by_args(state, store_key, key)
             if pending is not None:
-                self._apply_outcome(state, pending, outcome, error)  # type: ignore[arg-type]
+                self._apply_outcome(state, pending, outcome, error, output)  # type: ignore[arg-type]
             elif ref is None and self._settled.take_by_args(store_key, key):
                 return None  # the hook reported this call with its id; this is the span's echo
         if pending is not None:
@@ -645,7 +793,7 @@ class LoopGuard:
             return None
         return self._attempt(
             name, arguments, session, agent, call_id, wait_for_advice=False,
-            ran=_Ran(mutating, canonical, key, outcome, error, duration_seconds),
+            ran=_Ran(mutating, canonical, key, outcome, error, duration_seconds, output),
         )
 
     def _key_call(self, name: str, arguments: object) -> tuple[bool, bytes, str] | None:
@@ -660,11 +808,14 @@ class LoopGuard:
 
     @staticmethod
     def _apply_outcome(
-        state: SessionState, pending: Pending, outcome: str | None, error: bool | None
+        state: SessionState, pending: Pending, outcome: str | None, error: bool | None,
+        output: str | None = None,
     ) -> None:
         if pending.blocked:
             return  # a denied call never ran: its "result" is our message, and never progress
         state.record_outcome(pending.args_key, outcome)
+        if state.trail is not None:
+            state.trail.settle(pending.args_key, _ended(error), output)
         if pending.mutating and error is not True:
             state.new_epoch()
 
@@ -697,54 +848,66 @@ class LoopGuard:
         state.last_rescue_at = now
         return None, None, (state, state.epoch, previous)
 
+    @staticmethod
+    def _context(state: SessionState, key: str) -> dict[str, Any]:
+        """Under the lock: what the session knows for the advisor's question (a snapshot of
+        its trail; :class:`AdviceRequest` fields)."""
+        trail = state.trail
+        context: dict[str, Any] = {
+            "earlier_advice": tuple(state.advice.values()) if state.advice else (),
+            "refusals": state.denials,
+        }
+        if trail is not None:
+            context.update(
+                recent_calls=tuple(CallRecord(c.tool, c.arguments, c.outcome, c.output,
+                                              c.key[:12], c.times, c.refused)
+                                   for c in trail.calls),
+                task=trail.task,
+                latest_user_message=trail.latest_message,
+                latest_output=trail.latest_output(key),
+            )
+        return context
+
     def _ask(
         self,
         ask: tuple[SessionState, int, float | None],
         key: str,
-        name: str,
-        canonical: bytes,
-        step: Step,
-        sid: str,
-        recent: tuple[str, ...],
+        request: AdviceRequest,
+        trip: dict[str, Any] | None,
         wait: bool,
-    ) -> str | None:
+    ) -> tuple[str | None, bool]:
         """Ask the advisor off the lock; wait only when ``wait`` (hooks), never for spans.
+        Returns (advice, whether an ask waited for failed).
 
         The outcome (advice cached, or budget refunded) is settled by :meth:`_advice_done` when
-        the ask ends, whether or not anyone waited for it."""
+        the ask ends, whether or not anyone waited for it; an ask nobody waited for that fails
+        writes its own ``escalation-failed`` trip line."""
         state, epoch, previous = ask
         advisor = self.advisor
         assert advisor is not None
         policy = self.policy
-        request = AdviceRequest(
-            session=sid,
-            tool=name,
-            arguments_preview=arguments_preview(canonical, policy.arguments_preview_chars),
-            count=step.count,
-            rule=step.rule.value if step.rule else "",
-            denial=message_for(step, name, canonical, policy, action=Action.DENY),
-            recent_calls=tuple(k[:12] for k in recent),
-        )
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="loopguard-advisor")
         future: Future[str | None] = self._executor.submit(advisor, request)
         future.add_done_callback(
-            lambda done: self._advice_done(done, state, epoch, previous, key)
+            lambda done: self._advice_done(done, state, epoch, previous, key, trip)
         )
         if not wait:
-            return None
+            return None, False
         timeout = policy.advisor_timeout_seconds
         if isinstance(advisor, CommandAdvisor):
             timeout += _ADVISOR_GRACE_SECONDS  # let its own timeout kill it and say so first
         try:
             advice = future.result(timeout=timeout)
         except (FutureTimeout, Exception):
-            return None
-        return _clean_advice(advice)
+            return None, True
+        cleaned = _clean_advice(advice)
+        return cleaned, cleaned is None
 
     def _advice_done(self, future: Future[str | None], state: SessionState, epoch: int,
-                     previous: float | None, key: str) -> None:
-        """On the advisor thread: cache advice for this signature and epoch, or refund."""
+                     previous: float | None, key: str, trip: dict[str, Any] | None) -> None:
+        """On the advisor thread: cache advice for this signature and epoch, or refund (and,
+        for an ask nobody waited for, write its ``escalation-failed`` trip line)."""
         try:
             error = future.exception() if not future.cancelled() else None
             advice = None if future.cancelled() or error is not None else (
@@ -760,18 +923,29 @@ class LoopGuard:
                     if state.last_rescue_at is not None:
                         state.last_rescue_at = previous
             self._recorder.rescue("advice" if advice else "failed")
+            if not advice and trip is not None and self.trip_log is not None:
+                self.trip_log.write(**trip)
             if error is not None:
                 self._internal_once("advisor", error)
         except Exception as exc:  # never let a callback kill the advisor thread
             self.report_internal_error("advisor_callback", exc)
 
-    def _reset(self, session: object, agent: object, where: str) -> None:
+    def _reset(self, session: object, agent: object, where: str, text: object = None, *,
+               task: bool = False) -> None:
         try:
             with self._lock:
                 store_key = self._store_key(*self._ids(session, agent))
                 state = self._store.get(store_key)
                 if state is not None:
                     state.new_epoch(clear_stop=True)
+                    if self._keep_trail and isinstance(text, str) and text.strip():
+                        trail = state.trail
+                        if trail is None:
+                            trail = state.trail = Trail()
+                        if task:
+                            trail.new_task(text)
+                        else:
+                            trail.user_message(text)
                 self._settled.forget(store_key)  # a new run may reuse call ids
                 evictions = self._take_evictions()
             for reason in evictions:

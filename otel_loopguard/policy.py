@@ -29,9 +29,14 @@ __all__ = [
     "arguments_preview",
     "climb",
     "message_for",
+    "without_arguments",
 ]
 
 _PREFIX: Final = "[loopguard] "
+#: Starts the line of a message that quotes the call's arguments (always a line of its own:
+#: canonical JSON holds no newline), so that :func:`without_arguments` can drop it.
+_ARGUMENTS_LABEL: Final = "Arguments: "
+_ADVICE_HEADING: Final = "\n\nAdvice from a reviewer model:\n"
 
 
 class Action(str, Enum):
@@ -57,7 +62,8 @@ class Decision:
     text for the model (empty for allow). ``count`` is the evidence count of ``rule`` including
     this attempt; ``threshold`` the threshold the action was reached at; ``signature`` the
     12-hex display prefix of the args key; ``repeated`` whether the args key was already seen in
-    this epoch.
+    this epoch. ``hash_prefix``, on blocking decisions only, is the loop-brake plugin's call
+    hash: the first 12 hex characters of sha256(tool + newline + canonical arguments JSON).
     """
 
     action: Action
@@ -70,6 +76,7 @@ class Decision:
     session: str = ""
     repeated: bool = False
     detected: Action = Action.ALLOW
+    hash_prefix: str = ""
 
     @property
     def blocks(self) -> bool:
@@ -85,8 +92,15 @@ class LoopDetected(RuntimeError):
     """A tool call was blocked by the guard.
 
     Carries ``code`` (the action's wire string: deny, rescue or stop), ``tool``, ``count``,
-    ``threshold``, ``signature`` (12-hex prefix) and ``session`` — never the arguments, so it can
-    be logged and reported safely. ``message`` is the text meant for the model.
+    ``threshold``, ``signature`` (12-hex prefix of the args key), ``hash_prefix`` (the
+    loop-brake plugin's hash prefix) and ``session``, and ``message``, the text meant for the
+    model without the line quoting the arguments: never the arguments, so it can be logged and
+    reported safely.
+
+    The loop-brake plugin's ``LoopBrakeError`` fields are here under their own names too, for
+    code and logs ported from it: ``toolName``, ``maxRepeats`` (``threshold - 1``: the attempts
+    allowed before the block), ``hashPrefix`` and ``sessionId``; :attr:`plugin_fields` gives
+    them all as that error had them (``code`` ``"LOOP_BRAKE"``, ``plugin`` ``"dsh-loop-brake"``).
     """
 
     def __init__(self, decision: Decision) -> None:
@@ -95,14 +109,46 @@ class LoopDetected(RuntimeError):
         self.count = decision.count
         self.threshold = decision.threshold
         self.signature = decision.signature
+        self.hash_prefix = decision.hash_prefix
         self.session = decision.session
-        self.message = decision.message
+        self.message = without_arguments(decision.message)
         rule = decision.rule.value if decision.rule else "none"
         super().__init__(
             f"loop detected ({self.code}): tool {self.tool!r} count {self.count}"
             f" threshold {self.threshold} rule {rule} signature {self.signature}"
-            f" session {self.session!r}"
+            f" hash {self.hash_prefix or '-'} session {self.session!r}"
         )
+
+    # The loop-brake plugin's names (LoopBrakeError), for ported code.
+
+    @property
+    def toolName(self) -> str:  # noqa: N802 - the plugin's name
+        return self.tool
+
+    @property
+    def maxRepeats(self) -> int:  # noqa: N802
+        return max(0, self.threshold - 1)
+
+    @property
+    def hashPrefix(self) -> str:  # noqa: N802
+        return self.hash_prefix
+
+    @property
+    def sessionId(self) -> str:  # noqa: N802
+        return self.session
+
+    @property
+    def plugin_fields(self) -> dict[str, object]:
+        """The loop-brake plugin's error fields, under its names, as it would have logged them."""
+        return {
+            "code": "LOOP_BRAKE",
+            "toolName": self.tool,
+            "count": self.count,
+            "maxRepeats": self.maxRepeats,
+            "hashPrefix": self.hash_prefix,
+            "sessionId": self.session,
+            "plugin": "dsh-loop-brake",
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +162,8 @@ class Step:
     #: Reminder flavour: gentle (first threshold), detailed (later), polling (spared by outcome).
     detailed: bool = False
     polling: bool = False
-    #: Why a stop: the stall rule, or denials that the agent kept retrying.
+    #: Attempts already denied in the epoch before this one (set on blocking steps: a stop says
+    #: how many were retried, a denial how many more the policy allows before it stops).
     denials: int = 0
 
 
@@ -136,22 +183,29 @@ def climb(
     """Place the evidence on the ladder (pure). ``verdict`` is the strongest signature rule's,
     ``stuck`` the no_progress rule's (same outcome), ``stalled`` the stall rule's.
 
-    1. A session already told to stop, or a stall verdict, gives stop.
+    1. A session already told to stop gives stop; so does a stall verdict, or with
+       ``rescue_on_stall`` a rescue (a stop once ``stop_after_denials`` is reached).
     2. A call is blocked when the same outcome came back often enough (``stuck`` reaches
        ``no_progress_threshold``: the strongest evidence, so the earliest block), or from
        ``deny_threshold`` on when there is no sign of progress (same or unknown outcome); a call
        whose outcome keeps changing (polling) is spared until ``poll_limit``.
     3. A blocked call becomes stop once ``stop_after_denials`` attempts were already denied in the
        epoch, rescue from ``rescue_threshold`` on, else deny.
-    4. Otherwise a reminder at each of ``remind_thresholds`` and on every call past the last one
-       (and on spared polls); gentle at the first threshold, detailed later.
+    4. Otherwise a reminder at each of ``remind_thresholds`` and, with
+       ``remind_past_thresholds``, on every call past the last one (and on spared polls); gentle
+       at the first threshold, detailed later.
     """
     if stopped:
         return Step(Action.STOP, verdict.rule if verdict else None,
                     verdict.count if verdict else 1, policy.stop_after_denials or 0,
                     denials=denials)
     if stalled is not None:
-        return Step(Action.STOP, Rule.STALL, stalled.count, policy.stall_threshold)
+        stop_after = policy.stop_after_denials
+        if policy.rescue_on_stall and (stop_after is None or denials < stop_after):
+            return Step(Action.RESCUE, Rule.STALL, stalled.count, policy.stall_threshold,
+                        denials=denials)
+        return Step(Action.STOP, Rule.STALL, stalled.count, policy.stall_threshold,
+                    denials=denials)
     if verdict is None:
         return _ALLOW_STEP
     count = verdict.count
@@ -179,14 +233,16 @@ def climb(
             return Step(Action.STOP, block.rule, block.count, stop_after, denials=denials)
         rescue = policy.rescue_threshold
         if rescue is not None and count >= rescue:
-            return Step(Action.RESCUE, block.rule, block.count, rescue)
-        return Step(Action.DENY, block.rule, block.count, threshold)
+            return Step(Action.RESCUE, block.rule, block.count, rescue, denials=denials)
+        return Step(Action.DENY, block.rule, block.count, threshold, denials=denials)
     thresholds = policy.remind_thresholds
     if not thresholds and not polling:
         return allow
-    if polling or count in thresholds or count > thresholds[-1]:
+    past = count > thresholds[-1] if thresholds else False
+    if polling or count in thresholds or (past and policy.remind_past_thresholds):
         detailed = polling or count > thresholds[0]
-        reached = deny if polling and deny else max(t for t in thresholds if t <= count)
+        reached = deny if polling and deny else max(
+            (t for t in thresholds if t <= count), default=0)
         return Step(Action.REMIND, verdict.rule, count, reached, detailed=detailed, polling=polling)
     return allow
 
@@ -210,10 +266,30 @@ def _scope(rule: Rule | None, count: int, policy: Policy) -> str:
     return times
 
 
+def _consequence(step: Step, policy: Policy) -> str:
+    """What retrying will do, as the policy will really do it."""
+    stop_after = policy.stop_after_denials
+    if stop_after is None:
+        if step.rule is Rule.STALL or not (Rule.STALL in policy.rules
+                                           and not policy.rescue_on_stall):
+            return "retrying it unchanged will be refused again."
+        return ("retrying it unchanged will be refused again, and repeating calls without"
+                " progress will end the run.")
+    left = stop_after - (step.denials + 1)  # refusals still allowed after this one
+    if left <= 0:
+        return "if another call is refused, the run will end."
+    plural = "s" if left != 1 else ""
+    return f"after {left} more refused call{plural}, the next one will end the run."
+
+
 def message_for(step: Step, tool: str, canonical: bytes, policy: Policy, advice: str | None = None,
                 action: Action | None = None) -> str:
     """The text shown to the model for ``step`` (``action`` overrides the step's action, e.g. a
-    blocking step softened to a reminder in advise mode)."""
+    blocking step softened to a reminder in advise mode).
+
+    Texts that quote the arguments do so on a line of their own, last before any advice (see
+    :func:`without_arguments`). A denial says the run will end only when the policy will end
+    it (``stop_after_denials``, the stall rule)."""
     shown = action or step.action
     if shown is Action.ALLOW:
         return ""
@@ -235,16 +311,27 @@ def message_for(step: Step, tool: str, canonical: bytes, policy: Policy, advice:
             " message."
         )
     preview = arguments_preview(canonical, policy.arguments_preview_chars)
+    arguments = f"\n{_ARGUMENTS_LABEL}{preview}"
     if shown in BLOCKING_ACTIONS:
-        earlier = _scope(step.rule, step.count - 1, policy)
-        text = (
-            f"{_PREFIX}Not run: {name} with these arguments was already called {earlier}."
-            f" Arguments: {preview}. It was refused so that you do not spend another call on an"
-            " answer you already have. Use the earlier result, change the arguments, or take a"
-            " different approach; retrying the same call will end the run."
-        )
+        if step.rule is Rule.STALL:
+            text = (
+                f"{_PREFIX}Not run: {name} repeats an earlier call, and {step.count} of your tool"
+                " calls since the last change repeated earlier calls, with no edit or new input"
+                " in between, so the run is not making progress. Use what you already have,"
+                " take a different approach, or tell the user what is blocking you; "
+                + _consequence(step, policy)
+            )
+        else:
+            earlier = _scope(step.rule, step.count - 1, policy)
+            text = (
+                f"{_PREFIX}Not run: {name} with these arguments was already called {earlier}."
+                " It was refused so that you do not spend another call on an answer you already"
+                " have. Use the earlier result, change the arguments, or take a different"
+                " approach; " + _consequence(step, policy)
+            )
+        text += arguments
         if advice:
-            text += f"\n\nAdvice from a reviewer model:\n{advice}"
+            text += f"{_ADVICE_HEADING}{advice}"
         return text
     if step.polling:
         limit = policy.poll_limit
@@ -261,7 +348,15 @@ def message_for(step: Step, tool: str, canonical: bytes, policy: Policy, advice:
             " approach."
         )
     return (
-        f"{_PREFIX}Repeated call: {name} with the same arguments, {scope}. Arguments: {preview}."
-        " Repeating it will not give a different answer. Next: use the last result, change the"
-        " arguments, try a different tool, or tell the user what is blocking you."
+        f"{_PREFIX}Repeated call: {name} with the same arguments, {scope}. Repeating it will not"
+        " give a different answer. Next: use the last result, change the arguments, try a"
+        " different tool, or tell the user what is blocking you." + arguments
     )
+
+
+def without_arguments(message: str) -> str:
+    """``message`` without the line quoting the call's arguments (what :class:`LoopDetected`
+    carries: an error that may be logged must not hold the arguments)."""
+    head, heading, advice = message.partition(_ADVICE_HEADING)
+    lines = [line for line in head.split("\n") if not line.startswith(_ARGUMENTS_LABEL)]
+    return "\n".join(lines) + heading + advice

@@ -1,12 +1,18 @@
 """The trip log: one JSON line per non-allow decision, from every entrance.
 
 Each line: ``time`` (RFC 3339, UTC), ``session``, ``agent``, ``tool``, ``rule``, ``action`` (as
-detected, before the mode softened it), ``mode``, ``count``, ``threshold``, ``signature`` (12
-hex), and ``arguments`` (the canonical arguments, cut to the preview length) only when
-``trip_log_arguments`` is on. Lines are appended with one ``write`` each, under a lock, so
+detected, before the mode softened it), ``kind``, ``mode``, ``count``, ``threshold``,
+``signature`` (12 hex), and ``arguments`` (the canonical arguments, cut to the preview length)
+only when ``trip_log_arguments`` is on.
+
+``kind`` is the rescue plugin's name for the line: the action (``remind``, ``deny``, ``rescue``,
+``stop``), or ``escalation-failed`` when the advisor was asked and gave no advice (the call got
+the local denial: ``action`` is then ``deny``; for an ask nobody waited for, a line of its own
+after the decision's ``deny`` line). The path may start with ``~`` (the home directory). Lines are appended with one ``write`` each, under a lock, so
 concurrent threads never interleave them.
 
-A write failure (unwritable path, full disk) is counted in :attr:`TripLog.failures` and logged
+A missing directory is created (private to its owner). A write failure (unwritable path,
+full disk) is counted in :attr:`TripLog.failures` and logged
 once; it never raises into the caller.
 """
 
@@ -33,7 +39,7 @@ class TripLog:
         text = os.fspath(path)
         if not text:
             raise ValueError("trip_log_path: expected a file path, got ''")
-        self.path = Path(text)
+        self.path = Path(text).expanduser()
         self.arguments = arguments
         self.failures = 0
         self.written = 0
@@ -53,8 +59,9 @@ class TripLog:
         threshold: int,
         signature: str,
         arguments: str | None = None,
+        kind: str | None = None,
     ) -> None:
-        """Append one trip line. Never raises."""
+        """Append one trip line (``kind`` defaults to ``action``). Never raises."""
         record: dict[str, object] = {
             "time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
             "session": session,
@@ -62,6 +69,7 @@ class TripLog:
             "tool": tool,
             "rule": rule,
             "action": action,
+            "kind": kind or action,
             "mode": mode,
             "count": count,
             "threshold": threshold,
@@ -72,7 +80,12 @@ class TripLog:
         try:
             line = orjson.dumps(record) + b"\n"
             with self._lock:
-                descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+                try:
+                    descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+                except FileNotFoundError:
+                    # A missing directory (~/.llmbox on a fresh machine) is made, private.
+                    self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                    descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
                 try:
                     os.write(descriptor, line)
                 finally:

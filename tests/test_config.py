@@ -36,6 +36,11 @@ def test_policy_is_frozen() -> None:
         ({"include": "bash"}, "include", "'bash'"),
         ({"max_sessions": 0}, "max_sessions", "0"),
         ({"stall_threshold": 1}, "stall_threshold", "1"),
+        ({"remind_past_thresholds": "no"}, "remind_past_thresholds", "'no'"),
+        ({"rescue_on_stall": 1}, "rescue_on_stall", "1"),
+        ({"advisor_input": "stdin"}, "advisor_input", "'stdin'"),
+        ({"advisor_model": ""}, "advisor_model", "''"),
+        ({"advisor_model": 3}, "advisor_model", "3"),
     ],
 )
 def test_nonsense_fails_loudly_naming_field_and_value(
@@ -64,9 +69,48 @@ def test_presets_reproduce_the_plugins() -> None:
     reminder, brake, rescue = PRESETS["reminder"], PRESETS["brake"], PRESETS["rescue"]
     assert reminder.mode is Mode.ADVISE and reminder.rules == {Rule.CONSECUTIVE}
     assert reminder.remind_thresholds == (3, 5, 8) and reminder.deny_threshold is None
+    assert not reminder.remind_past_thresholds and reminder.arguments_preview_chars == 500
     assert brake.rules == {Rule.CONSECUTIVE} and brake.deny_threshold == 4
+    # both compare arguments whole and know no progress epochs but a user message
+    for plugin in (reminder, brake):
+        assert plugin.ignored_args == frozenset() and plugin.exclude == ()
+        assert plugin.mutating_tools == () and plugin.mutating_commands == ()
     assert rescue.rules == {Rule.WINDOW, Rule.STALL} and rescue.window_size == 12
     assert (rescue.deny_threshold, rescue.rescue_threshold, rescue.stall_threshold) == (3, 5, 40)
+    assert rescue.rescue_on_stall and rescue.stop_after_denials is None
+    assert rescue.exclude == ("todo_write", "ask_user", "mcp__claude__*")
+    assert (rescue.max_rescues, rescue.cooldown_seconds, rescue.advisor_timeout_seconds) == (
+        3, 45.0, 90.0)
+    assert rescue.advisor_command is None and rescue.trip_log_path is None
+
+
+def test_the_default_preset_keeps_its_detection() -> None:
+    default = PRESETS["default"]
+    assert default.remind_past_thresholds and not default.rescue_on_stall
+    assert default.include == ("*",) and default.advisor_input.value == "argv"
+
+
+def test_empty_include_means_every_tool() -> None:
+    assert Policy(include=()).include == ("*",) == Policy(include=[]).include  # type: ignore[arg-type]
+    assert Policy(include=()) == Policy()
+
+
+def test_validate_field_names_the_label_and_the_value() -> None:
+    from otel_loopguard.config import validate_field
+
+    assert validate_field("remind_thresholds", [5, 3]) == (3, 5)
+    with pytest.raises(ValueError, match=r"^thresholds: .*1"):
+        validate_field("remind_thresholds", [1], label="thresholds")
+    with pytest.raises(ValueError, match="unknown policy field: nope"):
+        validate_field("nope", 1)
+
+
+def test_env_sets_the_new_fields() -> None:
+    env = {"LOOPGUARD_ADVISOR_INPUT": "STDIN_JSON", "LOOPGUARD_ADVISOR_MODEL": "opus",
+           "LOOPGUARD_REMIND_PAST_THRESHOLDS": "false", "LOOPGUARD_RESCUE_ON_STALL": "yes"}
+    policy = policy_from_env(environ=env)
+    assert policy.advisor_input.value == "stdin_json" and policy.advisor_model == "opus"
+    assert not policy.remind_past_thresholds and policy.rescue_on_stall
 
 
 def test_wildcards_treat_regex_metacharacters_literally() -> None:

@@ -165,6 +165,26 @@ def test_loop_detected_carries_no_arguments() -> None:
     assert (error.code, error.tool, error.count, error.threshold) == ("deny", "login", DENY, DENY)
     assert error.signature == decision.signature and error.session == "s"
     assert secret not in str(error) and secret not in repr(error.args)
+    assert secret in decision.message  # the model is shown the arguments ...
+    assert secret not in error.message and "Not run" in error.message  # ... the error never
+    assert len(error.hash_prefix) == 12 and error.hash_prefix in str(error)
+
+
+def test_hash_prefix_only_on_blocking_decisions() -> None:
+    guard = LoopGuard(DEFAULT)
+    decisions = run(guard, [Call("ls", {"p": 1}, result="x")] * STUCK).decisions
+    assert all(d.hash_prefix == "" for d in decisions if not d.blocks)
+    assert decisions[-1].blocks and len(decisions[-1].hash_prefix) == 12
+
+
+def test_reminders_past_the_last_threshold_only_when_the_policy_says_so() -> None:
+    calls = [Call("ls", {}, result="x")] * 7
+    policy = DEFAULT.replace(rules=frozenset({Rule.CONSECUTIVE}), remind_thresholds=(2, 3),
+                             deny_threshold=None, rescue_threshold=None, poll_limit=None)
+    every = run(LoopGuard(policy), calls).actions
+    assert every[1:] == [Action.REMIND] * 6
+    only = run(LoopGuard(policy.replace(remind_past_thresholds=False)), calls).actions
+    assert only == [Action.ALLOW, Action.REMIND, Action.REMIND] + [Action.ALLOW] * 4
 
 
 def test_wrap_sync_raises_and_appends_reminders() -> None:
@@ -273,6 +293,7 @@ def test_trip_log_has_one_line_per_non_allow_decision(tmp_path: Any) -> None:
     assert [(r["action"], r["count"], r["signature"]) for r in lines] == [
         (d.detected.value, d.count, d.signature) for d in non_allow]
     assert lines[-1]["session"] == "s" and lines[-1]["tool"] == "login"
+    assert [r["kind"] for r in lines] == [r["action"] for r in lines]
     assert "s3cret" not in path.read_text() and "arguments" not in lines[-1]
 
 
@@ -285,8 +306,17 @@ def test_trip_log_arguments_only_when_enabled(tmp_path: Any) -> None:
     assert json.loads(path.read_text().splitlines()[-1])["arguments"] == '{"path":"a"}'
 
 
+def test_trip_log_makes_its_directory_and_expands_the_home(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    guard = LoopGuard(DEFAULT.replace(trip_log_path="~/.llmbox/trips.jsonl"))
+    run(guard, [Call("read", {"path": "a"}, result="x")] * STUCK)
+    assert (tmp_path / ".llmbox" / "trips.jsonl").read_text().count("\n") >= 1
+
+
 def test_unwritable_trip_log_is_counted_never_raised(tmp_path: Any) -> None:
-    guard = LoopGuard(DEFAULT.replace(trip_log_path=str(tmp_path / "missing-dir" / "t.jsonl")))
+    (tmp_path / "a-file").write_text("")  # a file where the log's directory should be
+    guard = LoopGuard(DEFAULT.replace(trip_log_path=str(tmp_path / "a-file" / "t.jsonl")))
     transcript = run(guard, [Call("read", {"path": "a"}, result="x")] * STUCK)
     assert transcript.decisions[-1].action is Action.DENY
     assert guard.trip_log is not None and guard.trip_log.failures >= 2

@@ -11,6 +11,8 @@ def test_all_is_pinned_and_sorted() -> None:
         "AdviceRequest",
         "Advisor",
         "AdvisorError",
+        "AdvisorInput",
+        "CallRecord",
         "CommandAdvisor",
         "Decision",
         "LoopDetected",
@@ -37,6 +39,7 @@ def test_enum_values_are_the_wire_strings() -> None:
     assert [r.value for r in otel_loopguard.Rule] == [
         "consecutive", "window", "no_progress", "stall"]
     assert [m.value for m in otel_loopguard.Mode] == ["observe", "advise", "enforce"]
+    assert [m.value for m in otel_loopguard.AdvisorInput] == ["argv", "stdin_json"]
 
 
 def test_import_stays_light() -> None:

@@ -216,7 +216,8 @@ def test_i_advice_reaches_the_rescue_message_and_is_cached(tmp_path: Path) -> No
             f.write(request["tool"] + "\\n")
         print("Try searching the forecast API instead of the web.")
     """)
-    guard = LoopGuard(RESCUE_POLICY, advisor=CommandAdvisor(command, timeout_seconds=5))
+    guard = LoopGuard(RESCUE_POLICY, advisor=CommandAdvisor(command, timeout_seconds=5,
+                                                            input_mode="stdin_json"))
     decisions = _hammer(guard, RESCUE_AT + 1)
     rescue, again = decisions[RESCUE_AT - 1], decisions[RESCUE_AT]
     assert rescue.action is Action.RESCUE and rescue.blocks

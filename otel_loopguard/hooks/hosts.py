@@ -78,6 +78,8 @@ class HookEvent:
     #: ``None``: the host does not say whether the call failed.
     error: bool | None = False
     duration_seconds: float | None = None
+    #: The user's prompt (``prompt`` of a prompt event), when the host sends it.
+    prompt: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +155,9 @@ def _event(
     session = _string(data, "session_id")
     agent = _optional_string(data, agent_field) if agent_field else None
     if kind is EventKind.USER_PROMPT:
-        return data, HookEvent(kind, name, session, agent)
+        prompt = data.get("prompt")  # all three hosts send it; a missing one is no error
+        return data, HookEvent(kind, name, session, agent,
+                               prompt=prompt if isinstance(prompt, str) and prompt else None)
     return data, HookEvent(
         kind, name, session, agent,
         tool=_string(data, "tool_name"),

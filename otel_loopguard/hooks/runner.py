@@ -115,7 +115,8 @@ def decide(host: Host, event: HookEvent, guard: LoopGuard, notes: dict[str, str]
        reminded about (or the run stopped).
     """
     if event.kind is EventKind.USER_PROMPT:
-        guard.user_message(event.session, agent=event.agent)
+        # The prompt is what an advisor is told the task is (kept only with an advisor).
+        guard.user_message(event.session, agent=event.agent, text=event.prompt)
         return ALLOWED
     if event.kind is EventKind.PRE_TOOL:
         decision = decide_before(guard, event.tool, event.arguments, session=event.session,
@@ -160,6 +161,7 @@ def run(
     fail_closed: bool = False,
     problem: str | None = None,
     server: str | None = None,
+    plugin_config: str | None = None,
     token: str | None = None,
     timeout_seconds: float | None = None,
     stdin: BinaryIO | None = None,
@@ -171,6 +173,8 @@ def run(
 
     ``problem``: a reason the guard cannot decide that is already known (a command line that
     could not be parsed); the event is then answered as when the store is unusable.
+    ``plugin_config``: a plugin's configuration file read as is (``[NAME=]FILE``, see
+    :func:`otel_loopguard.plugins.load_plugin_config`), instead of ``preset``.
     ``server``: ask the ``otel-loopguard serve`` at this URL instead of keeping state in
     ``store`` (:class:`~.remote.RemoteBackend`), with ``token`` (default:
     ``$LOOPGUARD_SERVE_TOKEN``) and ``timeout_seconds`` (default: 2); its failures are answered
@@ -188,8 +192,8 @@ def run(
 
     answer_json: dict[str, object] = {}
     try:
-        answer_json = _answer_json(host_name, store, preset, config, fail_closed, problem,
-                                   (server, token, timeout_seconds),
+        answer_json = _answer_json(host_name, store, (preset, config, plugin_config),
+                                   fail_closed, problem, (server, token, timeout_seconds),
                                    stdin if stdin is not None else sys.stdin.buffer, environ,
                                    note)
     except Exception as exc:  # the last line: a bug here must still leave the host an answer
@@ -203,10 +207,12 @@ def run(
     return 0
 
 
-def _answer_json(host_name: str, store: str | None, preset: str | None, config: str | None,
+def _answer_json(host_name: str, store: str | None,
+                 policy_sources: tuple[str | None, str | None, str | None],
                  fail_closed: bool, problem: str | None,
                  remote: tuple[str | None, str | None, float | None], stdin: BinaryIO,
                  environ: Mapping[str, str] | None, note: Note) -> dict[str, object]:
+    preset, config, plugin_config = policy_sources
     host = HOSTS.get(host_name)
     if host is None:
         note(f"unknown host (one of {', '.join(HOSTS)}); allowing the call")
@@ -226,10 +232,10 @@ def _answer_json(host_name: str, store: str | None, preset: str | None, config: 
             raise Unavailable(problem)
         backend: Backend
         if remote[0] is not None:
-            backend = _remote_backend(remote, store, preset, config, environ)
+            backend = _remote_backend(remote, store, policy_sources, environ)
         else:
             try:
-                policy = load_policy(preset, config, environ)
+                policy = load_policy(preset, config, environ, plugin_config)
                 path = Path(store).expanduser() if store else default_store_path(environ)
             except ValueError as exc:
                 raise Unavailable(f"policy: {exc}") from None
@@ -249,14 +255,16 @@ def _answer_json(host_name: str, store: str | None, preset: str | None, config: 
 
 
 def _remote_backend(remote: tuple[str | None, str | None, float | None], store: str | None,
-                    preset: str | None, config: str | None,
+                    policy_sources: tuple[str | None, str | None, str | None],
                     environ: Mapping[str, str] | None) -> Backend:
     from .remote import DEFAULT_TIMEOUT_SECONDS, RemoteBackend  # only the --server path
 
     url, token, timeout = remote
+    preset, config, plugin_config = policy_sources
     assert url is not None
     local = [name for name, value in (("--store", store), ("--preset", preset),
-                                      ("--config", config)) if value]
+                                      ("--config", config), ("--plugin-config", plugin_config))
+             if value]
     if local:
         raise Unavailable(f"{', '.join(local)} cannot be combined with --server (the server keeps"
                           f" the sessions and applies its own policy)")

@@ -118,9 +118,12 @@ class ToolHook:
         agent = self._agent if self._agent is not None else framework_agent
         return (session or framework_session or DEFAULT_SESSION), agent
 
-    def run_marker(self, keys: tuple[str, str | None], marker: object) -> None:
+    def run_marker(self, keys: tuple[str, str | None], marker: object,
+                   task: str | None = None) -> None:
         """Start a new progress epoch when ``marker`` (a run, invocation or user-message id)
-        differs from the last one seen in this session; the first marker seen only records."""
+        differs from the last one seen in this session; the first marker seen only records.
+        ``task``, the run's prompt when the framework has it, is what an advisor is told the
+        task is."""
         if marker is None:
             return
         previous = self._runs.get(keys)
@@ -131,7 +134,9 @@ class ToolHook:
         if len(self._runs) > _MAX_RUN_MARKERS:
             self._runs.popitem(last=False)
         if previous is not None:
-            self.guard.new_run(keys[0], agent=keys[1])
+            self.guard.new_run(keys[0], agent=keys[1], task=task)
+        elif task:
+            self.guard.set_task(keys[0], task, agent=keys[1])
 
     # -- the call ----------------------------------------------------------------------------
 
