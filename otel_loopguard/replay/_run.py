@@ -10,7 +10,7 @@ from typing import IO, TYPE_CHECKING, TextIO
 
 from ..spans import KeyBy
 from ..traces import CallDecidedAtStart, CallObserved
-from ._events import CallStarted
+from ._events import CallFinished, CallStarted
 from ._formats import format_by_name
 from ._reader import _BadLines, _Progress, _read_events
 from ._replayer import ReplayClock, Replayer
@@ -120,8 +120,10 @@ def run_replay(
                 started = replayer.handle(source, event)
                 if started is not None and json_output:
                     report, index, decision = started
-                    assert isinstance(event, (CallStarted, CallDecidedAtStart, CallObserved))
-                    out.write(_json_line(report, index, event.tool, decision))
+                    assert isinstance(event, (CallStarted, CallFinished, CallDecidedAtStart,
+                                              CallObserved))
+                    tool = decision.tool if isinstance(event, CallFinished) else event.tool
+                    out.write(_json_line(report, index, tool, decision))
         except OSError as exc:
             bad.unreadable(label, exc.strerror or str(exc))
         finally:
