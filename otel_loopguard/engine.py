@@ -173,7 +173,8 @@ def _union(patterns: tuple[str, ...]) -> re.Pattern[str] | _AnyOf | None:
 class SignatureState:
     """What one session remembers about one signature in the current epoch."""
 
-    __slots__ = ("changed", "count", "failed", "last_outcome", "novel_seen", "same_outcomes")
+    __slots__ = ("changed", "count", "failed", "last_outcome", "looped", "novel_seen",
+                 "same_outcomes")
 
     def __init__(self) -> None:
         self.count = 0
@@ -182,6 +183,7 @@ class SignatureState:
         self.changed = False
         self.failed = False  # the last known outcome was a failure
         self.novel_seen = 0  # the session's ``novel`` count at this signature's last attempt
+        self.looped = False  # repeated once with nothing new since its previous attempt
 
 
 @dataclass(slots=True)
@@ -292,6 +294,8 @@ class SessionState:
                 self.novel += 1
         else:
             self.redundant += 1
+            if self.novel == signature.novel_seen:
+                signature.looped = True
         self.signatures[key] = signature  # (re)inserted last: least recently used stay first
         signature.count += 1
         signature.novel_seen = self.novel
@@ -379,7 +383,7 @@ class SessionState:
             "v": _SNAPSHOT_VERSION,
             "epoch": self.epoch,
             "sigs": [[key, s.count, s.last_outcome, s.same_outcomes, s.changed, s.failed,
-                      s.novel_seen] for key, s in signatures.items()],
+                      s.novel_seen, s.looped] for key, s in signatures.items()],
             "window": [position.get(key, key) for key in self.window],
             "last": None if last is None else position.get(last, last),
             "run": self.run_length,
@@ -420,13 +424,14 @@ class SessionState:
         signatures: dict[str, SignatureState] = {}
         for entry in _list(raw.get("sigs"), "sigs"):
             # Five fields in states written before failures and exploration were remembered.
-            if not (isinstance(entry, list) and len(entry) in (5, 7)):
+            if not (isinstance(entry, list) and len(entry) in (5, 8)):
                 raise ValueError(f"session state: bad signature entry {entry!r}")
             key, count, last_outcome, same, changed = entry[:5]
             signature = SignatureState()
-            if len(entry) == 7:
+            if len(entry) == 8:
                 signature.failed = _flag(entry[5], "failed")
                 signature.novel_seen = _count(entry[6], "novel seen")
+                signature.looped = _flag(entry[7], "looped")
             signature.count = _count(count, "count")
             signature.last_outcome = _optional_text(last_outcome, "last outcome")
             signature.same_outcomes = _count(same, "same outcomes")

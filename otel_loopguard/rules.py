@@ -65,6 +65,8 @@ class SignatureHistory(Protocol):
     def failed(self) -> bool: ...  # last_outcome was a failure
     @property
     def novel_seen(self) -> int: ...  # the history's ``novel`` at this signature's last attempt
+    @property
+    def looped(self) -> bool: ...  # once repeated with nothing new since its previous attempt
 
 
 class History(Protocol):
@@ -161,15 +163,16 @@ def evaluate(
     only hold keys of this epoch, all remembered as signatures), so it returns at once.
 
     A re-read among exploration is no signature evidence either: when the call last succeeded
-    (a known outcome, not a failure) and new calls were made since its previous attempt, the
-    agent is learning, not looping (only the stall rule still counts it). A cycle of calls with
-    nothing new in between, or a call that keeps failing, is counted as usual.
+    (a known outcome, not a failure) and new calls were made before each of its repeats,
+    including this one, the agent is learning, not looping (only the stall rule still counts
+    it). A call once repeated with nothing new in between (a cycle, a run of the same call), or
+    a call that keeps failing, is counted as usual.
     """
     signature = history.signature(key)
     if signature is None:
         return None, None, None
     rules = policy.rules
-    if (signature.last_outcome is not None and not signature.failed
+    if (signature.last_outcome is not None and not signature.failed and not signature.looped
             and history.novel > signature.novel_seen):
         stalled = stall(history, key, policy.stall_threshold) if Rule.STALL in rules else None
         return None, None, stalled

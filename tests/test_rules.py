@@ -26,6 +26,7 @@ class Sig:
     changed: bool = False
     failed: bool = False
     novel_seen: int = 0
+    looped: bool = False
 
 
 @dataclass
