@@ -266,6 +266,13 @@ def message_for(step: Step, tool: str, canonical: bytes, policy: Policy, advice:
                 " End this run now: tell the user what you tried, the error you keep getting,"
                 " and what is blocking you. They can continue by sending a new message."
             )
+        if not step.denials:
+            return (
+                f"{_PREFIX}Stopping: this run was stopped since the last change because it"
+                f" kept repeating a call that failed the same way (now {name})."
+                " End this run now: tell the user what you tried, the error you keep getting,"
+                " and what is blocking you. They can continue by sending a new message."
+            )
         this_call = f" ({name} with the same arguments, {scope})" if step.rule else ""
         return (
             f"{_PREFIX}Stopping: calls were refused {step.denials} times since the last change"
