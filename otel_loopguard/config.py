@@ -28,7 +28,9 @@ from .env import LOOPGUARD_PRESET, POLICY_PREFIX
 __all__ = [
     "DEFAULT_IGNORED_ARGS",
     "DEFAULT_MUTATING_COMMANDS",
+    "DEFAULT_MUTATING_OPERATIONS",
     "DEFAULT_MUTATING_TOOLS",
+    "DEFAULT_READ_OPERATIONS",
     "DEFAULT_SHELL_TOOLS",
     "ENV_PREFIX",
     "Mode",
@@ -73,8 +75,8 @@ DEFAULT_IGNORED_ARGS: Final = frozenset(
     {"description", "explanation", "reasoning", "thought", "comment", "task_progress"}
 )
 
-#: Tool names (``*`` wildcards, case-insensitive) whose successful call changes the agent's world.
-DEFAULT_MUTATING_TOOLS: Final = (
+#: The mutating tool names of the plugins the seed presets reproduce (they keep their own list).
+_SEED_MUTATING_TOOLS: Final = (
     "write",
     "write_file",
     "edit",
@@ -90,7 +92,61 @@ DEFAULT_MUTATING_TOOLS: Final = (
     "insert",
 )
 
-#: Tool names whose ``command`` argument is a shell command (checked against the command regexes).
+#: Tool names (``*`` wildcards, case-insensitive) whose successful call changes the agent's world.
+DEFAULT_MUTATING_TOOLS: Final = (
+    *_SEED_MUTATING_TOOLS,
+    "create",
+    # Structured tools named for what they change (a booking, a patch, a record).
+    "write_*",
+    "create_*",
+    "delete_*",
+    "remove_*",
+    "update_*",
+    "cancel_*",
+    "book_*",
+    "send_*",
+)
+
+#: Operation names (``*`` wildcards, case-insensitive) that, as the first word of a call's
+#: ``command`` or ``action`` argument, make the call only read, whatever the tool (OpenHands'
+#: ``str_replace_editor`` with ``command: view``; SWE-agent's ``open``).
+DEFAULT_READ_OPERATIONS: Final = (
+    "view",
+    "read",
+    "open",
+    "show",
+    "list",
+    "get",
+    "search",
+    "find_file",
+    "search_file",
+    "search_dir",
+    "goto",
+    "scroll_up",
+    "scroll_down",
+)
+
+#: Operation names that, as the first word of a call's ``command`` or ``action`` argument, make
+#: the call mutating, whatever the tool (``create``, ``str_replace``, ``insert``, ``edit`` ...).
+DEFAULT_MUTATING_OPERATIONS: Final = (
+    "create",
+    "write",
+    "edit",
+    "str_replace",
+    "insert",
+    "append",
+    "replace",
+    "delete",
+    "remove",
+    "rename",
+    "move",
+    "undo_edit",
+    "apply_patch",
+)
+
+#: Tool names whose bare string or argv-list argument is a shell command (checked against the command
+#: regexes). A tool of any name whose ``command``/``cmd``/``script`` argument holds a command line
+#: is a shell tool too.
 DEFAULT_SHELL_TOOLS: Final = (
     "bash",
     "shell",
@@ -102,6 +158,9 @@ DEFAULT_SHELL_TOOLS: Final = (
     "run_terminal_cmd",
     "terminal",
     "container.exec",
+    "execute_bash",
+    "run_command",
+    "run_bash",
 )
 
 #: Regexes over a shell command; a successful match starts a new progress epoch.
@@ -183,7 +242,7 @@ class Policy:
         metadata=_doc("enabled rules: consecutive, window, no_progress, stall", _Kind.RULES),
     )
     window_size: int = field(
-        default=20, metadata=_doc("tracked calls the window rule looks back over", _Kind.COUNT)
+        default=36, metadata=_doc("tracked calls the window rule looks back over", _Kind.COUNT)
     )
     remind_thresholds: tuple[int, ...] = field(
         default=(3, 5),
@@ -244,6 +303,21 @@ class Policy:
     mutating_commands: tuple[str, ...] = field(
         default=DEFAULT_MUTATING_COMMANDS,
         metadata=_doc("regexes over a shell command whose successful run starts a new epoch", _Kind.REGEXES),
+    )
+    read_operations: tuple[str, ...] = field(
+        default=DEFAULT_READ_OPERATIONS,
+        metadata=_doc("operation names (first word of a `command`/`action` argument) that only read", _Kind.PATTERNS),
+    )
+    mutating_operations: tuple[str, ...] = field(
+        default=DEFAULT_MUTATING_OPERATIONS,
+        metadata=_doc("operation names (first word of a `command`/`action` argument) that write", _Kind.PATTERNS),
+    )
+    failure_stop_threshold: int | None = field(
+        default=3,
+        metadata=_doc(
+            "identical failures of one call in an epoch after which the run is stopped, decided"
+            " after the call ran (none: never)"
+        , _Kind.OPTIONAL_THRESHOLD),
     )
     max_rescues: int = field(default=3, metadata=_doc("advisor asks per session", _Kind.BUDGET))
     cooldown_seconds: float = field(
@@ -432,6 +506,15 @@ def _positive_float(name: str, value: object) -> None:
         raise ValueError(f"{name}: expected a number > 0, got {value!r}")
 
 
+#: What the seed presets keep from their plugins: mutating tools by name only, no operation
+#: table, no stop after identical failures.
+_SEED_PROGRESS: Final[Mapping[str, Any]] = {
+    "mutating_tools": _SEED_MUTATING_TOOLS,
+    "read_operations": (),
+    "mutating_operations": (),
+    "failure_stop_threshold": None,
+}
+
 PRESETS: Final[Mapping[str, Policy]] = {
     # Ours: window + outcome awareness; see README "Choosing thresholds" for the scenarios.
     "default": Policy(),
@@ -444,6 +527,7 @@ PRESETS: Final[Mapping[str, Policy]] = {
         rescue_threshold=None,
         poll_limit=None,
         stop_after_denials=None,
+        **_SEED_PROGRESS,
     ),
     # The brake plugin: deny the 4th consecutive identical call, whatever its outcome.
     "brake": Policy(
@@ -453,6 +537,7 @@ PRESETS: Final[Mapping[str, Policy]] = {
         rescue_threshold=None,
         poll_limit=None,
         stop_after_denials=None,
+        **_SEED_PROGRESS,
     ),
     # The rescue plugin: 12-call window, deny the 3rd occurrence, rescue at the 5th, stall at 40.
     "rescue": Policy(
@@ -464,6 +549,7 @@ PRESETS: Final[Mapping[str, Policy]] = {
         poll_limit=None,
         stop_after_denials=None,
         stall_threshold=40,
+        **_SEED_PROGRESS,
     ),
 }
 
