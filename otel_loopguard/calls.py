@@ -32,6 +32,7 @@ __all__ = [
     "args_key",
     "canonical_arguments",
     "canonical_json",
+    "failure_text",
     "outcome_key",
     "tool_name",
 ]
@@ -48,6 +49,33 @@ SIGNATURE_CHARS: Final = 12
 _SORT: Final = orjson.OPT_SORT_KEYS
 _SEPARATOR: Final = b"\x00"
 _LONG_DIGITS: Final = re.compile(r"\d{19}")
+
+#: Parts of a failure's text that change from one identical failure to the next, each with what
+#: it is replaced by: timestamps, UUIDs, addresses, temporary paths, process ids, durations.
+_VOLATILE: Final = (
+    (re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?"), "<time>"),
+    (re.compile(r"\b\d\d?:\d\d:\d\d(?:[.,]\d+)?\b"), "<time>"),
+    (re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"),
+     "<uuid>"),
+    (re.compile(r"\b0x[0-9a-fA-F]{4,}\b"), "0x<addr>"),
+    (re.compile(r"(?:/private)?/(?:tmp|var/folders|var/tmp)/[^\s'\":,;)\]]*"), "<tmp>"),
+    (re.compile(r"\btmp[A-Za-z0-9_]{6,}"), "<tmp>"),
+    (re.compile(r"(?i)\b(pid|process|thread)\b(\s*[:=#]?\s*)\d+"), r"\1\2<n>"),
+    (re.compile(r"(?i)\b\d+(?:\.\d+)?\s?(?:ms|us|µs|ns|s|sec|secs|seconds|min|minutes)\b"),
+     "<duration>"),
+)
+#: A failure's text is normalised on its first this-many characters only (the rest is kept).
+MAX_FAILURE_CHARS: Final = 1 << 16
+
+
+def failure_text(text: str) -> str:
+    """A failure's text with its volatile parts (:data:`_VOLATILE`) replaced, so that two failures
+    that differ only in a pid, a time, a temporary path, an address or a duration are the same
+    failure."""
+    head, tail = text[:MAX_FAILURE_CHARS], text[MAX_FAILURE_CHARS:]
+    for pattern, replacement in _VOLATILE:
+        head = pattern.sub(replacement, head)
+    return head + tail
 
 
 def tool_name(tool: object) -> str:
@@ -204,7 +232,8 @@ def outcome_key(result: object, is_error: bool | None) -> str | None:
     """Return the key of a call's outcome, or ``None`` when nothing is known about it.
 
     The result is normalised like arguments (JSON strings parsed, keys sorted). An error without a
-    result still has an outcome (``error``); a success without a result has none.
+    result still has an outcome (``error``); a success without a result has none. A failure's
+    text is compared without its volatile parts (:func:`failure_text`).
     """
     if result is None:
         return _digest(b"error") if is_error else None
@@ -213,6 +242,8 @@ def outcome_key(result: object, is_error: bool | None) -> str | None:
         # than letting every object of one type look like "the same result".
         return _digest(b"error") if is_error else None
     prefix = b"E" if is_error else b"R"
+    if is_error and type(result) is str:
+        result = failure_text(result)
     if type(result) is str and (not result or (result[0] not in "{[\"" and not result[0].isspace())):
         # Plain text, the usual tool result, is not parsed: the same bytes as the general path,
         # without its checks (text orjson refuses, e.g. lone surrogates, takes that path).

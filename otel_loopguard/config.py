@@ -29,7 +29,9 @@ __all__ = [
     "AdvisorInput",
     "DEFAULT_IGNORED_ARGS",
     "DEFAULT_MUTATING_COMMANDS",
+    "DEFAULT_MUTATING_OPERATIONS",
     "DEFAULT_MUTATING_TOOLS",
+    "DEFAULT_READ_OPERATIONS",
     "DEFAULT_SHELL_TOOLS",
     "ENV_PREFIX",
     "Mode",
@@ -87,8 +89,8 @@ DEFAULT_IGNORED_ARGS: Final = frozenset(
     {"description", "explanation", "reasoning", "thought", "comment", "task_progress"}
 )
 
-#: Tool names (``*`` wildcards, case-insensitive) whose successful call changes the agent's world.
-DEFAULT_MUTATING_TOOLS: Final = (
+#: File and code editing tools (the first part of DEFAULT_MUTATING_TOOLS).
+_SEED_MUTATING_TOOLS: Final = (
     "write",
     "write_file",
     "edit",
@@ -104,7 +106,61 @@ DEFAULT_MUTATING_TOOLS: Final = (
     "insert",
 )
 
-#: Tool names whose ``command`` argument is a shell command (checked against the command regexes).
+#: Tool names (``*`` wildcards, case-insensitive) whose successful call changes the agent's world.
+DEFAULT_MUTATING_TOOLS: Final = (
+    *_SEED_MUTATING_TOOLS,
+    "create",
+    # Structured tools named for what they change (a booking, a patch, a record).
+    "write_*",
+    "create_*",
+    "delete_*",
+    "remove_*",
+    "update_*",
+    "cancel_*",
+    "book_*",
+    "send_*",
+)
+
+#: Operation names (``*`` wildcards, case-insensitive) that, as the first word of a call's
+#: ``command`` or ``action`` argument, make the call only read, whatever the tool (OpenHands'
+#: ``str_replace_editor`` with ``command: view``; SWE-agent's ``open``).
+DEFAULT_READ_OPERATIONS: Final = (
+    "view",
+    "read",
+    "open",
+    "show",
+    "list",
+    "get",
+    "search",
+    "find_file",
+    "search_file",
+    "search_dir",
+    "goto",
+    "scroll_up",
+    "scroll_down",
+)
+
+#: Operation names that, as the first word of a call's ``command`` or ``action`` argument, make
+#: the call mutating, whatever the tool (``create``, ``str_replace``, ``insert``, ``edit`` ...).
+DEFAULT_MUTATING_OPERATIONS: Final = (
+    "create",
+    "write",
+    "edit",
+    "str_replace",
+    "insert",
+    "append",
+    "replace",
+    "delete",
+    "remove",
+    "rename",
+    "move",
+    "undo_edit",
+    "apply_patch",
+)
+
+#: Tool names whose bare string or argv-list argument is a shell command (checked against the command
+#: regexes). A tool of any name whose ``command``/``cmd``/``script`` argument holds a command line
+#: is a shell tool too.
 DEFAULT_SHELL_TOOLS: Final = (
     "bash",
     "shell",
@@ -116,6 +172,9 @@ DEFAULT_SHELL_TOOLS: Final = (
     "run_terminal_cmd",
     "terminal",
     "container.exec",
+    "execute_bash",
+    "run_command",
+    "run_bash",
 )
 
 #: Regexes over a shell command; a successful match starts a new progress epoch.
@@ -203,7 +262,7 @@ class Policy:
         metadata=_doc("enabled rules: consecutive, window, no_progress, stall", _Kind.RULES),
     )
     window_size: int = field(
-        default=20, metadata=_doc("tracked calls the window rule looks back over", _Kind.COUNT)
+        default=36, metadata=_doc("tracked calls the window rule looks back over", _Kind.COUNT)
     )
     remind_thresholds: tuple[int, ...] = field(
         default=(3, 5),
@@ -277,6 +336,21 @@ class Policy:
     mutating_commands: tuple[str, ...] = field(
         default=DEFAULT_MUTATING_COMMANDS,
         metadata=_doc("regexes over a shell command whose successful run starts a new epoch", _Kind.REGEXES),
+    )
+    read_operations: tuple[str, ...] = field(
+        default=DEFAULT_READ_OPERATIONS,
+        metadata=_doc("operation names (first word of a `command`/`action` argument) that only read", _Kind.PATTERNS),
+    )
+    mutating_operations: tuple[str, ...] = field(
+        default=DEFAULT_MUTATING_OPERATIONS,
+        metadata=_doc("operation names (first word of a `command`/`action` argument) that write", _Kind.PATTERNS),
+    )
+    failure_stop_threshold: int | None = field(
+        default=3,
+        metadata=_doc(
+            "identical failures of one call in an epoch after which the run is stopped, decided"
+            " after the call ran (none: never)"
+        , _Kind.OPTIONAL_THRESHOLD),
     )
     max_rescues: int = field(default=3, metadata=_doc("advisor asks per session", _Kind.BUDGET))
     cooldown_seconds: float = field(
@@ -510,6 +584,14 @@ RESCUE_PLUGIN_MUTATING_TOOLS: Final = (
     "notebook_edit",
 )
 
+#: What the seed presets keep from their plugins: no operation table, no stop after identical
+#: failures (each preset names its plugin's own mutating tools).
+_SEED_PROGRESS: Final[Mapping[str, Any]] = {
+    "read_operations": (),
+    "mutating_operations": (),
+    "failure_stop_threshold": None,
+}
+
 PRESETS: Final[Mapping[str, Policy]] = {
     # Ours: window + outcome awareness; see README "Choosing thresholds" for the scenarios.
     "default": Policy(),
@@ -528,6 +610,7 @@ PRESETS: Final[Mapping[str, Policy]] = {
         ignored_args=frozenset(),
         mutating_tools=(),
         mutating_commands=(),
+        **_SEED_PROGRESS,
     ),
     # The loop-brake plugin (maxRepeats 3): deny the 4th consecutive identical call, whatever
     # its outcome, arguments compared whole; never reminds, never stops.
@@ -541,6 +624,7 @@ PRESETS: Final[Mapping[str, Policy]] = {
         ignored_args=frozenset(),
         mutating_tools=(),
         mutating_commands=(),
+        **_SEED_PROGRESS,
     ),
     # The loop-rescue plugin: 12-call window, deny the 3rd occurrence (nudgeAt), rescue from the
     # 5th (rescueAt), a rescue at 40 redundant calls in an epoch (stallAt); never stops. Its
@@ -563,6 +647,7 @@ PRESETS: Final[Mapping[str, Policy]] = {
         max_rescues=3,
         cooldown_seconds=45.0,
         advisor_timeout_seconds=90.0,
+        **_SEED_PROGRESS,
     ),
 }
 

@@ -57,6 +57,8 @@ MAX_TASK_CHARS: Final = 2000
 _MAX_KEY_CHARS: Final = 64
 _COMMAND_KEYS: Final = ("command", "cmd", "script", "commands")
 _MAX_CACHED_TOOL_NAMES: Final = 1024
+#: Characters of a ``command``/``action`` value searched for its first word (an operation name).
+_MAX_OPERATION_CHARS: Final = 64
 _EXPIRY_INTERVAL_SECONDS: Final = 1.0
 #: Version of the :meth:`SessionState.to_bytes` layout; other versions are refused on load.
 _SNAPSHOT_VERSION: Final = 1
@@ -86,7 +88,17 @@ def shell_command(arguments: object) -> str | None:
 class Classifier:
     """Answers "is this call tracked?" and "does it make progress?" from the policy's patterns.
 
-    Tool-name answers are cached (bounded); command regexes run per call, on shell tools only.
+    A call mutates when, in this order:
+
+    1. the first word of its ``command`` or ``action`` argument names a mutating operation
+       (``mutating_operations``: ``create``, ``str_replace``, ``insert`` ...);
+    2. it carries a shell command line (a shell tool by name, or any tool whose ``command``,
+       ``cmd`` or ``script`` argument is a string or an argv list) matching ``mutating_commands``;
+    3. that first word names a read operation (``read_operations``: ``view``, ``open`` ...): it
+       only reads, whatever the tool's name;
+    4. the tool's name is in ``mutating_tools``.
+
+    Tool-name answers are cached (bounded); the operation and command checks run per call.
     """
 
     def __init__(self, policy: Policy) -> None:
@@ -96,6 +108,8 @@ class Classifier:
         self._exclude = wildcard_union(policy.exclude)
         self._shell = wildcard_union(policy.shell_tools)
         self._mutating = wildcard_union(policy.mutating_tools)
+        self._read_operations = wildcard_union(policy.read_operations)
+        self._mutating_operations = wildcard_union(policy.mutating_operations)
         self._exclude_commands = _union(policy.exclude_commands)
         self._mutating_commands = _union(policy.mutating_commands)
         # tool -> (tracked by name, is a shell tool, mutating by name)
@@ -117,16 +131,35 @@ class Classifier:
         """Return (tracked, mutating) for a call of ``tool`` with canonical ``arguments``."""
         kind = self._cache.get(tool)
         tracked, shell, mutating = kind if kind is not None else self.tool_kind(tool)
-        if not tracked or not shell:
-            return tracked, mutating
-        command = shell_command(arguments)
-        if command is None:
-            return True, mutating
-        if self._exclude_commands is not None and self._exclude_commands.search(command):
+        if not tracked:
             return False, False
-        if self._mutating_commands is not None and self._mutating_commands.search(command):
+        command: str | None = None
+        operation: str | None = None
+        if isinstance(arguments, Mapping):
+            named = arguments.get("command", arguments.get("action"))
+            if isinstance(named, str):
+                operation = _first_word(named)
+            if shell or "command" in arguments or "cmd" in arguments or "script" in arguments:
+                command = shell_command(arguments)
+        elif shell:
+            command = shell_command(arguments)
+        if command is not None and self._exclude_commands is not None \
+                and self._exclude_commands.search(command):
+            return False, False
+        if operation is not None and _matches(self._mutating_operations, operation):
             return True, True
+        if command is not None and self._mutating_commands is not None \
+                and self._mutating_commands.search(command):
+            return True, True
+        if operation is not None and _matches(self._read_operations, operation):
+            return True, False
         return True, mutating
+
+
+def _first_word(text: str) -> str:
+    """The first word of a ``command``/``action`` value: the operation it names, if any."""
+    head = text[:_MAX_OPERATION_CHARS].split(None, 1)
+    return head[0] if head else ""
 
 
 def _matches(union: re.Pattern[str] | None, name: str) -> bool:
@@ -158,13 +191,17 @@ def _union(patterns: tuple[str, ...]) -> re.Pattern[str] | _AnyOf | None:
 class SignatureState:
     """What one session remembers about one signature in the current epoch."""
 
-    __slots__ = ("changed", "count", "last_outcome", "same_outcomes")
+    __slots__ = ("changed", "count", "failed", "last_outcome", "looped", "novel_seen",
+                 "same_outcomes")
 
     def __init__(self) -> None:
         self.count = 0
         self.last_outcome: str | None = None
         self.same_outcomes = 0
         self.changed = False
+        self.failed = False  # the last known outcome was a failure
+        self.novel_seen = 0  # the session's ``novel`` count at this signature's last attempt
+        self.looped = False  # repeated once with nothing new since its previous attempt
 
 
 class TrailCall:
@@ -299,6 +336,8 @@ class SessionState:
         "last_key",
         "last_rescue_at",
         "last_seen",
+        "mutation",
+        "novel",
         "pending",
         "redundant",
         "rescues",
@@ -324,6 +363,10 @@ class SessionState:
         self.last_rescue_at: float | None = None
         self.last_seen = now
         self.trail: Trail | None = None  # kept only by a guard that can ask an advisor
+        # The mutation (args key and outcome) that started this epoch: repeating it is not progress.
+        self.mutation: str | None = None
+        # Calls this epoch that were new (their signature's first attempt): exploration.
+        self.novel = 0
 
     def signature(self, key: str) -> SignatureState | None:
         return self.signatures.get(key)
@@ -338,11 +381,37 @@ class SessionState:
         self.signatures = {}
         self.denials = 0
         self.advice = None
+        self.mutation = None
+        self.novel = 0
         if clear_stop:
             self.stopped = False
 
-    def record_attempt(self, key: str, policy: Policy, *, blocked: bool) -> bool:
-        """Count one tracked attempt of ``key``; return whether it repeats an earlier one."""
+    def mutated(self, key: str, outcome: str | None, policy: Policy) -> bool:
+        """A mutating call of ``key`` succeeded with ``outcome``; return whether that is progress.
+
+        1. The same mutation (args key and outcome) as the one that started this epoch changed
+           nothing new (the same ``git commit`` thirty times, a ``sed -i`` that changes nothing):
+           no new epoch, so its repeats count like any other call's.
+        2. Any other mutation starts a new epoch that begins with this call: its signature is
+           remembered with one attempt and its outcome, so repeating it is a repeat from the
+           first time on.
+        """
+        mutation = f"{key}:{outcome or ''}"
+        if mutation == self.mutation:
+            return False
+        signature = self.signatures.get(key)
+        failed = signature.failed if signature is not None else False
+        self.new_epoch()
+        self.mutation = mutation
+        self.record_attempt(key, policy, blocked=False)
+        self.record_outcome(key, outcome, failed=failed)
+        return True
+
+    def record_attempt(self, key: str, policy: Policy, *, blocked: bool,
+                       explores: bool = True) -> bool:
+        """Count one tracked attempt of ``key``; return whether it repeats an earlier one.
+        ``explores``: a first attempt of ``key`` counts as exploration (a read that runs; not a
+        mutating call, which may fail and change nothing, nor a blocked one)."""
         signatures = self.signatures
         signature = signatures.pop(key, None)
         repeated = signature is not None
@@ -350,10 +419,15 @@ class SessionState:
             signature = SignatureState()
             if len(signatures) >= policy.max_signatures_per_session:
                 self._prune(policy.max_signatures_per_session)
+            if explores and not blocked:
+                self.novel += 1
         else:
             self.redundant += 1
+            if self.novel == signature.novel_seen:
+                signature.looped = True
         self.signatures[key] = signature  # (re)inserted last: least recently used stay first
         signature.count += 1
+        signature.novel_seen = self.novel
         if self.last_key == key:
             self.run_length += 1
         else:
@@ -378,13 +452,15 @@ class SessionState:
         items = list(self.signatures.items())
         self.signatures = dict(items[len(items) - keep:])
 
-    def record_outcome(self, key: str, outcome: str | None) -> None:
-        """Add the outcome of a finished attempt of ``key`` (ignored if the signature was evicted)."""
+    def record_outcome(self, key: str, outcome: str | None, *, failed: bool = False) -> None:
+        """Add the outcome of a finished attempt of ``key`` (ignored if the signature was evicted);
+        ``failed``: the call reported a failure."""
         if outcome is None:
             return
         signature = self.signatures.get(key)
         if signature is None:
             return
+        signature.failed = failed
         if outcome == signature.last_outcome:
             signature.same_outcomes += 1
             signature.changed = False
@@ -437,8 +513,8 @@ class SessionState:
         return orjson.dumps({
             "v": _SNAPSHOT_VERSION,
             "epoch": self.epoch,
-            "sigs": [[key, s.count, s.last_outcome, s.same_outcomes, s.changed]
-                     for key, s in signatures.items()],
+            "sigs": [[key, s.count, s.last_outcome, s.same_outcomes, s.changed, s.failed,
+                      s.novel_seen, s.looped] for key, s in signatures.items()],
             "window": [position.get(key, key) for key in self.window],
             "last": None if last is None else position.get(last, last),
             "run": self.run_length,
@@ -451,6 +527,8 @@ class SessionState:
             "rescues": self.rescues,
             "rescue_at": self.last_rescue_at,
             "seen": self.last_seen,
+            "mutation": self.mutation,
+            "novel": self.novel,
             **extra,
         })
 
@@ -477,10 +555,15 @@ class SessionState:
         keys: list[str] = []
         signatures: dict[str, SignatureState] = {}
         for entry in _list(raw.get("sigs"), "sigs"):
-            if not (isinstance(entry, list) and len(entry) == 5):
+            # Five fields in states written before failures and exploration were remembered.
+            if not (isinstance(entry, list) and len(entry) in (5, 8)):
                 raise ValueError(f"session state: bad signature entry {entry!r}")
-            key, count, last_outcome, same, changed = entry
+            key, count, last_outcome, same, changed = entry[:5]
             signature = SignatureState()
+            if len(entry) == 8:
+                signature.failed = _flag(entry[5], "failed")
+                signature.novel_seen = _count(entry[6], "novel seen")
+                signature.looped = _flag(entry[7], "looped")
             signature.count = _count(count, "count")
             signature.last_outcome = _optional_text(last_outcome, "last outcome")
             signature.same_outcomes = _count(same, "same outcomes")
@@ -515,6 +598,8 @@ class SessionState:
                 raise ValueError("session state: advice must be an object")
             state.advice = {_text(k, "advice key"): _text(v, "advice") for k, v in advice.items()
                             if k in signatures}
+        state.mutation = _optional_text(raw.get("mutation"), "mutation")
+        state.novel = _count(raw.get("novel", 0), "novel")
         state.rescues = _count(raw.get("rescues"), "rescues")
         rescue_at = raw.get("rescue_at")
         state.last_rescue_at = None if rescue_at is None else _number(rescue_at, "rescue_at")

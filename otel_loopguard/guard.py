@@ -54,12 +54,14 @@ from .policy import (
     Action,
     Decision,
     LoopDetected,
+    Phase,
     Step,
     arguments_preview,
     climb,
+    conclude,
     message_for,
 )
-from .rules import evaluate, trend
+from .rules import evaluate, identical_failures, trend
 from .triplog import TripLog
 
 __all__ = ["LoopGuard"]
@@ -253,12 +255,18 @@ class LoopGuard:
         result: object = None,
         duration_seconds: float | None = None,
     ) -> Decision | None:
-        """Report how a call ended. Returns ``None`` when ``before_tool`` already counted this
-        call (matched by ``call_id``, else by session and arguments): only its outcome is added.
-        Otherwise the call is counted now and its decision returned (what the guard would have
-        said before it ran). A successful mutating call starts a new progress epoch; a call the
-        guard blocked never does. ``error=None`` means unknown (treated as not failed).
-        Never raises.
+        """Report how a call ended; return what the guard concludes after it.
+
+        When ``before_tool`` already counted this call (matched by ``call_id``, else by session
+        and arguments), only its outcome is added, and the return is ``None`` unless the result
+        shows the run is stuck now: then a :class:`Decision` with ``phase`` ``post`` (today a
+        stop, after ``failure_stop_threshold`` identical failures of this call in the epoch).
+        The call already ran; the host shows the message with the result or ends the run before
+        the next model turn. Otherwise the call is counted now and its decision returned (what
+        the guard would have said before it ran), or the post-call conclusion when there is one.
+        A mutating call that succeeded starts a new progress epoch unless it repeats the
+        mutation this epoch started with; a call the guard blocked never does. ``error=None``
+        means unknown (treated as not failed). Never raises.
         """
         try:
             return self._finish(tool, arguments, session, agent, call_id, error, result,
@@ -616,13 +624,14 @@ class LoopGuard:
                 )
             detected_block = step.action in BLOCKING_ACTIONS
             enforced_block = detected_block and policy.mode is Mode.ENFORCE and ran is None
-            repeated = state.record_attempt(key, policy, blocked=detected_block)
+            repeated = state.record_attempt(key, policy, blocked=detected_block,
+                                            explores=not mutating)
             if step.action is Action.STOP:
                 state.stopped = True
+            post: Step | None = None
             if ran is not None:
-                state.record_outcome(key, ran.outcome)
-                if mutating and ran.error is not True:
-                    state.new_epoch()  # it ran (we only heard of it afterwards): progress
+                # It ran (we only heard of it afterwards): its outcome, maybe progress.
+                post = self._ran(state, key, mutating, ran.outcome, ran.error)
             else:
                 ref = key if call_id is None else _text(call_id)
                 state.add_pending(ref, key, enforced_block, mutating)
@@ -682,6 +691,8 @@ class LoopGuard:
             threshold = step.threshold if step.rule is Rule.STALL else (
                 policy.deny_threshold or step.threshold)
             step = Step(Action.DENY, step.rule, step.count, threshold, denials=step.denials)
+        if post is not None:
+            return self._post_decision(post, name, key, sid, aid)
 
         if step.action is Action.ALLOW:
             if not repeated:
@@ -761,13 +772,17 @@ class LoopGuard:
                             self._settled.settle(store_key, ref, pending.args_key)
                     if pending is None and known_key is not None:
                         pending = state.take_pending(known_key)
+                post = None
                 if pending is not None:
-                    self._apply_outcome(state, pending, outcome, error,  # type: ignore[arg-type]
-                                        output)
+                    post = self._apply_outcome(
+                        state, pending, outcome, error, output)  # type: ignore[arg-type]
             if pending is not None:
                 if duration_seconds:
                     self._record_wasted(state, pending, agent, tool, duration_seconds)
-                return None
+                if post is None:
+                    return None
+                return self._post_decision(post, tool_name(tool), pending.args_key,
+                                           *self._ids(session, agent))
         store_key = self._store_key(*self._ids(session, agent))
         name = tool_name(tool)
         keyed = self._key_call(name, arguments)
@@ -783,14 +798,18 @@ class LoopGuard:
                 pending = state.take_pending(key)
                 if pending is None and state.pending:
                     pending = self._settled.take_pending_by_args(state, store_key, key)
+            post = None
             if pending is not None:
-                self._apply_outcome(state, pending, outcome, error, output)  # type: ignore[arg-type]
+                post = self._apply_outcome(
+                    state, pending, outcome, error, output)  # type: ignore[arg-type]
             elif ref is None and self._settled.take_by_args(store_key, key):
                 return None  # the hook reported this call with its id; this is the span's echo
         if pending is not None:
             if duration_seconds:
                 self._record_wasted(state, pending, agent, name, duration_seconds)
-            return None
+            if post is None:
+                return None
+            return self._post_decision(post, name, key, *self._ids(session, agent))
         return self._attempt(
             name, arguments, session, agent, call_id, wait_for_advice=False,
             ran=_Ran(mutating, canonical, key, outcome, error, duration_seconds, output),
@@ -806,18 +825,54 @@ class LoopGuard:
         canonical = canonical_json(value)
         return mutating, canonical, args_key(name, canonical)
 
-    @staticmethod
     def _apply_outcome(
-        state: SessionState, pending: Pending, outcome: str | None, error: bool | None,
+        self, state: SessionState, pending: Pending, outcome: str | None, error: bool | None,
         output: str | None = None,
-    ) -> None:
+    ) -> Step | None:
         if pending.blocked:
-            return  # a denied call never ran: its "result" is our message, and never progress
-        state.record_outcome(pending.args_key, outcome)
+            return None  # a denied call never ran: its "result" is our message, never progress
         if state.trail is not None:
             state.trail.settle(pending.args_key, _ended(error), output)
-        if pending.mutating and error is not True:
-            state.new_epoch()
+        return self._ran(state, pending.args_key, pending.mutating, outcome, error)
+
+    def _ran(self, state: SessionState, key: str, mutating: bool, outcome: str | None,
+             error: bool | None) -> Step | None:
+        """Under the lock: a call of ``key`` ran with ``outcome``. Record it, start a new epoch
+        when it made progress, and return the post-call conclusion (a stop), if any."""
+        failed = error is True
+        state.record_outcome(key, outcome, failed=failed)
+        if mutating and not failed and state.mutated(key, outcome, self.policy):
+            return None
+        if state.stopped:
+            return None  # already told to stop; the pre-call answers say so
+        step = conclude(identical_failures(state, key), policy=self.policy)
+        if step is not None:
+            state.stopped = True
+        return step
+
+    def _post_decision(self, step: Step, name: str, key: str, sid: str,
+                       aid: str | None) -> Decision:
+        """The :class:`Decision` for a post-call conclusion ``step``: counted, logged and
+        softened by the mode like a pre-call one."""
+        policy = self.policy
+        rule = step.rule.value if step.rule else None
+        self._recorder.decision(aid, name, rule or "none", step.action.value, step.count)
+        if self.trip_log is not None:
+            self.trip_log.write(
+                session=sid, agent=aid, tool=name, rule=rule, action=step.action.value,
+                mode=policy.mode.value, count=step.count, threshold=step.threshold,
+                signature=key[:12], arguments=None,
+            )
+        action = step.action
+        if policy.mode is Mode.OBSERVE:
+            action = Action.ALLOW
+        elif policy.mode is Mode.ADVISE and action in BLOCKING_ACTIONS:
+            action = Action.REMIND
+        message = "" if action is Action.ALLOW else message_for(
+            step, name, b"", policy, action=action)
+        return Decision(action=action, message=message, rule=step.rule, count=step.count,
+                        threshold=step.threshold, signature=key[:12], tool=name, session=sid,
+                        repeated=True, detected=step.action, phase=Phase.POST)
 
     def _record_wasted(self, state: SessionState | None, pending: Pending, agent: object,
                        tool: object, duration_seconds: float) -> None:

@@ -25,9 +25,11 @@ __all__ = [
     "Action",
     "Decision",
     "LoopDetected",
+    "Phase",
     "Step",
     "arguments_preview",
     "climb",
+    "conclude",
     "message_for",
     "without_arguments",
 ]
@@ -49,6 +51,17 @@ class Action(str, Enum):
     STOP = "stop"
 
 
+class Phase(str, Enum):
+    """When a decision was made; values are the wire strings (``replay --json``, the evaluator's
+    protocol)."""
+
+    #: Before the call ran: "may this call run?" (``before_tool``, a span's start).
+    PRE = "pre"
+    #: After the call ran, from its result: the run is stuck now (``after_tool``, a span's end).
+    #: The call itself already ran; a stop ends the run before the next model turn.
+    POST = "post"
+
+
 #: The actions that keep a call from running (the one declaration; hosts and guard use it).
 BLOCKING_ACTIONS: Final = frozenset({Action.DENY, Action.RESCUE, Action.STOP})
 
@@ -64,6 +77,8 @@ class Decision:
     12-hex display prefix of the args key; ``repeated`` whether the args key was already seen in
     this epoch. ``hash_prefix``, on blocking decisions only, is the loop-brake plugin's call
     hash: the first 12 hex characters of sha256(tool + newline + canonical arguments JSON).
+    ``phase`` says whether the decision came before the call ran (``pre``) or after, from its
+    result (``post``: a stop there ends the run at the next turn; the call ran).
     """
 
     action: Action
@@ -77,10 +92,12 @@ class Decision:
     repeated: bool = False
     detected: Action = Action.ALLOW
     hash_prefix: str = ""
+    phase: Phase = Phase.PRE
 
     @property
     def blocks(self) -> bool:
-        """True when the call must not run (deny, rescue, stop)."""
+        """True when the call must not run (deny, rescue, stop); after the call (``post``), that
+        the run must end (a stop)."""
         return self.action in BLOCKING_ACTIONS
 
 
@@ -164,7 +181,10 @@ class Step:
     polling: bool = False
     #: Attempts already denied in the epoch before this one (set on blocking steps: a stop says
     #: how many were retried, a denial how many more the policy allows before it stops).
+    #: ``failures``: for a stop concluded after the call ran, how many times the same call
+    #: failed the same way.
     denials: int = 0
+    failures: int = 0
 
 
 _ALLOW_STEP: Final = Step(Action.ALLOW)
@@ -247,6 +267,20 @@ def climb(
     return allow
 
 
+def conclude(failures: Verdict | None, *, policy: Policy) -> Step | None:
+    """After a call ran (pure): a stop when ``failures`` (:func:`~otel_loopguard.rules.
+    identical_failures`) reached ``failure_stop_threshold``, else nothing.
+
+    The same call failing the same way is stronger evidence than the same call succeeding: the
+    result already shows the next try will fail too, so the run ends now rather than after more
+    denied attempts (OpenHands stops at three identical errors).
+    """
+    limit = policy.failure_stop_threshold
+    if failures is None or limit is None or failures.count < limit:
+        return None
+    return Step(Action.STOP, failures.rule, failures.count, limit, failures=failures.count)
+
+
 def arguments_preview(canonical: bytes, limit: int) -> str:
     """The canonical arguments as text, cut to ``limit`` characters with ``… (+N more chars)``."""
     text = canonical.decode("utf-8", "replace")
@@ -302,6 +336,20 @@ def message_for(step: Step, tool: str, canonical: bytes, policy: Policy, advice:
                 " earlier calls, with no edit or new input in between, so the run is not making"
                 " progress. End this run now: tell the user what you tried, what you found, and"
                 " what is blocking you. They can continue by sending a new message."
+            )
+        if step.failures:
+            return (
+                f"{_PREFIX}Stopping: {name} with the same arguments failed the same way"
+                f" {step.failures} times since the last change; another try will fail again."
+                " End this run now: tell the user what you tried, the error you keep getting,"
+                " and what is blocking you. They can continue by sending a new message."
+            )
+        if not step.denials:
+            return (
+                f"{_PREFIX}Stopping: this run was stopped since the last change because it"
+                f" kept repeating a call that failed the same way (now {name})."
+                " End this run now: tell the user what you tried, the error you keep getting,"
+                " and what is blocking you. They can continue by sending a new message."
             )
         this_call = f" ({name} with the same arguments, {scope})" if step.rule else ""
         return (

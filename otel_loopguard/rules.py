@@ -23,6 +23,7 @@ __all__ = [
     "Verdict",
     "consecutive",
     "evaluate",
+    "identical_failures",
     "no_progress",
     "stall",
     "trend",
@@ -60,6 +61,12 @@ class SignatureHistory(Protocol):
     def same_outcomes(self) -> int: ...  # finished calls in a row that gave last_outcome
     @property
     def changed(self) -> bool: ...  # last_outcome differs from the outcome before it
+    @property
+    def failed(self) -> bool: ...  # last_outcome was a failure
+    @property
+    def novel_seen(self) -> int: ...  # the history's ``novel`` at this signature's last attempt
+    @property
+    def looped(self) -> bool: ...  # once repeated with nothing new since its previous attempt
 
 
 class History(Protocol):
@@ -73,6 +80,8 @@ class History(Protocol):
     def run_length(self) -> int: ...
     @property
     def redundant(self) -> int: ...  # calls this epoch whose args key had been seen before
+    @property
+    def novel(self) -> int: ...  # calls this epoch whose args key was new (exploration)
     def signature(self, key: str) -> SignatureHistory | None: ...
 
 
@@ -111,6 +120,20 @@ def no_progress(history: History, key: str) -> Verdict | None:
     return Verdict(Rule.NO_PROGRESS, signature.same_outcomes + 1)
 
 
+def identical_failures(history: History, key: str) -> Verdict | None:
+    """After an attempt of ``key`` ran: how many times in a row it failed the same way.
+
+    The finished calls of this signature that gave its latest outcome, when that outcome is a
+    failure (a failure whose text differs only in volatile parts is the same failure: see
+    :func:`otel_loopguard.calls.outcome_key`). Read after the outcome is recorded, so the count
+    includes the call that just ended. ``None`` when the latest outcome is not a failure.
+    """
+    signature = history.signature(key)
+    if signature is None or signature.last_outcome is None or not signature.failed:
+        return None
+    return Verdict(Rule.NO_PROGRESS, signature.same_outcomes)
+
+
 def stall(history: History, key: str, threshold: int) -> Verdict | None:
     """S redundant calls (args key already seen this epoch) in one epoch, any signature."""
     seen = history.signature(key) is not None
@@ -138,10 +161,21 @@ def evaluate(
 
     A key not seen in this epoch has no evidence under any rule (the window and the last key
     only hold keys of this epoch, all remembered as signatures), so it returns at once.
+
+    A re-read among exploration is no signature evidence either: when the call last succeeded
+    (a known outcome, not a failure) and new calls were made before each of its repeats,
+    including this one, the agent is learning, not looping (only the stall rule still counts
+    it). A call once repeated with nothing new in between (a cycle, a run of the same call), or
+    a call that keeps failing, is counted as usual.
     """
-    if history.signature(key) is None:
+    signature = history.signature(key)
+    if signature is None:
         return None, None, None
     rules = policy.rules
+    if (signature.last_outcome is not None and not signature.failed and not signature.looped
+            and history.novel > signature.novel_seen):
+        stalled = stall(history, key, policy.stall_threshold) if Rule.STALL in rules else None
+        return None, None, stalled
     best: Verdict | None = None
     stuck = no_progress(history, key) if Rule.NO_PROGRESS in rules else None
     candidates = (

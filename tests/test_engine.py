@@ -47,7 +47,7 @@ def test_signatures_per_session_are_bounded_lru() -> None:
         state.record_attempt(key, policy, blocked=False)
     assert list(state.signatures) == ["c", "d", "a", "e"]  # b was least recently used
     assert state.signatures["a"].count == 2
-    big = POLICY.replace(max_signatures_per_session=40)
+    big = POLICY.replace(max_signatures_per_session=40, window_size=20)
     for n in range(1000):
         state.record_attempt(f"k{n}", big, blocked=False)
     assert len(state.signatures) <= 40 and "k999" in state.signatures

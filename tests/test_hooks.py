@@ -200,8 +200,12 @@ def test_claude_code_failures_sub_agents_and_sessions_have_their_own_chains(
             "PostToolUseFailure", tool_name="Edit", tool_input=edit, tool_use_id=call_id,
             error=error, agent_id="agent-7", agent_type="general-purpose"), store)
         if call == REMIND_AT:
+            # The third identical failure: reminded before it ran, and stopped after it (a
+            # PostToolUse stop: the run ends before the next model turn).
             assert expected.action is Action.REMIND
-            assert failure.out == context("PostToolUseFailure", expected.message)
+            assert REMIND_AT == PRESETS["default"].failure_stop_threshold
+            assert failure.out["continue"] is False
+            assert "failed the same way" in failure.out["stopReason"]
         else:
             assert failure.out == {}
     # The main agent of the session and another session start from zero.
@@ -266,14 +270,19 @@ def test_gemini_cli_tool_errors_are_outcomes(tmp_path: Path) -> None:
         expected = mirror.pre("run_shell_command", shell, None, "gem-1")
         reply = hook("gemini-cli", gemini("BeforeTool", tool_name="run_shell_command",
                                           tool_input=shell), store)
-        if call == DENY_AT:  # the same error came back each time: no progress
-            assert expected.action is Action.DENY
-            assert reply.out == {"decision": "deny", "reason": expected.message}
+        if call == DENY_AT:  # the same error came back each time: the run was stopped
+            assert expected.action is Action.STOP
+            assert reply.out["decision"] == "deny" and reply.out["continue"] is False
             break
         assert reply.out == {}
-        mirror.post("run_shell_command", shell, None, "gem-1", failed["error"], error=True)
-        hook("gemini-cli", gemini("AfterTool", tool_name="run_shell_command", tool_input=shell,
-                                  tool_response=failed), store)
+        post = mirror.post("run_shell_command", shell, None, "gem-1", failed["error"],
+                           error=True)
+        after = hook("gemini-cli", gemini("AfterTool", tool_name="run_shell_command",
+                                          tool_input=shell, tool_response=failed), store)
+        if call == PRESETS["default"].failure_stop_threshold:
+            # The third identical failure: stopped after the call ran, before the next turn.
+            assert post is not None and post.action is Action.STOP
+            assert after.out.get("continue") is False
 
 
 # -- Codex --------------------------------------------------------------------------------------

@@ -398,7 +398,9 @@ def test_broken_pipe_ends_quietly(tmp_path: Path, options: list[str]) -> None:
 def test_claude_code_sample_is_detected_and_replayed() -> None:
     result = cli("replay", "--json", "--preset", "default", str(CLAUDE_SAMPLE))
     assert result.returncode == 0, result.stderr
-    rows = json_lines(result.stdout)
+    every = json_lines(result.stdout)
+    post_rows = [r for r in every if r.get("phase") == "post"]
+    rows = [r for r in every if "phase" not in r]
     main_rows = [r for r in rows if r["session"] == CLAUDE_SESSION]
     sub_rows = [r for r in rows if r["session"] == f"{CLAUDE_SESSION}/{CLAUDE_SUBAGENT}"]
     assert len(main_rows) + len(sub_rows) == len(rows)
@@ -408,18 +410,19 @@ def test_claude_code_sample_is_detected_and_replayed() -> None:
     assert [r["index"] for r in main_rows] == list(range(1, 16))
     assert [r["tool"] for r in sub_rows] == ["Grep"] * 4
 
-    # The k-th identical test run (same failure each time) climbs the default ladder: the same
-    # outcome coming back is denied at no_progress_threshold, and retrying denials stops.
+    # The k-th identical test run (same failure each time): the run is stopped right after the
+    # failure_stop_threshold-th identical failure (a second line for that call, phase post), and
+    # every later attempt in the epoch is answered stop before it runs.
     policy = PRESETS["default"]
-    stuck, stop_after = policy.no_progress_threshold, policy.stop_after_denials
-    assert stuck is not None and stop_after is not None
+    stuck, failures = policy.no_progress_threshold, policy.failure_stop_threshold
+    assert stuck is not None and failures is not None
     runs = [r for r in main_rows if r["tool"] == "Bash"][:-1]  # the last run is after the fix
     by_count = {n: runs[n - 1]["action"] for n in range(1, len(runs) + 1)}
     assert by_count[policy.remind_thresholds[0]] == "remind"
     assert all(by_count[n] == "allow" for n in range(1, policy.remind_thresholds[0]))
-    assert by_count[stuck] == "deny"
-    blocked = [r for r in runs if r["action"] in ("deny", "stop")]
-    assert [r["action"] for r in blocked][stop_after] == "stop"
+    assert [r["index"] for r in post_rows] == [runs[failures - 1]["index"]]
+    assert post_rows[0]["action"] == "stop" and post_rows[0]["rule"] == "no_progress"
+    assert all(r["action"] == "stop" for r in runs[failures:])
     # A user prompt, then an edit: the test run after the fix is allowed again.
     assert main_rows[-1] == {"session": CLAUDE_SESSION, "index": 15, "tool": "Bash",
                              "action": "allow", "rule": None, "count": 0}
@@ -440,8 +443,9 @@ def test_claude_code_text_report_counts_saved_seconds() -> None:
     assert f"session {CLAUDE_SESSION}/{CLAUDE_SUBAGENT}\n" in text
     summary = next(line for line in text.splitlines()
                    if line.startswith("  15 calls"))
-    # Six blocked test runs; their recorded durations (from the line timestamps) add up.
-    assert "a deny would have saved 6 calls (16.8 s)" in summary
+    # Seven test runs blocked after the stop at the third identical failure; their recorded
+    # durations (from the line timestamps) add up.
+    assert "a deny would have saved 7 calls (17.0 s)" in summary
 
 
 def test_format_can_be_forced(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from otel_loopguard import PRESETS, Rule
+from otel_loopguard import PRESETS, Policy, Rule
 from otel_loopguard.rules import (
     Trend,
     Verdict,
@@ -24,6 +24,9 @@ class Sig:
     last_outcome: str | None = None
     same_outcomes: int = 0
     changed: bool = False
+    failed: bool = False
+    novel_seen: int = 0
+    looped: bool = False
 
 
 @dataclass
@@ -32,6 +35,7 @@ class Hist:
     last_key: str | None = None
     run_length: int = 0
     redundant: int = 0
+    novel: int = 0
     sigs: dict[str, Sig] = field(default_factory=dict)
 
     def signature(self, key: str) -> Sig | None:
@@ -96,3 +100,25 @@ def test_disabled_rules_give_nothing() -> None:
     assert evaluate(history, "a", policy) == (Verdict(Rule.CONSECUTIVE, 2), None, None)
     policy = PRESETS["default"].replace(rules=frozenset())
     assert evaluate(history, "a", policy) == (None, None, None)
+
+
+def test_identical_failures_count_only_a_failing_latest_outcome() -> None:
+    from otel_loopguard.rules import identical_failures
+
+    failing = Hist(sigs={"a": Sig(last_outcome="E", same_outcomes=3, failed=True)})
+    assert identical_failures(failing, "a") == Verdict(Rule.NO_PROGRESS, 3)
+    passing = Hist(sigs={"a": Sig(last_outcome="R", same_outcomes=3)})
+    assert identical_failures(passing, "a") is None
+    assert identical_failures(Hist(), "a") is None
+
+
+def test_a_successful_reread_after_new_calls_is_no_evidence() -> None:
+    policy = Policy()
+    sig = Sig(count=5, last_outcome="R", same_outcomes=5, novel_seen=3)
+    explored = Hist(window=["a"] * 5, last_key="a", run_length=1, novel=4, sigs={"a": sig})
+    assert evaluate(explored, "a", policy)[:2] == (None, None)
+    nothing_new = Hist(window=["a"] * 5, last_key="a", run_length=1, novel=3, sigs={"a": sig})
+    assert evaluate(nothing_new, "a", policy)[0] is not None
+    failing = Sig(count=5, last_outcome="E", same_outcomes=5, novel_seen=3, failed=True)
+    assert evaluate(Hist(window=["a"] * 5, novel=4, sigs={"a": failing}), "a", policy)[0] \
+        is not None

@@ -177,6 +177,7 @@ class _Open:
     arguments: object
     call_id: str | None
     blocked: bool
+    index: int
 
 
 def _first_key(action: str) -> str:
@@ -200,6 +201,10 @@ class Replayer:
     With ``timeline_sessions`` above 0, the first that many sessions also keep a
     :class:`Timeline` of up to ``timeline_calls`` calls each (for ``replay --html``); memory
     then stays within their product.
+
+    A conclusion the guard reaches after a call ran (``after_tool`` returning a decision with
+    ``phase`` ``post``, e.g. a stop at the third identical failure) is listed under the same call
+    index, after the call's own decision.
     """
 
     def __init__(self, guard: LoopGuard, clock: ReplayClock, *, timeline_sessions: int = 0,
@@ -234,15 +239,15 @@ class Replayer:
     def handle(self, source: int, event: Event) -> tuple[SessionReport, int, Decision] | None:
         """Feed one event from input ``source``; for a call it counts (a started, decided or
         newly observed call), return its session report, its 1-based index in the session and
-        the guard's decision."""
+        the guard's decision; for a finished call the guard concluded something about after it
+        ran, the same with that post-call decision."""
         self._clock.observe(event.timestamp)
         if isinstance(event, UserPrompt):
             self._guard.user_message(event.session, agent=event.agent)
             self._mark(event.session, event.agent, "user message")
             return None
         if isinstance(event, CallFinished):
-            self._finish(source, event)
-            return None
+            return self._finish(source, event)
         if isinstance(event, CallStarted):
             return self._start(source, event)
         if isinstance(event, RunStarted):
@@ -270,9 +275,25 @@ class Replayer:
                 decision: Decision) -> SessionReport:
         report = self._report(session, agent)
         report.calls += 1
-        index = report.calls
         if decision.repeated:
             report.repeated += 1
+        self._list(report, report.calls, tool, decision)
+        if decision.blocks:
+            report.blocked += 1
+        if report.timeline is not None:
+            action = decision.action.value
+            rule = decision.rule.value if decision.rule is not None else None
+            signature, canonical = self._signature(tool, arguments, decision)
+            report.timeline.add_call(TimelineCall(
+                report.calls, tool, signature, action, decision.detected.value,
+                rule if action != "allow" or decision.detected.value != "allow" else None,
+                decision.count, decision.repeated,
+            ), canonical)
+        return report
+
+    @staticmethod
+    def _list(report: SessionReport, index: int, tool: str, decision: Decision) -> None:
+        """Add a non-allow decision for call ``index`` to the report's list and firsts."""
         action = decision.action.value
         rule = decision.rule.value if decision.rule is not None else None
         if action != "allow":
@@ -281,16 +302,6 @@ class Replayer:
             report.actions[action] = report.actions.get(action, 0) + 1
             if len(report.decisions) < MAX_LISTED_DECISIONS:
                 report.decisions.append(ListedDecision(index, tool, rule, action, decision.count))
-        if decision.blocks:
-            report.blocked += 1
-        if report.timeline is not None:
-            signature, canonical = self._signature(tool, arguments, decision)
-            report.timeline.add_call(TimelineCall(
-                index, tool, signature, action, decision.detected.value,
-                rule if action != "allow" or decision.detected.value != "allow" else None,
-                decision.count, decision.repeated,
-            ), canonical)
-        return report
 
     def _signature(self, tool: str, arguments: object, decision: Decision
                    ) -> tuple[str, object]:
@@ -316,24 +327,29 @@ class Replayer:
         index = report.calls
         _remember_open(self._open, (source, event.token), _Open(
             report, event.session, event.agent, event.tool, event.arguments, event.call_id,
-            decision.blocks,
+            decision.blocks, index,
         ))
         return report, index, decision
 
-    def _finish(self, source: int, event: CallFinished) -> None:
+    def _finish(self, source: int, event: CallFinished
+                ) -> tuple[SessionReport, int, Decision] | None:
         call = self._open.pop((source, event.token), None)
         if call is None:
-            return
+            return None
         if call.blocked and event.duration_seconds is not None:
             call.report.blocked_seconds += event.duration_seconds
             call.report.blocked_timed += 1
         # Always reported, even when nothing is known (error and result None): it closes the
         # call the guard holds as pending, as a live hook's after_tool would.
-        self._guard.after_tool(
+        post = self._guard.after_tool(
             call.tool, call.arguments, session=call.session, agent=call.agent,
             call_id=call.call_id, error=event.error, result=event.result,
             duration_seconds=event.duration_seconds,
         )
+        if post is None or post.action.value == "allow":
+            return None
+        self._list(call.report, call.index, call.tool, post)
+        return call.report, call.index, post
 
 
 def _remember_open(store: dict[tuple[int, int], _Open], key: tuple[int, int], value: _Open) -> None:

@@ -15,13 +15,18 @@ if TYPE_CHECKING:
 
 def _json_line(report: SessionReport, index: int, tool: str, decision: Decision) -> str:
     """One ``--json`` line. ``rule`` is null for an allowed call (no rule acted, even when
-    evidence is building up); ``count`` is the decision's evidence count (0 for a new call)."""
+    evidence is building up); ``count`` is the decision's evidence count (0 for a new call).
+    A decision made after the call ran is a second line for the same ``index`` with
+    ``"phase": "post"``; a pre-call line carries no phase."""
     acted = decision.action.value != "allow" and decision.rule is not None
     rule = decision.rule.value if acted and decision.rule is not None else None
-    return orjson.dumps({
+    line = {
         "session": report.label, "index": index, "tool": tool,
         "action": decision.action.value, "rule": rule, "count": decision.count,
-    }).decode() + "\n"
+    }
+    if decision.phase.value == "post":
+        line["phase"] = "post"
+    return orjson.dumps(line).decode() + "\n"
 
 
 def plural(count: int, noun: str) -> str:

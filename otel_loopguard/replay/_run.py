@@ -11,7 +11,7 @@ from typing import IO, TYPE_CHECKING, TextIO
 from ..spans import KeyBy
 from ..traces import CallDecidedAtStart, CallObserved
 from . import _html
-from ._events import CallStarted, Event
+from ._events import CallFinished, CallStarted, Event
 from ._formats import format_by_name
 from ._reader import _BadLines, _Progress, _read_events
 from ._replayer import ReplayClock, Replayer
@@ -165,8 +165,10 @@ def _replay(inputs: list[str], policy: Policy, *, json_output: bool, fmt: InputF
                 started = replayer.handle(source, event)
                 if started is not None and json_output:
                     report, index, decision = started
-                    assert isinstance(event, (CallStarted, CallDecidedAtStart, CallObserved))
-                    out.write(_json_line(report, index, event.tool, decision))
+                    assert isinstance(event, (CallStarted, CallFinished, CallDecidedAtStart,
+                                              CallObserved))
+                    tool = decision.tool if isinstance(event, CallFinished) else event.tool
+                    out.write(_json_line(report, index, tool, decision))
         finally:
             if handle is not source_in:
                 handle.close()
