@@ -1,18 +1,18 @@
 """otel-loopguard: catch AI agents stuck repeating tool calls, from their OpenTelemetry traces.
 
-The public API is listed in ``__all__``; everything else is internal.
+The public API is listed in ``__all__`` (pinned by ``tests/test_exported_members.py``); the
+modules are listed in CONTRIBUTING.md, and those named ``_x`` are internal.
 """
 
-from __future__ import annotations
-
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+from typing import Any as _Any
 
 from .advice import AdviceRequest, Advisor, AdvisorError, CallRecord, CommandAdvisor
 from .config import PRESETS, AdvisorInput, Mode, Policy, Rule, load_policy
 from .guard import LoopGuard
-from .policy import Action, Decision, LoopDetected
+from .policy import Action, Decision, LoopDetected, Phase
 
-if TYPE_CHECKING:
+if _TYPE_CHECKING:
     from .processor import LoopGuardSpanProcessor, current_decision
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "LoopGuardSpanProcessor",
     "Mode",
     "PRESETS",
+    "Phase",
     "Policy",
     "Rule",
     "__version__",
@@ -41,7 +42,7 @@ __all__ = [
 _LAZY = {"LoopGuardSpanProcessor": "processor", "current_decision": "processor"}
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'otel_loopguard' has no attribute {name!r}")
@@ -50,5 +51,6 @@ def __getattr__(name: str) -> Any:
     value = getattr(import_module(f"{__name__}.{module}"), name)
     globals()[name] = value
     return value
+
 
 __version__ = "0.1.0"

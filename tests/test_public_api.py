@@ -20,6 +20,7 @@ def test_all_is_pinned_and_sorted() -> None:
         "LoopGuardSpanProcessor",
         "Mode",
         "PRESETS",
+        "Phase",
         "Policy",
         "Rule",
         "__version__",
@@ -37,7 +38,11 @@ def test_every_name_in_all_exists() -> None:
 def test_enum_values_are_the_wire_strings() -> None:
     assert [a.value for a in otel_loopguard.Action] == ["allow", "remind", "deny", "rescue", "stop"]
     assert [r.value for r in otel_loopguard.Rule] == [
-        "consecutive", "window", "no_progress", "stall"]
+        "consecutive",
+        "window",
+        "no_progress",
+        "stall",
+    ]
     assert [m.value for m in otel_loopguard.Mode] == ["observe", "advise", "enforce"]
     assert [m.value for m in otel_loopguard.AdvisorInput] == ["argv", "stdin_json"]
 
@@ -46,8 +51,10 @@ def test_import_stays_light() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, otel_loopguard; "
-            "print(any(m.startswith('opentelemetry.sdk') for m in sys.modules))")
+    code = (
+        "import sys, otel_loopguard; "
+        "print(any(m.startswith('opentelemetry.sdk') for m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
     from otel_loopguard import LoopGuardSpanProcessor
