@@ -87,7 +87,10 @@ def cases() -> list[Case]:
         short = dump.removesuffix(".jsonl").replace("/spans", "")
         tool_row = other_row = None
         for row in _rows(SPAN_DUMPS / dump):
-            is_tool = conventions.tool_call_from_span(row["name"], row["attributes"], _events(row)) is not None
+            is_tool = (
+                conventions.tool_call_from_span(row["name"], row["attributes"], _events(row))
+                is not None
+            )
             is_agent = conventions.agent_from_span(row["name"], row["attributes"]) is not None
             if is_tool and tool_row is None:
                 tool_row = row
@@ -98,27 +101,71 @@ def cases() -> list[Case]:
         end = {"n": other_row["name"], "a": other_row["attributes"]}
         start = {"n": other_row["name_at_start"], "a": other_row["attributes_at_start"]}
         found += [
-            Case(f"reject tool   {short} '{end['n']}'", "tool_call_from_span", "f(n, a, (), False)", end,
-                 REJECT_TOOL_TARGET_US),
-            Case(f"reject agent  {short} '{end['n']}'", "agent_from_span", "f(n, a)", end, REJECT_AGENT_TARGET_US),
-            Case(f"reject start  {short} '{start['n']}'", "arguments_available_at_start", "f(n, a)", start),
+            Case(
+                f"reject tool   {short} '{end['n']}'",
+                "tool_call_from_span",
+                "f(n, a, (), False)",
+                end,
+                REJECT_TOOL_TARGET_US,
+            ),
+            Case(
+                f"reject agent  {short} '{end['n']}'",
+                "agent_from_span",
+                "f(n, a)",
+                end,
+                REJECT_AGENT_TARGET_US,
+            ),
+            Case(
+                f"reject start  {short} '{start['n']}'",
+                "arguments_available_at_start",
+                "f(n, a)",
+                start,
+            ),
         ]
 
-        tool = {"n": tool_row["name"], "a": tool_row["attributes"], "e": _events(tool_row),
-                "s": tool_row["status"]["code"] == "ERROR"}
+        tool = {
+            "n": tool_row["name"],
+            "a": tool_row["attributes"],
+            "e": _events(tool_row),
+            "s": tool_row["status"]["code"] == "ERROR",
+        }
         target = TOOL_TARGET_US if short in TOOL_TARGET_DUMPS else None
-        found.append(Case(f"tool          {short} '{tool['n']}'", "tool_call_from_span", "f(n, a, e, s)", tool,
-                          target))
+        found.append(
+            Case(
+                f"tool          {short} '{tool['n']}'",
+                "tool_call_from_span",
+                "f(n, a, e, s)",
+                tool,
+                target,
+            )
+        )
         start = {"n": tool_row["name_at_start"], "a": tool_row["attributes_at_start"]}
         if conventions.arguments_available_at_start(start["n"], start["a"]):
-            found.append(Case(f"tool at start {short} '{start['n']}'", "tool_call_from_span", "f(n, a)", start))
-        found.append(Case(f"args at start {short} '{start['n']}'", "arguments_available_at_start", "f(n, a)",
-                          start))
+            found.append(
+                Case(
+                    f"tool at start {short} '{start['n']}'", "tool_call_from_span", "f(n, a)", start
+                )
+            )
+        found.append(
+            Case(
+                f"args at start {short} '{start['n']}'",
+                "arguments_available_at_start",
+                "f(n, a)",
+                start,
+            )
+        )
     http = {"n": "GET /", "a": HTTP_SPAN}
     found += [
-        Case("reject tool   http 'GET /'", "tool_call_from_span", "f(n, a, (), False)", http,
-             REJECT_TOOL_TARGET_US),
-        Case("reject agent  http 'GET /'", "agent_from_span", "f(n, a)", http, REJECT_AGENT_TARGET_US),
+        Case(
+            "reject tool   http 'GET /'",
+            "tool_call_from_span",
+            "f(n, a, (), False)",
+            http,
+            REJECT_TOOL_TARGET_US,
+        ),
+        Case(
+            "reject agent  http 'GET /'", "agent_from_span", "f(n, a)", http, REJECT_AGENT_TARGET_US
+        ),
     ]
     return found
 
@@ -127,7 +174,8 @@ def load_module(path: str) -> ModuleType:
     """The conventions package (a directory) or module (a .py file) at ``path``."""
     if Path(path).is_dir():  # a package: its modules import each other relatively
         spec = importlib.util.spec_from_file_location(
-            "baseline_conventions", Path(path) / "__init__.py", submodule_search_locations=[path])
+            "baseline_conventions", Path(path) / "__init__.py", submodule_search_locations=[path]
+        )
     else:
         spec = importlib.util.spec_from_file_location("baseline_conventions", path)
     assert spec is not None and spec.loader is not None
@@ -138,19 +186,28 @@ def load_module(path: str) -> ModuleType:
 
 
 def timer(case: Case, module: ModuleType) -> timeit.Timer:
-    return timeit.Timer(case.statement, globals={**case.fields, "f": getattr(module, case.function)})
+    return timeit.Timer(
+        case.statement, globals={**case.fields, "f": getattr(module, case.function)}
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=15)
-    parser.add_argument("--baseline", help="another conventions package (directory) or conventions.py to compare against")
+    parser.add_argument(
+        "--baseline",
+        help="another conventions package (directory) or conventions.py to compare against",
+    )
     args = parser.parse_args()
 
     baseline = load_module(args.baseline) if args.baseline else None
-    print(f"python {platform.python_version()} on {platform.machine()}, {platform.system()};"
-          f" {conventions.__file__}")
-    print(f"us per call: median and best of {args.repeat} runs; '!' marks a median above its target")
+    print(
+        f"python {platform.python_version()} on {platform.machine()}, {platform.system()};"
+        f" {conventions.__file__}"
+    )
+    print(
+        f"us per call: median and best of {args.repeat} runs; '!' marks a median above its target"
+    )
     header = f"{'case':56s} {'median':>7s} {'best':>7s} {'target':>7s}"
     if baseline is not None:
         header += f" {'baseline':>9s} {'ratio':>6s}"

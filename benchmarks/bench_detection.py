@@ -54,13 +54,18 @@ def to_transcript(lines: list[str]) -> tuple[str, list[int]]:
             out.append(json.dumps({"type": "user_message", "session": SESSION}))
             continue
         seqs.append(record["seq"])
-        out.append(json.dumps({
-            "session": SESSION,
-            "tool": record["tool"] or "<unnamed>",
-            "arguments": record.get("arguments"),
-            "error": record.get("is_error"),
-            "result": record.get("result"),
-        }, ensure_ascii=False))
+        out.append(
+            json.dumps(
+                {
+                    "session": SESSION,
+                    "tool": record["tool"] or "<unnamed>",
+                    "arguments": record.get("arguments"),
+                    "error": record.get("is_error"),
+                    "result": record.get("result"),
+                },
+                ensure_ascii=False,
+            )
+        )
     return "".join(f"{line}\n" for line in out), seqs
 
 
@@ -90,7 +95,9 @@ def adapt(lines: list[str], preset: str) -> tuple[int, str, str]:
     sys.stdin = stdin
     try:
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-            status = cli_main(["replay", "--json", "--format", "transcript", "--preset", preset, "-"])
+            status = cli_main(
+                ["replay", "--json", "--format", "transcript", "--preset", preset, "-"]
+            )
     finally:
         sys.stdin = saved
     if status != 0:
@@ -128,12 +135,16 @@ def _in_process(evaluator: Path, corpus: Path, presets: list[str], markdown: boo
             problems: list[str] = []
             if status != 0:
                 failed += 1
-                print(f"error: {preset}: {traj.name}: exit {status}: {errors[-300:]}",
-                      file=sys.stderr)
+                print(
+                    f"error: {preset}: {traj.name}: exit {status}: {errors[-300:]}", file=sys.stderr
+                )
             files[traj.name] = ev.score_file(
-                traj, ev.parse_decisions(answer, len(traj.calls), problems))
-        results[f"loopguard-{preset}"] = {"metrics": ev.aggregate(files),
-                                          "stuck_by_source": ev.by_source(trajectories, files)}
+                traj, ev.parse_decisions(answer, len(traj.calls), problems)
+            )
+        results[f"loopguard-{preset}"] = {
+            "metrics": ev.aggregate(files),
+            "stuck_by_source": ev.by_source(trajectories, files),
+        }
     print(ev.tables(results, markdown, False))
     return 3 if failed else 0
 
@@ -142,18 +153,33 @@ def main(argv: list[str] | None = None) -> int:
     from otel_loopguard import PRESETS
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
-    parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS,
-                        help="labelled trajectories folder (default: %(default)s)")
-    parser.add_argument("--evaluator", type=Path, default=None,
-                        help="evaluate.py (default: CORPUS/../eval/evaluate.py)")
-    parser.add_argument("--presets", default=",".join(PRESETS),
-                        help="comma-separated presets (default: all)")
+    parser.add_argument(
+        "--corpus",
+        type=Path,
+        default=DEFAULT_CORPUS,
+        help="labelled trajectories folder (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--evaluator",
+        type=Path,
+        default=None,
+        help="evaluate.py (default: CORPUS/../eval/evaluate.py)",
+    )
+    parser.add_argument(
+        "--presets", default=",".join(PRESETS), help="comma-separated presets (default: all)"
+    )
     parser.add_argument("--no-baselines", action="store_true", help="only the presets")
     parser.add_argument("--markdown", action="store_true", help="Markdown tables")
-    parser.add_argument("--in-process", action="store_true",
-                        help="run the adapter in this process (fast; no baselines)")
-    parser.add_argument("--adapter", metavar="PRESET",
-                        help="act as the evaluator's external detector for PRESET (stdin -> stdout)")
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run the adapter in this process (fast; no baselines)",
+    )
+    parser.add_argument(
+        "--adapter",
+        metavar="PRESET",
+        help="act as the evaluator's external detector for PRESET (stdin -> stdout)",
+    )
     args = parser.parse_args(argv)
     if args.adapter:
         return _serve_adapter(args.adapter)
@@ -178,15 +204,21 @@ def main(argv: list[str] | None = None) -> int:
         command.append("--markdown")
     me = shlex.quote(str(Path(__file__).resolve()))
     for preset in presets:
-        command += ["--external", f"{shlex.quote(sys.executable)} {me} --adapter {preset}",
-                    "--external-name", f"loopguard-{preset}"]
+        command += [
+            "--external",
+            f"{shlex.quote(sys.executable)} {me} --adapter {preset}",
+            "--external-name",
+            f"loopguard-{preset}",
+        ]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     status = subprocess.run(command, env=env, check=False).returncode
     if status != 0:
-        print(f"bench_detection: the evaluator exited {status}"
-              + (" (an external detector failed on some file)" if status == 3 else ""),
-              file=sys.stderr)
+        print(
+            f"bench_detection: the evaluator exited {status}"
+            + (" (an external detector failed on some file)" if status == 3 else ""),
+            file=sys.stderr,
+        )
     return status
 
 

@@ -65,8 +65,9 @@ def run_baseline(calls: list[tuple[str, dict[str, object], str, str]]) -> float:
     seen: dict[str, int] = {}
     started = time.perf_counter()
     for tool, arguments, session, result in calls:
-        key = hashlib.blake2b((tool + json.dumps(arguments, sort_keys=True)).encode(),
-                              digest_size=16).hexdigest()
+        key = hashlib.blake2b(
+            (tool + json.dumps(arguments, sort_keys=True)).encode(), digest_size=16
+        ).hexdigest()
         seen[session + key] = seen.get(session + key, 0) + 1
         hashlib.blake2b(result.encode(), digest_size=16).hexdigest()
     return len(calls) / (time.perf_counter() - started)
@@ -79,7 +80,7 @@ def recorder_cost_ns(repeated: bool, number: int = 200_000) -> float:
     spent = []
     for recorder in (prometheus, noop):
         call = recorder.tool_call
-        spent.append(timeit.timeit(lambda: call(None, "grep", repeated), number=number))
+        spent.append(timeit.timeit(lambda: call(None, "grep", repeated), number=number))  # noqa: B023 - run now, in this iteration
     return (spent[0] - spent[1]) / number * 1e9
 
 
@@ -121,18 +122,26 @@ def main() -> int:
             ratios.append(ours[-1] / metered[-1])
         o, b = statistics.median(ours), statistics.median(base)
         m = statistics.median(metered)
-        print(f"throughput {kind:8s}: {o:10,.0f} pairs/s (median of {args.repeat});"
-              f" baseline hash-only {b:10,.0f}/s; ours/baseline time ratio {b / o:.2f}x")
-        print(f"  with Prometheus recorder: {m:10,.0f} pairs/s; time ratio metrics on/off"
-              f" {statistics.median(ratios):.3f}x (median of per-run ratios)")
+        print(
+            f"throughput {kind:8s}: {o:10,.0f} pairs/s (median of {args.repeat});"
+            f" baseline hash-only {b:10,.0f}/s; ours/baseline time ratio {b / o:.2f}x"
+        )
+        print(
+            f"  with Prometheus recorder: {m:10,.0f} pairs/s; time ratio metrics on/off"
+            f" {statistics.median(ratios):.3f}x (median of per-run ratios)"
+        )
     for repeated in (False, True):
         costs = [recorder_cost_ns(repeated) for _ in range(args.repeat)]
-        print(f"recorder cost per {'repeated' if repeated else 'new'} call:"
-              f" {statistics.median(costs):,.0f} ns over the no-op recorder (median of {args.repeat})")
+        print(
+            f"recorder cost per {'repeated' if repeated else 'new'} call:"
+            f" {statistics.median(costs):,.0f} ns over the no-op recorder (median of {args.repeat})"
+        )
     for n in (1, 10):
         per = memory_per_session(args.sessions, n)
-        print(f"memory: {per:,.0f} B per idle session after {n} tracked call(s)"
-              f" ({args.sessions:,} sessions)")
+        print(
+            f"memory: {per:,.0f} B per idle session after {n} tracked call(s)"
+            f" ({args.sessions:,} sessions)"
+        )
     return 0
 
 

@@ -63,26 +63,30 @@ def interpreter_of(command: list[str]) -> str:
 def event(name: str, call: int, session: str = "bench-session") -> bytes:
     tool_input = {"command": f"grep -rn pattern{call % 7} src/", "description": "search"}
     payload: dict[str, object] = {
-        "session_id": session, "transcript_path": "/tmp/t.jsonl", "cwd": "/work",
-        "permission_mode": "default", "hook_event_name": name,
+        "session_id": session,
+        "transcript_path": "/tmp/t.jsonl",
+        "cwd": "/work",
+        "permission_mode": "default",
+        "hook_event_name": name,
     }
     if name == "UserPromptSubmit":
         payload["prompt"] = "find the bug"
     else:
         payload.update(tool_name="Bash", tool_input=tool_input, tool_use_id=f"toolu_{call:06d}")
     if name == "PostToolUse":
-        payload.update(tool_response={"stdout": f"src/a.py:{call % 7}: pattern", "stderr": ""},
-                       duration_ms=40)
+        payload.update(
+            tool_response={"stdout": f"src/a.py:{call % 7}: pattern", "stderr": ""}, duration_ms=40
+        )
     return json.dumps(payload).encode()
 
 
-def timed(argv: list[str], data: bytes, env: dict[str, str],
-          cpu: list[float] | None = None) -> float:
+def timed(
+    argv: list[str], data: bytes, env: dict[str, str], cpu: list[float] | None = None
+) -> float:
     """Wall seconds of one run; its CPU seconds (user + system) are appended to ``cpu``."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    proc = subprocess.run(argv, input=data, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          env=env, check=False)
+    proc = subprocess.run(argv, input=data, capture_output=True, env=env, check=False)
     elapsed = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
@@ -107,8 +111,10 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    return (f"{os.cpu_count()} CPUs ({model}), {platform.system()} {platform.release()},"
-            f" CPython {platform.python_version()}")
+    return (
+        f"{os.cpu_count()} CPUs ({model}), {platform.system()} {platform.release()},"
+        f" CPython {platform.python_version()}"
+    )
 
 
 def load() -> str:
@@ -122,10 +128,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--runs", type=int, default=40, help="timed invocations (>= 30)")
     parser.add_argument("--warm", type=int, default=20, help="pre/post pairs before timing")
-    parser.add_argument("--command", help="the otel-loopguard command to time"
-                        " (default: the console script beside this interpreter)")
-    parser.add_argument("--no-bytecode-cache", action="store_true",
-                        help="leave PYTHONDONTWRITEBYTECODE as set (default: cache bytecode)")
+    parser.add_argument(
+        "--command",
+        help="the otel-loopguard command to time"
+        " (default: the console script beside this interpreter)",
+    )
+    parser.add_argument(
+        "--no-bytecode-cache",
+        action="store_true",
+        help="leave PYTHONDONTWRITEBYTECODE as set (default: cache bytecode)",
+    )
     args = parser.parse_args()
     if args.runs < 30:
         parser.error("--runs: at least 30")
@@ -163,16 +175,24 @@ def main() -> int:
     bare = statistics.median(bare_times)
     print(f"command: {shlex.join(hook[:-2])} --store TMP")
     print(f"machine: {machine()}; load average {load_before} before, {load_after} after")
-    print(f"runs: {args.runs} (PreToolUse and PostToolUse alternately), warm store"
-          f" ({args.warm} calls in the session); bytecode {bytecode}")
-    print(f"hook invocation: median {ms(median)}, p90 {ms(percentile(hook_times, 0.9))},"
-          f" min {ms(min(hook_times))}")
-    print(f"bare interpreter ({python} -c pass): median {ms(bare)},"
-          f" p90 {ms(percentile(bare_times, 0.9))}, min {ms(min(bare_times))}")
+    print(
+        f"runs: {args.runs} (PreToolUse and PostToolUse alternately), warm store"
+        f" ({args.warm} calls in the session); bytecode {bytecode}"
+    )
+    print(
+        f"hook invocation: median {ms(median)}, p90 {ms(percentile(hook_times, 0.9))},"
+        f" min {ms(min(hook_times))}"
+    )
+    print(
+        f"bare interpreter ({python} -c pass): median {ms(bare)},"
+        f" p90 {ms(percentile(bare_times, 0.9))}, min {ms(min(bare_times))}"
+    )
     print(f"hook minus interpreter start (medians): {ms(median - bare)}")
-    print(f"CPU time (user + system), medians: hook {ms(statistics.median(hook_cpu))},"
-          f" bare interpreter {ms(statistics.median(bare_cpu))}"
-          " (wall time above it is waiting: for a CPU on a loaded machine, for the disk)")
+    print(
+        f"CPU time (user + system), medians: hook {ms(statistics.median(hook_cpu))},"
+        f" bare interpreter {ms(statistics.median(bare_cpu))}"
+        " (wall time above it is waiting: for a CPU on a loaded machine, for the disk)"
+    )
     verdict = "met" if median * 1000 <= TARGET_MEDIAN_MS else "NOT met"
     print(f"target median <= {TARGET_MEDIAN_MS:.0f} ms: {verdict}")
     return 0

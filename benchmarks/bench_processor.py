@@ -90,15 +90,21 @@ def pydantic_batch(spans: int) -> Batch:
     prepared = []
     for n in range(spans):
         tool, arguments, result = tool_call(n)
-        prepared.append((f"execute_tool {tool}", {
-            "gen_ai.operation.name": "execute_tool",
-            "gen_ai.tool.name": tool,
-            "gen_ai.tool.call.id": f"call_{n}",
-            "gen_ai.tool.call.arguments": arguments,
-            "gen_ai.agent.name": "weather_agent",
-            "gen_ai.conversation.id": "conv-123",
-            "logfire.msg": f"running tool: {tool}",
-        }, result))
+        prepared.append(
+            (
+                f"execute_tool {tool}",
+                {
+                    "gen_ai.operation.name": "execute_tool",
+                    "gen_ai.tool.name": tool,
+                    "gen_ai.tool.call.id": f"call_{n}",
+                    "gen_ai.tool.call.arguments": arguments,
+                    "gen_ai.agent.name": "weather_agent",
+                    "gen_ai.conversation.id": "conv-123",
+                    "logfire.msg": f"running tool: {tool}",
+                },
+                result,
+            )
+        )
 
     def run(tracer: Tracer, agent: trace.Span, count: int) -> None:
         context = trace.set_span_in_context(agent)
@@ -115,13 +121,19 @@ def strands_batch(spans: int) -> Batch:
     for n in range(spans):
         tool, arguments, result = tool_call(n)
         call_id = f"tooluse_{n}"
-        prepared.append((
-            f"execute_tool {tool}",
-            {"gen_ai.operation.name": "execute_tool", "gen_ai.system": "strands-agents",
-             "gen_ai.tool.name": tool, "gen_ai.tool.call.id": call_id},
-            {"role": "tool", "content": arguments, "id": call_id},
-            {"message": json.dumps([{"text": result}]), "id": call_id},
-        ))
+        prepared.append(
+            (
+                f"execute_tool {tool}",
+                {
+                    "gen_ai.operation.name": "execute_tool",
+                    "gen_ai.system": "strands-agents",
+                    "gen_ai.tool.name": tool,
+                    "gen_ai.tool.call.id": call_id,
+                },
+                {"role": "tool", "content": arguments, "id": call_id},
+                {"message": json.dumps([{"text": result}]), "id": call_id},
+            )
+        )
 
     def run(tracer: Tracer, agent: trace.Span, count: int) -> None:
         context = trace.set_span_in_context(agent)
@@ -144,8 +156,11 @@ WORKLOADS: dict[str, Callable[[int], Batch]] = {
 
 
 def agent_attributes() -> dict[str, Any]:
-    return {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "weather_agent",
-            "gen_ai.conversation.id": "conv-123"}
+    return {
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.agent.name": "weather_agent",
+        "gen_ai.conversation.id": "conv-123",
+    }
 
 
 def provider_with(processor: SpanProcessor) -> tuple[TracerProvider, Tracer]:
@@ -232,32 +247,48 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=600)
     parser.add_argument("--spans", type=int, default=50, help="spans per batch")
     parser.add_argument("--warmup", type=int, default=20, help="rounds dropped at the start")
-    parser.add_argument("--workload", choices=sorted(WORKLOADS), action="append",
-                        help="run only this workload (repeatable)")
-    parser.add_argument("--profile", choices=sorted(WORKLOADS),
-                        help="profile our provider on this workload instead of timing")
-    parser.add_argument("--metrics", action="store_true",
-                        help="the guard records Prometheus metrics (as issue 4 asks)")
+    parser.add_argument(
+        "--workload",
+        choices=sorted(WORKLOADS),
+        action="append",
+        help="run only this workload (repeatable)",
+    )
+    parser.add_argument(
+        "--profile",
+        choices=sorted(WORKLOADS),
+        help="profile our provider on this workload instead of timing",
+    )
+    parser.add_argument(
+        "--metrics",
+        action="store_true",
+        help="the guard records Prometheus metrics (as issue 4 asks)",
+    )
     args = parser.parse_args()
     global METRICS
     METRICS = args.metrics
     if args.profile:
         profile(args.profile, args.rounds, args.spans)
         return 0
-    print(f"python {platform.python_version()} ({platform.python_implementation()}) on"
-          f" {platform.machine()}, {platform.system()}; {args.rounds} rounds x {args.spans} spans"
-          f" per provider and workload, {args.warmup} warm-up rounds dropped;"
-          f" metrics {'on' if METRICS else 'off'}")
+    print(
+        f"python {platform.python_version()} ({platform.python_implementation()}) on"
+        f" {platform.machine()}, {platform.system()}; {args.rounds} rounds x {args.spans} spans"
+        f" per provider and workload, {args.warmup} warm-up rounds dropped;"
+        f" metrics {'on' if METRICS else 'off'}"
+    )
     # A shared machine shows as load and as CPU time below wall time (waiting for a CPU).
-    print(f"{'workload':14s} {'ours us/span':>12s} {'no-op us/span':>13s} {'overhead us':>11s}"
-          f" {'ratio':>7s} {'ratio IQR':>13s} {'CPU/wall':>8s} {'load':>5s}")
+    print(
+        f"{'workload':14s} {'ours us/span':>12s} {'no-op us/span':>13s} {'overhead us':>11s}"
+        f" {'ratio':>7s} {'ratio IQR':>13s} {'CPU/wall':>8s} {'load':>5s}"
+    )
     for workload in args.workload or list(WORKLOADS):
         wall, cpu = time.perf_counter(), time.process_time()
         r = measure(workload, args.rounds, args.spans, args.warmup)
         share = (time.process_time() - cpu) / (time.perf_counter() - wall)
-        print(f"{workload:14s} {r.ours * 1e6:12.2f} {r.base * 1e6:13.2f} {r.overhead * 1e6:11.2f}"
-              f" {r.ratio:6.3f}x {r.ratio_iqr[0]:6.3f}-{r.ratio_iqr[1]:.3f} {share:8.2f}"
-              f" {os.getloadavg()[0]:5.1f}")
+        print(
+            f"{workload:14s} {r.ours * 1e6:12.2f} {r.base * 1e6:13.2f} {r.overhead * 1e6:11.2f}"
+            f" {r.ratio:6.3f}x {r.ratio_iqr[0]:6.3f}-{r.ratio_iqr[1]:.3f} {share:8.2f}"
+            f" {os.getloadavg()[0]:5.1f}"
+        )
     return 0
 
 

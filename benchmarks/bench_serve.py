@@ -44,7 +44,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -69,23 +68,49 @@ def agent_spans(count: int) -> list[ReadableSpan]:
     while len(exporter.get_finished_spans()) < count:
         run += 1
         loops = run % 3 == 0
-        with tracer.start_as_current_span(f"invoke_agent agent{run % 7}", attributes={
-                "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": f"agent{run % 7}",
-                "gen_ai.conversation.id": f"conv-{run}"}):
+        with tracer.start_as_current_span(
+            f"invoke_agent agent{run % 7}",
+            attributes={
+                "gen_ai.operation.name": "invoke_agent",
+                "gen_ai.agent.name": f"agent{run % 7}",
+                "gen_ai.conversation.id": f"conv-{run}",
+            },
+        ):
             for step in range(8):
-                with tracer.start_as_current_span("chat gpt-4o", attributes={
-                        "gen_ai.operation.name": "chat", "gen_ai.provider.name": "openai",
-                        "gen_ai.request.model": "gpt-4o", "gen_ai.response.model": "gpt-4o",
+                with tracer.start_as_current_span(
+                    "chat gpt-4o",
+                    attributes={
+                        "gen_ai.operation.name": "chat",
+                        "gen_ai.provider.name": "openai",
+                        "gen_ai.request.model": "gpt-4o",
+                        "gen_ai.response.model": "gpt-4o",
                         "gen_ai.usage.input_tokens": 1200 + step,
                         "gen_ai.usage.output_tokens": 40,
-                        "gen_ai.response.finish_reasons": ("tool_calls",)}) as chat:
-                    chat.set_attribute("gen_ai.output.messages", json.dumps([{
-                        "role": "assistant", "parts": [{"type": "tool_call",
-                                                        "name": "search", "id": f"c{step}"}]}]))
+                        "gen_ai.response.finish_reasons": ("tool_calls",),
+                    },
+                ) as chat:
+                    chat.set_attribute(
+                        "gen_ai.output.messages",
+                        json.dumps(
+                            [
+                                {
+                                    "role": "assistant",
+                                    "parts": [
+                                        {"type": "tool_call", "name": "search", "id": f"c{step}"}
+                                    ],
+                                }
+                            ]
+                        ),
+                    )
                 query = "weather in Paris" if loops else f"topic {run}-{step}"
-                with tracer.start_as_current_span("execute_tool search", attributes={
-                        "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search",
-                        "gen_ai.tool.type": "function"}) as tool:
+                with tracer.start_as_current_span(
+                    "execute_tool search",
+                    attributes={
+                        "gen_ai.operation.name": "execute_tool",
+                        "gen_ai.tool.name": "search",
+                        "gen_ai.tool.type": "function",
+                    },
+                ) as tool:
                     tool.set_attribute("gen_ai.tool.call.arguments", json.dumps({"query": query}))
                     tool.set_attribute("gen_ai.tool.call.id", f"call-{run}-{step}")
                     tool.set_attribute("gen_ai.tool.call.result", f"results for {query}")
@@ -108,8 +133,10 @@ def fixture_spans(count: int) -> list[ReadableSpan]:
 
 
 def batches(spans: list[ReadableSpan]) -> list[bytes]:
-    return [encode_spans(spans[i:i + BATCH]).SerializeToString()
-            for i in range(0, len(spans) - BATCH + 1, BATCH)]
+    return [
+        encode_spans(spans[i : i + BATCH]).SerializeToString()
+        for i in range(0, len(spans) - BATCH + 1, BATCH)
+    ]
 
 
 # -- the server --------------------------------------------------------------------------------
@@ -122,10 +149,23 @@ class Server:
         cpus = sorted(os.sched_getaffinity(0))
         self.cpu = cpus[0]
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "otel_loopguard", "serve", "--http-port", "0", "--no-grpc",
-             "--max-queued-spans", "1000000"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            text=True, preexec_fn=lambda: os.sched_setaffinity(0, {self.cpu}))
+            [
+                sys.executable,
+                "-m",
+                "otel_loopguard",
+                "serve",
+                "--http-port",
+                "0",
+                "--no-grpc",
+                "--max-queued-spans",
+                "1000000",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=lambda: os.sched_setaffinity(0, {self.cpu}),
+        )
         assert self.process.stderr is not None
         line = self.process.stderr.readline()
         match = re.search(r"http://127\.0\.0\.1:(\d+)", line)
@@ -164,8 +204,7 @@ def send_all(port: int, bodies: list[bytes], connections: int = 2) -> None:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
         for body in part:
             while True:
-                conn.request("POST", "/v1/traces", body,
-                             {"Content-Type": "application/x-protobuf"})
+                conn.request("POST", "/v1/traces", body, {"Content-Type": "application/x-protobuf"})
                 response = conn.getresponse()
                 response.read()
                 if response.status == 429:
@@ -176,8 +215,9 @@ def send_all(port: int, bodies: list[bytes], connections: int = 2) -> None:
                 break
         conn.close()
 
-    threads = [threading.Thread(target=sender, args=(bodies[n::connections],))
-               for n in range(connections)]
+    threads = [
+        threading.Thread(target=sender, args=(bodies[n::connections],)) for n in range(connections)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -213,8 +253,8 @@ def pieces(bodies: list[bytes]) -> tuple[float, float]:
     """Seconds to decode, and to ingest (buffer, conventions, guard), every body in process."""
     from otel_loopguard import LoopGuard
     from otel_loopguard.metrics import PrometheusRecorder
-    from otel_loopguard.service.proto import proto_spans
     from otel_loopguard.service._ingest import Ingest
+    from otel_loopguard.service.proto import proto_spans
     from otel_loopguard.traces import TraceBuffer
 
     started = time.perf_counter()
@@ -234,8 +274,14 @@ def decision_latency(port: int, count: int) -> list[float]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     times: list[float] = []
     for n in range(200 + count):
-        body = json.dumps({"tool": "grep", "arguments": {"pattern": f"p{n % 50}"},
-                           "session": f"s{n % 20}", "agent": "bench"}).encode()
+        body = json.dumps(
+            {
+                "tool": "grep",
+                "arguments": {"pattern": f"p{n % 50}"},
+                "session": f"s{n % 20}",
+                "agent": "bench",
+            }
+        ).encode()
         started = time.perf_counter_ns()
         conn.request("POST", "/v1/decisions/before", body, {"Content-Type": "application/json"})
         response = conn.getresponse()
@@ -263,10 +309,11 @@ def main() -> int:
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) > 1:
         os.sched_setaffinity(0, set(cpus[1:]))  # the client stays off the server's core
-    print(f"# {platform.python_implementation()} {platform.python_version()},"
-          f" {platform.machine()}, {os.cpu_count()} CPUs; server pinned to CPU {cpus[0]}")
-    workloads: dict[str, list[ReadableSpan]] = {
-        "agents": agent_spans(args.batches * BATCH)}
+    print(
+        f"# {platform.python_implementation()} {platform.python_version()},"
+        f" {platform.machine()}, {os.cpu_count()} CPUs; server pinned to CPU {cpus[0]}"
+    )
+    workloads: dict[str, list[ReadableSpan]] = {"agents": agent_spans(args.batches * BATCH)}
     if FIXTURES.is_dir():
         workloads["fixtures"] = fixture_spans(args.batches * BATCH)
     server = Server()
@@ -285,21 +332,29 @@ def main() -> int:
             cpu = statistics.median(cpus_used)
             parse = statistics.median(parses)
             decode, add = pieces(bodies)
-            print(f"\n## ingest, workload {name}: {len(bodies)} batches of {BATCH} spans,"
-                  f" {size:,.0f} B/span")
+            print(
+                f"\n## ingest, workload {name}: {len(bodies)} batches of {BATCH} spans,"
+                f" {size:,.0f} B/span"
+            )
             print(f"ingest spans/s (one core, wall): {total / wall:,.0f}")
-            print(f"server CPU s per 1k spans: {cpu / total * 1e3 * 1e3:.2f} ms"
-                  f" (spans per CPU-second {total / cpu:,.0f})")
+            print(
+                f"server CPU s per 1k spans: {cpu / total * 1e3 * 1e3:.2f} ms"
+                f" (spans per CPU-second {total / cpu:,.0f})"
+            )
             print(f"bare parse spans/s: {total / parse:,.0f}")
             print(f"ratio ingest / bare parse: {wall / parse:.2f}x")
-            print(f"in process, per span: bare parse {parse / total * 1e6:.2f} us,"
-                  f" decode {decode / total * 1e6:.2f} us, ingest (buffer + conventions +"
-                  f" guard) {add / total * 1e6:.2f} us; HTTP and the rest"
-                  f" {(wall - decode - add) / total * 1e6:.2f} us")
+            print(
+                f"in process, per span: bare parse {parse / total * 1e6:.2f} us,"
+                f" decode {decode / total * 1e6:.2f} us, ingest (buffer + conventions +"
+                f" guard) {add / total * 1e6:.2f} us; HTTP and the rest"
+                f" {(wall - decode - add) / total * 1e6:.2f} us"
+            )
         times = decision_latency(server.port, args.decisions)
         print(f"\n## decision API (POST /v1/decisions/before, keep-alive, {len(times)} calls)")
-        print(f"p50 {percentile(times, 0.50):.3f} ms, p99 {percentile(times, 0.99):.3f} ms,"
-              f" max {max(times):.3f} ms")
+        print(
+            f"p50 {percentile(times, 0.50):.3f} ms, p99 {percentile(times, 0.99):.3f} ms,"
+            f" max {max(times):.3f} ms"
+        )
     finally:
         server.close()
     return 0

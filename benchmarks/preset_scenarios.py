@@ -34,13 +34,23 @@ def periodic() -> list[Call]:
 
 
 def alternating() -> list[Call]:
-    pair = [("read_file", {"path": "a.py"}, "A", False), ("read_file", {"path": "b.py"}, "B", False)]
+    pair = [
+        ("read_file", {"path": "a.py"}, "A", False),
+        ("read_file", {"path": "b.py"}, "B", False),
+    ]
     return pair * 10
 
 
 def numbered_descriptions() -> list[Call]:
-    return [("bash", {"command": "npm test", "description": f"Run tests (attempt {n})"},
-             "1 failing", False) for n in range(1, 16)]
+    return [
+        (
+            "bash",
+            {"command": "npm test", "description": f"Run tests (attempt {n})"},
+            "1 failing",
+            False,
+        )
+        for n in range(1, 16)
+    ]
 
 
 def failing_command() -> list[Call]:
@@ -56,8 +66,9 @@ def edit_between_runs() -> list[Call]:
     calls: list[Call] = []
     for n in range(8):
         calls.append(("bash", {"command": "cargo clippy"}, f"{8 - n} warnings", False))
-        calls.append(("edit_file", {"path": "src/lib.rs", "old": f"a{n}", "new": f"b{n}"}, "ok",
-                      False))
+        calls.append(
+            ("edit_file", {"path": "src/lib.rs", "old": f"a{n}", "new": f"b{n}"}, "ok", False)
+        )
     return calls
 
 
@@ -75,9 +86,14 @@ def polling() -> list[Call]:
 
 def rebuild_and_list() -> list[Call]:
     # `python build.py` is not a known mutating command, but what `ls dist` shows keeps changing
-    return [c for n in range(8) for c in (("bash", {"command": "python build.py"}, f"built {n}",
-                                            False),
-                                           ("bash", {"command": "ls dist"}, f"{n} files", False))]
+    return [
+        c
+        for n in range(8)
+        for c in (
+            ("bash", {"command": "python build.py"}, f"built {n}", False),
+            ("bash", {"command": "ls dist"}, f"{n} files", False),
+        )
+    ]
 
 
 def exploring() -> list[Call]:
@@ -141,8 +157,9 @@ def table() -> str:
                 cells.append("never blocked" if first is None else f"blocked at call {first}")
             else:
                 cells.append("ok" if not blocked else f"{blocked} wrongly blocked")
-        lines.append(f"| {scenario.name} | {'yes' if scenario.loop else 'no'} | "
-                     + " | ".join(cells) + " |")
+        lines.append(
+            f"| {scenario.name} | {'yes' if scenario.loop else 'no'} | " + " | ".join(cells) + " |"
+        )
     return "\n".join(lines)
 
 

@@ -88,20 +88,37 @@ class Query:
 
 
 def _target(query: Query, ref_id: str) -> pb.Dataquery:
-    target = (pb.Dataquery().expr(query.expr).legend_format(query.legend).ref_id(ref_id)
-              .datasource(DATASOURCE))
+    target = (
+        pb.Dataquery()
+        .expr(query.expr)
+        .legend_format(query.legend)
+        .ref_id(ref_id)
+        .datasource(DATASOURCE)
+    )
     return target.instant() if query.instant else target.range()
 
 
 Builder = stat.Panel | bargauge.Panel | timeseries.Panel
 
 
-def _common(panel: Builder, title: str, description: str, queries: list[Query],
-            grid: tuple[int, int, int, int], unit: str, decimals: int | None) -> Builder:
+def _common(
+    panel: Builder,
+    title: str,
+    description: str,
+    queries: list[Query],
+    grid: tuple[int, int, int, int],
+    unit: str,
+    decimals: int | None,
+) -> Builder:
     x, y, w, h = grid
-    panel = (panel.title(title).description(description).datasource(DATASOURCE)
-             .grid_pos(dm.GridPos(x=x, y=y, w=w, h=h)).unit(unit)
-             .color_scheme(db.FieldColor().mode(dm.FieldColorModeId.PALETTE_CLASSIC)))
+    panel = (
+        panel.title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .grid_pos(dm.GridPos(x=x, y=y, w=w, h=h))
+        .unit(unit)
+        .color_scheme(db.FieldColor().mode(dm.FieldColorModeId.PALETTE_CLASSIC))
+    )
     for index, query in enumerate(queries):
         panel = panel.with_target(_target(query, chr(ord("A") + index)))
     return panel.decimals(decimals) if decimals is not None else panel
@@ -111,34 +128,69 @@ def _reduce_last() -> cb.ReduceDataOptions:
     return cb.ReduceDataOptions().calcs(["lastNotNull"]).fields("").values(False)
 
 
-def stat_panel(title: str, description: str, query: Query, grid: tuple[int, int, int, int], *,
-               unit: str = "short", decimals: int | None = None) -> Builder:
-    panel = (stat.Panel().reduce_options(_reduce_last()).color_mode(cm.BigValueColorMode.VALUE)
-             .graph_mode(cm.BigValueGraphMode.NONE).text_mode(cm.BigValueTextMode.VALUE))
+def stat_panel(
+    title: str,
+    description: str,
+    query: Query,
+    grid: tuple[int, int, int, int],
+    *,
+    unit: str = "short",
+    decimals: int | None = None,
+) -> Builder:
+    panel = (
+        stat.Panel()
+        .reduce_options(_reduce_last())
+        .color_mode(cm.BigValueColorMode.VALUE)
+        .graph_mode(cm.BigValueGraphMode.NONE)
+        .text_mode(cm.BigValueTextMode.VALUE)
+    )
     return _common(panel, title, description, [query], grid, unit, decimals)
 
 
-def bar_panel(title: str, description: str, query: Query,
-              grid: tuple[int, int, int, int]) -> Builder:
-    panel = (bargauge.Panel().reduce_options(_reduce_last())
-             .orientation(cm.VizOrientation.HORIZONTAL)
-             .display_mode(cm.BarGaugeDisplayMode.GRADIENT).show_unfilled(True))
+def bar_panel(
+    title: str, description: str, query: Query, grid: tuple[int, int, int, int]
+) -> Builder:
+    panel = (
+        bargauge.Panel()
+        .reduce_options(_reduce_last())
+        .orientation(cm.VizOrientation.HORIZONTAL)
+        .display_mode(cm.BarGaugeDisplayMode.GRADIENT)
+        .show_unfilled(True)
+    )
     return _common(panel, title, description, [query], grid, "short", 0)
 
 
-def time_panel(title: str, description: str, queries: list[Query],
-               grid: tuple[int, int, int, int], *, unit: str = "short", stacked: bool = False,
-               legend_table: bool = False, decimals: int | None = None) -> Builder:
-    panel = (timeseries.Panel().line_width(1).fill_opacity(40 if stacked else 10)
-             .show_points(cm.VisibilityMode.NEVER).span_nulls(False)
-             .tooltip(cb.VizTooltipOptions().mode(cm.TooltipDisplayMode.MULTI)
-                      .sort(cm.SortOrder.DESCENDING)))
+def time_panel(
+    title: str,
+    description: str,
+    queries: list[Query],
+    grid: tuple[int, int, int, int],
+    *,
+    unit: str = "short",
+    stacked: bool = False,
+    legend_table: bool = False,
+    decimals: int | None = None,
+) -> Builder:
+    panel = (
+        timeseries.Panel()
+        .line_width(1)
+        .fill_opacity(40 if stacked else 10)
+        .show_points(cm.VisibilityMode.NEVER)
+        .span_nulls(False)
+        .tooltip(
+            cb.VizTooltipOptions().mode(cm.TooltipDisplayMode.MULTI).sort(cm.SortOrder.DESCENDING)
+        )
+    )
     if stacked:
         panel = panel.stacking(cb.StackingConfig().mode(cm.StackingMode.NORMAL).group("A"))
     if legend_table:
-        panel = panel.legend(cb.VizLegendOptions().display_mode(cm.LegendDisplayMode.TABLE)
-                             .placement(cm.LegendPlacement.RIGHT).show_legend(True)
-                             .calcs(["sum"]))
+        panel = panel.legend(
+            cb.VizLegendOptions()
+            .display_mode(cm.LegendDisplayMode.TABLE)
+            .placement(cm.LegendPlacement.RIGHT)
+            .show_legend(True)
+            .calcs(["sum"])
+        )
     return _common(panel, title, description, queries, grid, unit, decimals)
 
 
@@ -146,8 +198,10 @@ def _repeat_count(quantile: str) -> str:
     """The repeat count at decisions at ``quantile``, exact: counts are whole and the
     histogram has one bucket per count (see DECISION_REPEAT_BUCKETS), so rounding the
     interpolated estimate up gives the count itself, not 2.5 for a reminder at 3."""
-    return (f"ceil(histogram_quantile({quantile}, sum by (le, action)"
-            f" (rate({DECISION_REPEATS.name}_bucket[$__rate_interval]))))")
+    return (
+        f"ceil(histogram_quantile({quantile}, sum by (le, action)"
+        f" (rate({DECISION_REPEATS.name}_bucket[$__rate_interval]))))"
+    )
 
 
 def panels() -> list[Builder]:
@@ -156,107 +210,213 @@ def panels() -> list[Builder]:
     stops = _filtered('action="stop"')
     durations = REPEATED_CALL_SECONDS.name
     return [
-        stat_panel("Tool calls", "Tracked tool-call attempts in the time range.",
-                   Query(f"sum(increase({CALLS}{FILTER}[$__range]))", instant=True),
-                   (0, 0, 4, 4), decimals=0),
-        stat_panel("Repeat share", "Share of the calls in the time range whose arguments had"
-                   " already been seen in the progress epoch.",
-                   Query(f"sum(increase({REPEATS}{FILTER}[$__range]))"
-                         f" / sum(increase({CALLS}{FILTER}[$__range]))", instant=True),
-                   (4, 0, 4, 4), unit="percentunit"),
-        stat_panel("Blocked calls", "Calls denied, rescued or stopped in the time range (as"
-                   " detected: in observe or advise mode they still ran).",
-                   Query(f"sum(increase({DECIDED}{blocked}[$__range]))", instant=True),
-                   (8, 0, 4, 4), decimals=0),
-        stat_panel("Stops", "Stop decisions in the time range: runs that should have ended.",
-                   Query(f"sum(increase({DECIDED}{stops}[$__range]))", instant=True),
-                   (12, 0, 4, 4), decimals=0),
-        stat_panel("Wasted time", "Seconds spent running repeated calls in the time range.",
-                   Query(f"sum(increase({WASTED}{FILTER}[$__range]))", instant=True),
-                   (16, 0, 4, 4), unit="s"),
-        stat_panel("Tracked sessions", "Sessions the guards hold now.",
-                   Query(f"sum({SESSIONS.prometheus_name})", instant=True), (20, 0, 4, 4),
-                   decimals=0),
-        time_panel("Loops over time by rule and action",
-                   "Non-allow decisions per minute, by the rule that fired and the action"
-                   " detected.",
-                   [Query(f"sum by (rule, action) (rate({DECIDED}{FILTER}[$__rate_interval]))"
-                          " * 60", "{{rule}} / {{action}}")],
-                   (0, 4, 12, 8), stacked=True, legend_table=True),
-        time_panel("Share of calls that are repeats",
-                   "Repeated calls / tracked calls. A healthy agent re-reads a little; a looping"
-                   " one climbs towards 1.",
-                   [Query(f"sum(rate({REPEATS}{FILTER}[$__rate_interval]))"
-                          f" / sum(rate({CALLS}{FILTER}[$__rate_interval]))", "repeat share")],
-                   (12, 4, 12, 8), unit="percentunit"),
-        bar_panel("Top looping agents", "Agents by decisions other than allow in the time range"
-                  " (agent \"none\": calls reported without an agent); only those that looped.",
-                  Query(f"topk(10, sum by (agent) (increase({DECIDED}{FILTER}[$__range])) > 0)",
-                        "{{agent}}", instant=True),
-                  (0, 12, 12, 8)),
-        bar_panel("Top looping tools", "Tools by decisions other than allow in the time range.",
-                  Query(f"topk(10, sum by (tool) (increase({DECIDED}{FILTER}[$__range])) > 0)",
-                        "{{tool}}", instant=True),
-                  (12, 12, 12, 8)),
-        time_panel("Repeated calls by tool",
-                   "Calls per minute whose arguments were already seen in the progress epoch.",
-                   [Query(f"sum by (tool) (rate({REPEATS}{FILTER}[$__rate_interval])) * 60",
-                          "{{tool}}")],
-                   (0, 20, 12, 8), legend_table=True),
-        time_panel("Wasted seconds by tool", "Seconds per minute spent running repeated calls.",
-                   [Query(f"sum by (tool) (rate({WASTED}{FILTER}[$__rate_interval])) * 60",
-                          "{{tool}}")],
-                   (12, 20, 12, 8), unit="s", legend_table=True),
-        time_panel("Repeat count at decisions",
-                   "How many times a call had been made when the guard reminded, denied or"
-                   " stopped (median and 90th percentile, all agents and tools). Exact whole"
-                   " counts up to 20; above, the histogram's bucket bound.",
-                   [Query(_repeat_count("0.5"), "p50 {{action}}"),
-                    Query(_repeat_count("0.9"), "p90 {{action}}")],
-                   (0, 28, 12, 8), decimals=0),
-        time_panel("Duration of repeated calls",
-                   "How long each repeated call ran: the mean (exact) and the 90th percentile"
-                   " (estimated within the histogram's buckets), all agents and tools.",
-                   [Query(f"sum(rate({durations}_sum[$__rate_interval]))"
-                          f" / sum(rate({durations}_count[$__rate_interval]))", "mean"),
-                    Query("histogram_quantile(0.9, sum by (le)"
-                          f" (rate({durations}_bucket[$__rate_interval])))", "p90")],
-                   (12, 28, 12, 8), unit="s"),
-        time_panel("Rescues by outcome",
-                   "Rescues per minute: advice bought, cached advice reused, failed asks, and"
-                   " asks refused by the budget or the cooldown.",
-                   [Query(f"sum by (outcome) (rate({RESCUES.prometheus_name}"
-                          "[$__rate_interval])) * 60", "{{outcome}}")],
-                   (0, 36, 8, 8), stacked=True),
-        time_panel("Tracked sessions and evictions",
-                   "Sessions held now, and sessions forgotten per minute (ttl: idle too long;"
-                   " capacity: max_sessions reached).",
-                   [Query(f"sum({SESSIONS.prometheus_name})", "tracked"),
-                    Query(f"sum by (reason) (rate({SESSIONS_EVICTED.prometheus_name}"
-                          "[$__rate_interval])) * 60", "evicted: {{reason}}")],
-                   (8, 36, 8, 8)),
-        time_panel("Internal errors",
-                   "Exceptions the guard caught per minute, by where (the call was allowed)."
-                   " Should stay at zero.",
-                   [Query(f"sum by (where) (rate({INTERNAL_ERRORS.prometheus_name}"
-                          "[$__rate_interval])) * 60", "{{where}}")],
-                   (16, 36, 8, 8)),
+        stat_panel(
+            "Tool calls",
+            "Tracked tool-call attempts in the time range.",
+            Query(f"sum(increase({CALLS}{FILTER}[$__range]))", instant=True),
+            (0, 0, 4, 4),
+            decimals=0,
+        ),
+        stat_panel(
+            "Repeat share",
+            "Share of the calls in the time range whose arguments had"
+            " already been seen in the progress epoch.",
+            Query(
+                f"sum(increase({REPEATS}{FILTER}[$__range]))"
+                f" / sum(increase({CALLS}{FILTER}[$__range]))",
+                instant=True,
+            ),
+            (4, 0, 4, 4),
+            unit="percentunit",
+        ),
+        stat_panel(
+            "Blocked calls",
+            "Calls denied, rescued or stopped in the time range (as"
+            " detected: in observe or advise mode they still ran).",
+            Query(f"sum(increase({DECIDED}{blocked}[$__range]))", instant=True),
+            (8, 0, 4, 4),
+            decimals=0,
+        ),
+        stat_panel(
+            "Stops",
+            "Stop decisions in the time range: runs that should have ended.",
+            Query(f"sum(increase({DECIDED}{stops}[$__range]))", instant=True),
+            (12, 0, 4, 4),
+            decimals=0,
+        ),
+        stat_panel(
+            "Wasted time",
+            "Seconds spent running repeated calls in the time range.",
+            Query(f"sum(increase({WASTED}{FILTER}[$__range]))", instant=True),
+            (16, 0, 4, 4),
+            unit="s",
+        ),
+        stat_panel(
+            "Tracked sessions",
+            "Sessions the guards hold now.",
+            Query(f"sum({SESSIONS.prometheus_name})", instant=True),
+            (20, 0, 4, 4),
+            decimals=0,
+        ),
+        time_panel(
+            "Loops over time by rule and action",
+            "Non-allow decisions per minute, by the rule that fired and the action detected.",
+            [
+                Query(
+                    f"sum by (rule, action) (rate({DECIDED}{FILTER}[$__rate_interval])) * 60",
+                    "{{rule}} / {{action}}",
+                )
+            ],
+            (0, 4, 12, 8),
+            stacked=True,
+            legend_table=True,
+        ),
+        time_panel(
+            "Share of calls that are repeats",
+            "Repeated calls / tracked calls. A healthy agent re-reads a little; a looping"
+            " one climbs towards 1.",
+            [
+                Query(
+                    f"sum(rate({REPEATS}{FILTER}[$__rate_interval]))"
+                    f" / sum(rate({CALLS}{FILTER}[$__rate_interval]))",
+                    "repeat share",
+                )
+            ],
+            (12, 4, 12, 8),
+            unit="percentunit",
+        ),
+        bar_panel(
+            "Top looping agents",
+            "Agents by decisions other than allow in the time range"
+            ' (agent "none": calls reported without an agent); only those that looped.',
+            Query(
+                f"topk(10, sum by (agent) (increase({DECIDED}{FILTER}[$__range])) > 0)",
+                "{{agent}}",
+                instant=True,
+            ),
+            (0, 12, 12, 8),
+        ),
+        bar_panel(
+            "Top looping tools",
+            "Tools by decisions other than allow in the time range.",
+            Query(
+                f"topk(10, sum by (tool) (increase({DECIDED}{FILTER}[$__range])) > 0)",
+                "{{tool}}",
+                instant=True,
+            ),
+            (12, 12, 12, 8),
+        ),
+        time_panel(
+            "Repeated calls by tool",
+            "Calls per minute whose arguments were already seen in the progress epoch.",
+            [Query(f"sum by (tool) (rate({REPEATS}{FILTER}[$__rate_interval])) * 60", "{{tool}}")],
+            (0, 20, 12, 8),
+            legend_table=True,
+        ),
+        time_panel(
+            "Wasted seconds by tool",
+            "Seconds per minute spent running repeated calls.",
+            [Query(f"sum by (tool) (rate({WASTED}{FILTER}[$__rate_interval])) * 60", "{{tool}}")],
+            (12, 20, 12, 8),
+            unit="s",
+            legend_table=True,
+        ),
+        time_panel(
+            "Repeat count at decisions",
+            "How many times a call had been made when the guard reminded, denied or"
+            " stopped (median and 90th percentile, all agents and tools). Exact whole"
+            " counts up to 20; above, the histogram's bucket bound.",
+            [
+                Query(_repeat_count("0.5"), "p50 {{action}}"),
+                Query(_repeat_count("0.9"), "p90 {{action}}"),
+            ],
+            (0, 28, 12, 8),
+            decimals=0,
+        ),
+        time_panel(
+            "Duration of repeated calls",
+            "How long each repeated call ran: the mean (exact) and the 90th percentile"
+            " (estimated within the histogram's buckets), all agents and tools.",
+            [
+                Query(
+                    f"sum(rate({durations}_sum[$__rate_interval]))"
+                    f" / sum(rate({durations}_count[$__rate_interval]))",
+                    "mean",
+                ),
+                Query(
+                    "histogram_quantile(0.9, sum by (le)"
+                    f" (rate({durations}_bucket[$__rate_interval])))",
+                    "p90",
+                ),
+            ],
+            (12, 28, 12, 8),
+            unit="s",
+        ),
+        time_panel(
+            "Rescues by outcome",
+            "Rescues per minute: advice bought, cached advice reused, failed asks, and"
+            " asks refused by the budget or the cooldown.",
+            [
+                Query(
+                    f"sum by (outcome) (rate({RESCUES.prometheus_name}[$__rate_interval])) * 60",
+                    "{{outcome}}",
+                )
+            ],
+            (0, 36, 8, 8),
+            stacked=True,
+        ),
+        time_panel(
+            "Tracked sessions and evictions",
+            "Sessions held now, and sessions forgotten per minute (ttl: idle too long;"
+            " capacity: max_sessions reached).",
+            [
+                Query(f"sum({SESSIONS.prometheus_name})", "tracked"),
+                Query(
+                    f"sum by (reason) (rate({SESSIONS_EVICTED.prometheus_name}"
+                    "[$__rate_interval])) * 60",
+                    "evicted: {{reason}}",
+                ),
+            ],
+            (8, 36, 8, 8),
+        ),
+        time_panel(
+            "Internal errors",
+            "Exceptions the guard caught per minute, by where (the call was allowed)."
+            " Should stay at zero.",
+            [
+                Query(
+                    f"sum by (where) (rate({INTERNAL_ERRORS.prometheus_name}"
+                    "[$__rate_interval])) * 60",
+                    "{{where}}",
+                )
+            ],
+            (16, 36, 8, 8),
+        ),
     ]
 
 
 def _filter_variable(name: str, label: str, query: str) -> db.QueryVariable:
-    return (db.QueryVariable(name).label(label).datasource(DATASOURCE)
-            .query({"query": query, "refId": f"{name}-variable", "qryType": 1})
-            .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
-            .sort(dm.VariableSort.ALPHABETICAL_ASC).multi(True).include_all(True)
-            .all_value(".*").allow_custom_value(False)
-            .current(dm.VariableOption(selected=True, text=["All"], value=["$__all"])))
+    return (
+        db.QueryVariable(name)
+        .label(label)
+        .datasource(DATASOURCE)
+        .query({"query": query, "refId": f"{name}-variable", "qryType": 1})
+        .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(dm.VariableSort.ALPHABETICAL_ASC)
+        .multi(True)
+        .include_all(True)
+        .all_value(".*")
+        .allow_custom_value(False)
+        .current(dm.VariableOption(selected=True, text=["All"], value=["$__all"]))
+    )
 
 
 def variables() -> list[db.DatasourceVariable | db.QueryVariable]:
     source = "${" + INPUT + "}"
     return [
-        db.DatasourceVariable(VARIABLE).label("Data source").type("prometheus")
+        db.DatasourceVariable(VARIABLE)
+        .label("Data source")
+        .type("prometheus")
         .current(dm.VariableOption(selected=True, text=source, value=source)),
         _filter_variable("agent", "Agent", f"label_values({CALLS}, agent)"),
         _filter_variable("tool", "Tool", f'label_values({CALLS}{{agent=~"$agent"}}, tool)'),
@@ -266,11 +426,17 @@ def variables() -> list[db.DatasourceVariable | db.QueryVariable]:
 def build() -> dm.Dashboard:
     """The dashboard as the SDK's model."""
     dashboard = (
-        db.Dashboard("otel-loopguard").uid(UID)
-        .description("otel-loopguard: AI agents repeating tool calls, and what the guard did"
-                     " about it.")
-        .tags(["otel-loopguard", "ai-agents"]).editable().timezone("")
-        .tooltip(dm.DashboardCursorSync.CROSSHAIR).time("now-1h", "now").refresh("30s")
+        db.Dashboard("otel-loopguard")
+        .uid(UID)
+        .description(
+            "otel-loopguard: AI agents repeating tool calls, and what the guard did about it."
+        )
+        .tags(["otel-loopguard", "ai-agents"])
+        .editable()
+        .timezone("")
+        .tooltip(dm.DashboardCursorSync.CROSSHAIR)
+        .time("now-1h", "now")
+        .refresh("30s")
         .version(1)
     )
     for variable in variables():
@@ -287,14 +453,20 @@ def dashboard() -> dict[str, Any]:
     kinds = sorted({panel["type"] for panel in model["panels"]})
     names = {"bargauge": "Bar gauge", "stat": "Stat", "timeseries": "Time series"}
     shared: dict[str, Any] = {
-        "__inputs": [{"name": INPUT, "label": "Prometheus", "description": "",
-                      "type": "datasource", "pluginId": "prometheus",
-                      "pluginName": "Prometheus"}],
+        "__inputs": [
+            {
+                "name": INPUT,
+                "label": "Prometheus",
+                "description": "",
+                "type": "datasource",
+                "pluginId": "prometheus",
+                "pluginName": "Prometheus",
+            }
+        ],
         "__requires": [
             {"type": "grafana", "id": "grafana", "name": "Grafana", "version": GRAFANA_VERSION},
             {"type": "datasource", "id": "prometheus", "name": "Prometheus", "version": "1.0.0"},
-            *({"type": "panel", "id": kind, "name": names[kind], "version": ""}
-              for kind in kinds),
+            *({"type": "panel", "id": kind, "name": names[kind], "version": ""} for kind in kinds),
         ],
     }
     return {**shared, **model}
@@ -306,8 +478,11 @@ def render() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--check", action="store_true",
-                        help="exit 1 if the committed JSON differs from the generated one")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 if the committed JSON differs from the generated one",
+    )
     args = parser.parse_args(argv)
     text = render()
     if args.check:

@@ -39,10 +39,20 @@ ROOT = Path(__file__).resolve().parents[1]
 #: What Grafana would put for ``$__rate_interval`` with a 1 s scrape and this short a range.
 RATE_INTERVAL = "20s"
 STEP_SECONDS = 2
-COLORS = ("#7eb26d", "#eab839", "#6ed0e0", "#ef843c", "#e24d42", "#1f78c1", "#ba43a9",
-          "#705da0", "#508642", "#cca300")
+COLORS = (
+    "#7eb26d",
+    "#eab839",
+    "#6ed0e0",
+    "#ef843c",
+    "#e24d42",
+    "#1f78c1",
+    "#ba43a9",
+    "#705da0",
+    "#508642",
+    "#cca300",
+)
 CELL = 56  # pixels per grid column (24 columns)
-ROW = 30   # pixels per grid row unit
+ROW = 30  # pixels per grid row unit
 
 
 def _free_port() -> int:
@@ -52,14 +62,19 @@ def _free_port() -> int:
 
 
 def _get(url: str, path: str, **params: str) -> Any:
-    with urllib.request.urlopen(f"{url}{path}?{urllib.parse.urlencode(params)}",
-                                timeout=30) as response:
+    with urllib.request.urlopen(
+        f"{url}{path}?{urllib.parse.urlencode(params)}", timeout=30
+    ) as response:
         return json.load(response)
 
 
 def _fill(expr: str, range_seconds: int) -> str:
-    for name, value in (("$__rate_interval", RATE_INTERVAL), ("$__range", f"{range_seconds}s"),
-                        ("$agent", ".*"), ("$tool", ".*")):
+    for name, value in (
+        ("$__rate_interval", RATE_INTERVAL),
+        ("$__range", f"{range_seconds}s"),
+        ("$agent", ".*"),
+        ("$tool", ".*"),
+    ):
         expr = expr.replace(name, value)
     return expr
 
@@ -83,8 +98,14 @@ def _number(value: float, unit: str, decimals: int | None = None) -> str:
     return f"{value:.0f}" if value == int(value) else f"{value:.2f}"
 
 
-def _svg(series: list[tuple[str, list[tuple[float, float]]]], width: int, height: int,
-         start: float, end: float, unit: str) -> str:
+def _svg(
+    series: list[tuple[str, list[tuple[float, float]]]],
+    width: int,
+    height: int,
+    start: float,
+    end: float,
+    unit: str,
+) -> str:
     points = [v for _, values in series for _, v in values if not math.isnan(v)]
     top = max(points, default=1.0) or 1.0
     top *= 1.1
@@ -100,13 +121,18 @@ def _svg(series: list[tuple[str, list[tuple[float, float]]]], width: int, height
     for i in range(5):
         value = top * i / 4
         y = 6 + plot_h - plot_h * i / 4
-        parts.append(f'<line x1="{left}" x2="{width - 6}" y1="{y:.1f}" y2="{y:.1f}"'
-                     ' stroke="#2c3235"/>')
-        parts.append(f'<text x="{left - 4}" y="{y + 3:.1f}" text-anchor="end">'
-                     f"{html.escape(_number(round(value, 2), unit))}</text>")
+        parts.append(
+            f'<line x1="{left}" x2="{width - 6}" y1="{y:.1f}" y2="{y:.1f}" stroke="#2c3235"/>'
+        )
+        parts.append(
+            f'<text x="{left - 4}" y="{y + 3:.1f}" text-anchor="end">'
+            f"{html.escape(_number(round(value, 2), unit))}</text>"
+        )
     minutes = (end - start) / 60
-    parts.append(f'<text x="{left}" y="{height - 3}">-{minutes:.1f} min</text>'
-                 f'<text x="{width - 6}" y="{height - 3}" text-anchor="end">now</text>')
+    parts.append(
+        f'<text x="{left}" y="{height - 3}">-{minutes:.1f} min</text>'
+        f'<text x="{width - 6}" y="{height - 3}" text-anchor="end">now</text>'
+    )
     for index, (_, values) in enumerate(series):
         color = COLORS[index % len(COLORS)]
         runs: list[list[str]] = [[]]
@@ -117,8 +143,10 @@ def _svg(series: list[tuple[str, list[tuple[float, float]]]], width: int, height
                 runs[-1].append(xy(t, v))
         for run in runs:
             if len(run) > 1:
-                parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.6"'
-                             f' points="{" ".join(run)}"/>')
+                parts.append(
+                    f'<polyline fill="none" stroke="{color}" stroke-width="1.6"'
+                    f' points="{" ".join(run)}"/>'
+                )
             elif run:
                 x, y = run[0].split(",")
                 parts.append(f'<circle cx="{x}" cy="{y}" r="2" fill="{color}"/>')
@@ -137,26 +165,41 @@ def render_html(prometheus: str, dashboard: dict[str, Any], start: float, end: f
         body = ""
         if panel["type"] in ("stat", "bargauge"):
             target = panel["targets"][0]
-            result = _get(prometheus, "/api/v1/query", query=_fill(target["expr"], range_seconds),
-                          time=str(end))["data"]["result"]
+            result = _get(
+                prometheus,
+                "/api/v1/query",
+                query=_fill(target["expr"], range_seconds),
+                time=str(end),
+            )["data"]["result"]
             if panel["type"] == "stat":
                 value = float(result[0]["value"][1]) if result else math.nan
                 body = f'<div class="stat">{html.escape(_number(value, unit, decimals))}</div>'
             else:
-                rows = [(_legend(target["legendFormat"], r["metric"]), float(r["value"][1]))
-                        for r in result]
+                rows = [
+                    (_legend(target["legendFormat"], r["metric"]), float(r["value"][1]))
+                    for r in result
+                ]
                 top = max((v for _, v in rows), default=1.0) or 1.0
-                body = "".join(
-                    f'<div class="bar"><span>{html.escape(name)}</span><div style="width:'
-                    f'{v / top * (width - 190):.0f}px;background:{COLORS[i % len(COLORS)]}">'
-                    f"</div><b>{_number(v, unit, decimals)}</b></div>"
-                    for i, (name, v) in enumerate(rows)) or '<div class="none">no data</div>'
+                body = (
+                    "".join(
+                        f'<div class="bar"><span>{html.escape(name)}</span><div style="width:'
+                        f'{v / top * (width - 190):.0f}px;background:{COLORS[i % len(COLORS)]}">'
+                        f"</div><b>{_number(v, unit, decimals)}</b></div>"
+                        for i, (name, v) in enumerate(rows)
+                    )
+                    or '<div class="none">no data</div>'
+                )
         else:
             series: list[tuple[str, list[tuple[float, float]]]] = []
             for target in panel["targets"]:
-                result = _get(prometheus, "/api/v1/query_range",
-                              query=_fill(target["expr"], range_seconds), start=str(start),
-                              end=str(end), step=str(STEP_SECONDS))["data"]["result"]
+                result = _get(
+                    prometheus,
+                    "/api/v1/query_range",
+                    query=_fill(target["expr"], range_seconds),
+                    start=str(start),
+                    end=str(end),
+                    step=str(STEP_SECONDS),
+                )["data"]["result"]
                 for item in result:
                     values = [(float(t), float(v)) for t, v in item["values"]]
                     if any(v for _, v in values if not math.isnan(v)):  # zero series: left out
@@ -164,13 +207,18 @@ def render_html(prometheus: str, dashboard: dict[str, Any], start: float, end: f
             legend = "" if series else '<span class="none">every series at zero</span>'
             legend += "".join(
                 f'<span><i style="background:{COLORS[i % len(COLORS)]}"></i>'
-                f"{html.escape(name)}</span>" for i, (name, _) in enumerate(series))
-            body = (_svg(series, width - 12, height - 58, start, end, unit)
-                    + f'<div class="legend">{legend}</div>')
+                f"{html.escape(name)}</span>"
+                for i, (name, _) in enumerate(series)
+            )
+            body = (
+                _svg(series, width - 12, height - 58, start, end, unit)
+                + f'<div class="legend">{legend}</div>'
+            )
         boxes.append(
             f'<div class="panel" style="left:{grid["x"] * CELL}px;top:{grid["y"] * ROW}px;'
             f'width:{width}px;height:{height}px"><h3>{html.escape(panel["title"])}</h3>'
-            f"{body}</div>")
+            f"{body}</div>"
+        )
     bottom = max(p["gridPos"]["y"] + p["gridPos"]["h"] for p in dashboard["panels"]) * ROW
     return f"""<!doctype html><html><head><meta charset="utf-8"><style>
 body {{ background:#111217; color:#ccccdc; font:12px sans-serif; margin:8px; }}
@@ -184,7 +232,8 @@ h3 {{ font-size:12px; margin:0 0 4px 0; color:#d8d9da; }}
 .bar div {{ height:18px; margin:0 6px; }} .none {{ color:#8e8e9e; }}
 svg text {{ fill:#8e8e9e; font-size:10px; }}
 .legend span {{ margin-right:10px; white-space:nowrap; }}
-.legend i {{ display:inline-block; width:10px; height:3px; margin-right:3px; vertical-align:middle; }}
+.legend i {{ display:inline-block; width:10px; height:3px; margin-right:3px;
+  vertical-align:middle; }}
 </style></head><body><header>otel-loopguard dashboard <small>— drawn from a real Prometheus
 after <code>otel-loopguard demo --metrics-port</code> ran {range_seconds} s (same queries as
 dashboards/loopguard.json; series at zero left out; not a Grafana screenshot)</small></header>
@@ -203,16 +252,35 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         demo_port, prom_port = _free_port(), _free_port()
-        (work / "prometheus.yml").write_text(json.dumps({
-            "global": {"scrape_interval": "1s"},
-            "scrape_configs": [{"job_name": "loopguard",
-                                "static_configs": [{"targets": [f"127.0.0.1:{demo_port}"]}]}]}))
+        (work / "prometheus.yml").write_text(
+            json.dumps(
+                {
+                    "global": {"scrape_interval": "1s"},
+                    "scrape_configs": [
+                        {
+                            "job_name": "loopguard",
+                            "static_configs": [{"targets": [f"127.0.0.1:{demo_port}"]}],
+                        }
+                    ],
+                }
+            )
+        )
         prometheus = subprocess.Popen(
-            [prometheus_bin, f"--config.file={work / 'prometheus.yml'}",
-             f"--storage.tsdb.path={work / 'data'}", f"--web.listen-address=127.0.0.1:{prom_port}",
-             "--log.level=warn"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        demo = subprocess.Popen([sys.executable, "-m", "otel_loopguard", "demo", "--metrics-port",
-                                 str(demo_port)], stdout=subprocess.DEVNULL, cwd=ROOT)
+            [
+                prometheus_bin,
+                f"--config.file={work / 'prometheus.yml'}",
+                f"--storage.tsdb.path={work / 'data'}",
+                f"--web.listen-address=127.0.0.1:{prom_port}",
+                "--log.level=warn",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        demo = subprocess.Popen(
+            [sys.executable, "-m", "otel_loopguard", "demo", "--metrics-port", str(demo_port)],
+            stdout=subprocess.DEVNULL,
+            cwd=ROOT,
+        )
         url = f"http://127.0.0.1:{prom_port}"
         try:
             start = time.time()
@@ -227,11 +295,21 @@ def main(argv: list[str] | None = None) -> int:
             prometheus.wait(timeout=30)
         (work / "dashboard.html").write_text(page)
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu",
-                        "--hide-scrollbars", f"--screenshot={args.out.resolve()}",
-                        f"--window-size={24 * CELL + 16},{44 * ROW + 48}",
-                        (work / "dashboard.html").as_uri()],
-                       check=True, capture_output=True, timeout=120)
+        subprocess.run(
+            [
+                chromium,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--hide-scrollbars",
+                f"--screenshot={args.out.resolve()}",
+                f"--window-size={24 * CELL + 16},{44 * ROW + 48}",
+                (work / "dashboard.html").as_uri(),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
     print(f"wrote {args.out} ({args.out.stat().st_size // 1024} KiB)")
     return 0
 

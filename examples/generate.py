@@ -85,13 +85,20 @@ def render() -> str:
     blocks = [HEADER, "[loopguard]\n"]
     for spec in dataclasses.fields(Policy):
         kind = spec.metadata["kind"].value
-        lines = textwrap.wrap(spec.metadata["doc"], WIDTH - 2, initial_indent="# ",
-                              subsequent_indent="# ", break_on_hyphens=False)
+        lines = textwrap.wrap(
+            spec.metadata["doc"],
+            WIDTH - 2,
+            initial_indent="# ",
+            subsequent_indent="# ",
+            break_on_hyphens=False,
+        )
         lines.append(f"# env: {env_var(spec.name)}")
         value = getattr(default, spec.name)
         if value is None:
-            lines.append("# Default: none. TOML has no null: leave the key out, or set it to"
-                         " false, to keep it off.")
+            lines.append(
+                "# Default: none. TOML has no null: leave the key out, or set it to"
+                " false, to keep it off."
+            )
             lines.append(f"# {spec.name} = {EXAMPLES[kind]}")
         else:
             lines.append(f"{spec.name} = {toml_value(value)}")
@@ -101,8 +108,11 @@ def render() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Generate examples/loopguard.toml.")
-    parser.add_argument("--check", action="store_true",
-                        help="exit 1 if the file is not what this generates; write nothing")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 if the file is not what this generates; write nothing",
+    )
     args = parser.parse_args(argv)
     text = render()
     if args.check:

@@ -49,9 +49,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=9464, help="metrics port (0: any free one)")
     args = parser.parse_args(argv)
 
-    guard = LoopGuard()                                     # setup: the "default" preset
-    server = guard.serve_metrics(args.port)                 # setup: before any call is counted
-    provider = TracerProvider()                             # setup: or the provider you have
+    guard = LoopGuard()  # setup: the "default" preset
+    server = guard.serve_metrics(args.port)  # setup: before any call is counted
+    provider = TracerProvider()  # setup: or the provider you have
     provider.add_span_processor(LoopGuardSpanProcessor(guard))  # setup
 
     looping_agent(provider.get_tracer("example-agent"))

@@ -136,12 +136,16 @@ class AdviceRequest:
             " call. Suggest a way out from the facts below, answering as described at the end.",
             "",
             "## The agent's task",
-            _cut(self.task, MAX_QUESTION_TASK_CHARS) if self.task
+            _cut(self.task, MAX_QUESTION_TASK_CHARS)
+            if self.task
             else "(not known: the agent's host did not pass the user's request)",
         ]
         if self.latest_user_message:
-            parts += ["", "Latest user message:",
-                      _cut(self.latest_user_message, MAX_QUESTION_TASK_CHARS)]
+            parts += [
+                "",
+                "Latest user message:",
+                _cut(self.latest_user_message, MAX_QUESTION_TASK_CHARS),
+            ]
         rule = _RULE_WORDS.get(self.rule, "")
         parts += [
             "",
@@ -152,13 +156,16 @@ class AdviceRequest:
             f" calls refused since the last change: {self.refusals}",
             "",
             "## Its latest output",
-            _cut(self.latest_output, MAX_QUESTION_OUTPUT_CHARS) if self.latest_output is not None
+            _cut(self.latest_output, MAX_QUESTION_OUTPUT_CHARS)
+            if self.latest_output is not None
             else "(not reported)",
         ]
         if self.recent_calls:
             parts += ["", "## Recent calls, oldest first"]
             for number, call in enumerate(self.recent_calls, 1):
-                line = f"{number}. {call.tool} {_one_line(call.arguments, MAX_RECENT_ARGUMENT_CHARS)}"
+                line = (
+                    f"{number}. {call.tool} {_one_line(call.arguments, MAX_RECENT_ARGUMENT_CHARS)}"
+                )
                 if call.times > 1:
                     line += f" ({call.times} times in a row)"
                 line += f" -> {call.outcome or 'not reported'}"
@@ -173,9 +180,13 @@ class AdviceRequest:
                 tried[(call.tool, call.arguments)] += call.times
                 refused[(call.tool, call.arguments)] += call.refused
             for (tool, arguments), times in tried.items():
-                note = f", {refused[(tool, arguments)]} refused" if refused[(tool, arguments)] else ""
-                parts.append(f"- {tool} {_one_line(arguments, MAX_RECENT_ARGUMENT_CHARS)}:"
-                             f" {times} time{'s' if times != 1 else ''}{note}")
+                note = (
+                    f", {refused[(tool, arguments)]} refused" if refused[(tool, arguments)] else ""
+                )
+                parts.append(
+                    f"- {tool} {_one_line(arguments, MAX_RECENT_ARGUMENT_CHARS)}:"
+                    f" {times} time{'s' if times != 1 else ''}{note}"
+                )
         for advice in self.earlier_advice:
             parts.append(f"- advice already given: {_one_line(advice, MAX_EARLIER_ADVICE_CHARS)}")
         parts += [
@@ -205,9 +216,15 @@ class AdviceRequest:
                 "latest_user_message": self.latest_user_message,
                 "latest_output": self.latest_output,
                 "recent_calls": [
-                    {"tool": c.tool, "arguments": c.arguments, "outcome": c.outcome,
-                     "output": c.output, "signature": c.signature, "times": c.times,
-                     "refused": c.refused}
+                    {
+                        "tool": c.tool,
+                        "arguments": c.arguments,
+                        "outcome": c.outcome,
+                        "output": c.output,
+                        "signature": c.signature,
+                        "times": c.times,
+                        "refused": c.refused,
+                    }
                     for c in self.recent_calls
                 ],
                 "earlier_advice": list(self.earlier_advice),
@@ -248,8 +265,13 @@ class CommandAdvisor:
     On timeout the command and every process it started (its process group) are killed.
     """
 
-    def __init__(self, command: str, timeout_seconds: float = 30.0, *,
-                 input_mode: AdvisorInput | str = AdvisorInput.ARGV) -> None:
+    def __init__(
+        self,
+        command: str,
+        timeout_seconds: float = 30.0,
+        *,
+        input_mode: AdvisorInput | str = AdvisorInput.ARGV,
+    ) -> None:
         try:
             argv = shlex.split(command)
         except ValueError as exc:
@@ -263,13 +285,14 @@ class CommandAdvisor:
         except ValueError:
             choices = ", ".join(m.value for m in AdvisorInput)
             raise ValueError(f"input_mode: {input_mode!r} is not one of {choices}") from None
-        self.argv: Sequence[str] = [os.path.expanduser(w) if w.startswith("~") else w
-                                    for w in argv]
+        self.argv: Sequence[str] = [os.path.expanduser(w) if w.startswith("~") else w for w in argv]
         self.timeout_seconds = timeout_seconds
 
     def __repr__(self) -> str:
-        return (f"CommandAdvisor({shlex.join(self.argv)!r}, timeout_seconds="
-                f"{self.timeout_seconds}, input_mode={self.input_mode.value!r})")
+        return (
+            f"CommandAdvisor({shlex.join(self.argv)!r}, timeout_seconds="
+            f"{self.timeout_seconds}, input_mode={self.input_mode.value!r})"
+        )
 
     def __call__(self, request: AdviceRequest) -> str:
         import subprocess  # here: few processes ever ask, and hook processes start per call
@@ -299,9 +322,7 @@ class CommandAdvisor:
                 " and was killed"
             ) from None
         if process.returncode != 0:
-            raise AdvisorError(
-                f"advisor command {self.argv[0]!r} exited with {process.returncode}"
-            )
+            raise AdvisorError(f"advisor command {self.argv[0]!r} exited with {process.returncode}")
         advice = stdout.decode("utf-8", "replace").strip()
         if not advice:
             raise AdvisorError(f"advisor command {self.argv[0]!r} printed no advice")

@@ -55,14 +55,20 @@ _LONG_DIGITS: Final = re.compile(r"\d{19}")
 _VOLATILE: Final = (
     (re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?"), "<time>"),
     (re.compile(r"\b\d\d?:\d\d:\d\d(?:[.,]\d+)?\b"), "<time>"),
-    (re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"),
-     "<uuid>"),
+    (
+        re.compile(
+            r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"
+        ),
+        "<uuid>",
+    ),
     (re.compile(r"\b0x[0-9a-fA-F]{4,}\b"), "0x<addr>"),
     (re.compile(r"(?:/private)?/(?:tmp|var/folders|var/tmp)/[^\s'\":,;)\]]*"), "<tmp>"),
     (re.compile(r"\btmp[A-Za-z0-9_]{6,}"), "<tmp>"),
     (re.compile(r"(?i)\b(pid|process|thread)\b(\s*[:=#]?\s*)\d+"), r"\1\2<n>"),
-    (re.compile(r"(?i)\b\d+(?:\.\d+)?\s?(?:ms|us|µs|ns|s|sec|secs|seconds|min|minutes)\b"),
-     "<duration>"),
+    (
+        re.compile(r"(?i)\b\d+(?:\.\d+)?\s?(?:ms|us|µs|ns|s|sec|secs|seconds|min|minutes)\b"),
+        "<duration>",
+    ),
 )
 #: A failure's text is normalised on its first this-many characters only (the rest is kept).
 MAX_FAILURE_CHARS: Final = 1 << 16
@@ -113,7 +119,7 @@ def _parse_json_string(text: str) -> object:
     stripped = text.lstrip()
     # Only containers and quoted strings are parsed: "42" or "true" given as a string stay strings,
     # so the raw text a model sent is compared as sent.
-    if not stripped or stripped[0] not in "{[\"":
+    if not stripped or stripped[0] not in '{["':
         return text
     if _LONG_DIGITS.search(text) is None:  # orjson reads integers beyond 64 bits as floats
         try:
@@ -244,7 +250,7 @@ def outcome_key(result: object, is_error: bool | None) -> str | None:
     prefix = b"E" if is_error else b"R"
     if is_error and type(result) is str:
         result = failure_text(result)
-    if type(result) is str and (not result or (result[0] not in "{[\"" and not result[0].isspace())):
+    if type(result) is str and (not result or (result[0] not in '{["' and not result[0].isspace())):
         # Plain text, the usual tool result, is not parsed: the same bytes as the general path,
         # without its checks (text orjson refuses, e.g. lone surrogates, takes that path).
         try:

@@ -54,27 +54,33 @@ def _port(text: str) -> int:
     return value
 
 
-def _policy_options(parser: argparse.ArgumentParser, preset_default: str | None,
-                    *, plugin_config: bool = True) -> None:
+def _policy_options(
+    parser: argparse.ArgumentParser, preset_default: str | None, *, plugin_config: bool = True
+) -> None:
     from otel_loopguard.config import PRESETS
 
     names = ", ".join(PRESETS)
     parser.add_argument(
-        "--preset", metavar="NAME", default=preset_default,
+        "--preset",
+        metavar="NAME",
+        default=preset_default,
         help=f"policy preset: {names} (default: %(default)s)"
-        if preset_default else f"policy preset: {names} (default: LOOPGUARD_PRESET, else default)",
+        if preset_default
+        else f"policy preset: {names} (default: LOOPGUARD_PRESET, else default)",
     )
     parser.add_argument(
-        "--config", metavar="FILE",
+        "--config",
+        metavar="FILE",
         help="TOML policy file (top-level keys or a [loopguard] table); overrides the preset",
     )
     if plugin_config:
         parser.add_argument(
-            "--plugin-config", metavar="[NAME=]FILE",
+            "--plugin-config",
+            metavar="[NAME=]FILE",
             help="the configuration of the repeat-tool-reminder, loop-brake or loop-rescue"
-                 " plugin, as is (YAML, JSON or TOML: its entry with id and config, or"
-                 " NAME=FILE for a bare config); its preset is the base instead of --preset,"
-                 " and --config still applies on top",
+            " plugin, as is (YAML, JSON or TOML: its entry with id and config, or"
+            " NAME=FILE for a bare config); its preset is the base instead of --preset,"
+            " and --config still applies on top",
         )
 
 
@@ -84,8 +90,12 @@ def _load_policy(args: argparse.Namespace, *, use_environment: bool = True) -> P
     from otel_loopguard.config import load_policy
 
     try:
-        return load_policy(args.preset, args.config, None if use_environment else {},
-                           getattr(args, "plugin_config", None))
+        return load_policy(
+            args.preset,
+            args.config,
+            None if use_environment else {},
+            getattr(args, "plugin_config", None),
+        )
     except ValueError as exc:
         raise _UsageError(str(exc)) from None
 
@@ -107,15 +117,17 @@ class _ReplayHelpFormatter(argparse.HelpFormatter):
 
         from otel_loopguard.replay import FORMATS
 
-        lines = ["input formats (detected from a file's first records; --format NAME forces"
-                 " one):"]
+        lines = ["input formats (detected from a file's first records; --format NAME forces one):"]
         name_width = max(len(fmt.name) for fmt in FORMATS) + 2
         for fmt in FORMATS:
-            lines.extend(textwrap.wrap(
-                fmt.description, width=max(width, name_width + 20),
-                initial_indent=f"{indent}  {fmt.name:<{name_width}}",
-                subsequent_indent=f"{indent}  {'':<{name_width}}",
-            ))
+            lines.extend(
+                textwrap.wrap(
+                    fmt.description,
+                    width=max(width, name_width + 20),
+                    initial_indent=f"{indent}  {fmt.name:<{name_width}}",
+                    subsequent_indent=f"{indent}  {'':<{name_width}}",
+                )
+            )
         return "\n".join(lines)
 
 
@@ -133,33 +145,42 @@ def _add_replay(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         formatter_class=_ReplayHelpFormatter,
     )
     parser.add_argument(
-        "files", nargs="+", metavar="FILE",
+        "files",
+        nargs="+",
+        metavar="FILE",
         help="JSON-lines file, '-' for stdin, or a directory (its *.jsonl files)",
     )
     parser.add_argument(
-        "--json", action="store_true",
+        "--json",
+        action="store_true",
         help='print one JSON line per call: {"session", "index", "tool", "action", "rule",'
-             ' "count"}, nothing else on stdout',
+        ' "count"}, nothing else on stdout',
     )
     parser.add_argument(
-        "--html", metavar="FILE", dest="html_path",
+        "--html",
+        metavar="FILE",
+        dest="html_path",
         help="also write a self-contained HTML report to FILE: per session a timeline of its"
-             " calls, repeats, reminders, denials, stops and user messages, for tuning a policy",
+        " calls, repeats, reminders, denials, stops and user messages, for tuning a policy",
     )
     _policy_options(parser, None)
     parser.add_argument(
-        "--mode", choices=("observe", "advise", "enforce"),
+        "--mode",
+        choices=("observe", "advise", "enforce"),
         help="override the policy's mode (default: the policy's own)",
     )
     parser.add_argument(
-        "--format", metavar="NAME", dest="input_format",
-        help="read every file in this format instead of detecting it (see input formats"
-             " below)",
+        "--format",
+        metavar="NAME",
+        dest="input_format",
+        help="read every file in this format instead of detecting it (see input formats below)",
     )
     parser.add_argument(
-        "--key-by", choices=("trace", "conversation"), default="trace",
+        "--key-by",
+        choices=("trace", "conversation"),
+        default="trace",
         help="recorded traces: session state per trace and agent (default, as the span"
-             " processor) or per conversation id (as serve --key-by conversation)",
+        " processor) or per conversation id (as serve --key-by conversation)",
     )
     parser.set_defaults(handler=_run_replay)
 
@@ -198,16 +219,24 @@ def _add_demo(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     )
     _policy_options(parser, "default", plugin_config=False)
     parser.add_argument(
-        "--delay", metavar="SECONDS", type=_non_negative_seconds, default=None,
+        "--delay",
+        metavar="SECONDS",
+        type=_non_negative_seconds,
+        default=None,
         help="pause between steps (default: a short pause when stdout is a terminal, else 0)",
     )
     parser.add_argument(
-        "--metrics-port", metavar="PORT", type=_port, default=None,
+        "--metrics-port",
+        metavar="PORT",
+        type=_port,
+        default=None,
         help="serve the guard's Prometheus metrics on this port (0: any free one) and keep"
-             " serving after the story until interrupted",
+        " serving after the story until interrupted",
     )
     parser.add_argument(
-        "--metrics-addr", metavar="ADDR", default="127.0.0.1",
+        "--metrics-addr",
+        metavar="ADDR",
+        default="127.0.0.1",
         help="address to serve metrics on (default: %(default)s; 0.0.0.0 for other machines)",
     )
     parser.set_defaults(handler=_run_demo)
@@ -219,9 +248,13 @@ def _run_demo(args: argparse.Namespace) -> int:
     # The demo is self-contained: LOOPGUARD_* settings meant for a real agent do not apply.
     policy = _load_policy(args, use_environment=False)
     try:
-        return run_demo(policy, preset=args.preset if not args.config else None,
-                        delay=args.delay, metrics_port=args.metrics_port,
-                        metrics_addr=args.metrics_addr)
+        return run_demo(
+            policy,
+            preset=args.preset if not args.config else None,
+            delay=args.delay,
+            metrics_port=args.metrics_port,
+            metrics_addr=args.metrics_addr,
+        )
     except MetricsServeError as exc:
         raise _UsageError(str(exc)) from None
 
@@ -249,32 +282,39 @@ def _add_hook(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     )
     parser.add_argument("host", choices=_HOOK_HOSTS, help="the coding agent that runs the hook")
     parser.add_argument(
-        "--store", metavar="PATH",
+        "--store",
+        metavar="PATH",
         help="SQLite state file shared by all hook calls (default: $LOOPGUARD_HOOK_STORE, else"
-             " $XDG_STATE_HOME/otel-loopguard/hooks.sqlite3, else"
-             " ~/.local/state/otel-loopguard/hooks.sqlite3)",
+        " $XDG_STATE_HOME/otel-loopguard/hooks.sqlite3, else"
+        " ~/.local/state/otel-loopguard/hooks.sqlite3)",
     )
     _policy_options(parser, None)
     parser.add_argument(
-        "--server", metavar="URL",
+        "--server",
+        metavar="URL",
         help="ask the otel-loopguard serve at URL (its HTTP port, e.g. http://127.0.0.1:4318)"
-             " instead: it keeps the sessions and applies its own policy (no --store, --preset,"
-             " --config or --plugin-config)",
+        " instead: it keeps the sessions and applies its own policy (no --store, --preset,"
+        " --config or --plugin-config)",
     )
     parser.add_argument(
-        "--token", metavar="TOKEN",
+        "--token",
+        metavar="TOKEN",
         help="bearer token for --server (default: $LOOPGUARD_SERVE_TOKEN, else none)",
     )
     parser.add_argument(
-        "--timeout", metavar="SECONDS", type=_non_negative_seconds, default=None,
+        "--timeout",
+        metavar="SECONDS",
+        type=_non_negative_seconds,
+        default=None,
         help="with --server: seconds to wait to connect, and for each read of the answer"
-             " (default: 2; raise it above the server's advisor_timeout_seconds when it has an"
-             " advisor)",
+        " (default: 2; raise it above the server's advisor_timeout_seconds when it has an"
+        " advisor)",
     )
     parser.add_argument(
-        "--fail-closed", action="store_true",
+        "--fail-closed",
+        action="store_true",
         help="deny the tool call when the policy, the state file or the server cannot be used"
-             " (default: allow it)",
+        " (default: allow it)",
     )
     parser.set_defaults(handler=_run_hook)
 
@@ -282,9 +322,17 @@ def _add_hook(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 def _run_hook(args: argparse.Namespace) -> int:
     from otel_loopguard.hooks import run
 
-    return run(args.host, store=args.store, preset=args.preset, config=args.config,
-               fail_closed=args.fail_closed, server=args.server, token=args.token,
-               timeout_seconds=args.timeout, plugin_config=args.plugin_config)
+    return run(
+        args.host,
+        store=args.store,
+        preset=args.preset,
+        config=args.config,
+        fail_closed=args.fail_closed,
+        server=args.server,
+        token=args.token,
+        timeout_seconds=args.timeout,
+        plugin_config=args.plugin_config,
+    )
 
 
 # -- serve -------------------------------------------------------------------------------------
@@ -304,39 +352,73 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             " accepted span. Needs the serve extra: pip install 'otel-loopguard[serve]'."
         ),
     )
-    parser.add_argument("--host", metavar="ADDR", default="127.0.0.1",
-                        help="address to bind both ports on (default: %(default)s)")
-    parser.add_argument("--http-port", metavar="PORT", type=_port, default=4318,
-                        help="OTLP/HTTP, decisions, /metrics, /healthz (default: %(default)s;"
-                             " 0: any free port)")
-    parser.add_argument("--grpc-port", metavar="PORT", type=_port, default=4317,
-                        help="OTLP/gRPC (default: %(default)s; 0: any free port)")
+    parser.add_argument(
+        "--host",
+        metavar="ADDR",
+        default="127.0.0.1",
+        help="address to bind both ports on (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--http-port",
+        metavar="PORT",
+        type=_port,
+        default=4318,
+        help="OTLP/HTTP, decisions, /metrics, /healthz (default: %(default)s; 0: any free port)",
+    )
+    parser.add_argument(
+        "--grpc-port",
+        metavar="PORT",
+        type=_port,
+        default=4317,
+        help="OTLP/gRPC (default: %(default)s; 0: any free port)",
+    )
     parser.add_argument("--no-grpc", action="store_true", help="do not serve OTLP/gRPC")
     parser.add_argument(
-        "--token", metavar="TOKEN",
+        "--token",
+        metavar="TOKEN",
         help="require 'Authorization: Bearer TOKEN' on every endpoint but /healthz (default:"
-             " $LOOPGUARD_SERVE_TOKEN, else none)")
-    parser.add_argument("--insecure", action="store_true",
-                        help="allow a non-loopback --host without a token")
+        " $LOOPGUARD_SERVE_TOKEN, else none)",
+    )
+    parser.add_argument(
+        "--insecure", action="store_true", help="allow a non-loopback --host without a token"
+    )
     _policy_options(parser, None)
     parser.add_argument(
-        "--mode", choices=("observe", "advise", "enforce"),
+        "--mode",
+        choices=("observe", "advise", "enforce"),
         help="override the policy's mode (default: the policy's own)",
     )
     parser.add_argument(
-        "--hold-seconds", metavar="SECONDS", type=_non_negative_seconds, default=2.0,
+        "--hold-seconds",
+        metavar="SECONDS",
+        type=_non_negative_seconds,
+        default=2.0,
         help="how long a tool span waits for its trace's root span before it is judged with"
-             " the ancestors known so far (default: %(default)s)")
+        " the ancestors known so far (default: %(default)s)",
+    )
     parser.add_argument(
-        "--key-by", choices=("trace", "conversation"), default="trace",
+        "--key-by",
+        choices=("trace", "conversation"),
+        default="trace",
         help="session state per trace and agent (default), or per conversation id"
-             " (gen_ai.conversation.id, session.id, thread id; a new agent run then starts a new"
-             " progress epoch), as the Collector's conversation routing expects")
-    parser.add_argument("--max-queued-spans", metavar="N", type=int, default=100_000,
-                        help="accepted spans waiting for the guard before clients get 429 /"
-                             " RESOURCE_EXHAUSTED (default: %(default)s)")
-    parser.add_argument("--max-body-bytes", metavar="N", type=int, default=20 * 1024 * 1024,
-                        help="largest request body, after gzip (default: %(default)s)")
+        " (gen_ai.conversation.id, session.id, thread id; a new agent run then starts a new"
+        " progress epoch), as the Collector's conversation routing expects",
+    )
+    parser.add_argument(
+        "--max-queued-spans",
+        metavar="N",
+        type=int,
+        default=100_000,
+        help="accepted spans waiting for the guard before clients get 429 /"
+        " RESOURCE_EXHAUSTED (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-body-bytes",
+        metavar="N",
+        type=int,
+        default=20 * 1024 * 1024,
+        help="largest request body, after gzip (default: %(default)s)",
+    )
     parser.set_defaults(handler=_run_serve)
 
 
@@ -344,8 +426,9 @@ def _run_serve(args: argparse.Namespace) -> int:
     try:
         from otel_loopguard.service import TOKEN_ENV, ServeOptions, run_serve
     except ImportError as exc:
-        raise _UsageError(f"serve needs the serve extra (pip install 'otel-loopguard[serve]'):"
-                          f" {exc}") from None
+        raise _UsageError(
+            f"serve needs the serve extra (pip install 'otel-loopguard[serve]'): {exc}"
+        ) from None
     from otel_loopguard.config import Mode
 
     policy = _load_policy(args)
@@ -354,10 +437,14 @@ def _run_serve(args: argparse.Namespace) -> int:
     token = args.token if args.token is not None else (os.environ.get(TOKEN_ENV) or None)
     try:
         options = ServeOptions(
-            host=args.host, http_port=args.http_port,
-            grpc_port=None if args.no_grpc else args.grpc_port, token=token,
-            insecure=args.insecure, max_body_bytes=args.max_body_bytes,
-            max_queued_spans=args.max_queued_spans, hold_seconds=args.hold_seconds,
+            host=args.host,
+            http_port=args.http_port,
+            grpc_port=None if args.no_grpc else args.grpc_port,
+            token=token,
+            insecure=args.insecure,
+            max_body_bytes=args.max_body_bytes,
+            max_queued_spans=args.max_queued_spans,
+            hold_seconds=args.hold_seconds,
             key_by=args.key_by,
         )
     except ValueError as exc:

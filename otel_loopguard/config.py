@@ -158,9 +158,9 @@ DEFAULT_MUTATING_OPERATIONS: Final = (
     "apply_patch",
 )
 
-#: Tool names whose bare string or argv-list argument is a shell command (checked against the command
-#: regexes). A tool of any name whose ``command``/``cmd``/``script`` argument holds a command line
-#: is a shell tool too.
+#: Tool names whose bare string or argv-list argument is a shell command (checked against the
+#: command regexes). A tool of any name whose ``command``/``cmd``/``script`` argument holds a
+#: command line is a shell tool too.
 DEFAULT_SHELL_TOOLS: Final = (
     "bash",
     "shell",
@@ -241,8 +241,9 @@ _LIST_KINDS: Final = frozenset({_Kind.THRESHOLDS, _Kind.PATTERNS, _Kind.REGEXES}
 _SET_KINDS: Final = frozenset({_Kind.RULES, _Kind.NAMES})
 
 
-def _doc(text: str, kind: _Kind, minimum: int = 2,
-         choices: type[Enum] | None = None) -> dict[str, object]:
+def _doc(
+    text: str, kind: _Kind, minimum: int = 2, choices: type[Enum] | None = None
+) -> dict[str, object]:
     return {"doc": text, "kind": kind, "minimum": minimum, "choices": choices}
 
 
@@ -255,7 +256,8 @@ class Policy:
     """
 
     mode: Mode = field(
-        default=Mode.ENFORCE, metadata=_doc("observe, advise or enforce", _Kind.CHOICE, choices=Mode)
+        default=Mode.ENFORCE,
+        metadata=_doc("observe, advise or enforce", _Kind.CHOICE, choices=Mode),
     )
     rules: frozenset[Rule] = field(
         default=frozenset(Rule),
@@ -268,124 +270,180 @@ class Policy:
         default=(3, 5),
         metadata=_doc(
             "counts at which to remind: gentle text at the first, detailed at later ones,"
-            " and on every call past the last one (see remind_past_thresholds)"
-        , _Kind.THRESHOLDS),
+            " and on every call past the last one (see remind_past_thresholds)",
+            _Kind.THRESHOLDS,
+        ),
     )
     remind_past_thresholds: bool = field(
         default=True,
         metadata=_doc(
             "remind on every call past the last remind threshold too (false: only at the"
-            " thresholds, as the reminder plugin)", _Kind.FLAG),
+            " thresholds, as the reminder plugin)",
+            _Kind.FLAG,
+        ),
     )
     deny_threshold: int | None = field(
-        default=6, metadata=_doc("count from which a call without progress is denied (none: never)", _Kind.OPTIONAL_THRESHOLD)
+        default=6,
+        metadata=_doc(
+            "count from which a call without progress is denied (none: never)",
+            _Kind.OPTIONAL_THRESHOLD,
+        ),
     )
     no_progress_threshold: int | None = field(
         default=4,
         metadata=_doc(
             "count from which a call whose outcome came back the same each time is denied"
-            " (no_progress rule; none: only deny_threshold blocks)"
-        , _Kind.OPTIONAL_THRESHOLD),
+            " (no_progress rule; none: only deny_threshold blocks)",
+            _Kind.OPTIONAL_THRESHOLD,
+        ),
     )
     rescue_threshold: int | None = field(
         default=8,
-        metadata=_doc("count from which a denial carries advice from the advisor (none: never)", _Kind.OPTIONAL_THRESHOLD),
+        metadata=_doc(
+            "count from which a denial carries advice from the advisor (none: never)",
+            _Kind.OPTIONAL_THRESHOLD,
+        ),
     )
     poll_limit: int | None = field(
         default=12,
         metadata=_doc(
             "count from which a call whose outcome keeps changing is denied too"
-            " (none: outcomes never spare a call)"
-        , _Kind.OPTIONAL_THRESHOLD),
+            " (none: outcomes never spare a call)",
+            _Kind.OPTIONAL_THRESHOLD,
+        ),
     )
     stop_after_denials: int | None = field(
-        default=3, metadata=_doc("denied attempts in an epoch after which the agent is stopped", _Kind.OPTIONAL_THRESHOLD, minimum=1)
+        default=3,
+        metadata=_doc(
+            "denied attempts in an epoch after which the agent is stopped",
+            _Kind.OPTIONAL_THRESHOLD,
+            minimum=1,
+        ),
     )
     stall_threshold: int = field(
-        default=40, metadata=_doc("redundant calls in one epoch that stop the agent (stall rule)", _Kind.THRESHOLD)
+        default=40,
+        metadata=_doc(
+            "redundant calls in one epoch that stop the agent (stall rule)", _Kind.THRESHOLD
+        ),
     )
     rescue_on_stall: bool = field(
         default=False,
         metadata=_doc(
             "on stall, deny the redundant call with advice (a rescue) instead of stopping the"
-            " run, as the rescue plugin", _Kind.FLAG),
+            " run, as the rescue plugin",
+            _Kind.FLAG,
+        ),
     )
     arguments_preview_chars: int = field(
-        default=200, metadata=_doc("characters of canonical arguments shown in detailed texts", _Kind.COUNT)
+        default=200,
+        metadata=_doc("characters of canonical arguments shown in detailed texts", _Kind.COUNT),
     )
     ignored_args: frozenset[str] = field(
-        default=DEFAULT_IGNORED_ARGS, metadata=_doc("top-level argument fields ignored in keys", _Kind.NAMES)
+        default=DEFAULT_IGNORED_ARGS,
+        metadata=_doc("top-level argument fields ignored in keys", _Kind.NAMES),
     )
     include: tuple[str, ...] = field(
         default=("*",),
-        metadata=_doc("tool-name patterns that are tracked (* wildcard; empty: every tool)", _Kind.PATTERNS),
+        metadata=_doc(
+            "tool-name patterns that are tracked (* wildcard; empty: every tool)", _Kind.PATTERNS
+        ),
     )
     exclude: tuple[str, ...] = field(
-        default=(), metadata=_doc("tool-name patterns that are never tracked (* wildcard)", _Kind.PATTERNS)
+        default=(),
+        metadata=_doc("tool-name patterns that are never tracked (* wildcard)", _Kind.PATTERNS),
     )
     exclude_commands: tuple[str, ...] = field(
-        default=(), metadata=_doc("regexes over a shell command that make the call untracked", _Kind.REGEXES)
+        default=(),
+        metadata=_doc("regexes over a shell command that make the call untracked", _Kind.REGEXES),
     )
     shell_tools: tuple[str, ...] = field(
-        default=DEFAULT_SHELL_TOOLS, metadata=_doc("tool-name patterns whose `command` is shell", _Kind.PATTERNS)
+        default=DEFAULT_SHELL_TOOLS,
+        metadata=_doc("tool-name patterns whose `command` is shell", _Kind.PATTERNS),
     )
     mutating_tools: tuple[str, ...] = field(
         default=DEFAULT_MUTATING_TOOLS,
-        metadata=_doc("tool-name patterns whose successful call starts a new epoch", _Kind.PATTERNS),
+        metadata=_doc(
+            "tool-name patterns whose successful call starts a new epoch", _Kind.PATTERNS
+        ),
     )
     mutating_commands: tuple[str, ...] = field(
         default=DEFAULT_MUTATING_COMMANDS,
-        metadata=_doc("regexes over a shell command whose successful run starts a new epoch", _Kind.REGEXES),
+        metadata=_doc(
+            "regexes over a shell command whose successful run starts a new epoch", _Kind.REGEXES
+        ),
     )
     read_operations: tuple[str, ...] = field(
         default=DEFAULT_READ_OPERATIONS,
-        metadata=_doc("operation names (first word of a `command`/`action` argument) that only read", _Kind.PATTERNS),
+        metadata=_doc(
+            "operation names (first word of a `command`/`action` argument) that only read",
+            _Kind.PATTERNS,
+        ),
     )
     mutating_operations: tuple[str, ...] = field(
         default=DEFAULT_MUTATING_OPERATIONS,
-        metadata=_doc("operation names (first word of a `command`/`action` argument) that write", _Kind.PATTERNS),
+        metadata=_doc(
+            "operation names (first word of a `command`/`action` argument) that write",
+            _Kind.PATTERNS,
+        ),
     )
     failure_stop_threshold: int | None = field(
         default=3,
         metadata=_doc(
             "identical failures of one call in an epoch after which the run is stopped, decided"
-            " after the call ran (none: never)"
-        , _Kind.OPTIONAL_THRESHOLD),
+            " after the call ran (none: never)",
+            _Kind.OPTIONAL_THRESHOLD,
+        ),
     )
     max_rescues: int = field(default=3, metadata=_doc("advisor asks per session", _Kind.BUDGET))
     cooldown_seconds: float = field(
-        default=60.0, metadata=_doc("minimum seconds between two advisor asks in one session", _Kind.SECONDS)
+        default=60.0,
+        metadata=_doc("minimum seconds between two advisor asks in one session", _Kind.SECONDS),
     )
     advisor_timeout_seconds: float = field(
-        default=30.0, metadata=_doc("longest wait for advice; a command is killed after it", _Kind.POSITIVE_SECONDS)
+        default=30.0,
+        metadata=_doc(
+            "longest wait for advice; a command is killed after it", _Kind.POSITIVE_SECONDS
+        ),
     )
     advisor_command: str | None = field(
-        default=None, metadata=_doc("advisor command line (advice on stdout, exit 0)", _Kind.COMMAND)
+        default=None,
+        metadata=_doc("advisor command line (advice on stdout, exit 0)", _Kind.COMMAND),
     )
     advisor_input: AdvisorInput = field(
         default=AdvisorInput.ARGV,
         metadata=_doc(
             "how advisor_command gets the question: argv (one extra argument, nothing on stdin)"
-            " or stdin_json (the request as JSON on stdin)", _Kind.CHOICE, choices=AdvisorInput),
+            " or stdin_json (the request as JSON on stdin)",
+            _Kind.CHOICE,
+            choices=AdvisorInput,
+        ),
     )
     advisor_model: str | None = field(
         default=None,
         metadata=_doc(
             "model name handed to the advisor (AdviceRequest.model; a command gets it in"
-            " LOOPGUARD_ADVISOR_MODEL)", _Kind.TEXT),
+            " LOOPGUARD_ADVISOR_MODEL)",
+            _Kind.TEXT,
+        ),
     )
     trip_log_path: str | None = field(
-        default=None, metadata=_doc("file to append one JSON line per non-allow decision to", _Kind.PATH)
+        default=None,
+        metadata=_doc("file to append one JSON line per non-allow decision to", _Kind.PATH),
     )
     trip_log_arguments: bool = field(
-        default=False, metadata=_doc("include the (cut) canonical arguments in trip lines", _Kind.FLAG)
+        default=False,
+        metadata=_doc("include the (cut) canonical arguments in trip lines", _Kind.FLAG),
     )
-    max_sessions: int = field(default=10_000, metadata=_doc("sessions kept (LRU eviction)", _Kind.COUNT))
+    max_sessions: int = field(
+        default=10_000, metadata=_doc("sessions kept (LRU eviction)", _Kind.COUNT)
+    )
     session_ttl_seconds: float = field(
-        default=3600.0, metadata=_doc("idle seconds after which a session is forgotten", _Kind.POSITIVE_SECONDS)
+        default=3600.0,
+        metadata=_doc("idle seconds after which a session is forgotten", _Kind.POSITIVE_SECONDS),
     )
     max_signatures_per_session: int = field(
-        default=256, metadata=_doc("distinct signatures remembered per session and epoch", _Kind.COUNT)
+        default=256,
+        metadata=_doc("distinct signatures remembered per session and epoch", _Kind.COUNT),
     )
 
     def __post_init__(self) -> None:
@@ -428,7 +486,9 @@ class Policy:
                 f" twice window_size={self.window_size}"
             )
         if Rule.WINDOW in self.rules and self.window_size < 2:
-            raise ValueError(f"window_size: must be >= 2 for the window rule, got {self.window_size!r}")
+            raise ValueError(
+                f"window_size: must be >= 2 for the window rule, got {self.window_size!r}"
+            )
 
     def replace(self, **changes: Any) -> Policy:
         """Return a copy with ``changes`` applied (validated like a new policy)."""
@@ -580,7 +640,12 @@ RESCUE_PLUGIN_IGNORED_ARGS: Final = frozenset(
     {"description", "explanation", "reasoning", "thought", "comment"}
 )
 RESCUE_PLUGIN_MUTATING_TOOLS: Final = (
-    "edit", "write", "multi_edit", "str_replace_editor", "apply_patch", "create_file",
+    "edit",
+    "write",
+    "multi_edit",
+    "str_replace_editor",
+    "apply_patch",
+    "create_file",
     "notebook_edit",
 )
 
@@ -726,7 +791,9 @@ def policy_from_env(base: Policy | None = None, environ: Mapping[str, str] | Non
         if preset not in PRESETS:
             _log.warning(
                 "%s=%r is not one of %s; using the default preset",
-                LOOPGUARD_PRESET, preset, ", ".join(PRESETS),
+                LOOPGUARD_PRESET,
+                preset,
+                ", ".join(PRESETS),
             )
             preset = "default"
         base = PRESETS[preset]
@@ -775,8 +842,9 @@ def load_policy(
         raise ValueError(f"preset: {preset!r} is not one of {', '.join(PRESETS)}")
     if plugin_config is not None:
         if preset is not None:
-            raise ValueError("a preset and a plugin config both choose the base policy;"
-                             " give one of them")
+            raise ValueError(
+                "a preset and a plugin config both choose the base policy; give one of them"
+            )
         from .plugins import load_plugin_config  # only a plugin config needs it
 
         plugin = load_plugin_config(plugin_config, environ)

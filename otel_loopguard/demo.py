@@ -37,9 +37,16 @@ if TYPE_CHECKING:
     from otel_loopguard.metrics import MetricsServer
     from otel_loopguard.policy import Decision
 
-__all__ = ["DEMO_AGENT", "MAX_LOOP_CALLS", "METRICS_ROUND_PAUSE_SECONDS", "METRICS_STEP_SECONDS",
-           "SCRAPE_POLL_SECONDS",
-           "MetricsServeError", "TERMINAL_DELAY_SECONDS", "run_demo"]
+__all__ = [
+    "DEMO_AGENT",
+    "MAX_LOOP_CALLS",
+    "METRICS_ROUND_PAUSE_SECONDS",
+    "METRICS_STEP_SECONDS",
+    "SCRAPE_POLL_SECONDS",
+    "MetricsServeError",
+    "TERMINAL_DELAY_SECONDS",
+    "run_demo",
+]
 
 #: Pause between steps when stdout is a terminal and no ``--delay`` is given.
 TERMINAL_DELAY_SECONDS: Final = 0.6
@@ -78,18 +85,30 @@ class _Call:
 _RUN_TESTS: Final = _Call("run_tests", {"path": _TEST_PATH}, _FAILURE, error=True, seconds=2.7)
 
 _WARMUP: Final = (
-    _Call("read_file", {"path": _SOURCE_PATH},
-          '_UNITS = {"s": 1, "m": 1, "h": 3600}\n\ndef parse_duration(text): ...', seconds=0.1),
+    _Call(
+        "read_file",
+        {"path": _SOURCE_PATH},
+        '_UNITS = {"s": 1, "m": 1, "h": 3600}\n\ndef parse_duration(text): ...',
+        seconds=0.1,
+    ),
     _RUN_TESTS,
-    _Call("search_code", {"pattern": "_UNITS"},
-          'src/durations.py:3: _UNITS = {"s": 1, "m": 1, "h": 3600}', seconds=0.4),
+    _Call(
+        "search_code",
+        {"pattern": "_UNITS"},
+        'src/durations.py:3: _UNITS = {"s": 1, "m": 1, "h": 3600}',
+        seconds=0.4,
+    ),
 )
 
 _USER_PROMPT: Final = "Stop re-running the test and look at the minutes entry in _UNITS."
 
 _AFTER_USER: Final = (
-    _Call("edit_file", {"path": _SOURCE_PATH, "old": '"m": 1', "new": '"m": 60'},
-          "src/durations.py: 1 line changed", seconds=0.1),
+    _Call(
+        "edit_file",
+        {"path": _SOURCE_PATH, "old": '"m": 1', "new": '"m": 60'},
+        "src/durations.py: 1 line changed",
+        seconds=0.1,
+    ),
     _Call("run_tests", {"path": _TEST_PATH}, "8 passed in 0.29s", seconds=2.6),
 )
 
@@ -115,8 +134,15 @@ class _ScrapeWatch:
 class _Style:
     """ANSI emphasis on a terminal (unless ``NO_COLOR`` is set); plain text otherwise."""
 
-    _CODES: Final = {"allow": "32", "remind": "33", "deny": "31", "rescue": "35", "stop": "1;31",
-                     "dim": "2", "bold": "1"}
+    _CODES: Final = {
+        "allow": "32",
+        "remind": "33",
+        "deny": "31",
+        "rescue": "35",
+        "stop": "1;31",
+        "dim": "2",
+        "bold": "1",
+    }
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
@@ -248,10 +274,12 @@ def run_demo(
             server = guard.serve_metrics(metrics_port, metrics_addr)
         except (OSError, ValueError) as exc:
             raise MetricsServeError(
-                f"cannot serve metrics on {metrics_addr}:{metrics_port}: {exc}") from None
+                f"cannot serve metrics on {metrics_addr}:{metrics_port}: {exc}"
+            ) from None
     try:
-        return _play(guard, policy, clock, screen, style, pause, sleep, preset, server, watch,
-                     rounds)
+        return _play(
+            guard, policy, clock, screen, style, pause, sleep, preset, server, watch, rounds
+        )
     except KeyboardInterrupt:  # Ctrl-C while serving metrics: the documented way to end
         if server is None:
             raise
@@ -262,23 +290,40 @@ def run_demo(
             server.close()
 
 
-def _play(guard: LoopGuard, policy: Policy, clock: _Clock, screen: _Screen, style: _Style,
-          pause: float, sleep: Callable[[float], None], preset: str | None,
-          server: MetricsServer | None, watch: _ScrapeWatch, rounds: int | None) -> int:
+def _play(
+    guard: LoopGuard,
+    policy: Policy,
+    clock: _Clock,
+    screen: _Screen,
+    style: _Style,
+    pause: float,
+    sleep: Callable[[float], None],
+    preset: str | None,
+    server: MetricsServer | None,
+    watch: _ScrapeWatch,
+    rounds: int | None,
+) -> int:
     """The story once, told step by step; with ``server``, then again until interrupted."""
     from otel_loopguard.config import Rule
 
     tally = _Tally()
 
-    screen.line(style("bold", "otel-loopguard demo") + ": a scripted agent gets stuck; a real"
-                " LoopGuard watches every tool call.")
-    screen.line(f"policy: {('preset ' + preset) if preset else 'from --config'} ({_ladder(policy)})")
+    screen.line(
+        style("bold", "otel-loopguard demo") + ": a scripted agent gets stuck; a real"
+        " LoopGuard watches every tool call."
+    )
+    screen.line(
+        f"policy: {('preset ' + preset) if preset else 'from --config'} ({_ladder(policy)})"
+    )
     if server is not None:
         screen.line(f"metrics: {server.url}")
-        screen.line(textwrap.fill(
-            f"Waiting for the first scrape: point Prometheus at {server.host}:{server.port}"
-            " (a static target). The story starts then, so the dashboard sees every call.",
-            screen.width))
+        screen.line(
+            textwrap.fill(
+                f"Waiting for the first scrape: point Prometheus at {server.host}:{server.port}"
+                " (a static target). The story starts then, so the dashboard sees every call.",
+                screen.width,
+            )
+        )
         while not watch.scraped.is_set():
             sleep(SCRAPE_POLL_SECONDS)
     screen.line()
@@ -290,8 +335,9 @@ def _play(guard: LoopGuard, policy: Policy, clock: _Clock, screen: _Screen, styl
             sleep(pause)
         tally.calls += 1
         number = tally.calls
-        decision = guard.before_tool(call.tool, dict(call.arguments), session=_SESSION,
-                                     agent=DEMO_AGENT)
+        decision = guard.before_tool(
+            call.tool, dict(call.arguments), session=_SESSION, agent=DEMO_AGENT
+        )
         action = decision.action.value
         tally.counts[action] = tally.counts.get(action, 0) + 1
         if action != "allow":
@@ -320,8 +366,15 @@ def _play(guard: LoopGuard, policy: Policy, clock: _Clock, screen: _Screen, styl
             return decision
         clock.now += call.seconds
         tally.ran += 1
-        guard.after_tool(call.tool, dict(call.arguments), session=_SESSION, agent=DEMO_AGENT,
-                         error=call.error, result=call.result, duration_seconds=call.seconds)
+        guard.after_tool(
+            call.tool,
+            dict(call.arguments),
+            session=_SESSION,
+            agent=DEMO_AGENT,
+            error=call.error,
+            result=call.result,
+            duration_seconds=call.seconds,
+        )
         first = call.result.splitlines()[0]
         screen.line(f"       tool:  {first}{' (error)' if call.error else ''}")
         if action == "remind":
@@ -341,8 +394,11 @@ def _play(guard: LoopGuard, policy: Policy, clock: _Clock, screen: _Screen, styl
             sleep(pause)
         screen.line(f"user: {_USER_PROMPT}")
         guard.user_message(_SESSION, agent=DEMO_AGENT)
-        screen.line(style("dim", "       (a real user message starts a new progress epoch and"
-                                 " lifts a stop)"))
+        screen.line(
+            style(
+                "dim", "       (a real user message starts a new progress epoch and lifts a stop)"
+            )
+        )
         for call in _AFTER_USER:
             last = step(call)
         tally.finished_ok = not last.blocks
@@ -355,10 +411,14 @@ def _play(guard: LoopGuard, policy: Policy, clock: _Clock, screen: _Screen, styl
     if server is None:
         return 0
     screen.line(f"metrics: serving {server.url} (the guard's counters from this run)")
-    screen.line(textwrap.fill(
-        f"Import dashboards/loopguard.json into Grafana to watch it. The story plays again every"
-        f" {METRICS_ROUND_PAUSE_SECONDS:g} s in a new run of the agent. Press Ctrl-C to stop.",
-        screen.width))
+    screen.line(
+        textwrap.fill(
+            f"Import dashboards/loopguard.json into Grafana to watch it. The story plays again"
+            " every"
+            f" {METRICS_ROUND_PAUSE_SECONDS:g} s in a new run of the agent. Press Ctrl-C to stop.",
+            screen.width,
+        )
+    )
     told = screen
     played = 1
     while rounds is None or played < rounds:
@@ -368,8 +428,10 @@ def _play(guard: LoopGuard, policy: Policy, clock: _Clock, screen: _Screen, styl
         tally = _Tally()
         guard.new_run(_SESSION, agent=DEMO_AGENT)
         story()
-        told.line(f"play {played}: {tally.calls} calls, " + ", ".join(
-            f"{count} {action}" for action, count in tally.counts.items()))
+        told.line(
+            f"play {played}: {tally.calls} calls, "
+            + ", ".join(f"{count} {action}" for action, count in tally.counts.items())
+        )
     return 0
 
 
@@ -392,15 +454,18 @@ def _summary(tally: _Tally) -> list[str]:
     ]
     if denials:
         first_deny = min(tally.first_step[a] for a in ("deny", "rescue") if a in tally.first_step)
-        happened.append(f"refused {denials} call{'s' if denials != 1 else ''} (first at call"
-                        f" {first_deny}),")
+        happened.append(
+            f"refused {denials} call{'s' if denials != 1 else ''} (first at call {first_deny}),"
+        )
     else:
         happened.append("never refused a call,")
     if tally.stopped_at is not None:
         happened.append(f"and stopped the run at call {tally.stopped_at}.")
     else:
-        happened.append(f"and did not stop the run (the agent gave up after {MAX_LOOP_CALLS}"
-                        " attempts by itself).")
+        happened.append(
+            f"and did not stop the run (the agent gave up after {MAX_LOOP_CALLS}"
+            " attempts by itself)."
+        )
     if blocked:
         happened.append(
             f"{blocked} blocked call{'s' if blocked != 1 else ''} never ran, saving about"

@@ -103,8 +103,9 @@ class Classifier:
 
     def __init__(self, policy: Policy) -> None:
         # An empty include list means every tool, as in the plugins (Policy stores it as "*").
-        self._include = None if "*" in policy.include or not policy.include \
-            else wildcard_union(policy.include)
+        self._include = (
+            None if "*" in policy.include or not policy.include else wildcard_union(policy.include)
+        )
         self._exclude = wildcard_union(policy.exclude)
         self._shell = wildcard_union(policy.shell_tools)
         self._mutating = wildcard_union(policy.mutating_tools)
@@ -119,8 +120,9 @@ class Classifier:
         """Return (tracked by name, shell tool, mutating by name) for ``tool``."""
         kind = self._cache.get(tool)
         if kind is None:
-            tracked = ((self._include is None or _matches(self._include, tool))
-                       and not _matches(self._exclude, tool))
+            tracked = (self._include is None or _matches(self._include, tool)) and not _matches(
+                self._exclude, tool
+            )
             kind = (tracked, _matches(self._shell, tool), _matches(self._mutating, tool))
             if len(self._cache) >= _MAX_CACHED_TOOL_NAMES:
                 self._cache.clear()
@@ -143,13 +145,19 @@ class Classifier:
                 command = shell_command(arguments)
         elif shell:
             command = shell_command(arguments)
-        if command is not None and self._exclude_commands is not None \
-                and self._exclude_commands.search(command):
+        if (
+            command is not None
+            and self._exclude_commands is not None
+            and self._exclude_commands.search(command)
+        ):
             return False, False
         if operation is not None and _matches(self._mutating_operations, operation):
             return True, True
-        if command is not None and self._mutating_commands is not None \
-                and self._mutating_commands.search(command):
+        if (
+            command is not None
+            and self._mutating_commands is not None
+            and self._mutating_commands.search(command)
+        ):
             return True, True
         if operation is not None and _matches(self._read_operations, operation):
             return True, False
@@ -191,8 +199,15 @@ def _union(patterns: tuple[str, ...]) -> re.Pattern[str] | _AnyOf | None:
 class SignatureState:
     """What one session remembers about one signature in the current epoch."""
 
-    __slots__ = ("changed", "count", "failed", "last_outcome", "looped", "novel_seen",
-                 "same_outcomes")
+    __slots__ = (
+        "changed",
+        "count",
+        "failed",
+        "last_outcome",
+        "looped",
+        "novel_seen",
+        "same_outcomes",
+    )
 
     def __init__(self) -> None:
         self.count = 0
@@ -212,8 +227,16 @@ class TrailCall:
 
     __slots__ = ("arguments", "key", "outcome", "output", "refused", "times", "tool")
 
-    def __init__(self, tool: str, arguments: str, key: str, outcome: str | None,
-                 output: str | None, times: int = 1, refused: int = 0) -> None:
+    def __init__(
+        self,
+        tool: str,
+        arguments: str,
+        key: str,
+        outcome: str | None,
+        output: str | None,
+        times: int = 1,
+        refused: int = 0,
+    ) -> None:
         self.tool = tool
         self.arguments = arguments
         self.key = key
@@ -235,8 +258,16 @@ class Trail:
         self.task: str | None = None
         self.latest_message: str | None = None
 
-    def add(self, tool: str, arguments: str, key: str, outcome: str | None,
-            output: str | None, times: int = 1, refused: int = 0) -> None:
+    def add(
+        self,
+        tool: str,
+        arguments: str,
+        key: str,
+        outcome: str | None,
+        output: str | None,
+        times: int = 1,
+        refused: int = 0,
+    ) -> None:
         """Remember a call: a repeat of the latest one adds to its run (so a loop does not push
         the calls before it out); another starts an entry (the oldest is forgotten beyond the
         bound)."""
@@ -253,8 +284,11 @@ class Trail:
             return
         if outcome == "refused":
             refused = max(refused, 1)
-        calls.append(TrailCall(tool, arguments[:MAX_TRAIL_ARGUMENT_CHARS], key, outcome, output,
-                               times, refused))
+        calls.append(
+            TrailCall(
+                tool, arguments[:MAX_TRAIL_ARGUMENT_CHARS], key, outcome, output, times, refused
+            )
+        )
 
     def settle(self, key: str, outcome: str, output: str | None) -> None:
         """Give the latest call of ``key`` still without an outcome its outcome and output."""
@@ -286,9 +320,14 @@ class Trail:
         self.latest_message = None
 
     def to_json(self) -> dict[str, object]:
-        return {"task": self.task, "latest": self.latest_message,
-                "calls": [[c.tool, c.arguments, c.key, c.outcome, c.output, c.times, c.refused]
-                          for c in self.calls]}
+        return {
+            "task": self.task,
+            "latest": self.latest_message,
+            "calls": [
+                [c.tool, c.arguments, c.key, c.outcome, c.output, c.times, c.refused]
+                for c in self.calls
+            ],
+        }
 
     @classmethod
     def from_json(cls, raw: object) -> Trail:
@@ -303,13 +342,19 @@ class Trail:
             if not (isinstance(entry, list) and len(entry) == 7):
                 raise ValueError(f"session state: bad trail entry {entry!r}")
             tool, arguments, key, outcome, output, times, refused = entry
-            trail.calls.append(TrailCall(
-                _text(tool, "trail tool")[:MAX_TOOL_CHARS],
-                _text(arguments, "trail arguments")[:MAX_TRAIL_ARGUMENT_CHARS],
-                _text(key, "trail key")[:_MAX_KEY_CHARS],
-                _optional_text(outcome, "trail outcome"),
-                None if output is None else _text(output, "trail output")[:MAX_TRAIL_OUTPUT_CHARS],
-                max(1, _count(times, "trail times")), _count(refused, "trail refused")))
+            trail.calls.append(
+                TrailCall(
+                    _text(tool, "trail tool")[:MAX_TOOL_CHARS],
+                    _text(arguments, "trail arguments")[:MAX_TRAIL_ARGUMENT_CHARS],
+                    _text(key, "trail key")[:_MAX_KEY_CHARS],
+                    _optional_text(outcome, "trail outcome"),
+                    None
+                    if output is None
+                    else _text(output, "trail output")[:MAX_TRAIL_OUTPUT_CHARS],
+                    max(1, _count(times, "trail times")),
+                    _count(refused, "trail refused"),
+                )
+            )
         return trail
 
 
@@ -407,8 +452,9 @@ class SessionState:
         self.record_outcome(key, outcome, failed=failed)
         return True
 
-    def record_attempt(self, key: str, policy: Policy, *, blocked: bool,
-                       explores: bool = True) -> bool:
+    def record_attempt(
+        self, key: str, policy: Policy, *, blocked: bool, explores: bool = True
+    ) -> bool:
         """Count one tracked attempt of ``key``; return whether it repeats an earlier one.
         ``explores``: a first attempt of ``key`` counts as exploration (a read that runs; not a
         mutating call, which may fail and change nothing, nor a blocked one)."""
@@ -450,7 +496,7 @@ class SessionState:
         """
         keep = limit - max(1, limit // 4)
         items = list(self.signatures.items())
-        self.signatures = dict(items[len(items) - keep:])
+        self.signatures = dict(items[len(items) - keep :])
 
     def record_outcome(self, key: str, outcome: str | None, *, failed: bool = False) -> None:
         """Add the outcome of a finished attempt of ``key`` (ignored if the signature was evicted);
@@ -510,27 +556,42 @@ class SessionState:
         position = {key: index for index, key in enumerate(signatures)}
         last = self.last_key
         extra = {} if self.trail is None else {"trail": self.trail.to_json()}
-        return orjson.dumps({
-            "v": _SNAPSHOT_VERSION,
-            "epoch": self.epoch,
-            "sigs": [[key, s.count, s.last_outcome, s.same_outcomes, s.changed, s.failed,
-                      s.novel_seen, s.looped] for key, s in signatures.items()],
-            "window": [position.get(key, key) for key in self.window],
-            "last": None if last is None else position.get(last, last),
-            "run": self.run_length,
-            "redundant": self.redundant,
-            "denials": self.denials,
-            "stopped": self.stopped,
-            "pending": [[ref, p.args_key, p.blocked, p.mutating, p.outstanding]
-                        for ref, p in (self.pending or {}).items()],
-            "advice": self.advice,
-            "rescues": self.rescues,
-            "rescue_at": self.last_rescue_at,
-            "seen": self.last_seen,
-            "mutation": self.mutation,
-            "novel": self.novel,
-            **extra,
-        })
+        return orjson.dumps(
+            {
+                "v": _SNAPSHOT_VERSION,
+                "epoch": self.epoch,
+                "sigs": [
+                    [
+                        key,
+                        s.count,
+                        s.last_outcome,
+                        s.same_outcomes,
+                        s.changed,
+                        s.failed,
+                        s.novel_seen,
+                        s.looped,
+                    ]
+                    for key, s in signatures.items()
+                ],
+                "window": [position.get(key, key) for key in self.window],
+                "last": None if last is None else position.get(last, last),
+                "run": self.run_length,
+                "redundant": self.redundant,
+                "denials": self.denials,
+                "stopped": self.stopped,
+                "pending": [
+                    [ref, p.args_key, p.blocked, p.mutating, p.outstanding]
+                    for ref, p in (self.pending or {}).items()
+                ],
+                "advice": self.advice,
+                "rescues": self.rescues,
+                "rescue_at": self.last_rescue_at,
+                "seen": self.last_seen,
+                "mutation": self.mutation,
+                "novel": self.novel,
+                **extra,
+            }
+        )
 
     @classmethod
     def from_bytes(cls, data: bytes, policy: Policy) -> SessionState:
@@ -589,24 +650,30 @@ class SessionState:
                 raise ValueError(f"session state: bad pending entry {entry!r}")
             ref, key, blocked, mutating, outstanding = entry
             pending[_text(ref, "pending ref")] = Pending(
-                _text(key, "pending key"), _flag(blocked, "blocked"), _flag(mutating, "mutating"),
+                _text(key, "pending key"),
+                _flag(blocked, "blocked"),
+                _flag(mutating, "mutating"),
                 max(1, _count(outstanding, "outstanding")),
             )
         advice = raw.get("advice")
         if advice is not None:
             if not isinstance(advice, dict):
                 raise ValueError("session state: advice must be an object")
-            state.advice = {_text(k, "advice key"): _text(v, "advice") for k, v in advice.items()
-                            if k in signatures}
+            state.advice = {
+                _text(k, "advice key"): _text(v, "advice")
+                for k, v in advice.items()
+                if k in signatures
+            }
         state.mutation = _optional_text(raw.get("mutation"), "mutation")
         state.novel = _count(raw.get("novel", 0), "novel")
         state.rescues = _count(raw.get("rescues"), "rescues")
         rescue_at = raw.get("rescue_at")
         state.last_rescue_at = None if rescue_at is None else _number(rescue_at, "rescue_at")
         limit = policy.max_signatures_per_session
-        state.signatures = dict(list(signatures.items())[-limit:]) if len(signatures) > limit \
-            else signatures
-        state.window = window[-(policy.window_size - 1):] if policy.window_size > 1 else []
+        state.signatures = (
+            dict(list(signatures.items())[-limit:]) if len(signatures) > limit else signatures
+        )
+        state.window = window[-(policy.window_size - 1) :] if policy.window_size > 1 else []
         while len(pending) > MAX_PENDING_CALLS:
             pending.popitem(last=False)
         state.pending = pending or None
@@ -733,7 +800,8 @@ class SessionStore:
                 self._on_evict("ttl")
 
     def expire(self) -> None:
-        """Drop sessions idle for longer than the TTL now (``get`` does so at most once a second)."""
+        """Drop sessions idle for longer than the TTL now (``get`` does so at most once a
+        second)."""
         self._next_expiry = float("-inf")
         self._expire(self.clock())
 
@@ -786,8 +854,9 @@ class ReportLedger:
                 return True
         return False
 
-    def take_pending_by_args(self, state: SessionState, store_key: object,
-                             key: str) -> Pending | None:
+    def take_pending_by_args(
+        self, state: SessionState, store_key: object, key: str
+    ) -> Pending | None:
         """The oldest attempt of ``key`` pending under a call id in ``state``, preferring one
         that was allowed to run (a blocked call has no span to report it); settled here."""
         match: str | None = None

@@ -8,8 +8,13 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["LOOPGUARD_HOOK_STORE", "LOOPGUARD_PRESET", "LOOPGUARD_SERVE_TOKEN", "POLICY_PREFIX",
-           "policy_variable"]
+__all__ = [
+    "LOOPGUARD_HOOK_STORE",
+    "LOOPGUARD_PRESET",
+    "LOOPGUARD_SERVE_TOKEN",
+    "POLICY_PREFIX",
+    "policy_variable",
+]
 
 POLICY_PREFIX: Final = "LOOPGUARD_"
 """``LOOPGUARD_<FIELD>`` overrides the policy field ``<field>`` (``LOOPGUARD_DENY_THRESHOLD=6``);

@@ -20,14 +20,6 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeVar, cast, overload
 
-from .calls import (
-    MAX_TOOL_NAME_CHARS,
-    args_key,
-    canonical_arguments,
-    canonical_json,
-    outcome_key,
-    tool_name,
-)
 from .advice import (
     MAX_ADVICE_CHARS,
     MAX_QUESTION_ARGUMENT_CHARS,
@@ -35,6 +27,14 @@ from .advice import (
     Advisor,
     CallRecord,
     CommandAdvisor,
+)
+from .calls import (
+    MAX_TOOL_NAME_CHARS,
+    args_key,
+    canonical_arguments,
+    canonical_json,
+    outcome_key,
+    tool_name,
 )
 from .config import Mode, Policy, Rule, policy_from_env
 from .engine import (
@@ -116,7 +116,9 @@ def _hash_prefix(tool: str, canonical: bytes) -> str:
     Computed on blocking decisions only."""
     import hashlib  # here: imported on the first block, not by every hook process
 
-    return hashlib.sha256(tool.encode("utf-8", "surrogatepass") + b"\n" + canonical).hexdigest()[:12]
+    return hashlib.sha256(tool.encode("utf-8", "surrogatepass") + b"\n" + canonical).hexdigest()[
+        :12
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +163,8 @@ class LoopGuard:
         self.policy: Final = policy if policy is not None else policy_from_env()
         if advisor is None and self.policy.advisor_command:
             advisor = CommandAdvisor(
-                self.policy.advisor_command, self.policy.advisor_timeout_seconds,
+                self.policy.advisor_command,
+                self.policy.advisor_timeout_seconds,
                 input_mode=self.policy.advisor_input,
             )
         if advisor is not None and not callable(advisor):
@@ -169,7 +172,8 @@ class LoopGuard:
         self.advisor = advisor
         # Trails cost a little per call: only a guard that can ask an advisor keeps them.
         self._keep_trail = advisor is not None and (
-            self.policy.rescue_threshold is not None or self.policy.rescue_on_stall)
+            self.policy.rescue_threshold is not None or self.policy.rescue_on_stall
+        )
         self._clock = clock if clock is not None else time.monotonic
         self._recorder: Recorder = recorder if recorder is not None else NoopRecorder()
         self._lock = threading.Lock()
@@ -183,7 +187,8 @@ class LoopGuard:
         self._classifier = Classifier(self.policy)
         self.trip_log: TripLog | None = (
             TripLog(self.policy.trip_log_path, arguments=self.policy.trip_log_arguments)
-            if self.policy.trip_log_path else None
+            if self.policy.trip_log_path
+            else None
         )
         self._executor: ThreadPoolExecutor | None = None
         # Per thread, the last call before_tool keyed: (arguments object, tool, args key). An
@@ -269,14 +274,16 @@ class LoopGuard:
         means unknown (treated as not failed). Never raises.
         """
         try:
-            return self._finish(tool, arguments, session, agent, call_id, error, result,
-                                duration_seconds)
+            return self._finish(
+                tool, arguments, session, agent, call_id, error, result, duration_seconds
+            )
         except Exception as exc:
             self.report_internal_error("after_tool", exc)
             return None
 
-    def decide_at_span_start(self, tool: object, arguments: object, session: str,
-                         agent: str | None, call_id: str | None) -> Decision:
+    def decide_at_span_start(
+        self, tool: object, arguments: object, session: str, agent: str | None, call_id: str | None
+    ) -> Decision:
         """The seam for span entrances (the span processor, the trace reader of ``replay`` and
         ``serve``): ``before_tool`` for a call whose arguments a span carries at its start.
 
@@ -285,14 +292,14 @@ class LoopGuard:
         starts the span; never raises (an internal error is reported and answered with allow).
         """
         try:
-            return self._attempt(tool, arguments, session, agent, call_id,
-                                 wait_for_advice=False)
+            return self._attempt(tool, arguments, session, agent, call_id, wait_for_advice=False)
         except Exception as exc:
             self.report_internal_error("span_start", exc)
             return ALLOW
 
-    def user_message(self, session: str, *, agent: str | None = None,
-                     text: str | None = None) -> None:
+    def user_message(
+        self, session: str, *, agent: str | None = None, text: str | None = None
+    ) -> None:
         """A real user message arrived: start a new progress epoch and lift a stop.
 
         ``text``, the message, is what an advisor is told the agent's task is (the session's
@@ -301,8 +308,7 @@ class LoopGuard:
         advisor. Never raises."""
         self._reset(session, agent, "user_message", text, task=False)
 
-    def new_run(self, session: str, *, agent: str | None = None,
-                task: str | None = None) -> None:
+    def new_run(self, session: str, *, agent: str | None = None, task: str | None = None) -> None:
         """A new agent run started in this session: start a new progress epoch and lift a stop.
 
         ``task``, the run's prompt, becomes what an advisor is told the task is (as
@@ -375,8 +381,9 @@ class LoopGuard:
             self._recorder.evicted(reason)
         return state
 
-    def import_session(self, session: str, state: SessionState, *,
-                       agent: str | None = None) -> None:
+    def import_session(
+        self, session: str, state: SessionState, *, agent: str | None = None
+    ) -> None:
         """Keep a saved ``state`` (:meth:`SessionState.from_bytes`) for ``session`` (and
         ``agent``), replacing what is kept; a state idle beyond the TTL is forgotten at once."""
         if not isinstance(state, SessionState):
@@ -428,8 +435,10 @@ class LoopGuard:
                     self._recorder = fresh
                 recorder = self._recorder
         if not isinstance(recorder, PrometheusRecorder):
-            raise ValueError(f"recorder: {type(recorder).__name__} has no Prometheus registry;"
-                             " serve its metrics the way that recorder does")
+            raise ValueError(
+                f"recorder: {type(recorder).__name__} has no Prometheus registry;"
+                " serve its metrics the way that recorder does"
+            )
         return recorder
 
     def _watch_sessions(self, recorder: object) -> None:
@@ -449,14 +458,27 @@ class LoopGuard:
     # -- wrapping plain Python tools ---------------------------------------------------------
 
     @overload
-    def wrap(self, fn: F, *, tool: str | None = ..., session: str | Callable[[], str] = ...,
-             agent: str | None = ..., on_block: Literal["raise", "return"] = ...,
-             append_reminders: bool = ...) -> F: ...
+    def wrap(
+        self,
+        fn: F,
+        *,
+        tool: str | None = ...,
+        session: str | Callable[[], str] = ...,
+        agent: str | None = ...,
+        on_block: Literal["raise", "return"] = ...,
+        append_reminders: bool = ...,
+    ) -> F: ...
     @overload
-    def wrap(self, fn: None = ..., *, tool: str | None = ...,
-             session: str | Callable[[], str] = ..., agent: str | None = ...,
-             on_block: Literal["raise", "return"] = ...,
-             append_reminders: bool = ...) -> Callable[[F], F]: ...
+    def wrap(
+        self,
+        fn: None = ...,
+        *,
+        tool: str | None = ...,
+        session: str | Callable[[], str] = ...,
+        agent: str | None = ...,
+        on_block: Literal["raise", "return"] = ...,
+        append_reminders: bool = ...,
+    ) -> Callable[[F], F]: ...
 
     def wrap(
         self,
@@ -480,8 +502,14 @@ class LoopGuard:
         if on_block not in ("raise", "return"):
             raise ValueError(f"on_block: expected 'raise' or 'return', got {on_block!r}")
         if fn is None:
-            return lambda f: self.wrap(f, tool=tool, session=session, agent=agent,
-                                       on_block=on_block, append_reminders=append_reminders)
+            return lambda f: self.wrap(
+                f,
+                tool=tool,
+                session=session,
+                agent=agent,
+                on_block=on_block,
+                append_reminders=append_reminders,
+            )
         if not callable(fn):
             raise ValueError(f"fn: expected a callable, got {type(fn).__name__}")
         name = tool or getattr(fn, "__name__", None) or type(fn).__name__
@@ -509,13 +537,26 @@ class LoopGuard:
             return decision.message
 
         def failed(arguments: object, sid: str, started: float) -> None:
-            self.after_tool(name, arguments, session=sid, agent=agent, error=True,
-                            duration_seconds=time.perf_counter() - started)
+            self.after_tool(
+                name,
+                arguments,
+                session=sid,
+                agent=agent,
+                error=True,
+                duration_seconds=time.perf_counter() - started,
+            )
 
-        def finish(decision: Decision, arguments: object, sid: str, started: float,
-                   result: Any) -> Any:
-            self.after_tool(name, arguments, session=sid, agent=agent, result=result,
-                            duration_seconds=time.perf_counter() - started)
+        def finish(
+            decision: Decision, arguments: object, sid: str, started: float, result: Any
+        ) -> Any:
+            self.after_tool(
+                name,
+                arguments,
+                session=sid,
+                agent=agent,
+                result=result,
+                duration_seconds=time.perf_counter() - started,
+            )
             if append_reminders and decision.action is Action.REMIND and isinstance(result, str):
                 return f"{result}\n\n{decision.message}"
             return result
@@ -624,8 +665,9 @@ class LoopGuard:
                 )
             detected_block = step.action in BLOCKING_ACTIONS
             enforced_block = detected_block and policy.mode is Mode.ENFORCE and ran is None
-            repeated = state.record_attempt(key, policy, blocked=detected_block,
-                                            explores=not mutating)
+            repeated = state.record_attempt(
+                key, policy, blocked=detected_block, explores=not mutating
+            )
             if step.action is Action.STOP:
                 state.stopped = True
             post: Step | None = None
@@ -642,8 +684,9 @@ class LoopGuard:
                 if trail is None:
                     trail = state.trail = Trail()
                 if ran is None:
-                    trail.add(name, trail_arguments, key, "refused" if enforced_block else None,
-                              None)
+                    trail.add(
+                        name, trail_arguments, key, "refused" if enforced_block else None, None
+                    )
                 else:
                     trail.add(name, trail_arguments, key, _ended(ran.error), ran.output)
             context: dict[str, Any] | None = None
@@ -679,17 +722,29 @@ class LoopGuard:
             if self.trip_log is not None and not wait_for_advice:
                 # Nobody waits for this ask: if it fails, its own line says so.
                 trip = dict(
-                    session=sid, agent=aid, tool=name, rule=request.rule or None,
-                    action=step.action.value, mode=policy.mode.value, count=step.count,
-                    threshold=step.threshold, signature=key[:12], kind="escalation-failed",
+                    session=sid,
+                    agent=aid,
+                    tool=name,
+                    rule=request.rule or None,
+                    action=step.action.value,
+                    mode=policy.mode.value,
+                    count=step.count,
+                    threshold=step.threshold,
+                    signature=key[:12],
+                    kind="escalation-failed",
                     arguments=arguments_preview(canonical, policy.arguments_preview_chars)
-                    if self.trip_log.arguments else None)
+                    if self.trip_log.arguments
+                    else None,
+                )
             advice, escalation_failed = self._ask(ask, key, request, trip, wait_for_advice)
         if rescue_outcome is not None:
             recorder.rescue(rescue_outcome)
         if step.action is Action.RESCUE and advice is None:
-            threshold = step.threshold if step.rule is Rule.STALL else (
-                policy.deny_threshold or step.threshold)
+            threshold = (
+                step.threshold
+                if step.rule is Rule.STALL
+                else (policy.deny_threshold or step.threshold)
+            )
             step = Step(Action.DENY, step.rule, step.count, threshold, denials=step.denials)
         if post is not None:
             return self._post_decision(post, name, key, sid, aid)
@@ -697,18 +752,32 @@ class LoopGuard:
         if step.action is Action.ALLOW:
             if not repeated:
                 return ALLOW
-            return Decision(Action.ALLOW, rule=step.rule, count=step.count,
-                            signature=key[:12], tool=name, session=sid, repeated=True)
+            return Decision(
+                Action.ALLOW,
+                rule=step.rule,
+                count=step.count,
+                signature=key[:12],
+                tool=name,
+                session=sid,
+                repeated=True,
+            )
         rule = step.rule.value if step.rule else None
         recorder.decision(aid, name, rule or "none", step.action.value, step.count)
         trip_log = self.trip_log
         if trip_log is not None:
             trip_log.write(
-                session=sid, agent=aid, tool=name, rule=rule, action=step.action.value,
-                mode=policy.mode.value, count=step.count, threshold=step.threshold,
+                session=sid,
+                agent=aid,
+                tool=name,
+                rule=rule,
+                action=step.action.value,
+                mode=policy.mode.value,
+                count=step.count,
+                threshold=step.threshold,
                 signature=key[:12],
                 arguments=arguments_preview(canonical, policy.arguments_preview_chars)
-                if trip_log.arguments else None,
+                if trip_log.arguments
+                else None,
                 kind="escalation-failed" if escalation_failed else None,
             )
         action: Action = step.action
@@ -716,8 +785,10 @@ class LoopGuard:
             action = Action.ALLOW
         elif policy.mode is Mode.ADVISE and action in BLOCKING_ACTIONS:
             action = Action.REMIND
-        message = "" if action is Action.ALLOW else message_for(
-            step, name, canonical, policy, advice, action=action
+        message = (
+            ""
+            if action is Action.ALLOW
+            else message_for(step, name, canonical, policy, advice, action=action)
         )
         return Decision(
             action=action,
@@ -750,15 +821,21 @@ class LoopGuard:
         last = getattr(self._last, "call", None)
         known_key: str | None = None
         known_state: SessionState | None = None
-        if (last is not None and last[0] is arguments and last[1] is tool
-                and last[2] == session and last[3] == agent):
+        if (
+            last is not None
+            and last[0] is arguments
+            and last[1] is tool
+            and last[2] == session
+            and last[3] == agent
+        ):
             # The same objects this thread's last before_tool keyed: reuse its key and session.
             known_key, known_state = last[4], last[5]
         if ref is not None or known_key is not None:
             # The store key is needed only with a call id, or without the state at hand.
             store_key: object = (
                 self._store_key(*self._ids(session, agent))
-                if ref is not None or known_state is None else None
+                if ref is not None or known_state is None
+                else None
             )
             with self._lock:
                 if ref is not None and self._settled.take(store_key, ref):
@@ -774,15 +851,15 @@ class LoopGuard:
                         pending = state.take_pending(known_key)
                 post = None
                 if pending is not None:
-                    post = self._apply_outcome(
-                        state, pending, outcome, error, output)  # type: ignore[arg-type]
+                    post = self._apply_outcome(state, pending, outcome, error, output)  # type: ignore[arg-type]
             if pending is not None:
                 if duration_seconds:
                     self._record_wasted(state, pending, agent, tool, duration_seconds)
                 if post is None:
                     return None
-                return self._post_decision(post, tool_name(tool), pending.args_key,
-                                           *self._ids(session, agent))
+                return self._post_decision(
+                    post, tool_name(tool), pending.args_key, *self._ids(session, agent)
+                )
         store_key = self._store_key(*self._ids(session, agent))
         name = tool_name(tool)
         keyed = self._key_call(name, arguments)
@@ -800,8 +877,7 @@ class LoopGuard:
                     pending = self._settled.take_pending_by_args(state, store_key, key)
             post = None
             if pending is not None:
-                post = self._apply_outcome(
-                    state, pending, outcome, error, output)  # type: ignore[arg-type]
+                post = self._apply_outcome(state, pending, outcome, error, output)  # type: ignore[arg-type]
             elif ref is None and self._settled.take_by_args(store_key, key):
                 return None  # the hook reported this call with its id; this is the span's echo
         if pending is not None:
@@ -811,7 +887,12 @@ class LoopGuard:
                 return None
             return self._post_decision(post, name, key, *self._ids(session, agent))
         return self._attempt(
-            name, arguments, session, agent, call_id, wait_for_advice=False,
+            name,
+            arguments,
+            session,
+            agent,
+            call_id,
+            wait_for_advice=False,
             ran=_Ran(mutating, canonical, key, outcome, error, duration_seconds, output),
         )
 
@@ -826,7 +907,11 @@ class LoopGuard:
         return mutating, canonical, args_key(name, canonical)
 
     def _apply_outcome(
-        self, state: SessionState, pending: Pending, outcome: str | None, error: bool | None,
+        self,
+        state: SessionState,
+        pending: Pending,
+        outcome: str | None,
+        error: bool | None,
         output: str | None = None,
     ) -> Step | None:
         if pending.blocked:
@@ -835,8 +920,9 @@ class LoopGuard:
             state.trail.settle(pending.args_key, _ended(error), output)
         return self._ran(state, pending.args_key, pending.mutating, outcome, error)
 
-    def _ran(self, state: SessionState, key: str, mutating: bool, outcome: str | None,
-             error: bool | None) -> Step | None:
+    def _ran(
+        self, state: SessionState, key: str, mutating: bool, outcome: str | None, error: bool | None
+    ) -> Step | None:
         """Under the lock: a call of ``key`` ran with ``outcome``. Record it, start a new epoch
         when it made progress, and return the post-call conclusion (a stop), if any."""
         failed = error is True
@@ -850,8 +936,9 @@ class LoopGuard:
             state.stopped = True
         return step
 
-    def _post_decision(self, step: Step, name: str, key: str, sid: str,
-                       aid: str | None) -> Decision:
+    def _post_decision(
+        self, step: Step, name: str, key: str, sid: str, aid: str | None
+    ) -> Decision:
         """The :class:`Decision` for a post-call conclusion ``step``: counted, logged and
         softened by the mode like a pre-call one."""
         policy = self.policy
@@ -859,23 +946,47 @@ class LoopGuard:
         self._recorder.decision(aid, name, rule or "none", step.action.value, step.count)
         if self.trip_log is not None:
             self.trip_log.write(
-                session=sid, agent=aid, tool=name, rule=rule, action=step.action.value,
-                mode=policy.mode.value, count=step.count, threshold=step.threshold,
-                signature=key[:12], arguments=None,
+                session=sid,
+                agent=aid,
+                tool=name,
+                rule=rule,
+                action=step.action.value,
+                mode=policy.mode.value,
+                count=step.count,
+                threshold=step.threshold,
+                signature=key[:12],
+                arguments=None,
             )
         action = step.action
         if policy.mode is Mode.OBSERVE:
             action = Action.ALLOW
         elif policy.mode is Mode.ADVISE and action in BLOCKING_ACTIONS:
             action = Action.REMIND
-        message = "" if action is Action.ALLOW else message_for(
-            step, name, b"", policy, action=action)
-        return Decision(action=action, message=message, rule=step.rule, count=step.count,
-                        threshold=step.threshold, signature=key[:12], tool=name, session=sid,
-                        repeated=True, detected=step.action, phase=Phase.POST)
+        message = (
+            "" if action is Action.ALLOW else message_for(step, name, b"", policy, action=action)
+        )
+        return Decision(
+            action=action,
+            message=message,
+            rule=step.rule,
+            count=step.count,
+            threshold=step.threshold,
+            signature=key[:12],
+            tool=name,
+            session=sid,
+            repeated=True,
+            detected=step.action,
+            phase=Phase.POST,
+        )
 
-    def _record_wasted(self, state: SessionState | None, pending: Pending, agent: object,
-                       tool: object, duration_seconds: float) -> None:
+    def _record_wasted(
+        self,
+        state: SessionState | None,
+        pending: Pending,
+        agent: object,
+        tool: object,
+        duration_seconds: float,
+    ) -> None:
         if pending.blocked or state is None:
             return
         signature = state.signatures.get(pending.args_key)
@@ -895,7 +1006,10 @@ class LoopGuard:
         if state.rescues >= policy.max_rescues:
             return None, "budget", None
         now = self._clock()
-        if state.last_rescue_at is not None and now - state.last_rescue_at < policy.cooldown_seconds:
+        if (
+            state.last_rescue_at is not None
+            and now - state.last_rescue_at < policy.cooldown_seconds
+        ):
             return None, "cooldown", None
         # Reserve the budget now; a failed ask refunds it (and the cooldown) in _advice_done.
         previous = state.last_rescue_at
@@ -914,9 +1028,12 @@ class LoopGuard:
         }
         if trail is not None:
             context.update(
-                recent_calls=tuple(CallRecord(c.tool, c.arguments, c.outcome, c.output,
-                                              c.key[:12], c.times, c.refused)
-                                   for c in trail.calls),
+                recent_calls=tuple(
+                    CallRecord(
+                        c.tool, c.arguments, c.outcome, c.output, c.key[:12], c.times, c.refused
+                    )
+                    for c in trail.calls
+                ),
                 task=trail.task,
                 latest_user_message=trail.latest_message,
                 latest_output=trail.latest_output(key),
@@ -942,7 +1059,9 @@ class LoopGuard:
         assert advisor is not None
         policy = self.policy
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="loopguard-advisor")
+            self._executor = ThreadPoolExecutor(
+                max_workers=2, thread_name_prefix="loopguard-advisor"
+            )
         future: Future[str | None] = self._executor.submit(advisor, request)
         future.add_done_callback(
             lambda done: self._advice_done(done, state, epoch, previous, key, trip)
@@ -959,14 +1078,24 @@ class LoopGuard:
         cleaned = _clean_advice(advice)
         return cleaned, cleaned is None
 
-    def _advice_done(self, future: Future[str | None], state: SessionState, epoch: int,
-                     previous: float | None, key: str, trip: dict[str, Any] | None) -> None:
+    def _advice_done(
+        self,
+        future: Future[str | None],
+        state: SessionState,
+        epoch: int,
+        previous: float | None,
+        key: str,
+        trip: dict[str, Any] | None,
+    ) -> None:
         """On the advisor thread: cache advice for this signature and epoch, or refund (and,
         for an ask nobody waited for, write its ``escalation-failed`` trip line)."""
         try:
             error = future.exception() if not future.cancelled() else None
-            advice = None if future.cancelled() or error is not None else (
-                _clean_advice(future.result()))
+            advice = (
+                None
+                if future.cancelled() or error is not None
+                else (_clean_advice(future.result()))
+            )
             with self._lock:
                 if advice:
                     if state.epoch == epoch:
@@ -985,8 +1114,9 @@ class LoopGuard:
         except Exception as exc:  # never let a callback kill the advisor thread
             self.report_internal_error("advisor_callback", exc)
 
-    def _reset(self, session: object, agent: object, where: str, text: object = None, *,
-               task: bool = False) -> None:
+    def _reset(
+        self, session: object, agent: object, where: str, text: object = None, *, task: bool = False
+    ) -> None:
         try:
             with self._lock:
                 store_key = self._store_key(*self._ids(session, agent))
@@ -1020,8 +1150,9 @@ class LoopGuard:
         signature = (kind, type(exc).__name__)
         if signature not in self._logged:
             self._logged.add(signature)
-            _log.warning("loopguard %s unavailable: %s (further such failures are not logged)",
-                         kind, exc)
+            _log.warning(
+                "loopguard %s unavailable: %s (further such failures are not logged)", kind, exc
+            )
 
     def report_internal_error(self, where: str, exc: BaseException) -> None:
         """The seam for adapters that catch an exception on the hot path: count it under
@@ -1033,9 +1164,13 @@ class LoopGuard:
                 first = (where, type(exc).__name__) not in self._logged
                 self._logged.add((where, type(exc).__name__))
             if first:
-                _log.error("loopguard internal error in %s; falling back to allow"
-                           " (further %s errors here are counted, not logged)",
-                           where, type(exc).__name__, exc_info=exc)
+                _log.error(
+                    "loopguard internal error in %s; falling back to allow"
+                    " (further %s errors here are counted, not logged)",
+                    where,
+                    type(exc).__name__,
+                    exc_info=exc,
+                )
             self._recorder.internal_error(where)
         except Exception:  # pragma: no cover - logging itself failed; nothing left to do
             pass

@@ -78,8 +78,11 @@ PLUGIN_NAMES: Final[Mapping[str, str]] = {
 }
 
 #: How each plugin names itself in messages (its id).
-_DISPLAY: Final = {"reminder": "repeat-tool-reminder", "brake": "loop-brake",
-                   "rescue": "loop-rescue"}
+_DISPLAY: Final = {
+    "reminder": "repeat-tool-reminder",
+    "brake": "loop-brake",
+    "rescue": "loop-rescue",
+}
 
 #: The rescue plugin's defaults for the keys its preset leaves unset (see the module docstring).
 RESCUE_PLUGIN_DEFAULTS: Final[Mapping[str, str]] = {
@@ -124,8 +127,9 @@ class PluginConfig:
             raise ValueError(f"{_DISPLAY[self.preset]} config: {exc}") from None
 
 
-def read_plugin_config(plugin: str, config: Mapping[str, object] | None,
-                       environ: Mapping[str, str] | None = None) -> PluginConfig:
+def read_plugin_config(
+    plugin: str, config: Mapping[str, object] | None, environ: Mapping[str, str] | None = None
+) -> PluginConfig:
     """Map the ``config`` of ``plugin`` (its name as :func:`plugin_preset` reads it) to policy
     fields, every key as the plugin reads it (see the module docstring). ``config`` may also be
     the plugin's whole entry (``id``/``name`` and ``config``). Raises ``ValueError`` naming the
@@ -136,8 +140,10 @@ def read_plugin_config(plugin: str, config: Mapping[str, object] | None,
     readers = _READERS[preset]
     unknown = sorted(set(config) - set(readers))
     if unknown:
-        raise ValueError(f"{display} config: unknown key(s) {', '.join(map(repr, unknown))}"
-                         f" (known: {', '.join(readers)})")
+        raise ValueError(
+            f"{display} config: unknown key(s) {', '.join(map(repr, unknown))}"
+            f" (known: {', '.join(readers)})"
+        )
     changes: dict[str, object] = {}
     try:
         for key, value in config.items():
@@ -152,14 +158,16 @@ def _unwrap(preset: str, config: object) -> Mapping[str, object]:
     if config is None:
         return {}
     if not isinstance(config, Mapping) or not all(isinstance(k, str) for k in config):
-        raise ValueError(f"{_DISPLAY[preset]} config: expected a mapping of keys to values,"
-                         f" got {config!r}")
+        raise ValueError(
+            f"{_DISPLAY[preset]} config: expected a mapping of keys to values, got {config!r}"
+        )
     if "config" in config and set(config) <= _ENTRY_KEYS:
         for key in ("id", "name"):
             name = config.get(key)
             if name is not None and _known(name) not in (None, preset):
-                raise ValueError(f"{_DISPLAY[preset]} config: the entry's {key} {name!r} names"
-                                 " another plugin")
+                raise ValueError(
+                    f"{_DISPLAY[preset]} config: the entry's {key} {name!r} names another plugin"
+                )
         return _unwrap(preset, config["config"])
     return config
 
@@ -184,8 +192,13 @@ def _integer(key: str, value: object, minimum: int) -> int:
 
 
 def _milliseconds(key: str, value: object, *, positive: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or value < 0 or (positive and value == 0):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+        or (positive and value == 0)
+    ):
         bound = "> 0" if positive else ">= 0"
         raise ValueError(f"{key}: expected a number of milliseconds {bound}, got {value!r}")
     return value / 1000
@@ -199,8 +212,10 @@ def _string(key: str, value: object) -> str:
 
 def _field(name: str) -> Callable[[str, object], dict[str, object]]:
     """A key read as the policy field ``name`` is (lists, patterns, regexes, names)."""
+
     def read(key: str, value: object) -> dict[str, object]:
         return {name: validate_field(name, value, label=key)}
+
     return read
 
 
@@ -208,8 +223,10 @@ def _thresholds(key: str, value: object) -> dict[str, object]:
     if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or not value:
         raise ValueError(f"{key}: expected a non-empty list of integers >= 2, got {value!r}")
     items = [_integer(key, item, 2) for item in value]
-    return {"remind_thresholds": validate_field("remind_thresholds", items, label=key),
-            "remind_past_thresholds": False}
+    return {
+        "remind_thresholds": validate_field("remind_thresholds", items, label=key),
+        "remind_past_thresholds": False,
+    }
 
 
 def _preview(key: str, value: object) -> dict[str, object]:
@@ -302,13 +319,15 @@ _READERS: Final[Mapping[str, Mapping[str, Reader]]] = {
 }
 
 
-def _reminder_defaults(config: Mapping[str, object], changes: dict[str, object],
-                       environ: Mapping[str, str]) -> None:
+def _reminder_defaults(
+    config: Mapping[str, object], changes: dict[str, object], environ: Mapping[str, str]
+) -> None:
     pass  # the preset holds every default of the reminder plugin
 
 
-def _brake_defaults(config: Mapping[str, object], changes: dict[str, object],
-                    environ: Mapping[str, str]) -> None:
+def _brake_defaults(
+    config: Mapping[str, object], changes: dict[str, object], environ: Mapping[str, str]
+) -> None:
     if "maxRepeats" in config:
         return  # the configuration wins over the environment, as in the plugin
     text = environ.get(DSH_LOOP_BRAKE_MAX_REPEATS)
@@ -317,12 +336,17 @@ def _brake_defaults(config: Mapping[str, object], changes: dict[str, object],
     try:
         changes.update(_max_repeats(DSH_LOOP_BRAKE_MAX_REPEATS, int(text.strip())))
     except ValueError:
-        _log.warning("%s=%r ignored: expected an integer >= 1; maxRepeats stays %d",
-                     DSH_LOOP_BRAKE_MAX_REPEATS, text, _BRAKE_DEFAULT_MAX_REPEATS)
+        _log.warning(
+            "%s=%r ignored: expected an integer >= 1; maxRepeats stays %d",
+            DSH_LOOP_BRAKE_MAX_REPEATS,
+            text,
+            _BRAKE_DEFAULT_MAX_REPEATS,
+        )
 
 
-def _rescue_defaults(config: Mapping[str, object], changes: dict[str, object],
-                     environ: Mapping[str, str]) -> None:
+def _rescue_defaults(
+    config: Mapping[str, object], changes: dict[str, object], environ: Mapping[str, str]
+) -> None:
     for key, value in RESCUE_PLUGIN_DEFAULTS.items():
         if key not in config:
             changes.update(_READERS["rescue"][key](key, value))
@@ -332,8 +356,9 @@ def _rescue_defaults(config: Mapping[str, object], changes: dict[str, object],
         raise ValueError(f"rescueAt: {rescue!r} must not be below nudgeAt={deny}")
 
 
-_DEFAULTS: Final[Mapping[str, Callable[[Mapping[str, object], dict[str, object],
-                                         Mapping[str, str]], None]]] = {
+_DEFAULTS: Final[
+    Mapping[str, Callable[[Mapping[str, object], dict[str, object], Mapping[str, str]], None]]
+] = {
     "reminder": _reminder_defaults,
     "brake": _brake_defaults,
     "rescue": _rescue_defaults,
@@ -343,8 +368,9 @@ _DEFAULTS: Final[Mapping[str, Callable[[Mapping[str, object], dict[str, object],
 # -- files -------------------------------------------------------------------------------------
 
 
-def load_plugin_config(spec: str | os.PathLike[str],
-                       environ: Mapping[str, str] | None = None) -> PluginConfig:
+def load_plugin_config(
+    spec: str | os.PathLike[str], environ: Mapping[str, str] | None = None
+) -> PluginConfig:
     """Read a plugin's configuration from the file ``spec`` names: ``FILE`` holding the
     plugin's entry (``id`` or ``name``, and ``config``) alone or among others (a list such as a
     ``cordis.patch.yml``; exactly one of the three plugins), or ``NAME=FILE`` where NAME is a
@@ -376,11 +402,14 @@ def load_plugin_config(spec: str | os.PathLike[str],
             raise ValueError(
                 f"{where}: no entry of a plugin (id or name {', '.join(_DISPLAY.values())},"
                 " with its config) found; for a file holding only the config, give"
-                " NAME=FILE (e.g. loop-rescue=FILE)")
+                " NAME=FILE (e.g. loop-rescue=FILE)"
+            )
         if len(presets) > 1:
             names = ", ".join(_DISPLAY[p] for p in presets)
-            raise ValueError(f"{where}: holds the configs of several plugins ({names}); pick"
-                             f" one with NAME=FILE, e.g. {_DISPLAY[presets[-1]]}={text}")
+            raise ValueError(
+                f"{where}: holds the configs of several plugins ({names}); pick"
+                f" one with NAME=FILE, e.g. {_DISPLAY[presets[-1]]}={text}"
+            )
         if len(entries) > 1:
             raise ValueError(f"{where}: holds {len(entries)} entries of {_DISPLAY[presets[0]]}")
         plugin, config = presets[0], entries[0]
@@ -416,8 +445,10 @@ def _read(path: Path) -> object:
         # By name: PyYAML is optional here, and ships no type information.
         yaml: Any = importlib.import_module("yaml")
     except ImportError:
-        raise ValueError("reading YAML needs PyYAML (pip install pyyaml); or give the plugin's"
-                         " entry as JSON (.json) or TOML (.toml)") from None
+        raise ValueError(
+            "reading YAML needs PyYAML (pip install pyyaml); or give the plugin's"
+            " entry as JSON (.json) or TOML (.toml)"
+        ) from None
     try:
         return yaml.safe_load(raw)
     except yaml.YAMLError as exc:

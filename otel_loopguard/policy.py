@@ -216,16 +216,20 @@ def climb(
        at the first threshold, detailed later.
     """
     if stopped:
-        return Step(Action.STOP, verdict.rule if verdict else None,
-                    verdict.count if verdict else 1, policy.stop_after_denials or 0,
-                    denials=denials)
+        return Step(
+            Action.STOP,
+            verdict.rule if verdict else None,
+            verdict.count if verdict else 1,
+            policy.stop_after_denials or 0,
+            denials=denials,
+        )
     if stalled is not None:
         stop_after = policy.stop_after_denials
         if policy.rescue_on_stall and (stop_after is None or denials < stop_after):
-            return Step(Action.RESCUE, Rule.STALL, stalled.count, policy.stall_threshold,
-                        denials=denials)
-        return Step(Action.STOP, Rule.STALL, stalled.count, policy.stall_threshold,
-                    denials=denials)
+            return Step(
+                Action.RESCUE, Rule.STALL, stalled.count, policy.stall_threshold, denials=denials
+            )
+        return Step(Action.STOP, Rule.STALL, stalled.count, policy.stall_threshold, denials=denials)
     if verdict is None:
         return _ALLOW_STEP
     count = verdict.count
@@ -261,8 +265,9 @@ def climb(
     past = count > thresholds[-1] if thresholds else False
     if polling or count in thresholds or (past and policy.remind_past_thresholds):
         detailed = polling or count > thresholds[0]
-        reached = deny if polling and deny else max(
-            (t for t in thresholds if t <= count), default=0)
+        reached = (
+            deny if polling and deny else max((t for t in thresholds if t <= count), default=0)
+        )
         return Step(Action.REMIND, verdict.rule, count, reached, detailed=detailed, polling=polling)
     return allow
 
@@ -304,11 +309,14 @@ def _consequence(step: Step, policy: Policy) -> str:
     """What retrying will do, as the policy will really do it."""
     stop_after = policy.stop_after_denials
     if stop_after is None:
-        if step.rule is Rule.STALL or not (Rule.STALL in policy.rules
-                                           and not policy.rescue_on_stall):
+        if step.rule is Rule.STALL or not (
+            Rule.STALL in policy.rules and not policy.rescue_on_stall
+        ):
             return "retrying it unchanged will be refused again."
-        return ("retrying it unchanged will be refused again, and repeating calls without"
-                " progress will end the run.")
+        return (
+            "retrying it unchanged will be refused again, and repeating calls without"
+            " progress will end the run."
+        )
     left = stop_after - (step.denials + 1)  # refusals still allowed after this one
     if left <= 0:
         return "if another call is refused, the run will end."
@@ -316,8 +324,14 @@ def _consequence(step: Step, policy: Policy) -> str:
     return f"after {left} more refused call{plural}, the next one will end the run."
 
 
-def message_for(step: Step, tool: str, canonical: bytes, policy: Policy, advice: str | None = None,
-                action: Action | None = None) -> str:
+def message_for(
+    step: Step,
+    tool: str,
+    canonical: bytes,
+    policy: Policy,
+    advice: str | None = None,
+    action: Action | None = None,
+) -> str:
     """The text shown to the model for ``step`` (``action`` overrides the step's action, e.g. a
     blocking step softened to a reminder in advise mode).
 

@@ -113,8 +113,8 @@ def _attributes(span: ReadableSpan) -> Mapping[str, Any]:
 class LoopGuardSpanProcessor(SpanProcessor):
     """Feeds tool-call spans to a :class:`LoopGuard` and records its decisions as span events.
 
-    ``guard``: share one with the hook API (or use ``LoopGuardSpanProcessor(guard)``); default: a new
-    guard with the ``default`` preset and ``LOOPGUARD_*`` overrides.
+    ``guard``: share one with the hook API; default: a new guard with the ``default`` preset and
+    ``LOOPGUARD_*`` overrides.
     ``key_by``: ``"trace"`` (trace + agent; default) or ``"conversation"`` (see
     :mod:`otel_loopguard.spans`).
     ``capture_arguments``: add the canonical arguments (cut to the policy's preview length) to
@@ -138,14 +138,21 @@ class LoopGuardSpanProcessor(SpanProcessor):
         try:
             self.key_by = KeyBy(key_by)
         except ValueError:
-            raise ValueError(f"key_by: expected 'trace' or 'conversation', got {key_by!r}") from None
-        if not isinstance(max_tracked_spans, int) or isinstance(max_tracked_spans, bool) or (
-            max_tracked_spans < 1
+            raise ValueError(
+                f"key_by: expected 'trace' or 'conversation', got {key_by!r}"
+            ) from None
+        if (
+            not isinstance(max_tracked_spans, int)
+            or isinstance(max_tracked_spans, bool)
+            or (max_tracked_spans < 1)
         ):
             raise ValueError(
-                f"max_tracked_spans: expected a positive integer, got {max_tracked_spans!r}")
-        if isinstance(span_ttl_seconds, bool) or not isinstance(span_ttl_seconds, (int, float)) or (
-            not span_ttl_seconds > 0
+                f"max_tracked_spans: expected a positive integer, got {max_tracked_spans!r}"
+            )
+        if (
+            isinstance(span_ttl_seconds, bool)
+            or not isinstance(span_ttl_seconds, (int, float))
+            or (not span_ttl_seconds > 0)
         ):
             raise ValueError(f"span_ttl_seconds: expected a number > 0, got {span_ttl_seconds!r}")
         self.guard = guard if guard is not None else LoopGuard()
@@ -244,8 +251,11 @@ class LoopGuardSpanProcessor(SpanProcessor):
             items = list(opened.items())  # one C-level copy: atomic under the GIL
             drop_before = len(items) // 4
             deadline = time.time_ns() - self._ttl_ns
-            dropped = [span_id for index, (span_id, span) in enumerate(items)
-                       if index < drop_before or (span.start_time or 0) < deadline]
+            dropped = [
+                span_id
+                for index, (span_id, span) in enumerate(items)
+                if index < drop_before or (span.start_time or 0) < deadline
+            ]
             for span_id in dropped:
                 opened.pop(span_id, None)
                 if self._started.pop(span_id, None) is not None:
@@ -286,15 +296,17 @@ class LoopGuardSpanProcessor(SpanProcessor):
         if call is None or call.arguments is MISSING:
             return
         session, agent = self._keys(call, span, trace_id, attributes)
-        decision = self.guard.decide_at_span_start(call.tool, call.arguments, session, agent,
-                                               call.call_id)
+        decision = self.guard.decide_at_span_start(
+            call.tool, call.arguments, session, agent, call.call_id
+        )
         self._started[span_id] = (session, agent, call.call_id)
         _START_DECISIONS[span_id] = decision
         if decision.detected is not Action.ALLOW:
             self._record(span, decision, call)
 
-    def _maybe_new_run(self, span: Span, name: str, attributes: Mapping[str, Any],
-                       trace_id: int) -> None:
+    def _maybe_new_run(
+        self, span: Span, name: str, attributes: Mapping[str, Any], trace_id: int
+    ) -> None:
         from .conventions import agent_from_span, conversation_id
 
         agent = agent_from_span(name, attributes)
@@ -304,14 +316,20 @@ class LoopGuardSpanProcessor(SpanProcessor):
         if conversation:
             self.guard.new_run(conversation, agent=agent.agent_name or agent.agent_id)
 
-    def _end(self, span: ReadableSpan, name: str, attributes: Mapping[str, Any], span_id: int,
-             trace_id: int) -> None:
+    def _end(
+        self,
+        span: ReadableSpan,
+        name: str,
+        attributes: Mapping[str, Any],
+        span_id: int,
+        trace_id: int,
+    ) -> None:
         started = self._started.pop(span_id, None)
         if started is not None:
             _START_DECISIONS.pop(span_id, None)
-        events: Sequence[tuple[str, Mapping[str, Any]]] = [
-            (event.name, event.attributes or {}) for event in span.events
-        ] if span.events else ()
+        events: Sequence[tuple[str, Mapping[str, Any]]] = (
+            [(event.name, event.attributes or {}) for event in span.events] if span.events else ()
+        )
         status = span.status
         error = status is not None and status.status_code is StatusCode.ERROR
         call = tool_call_from_span(name, attributes, events, error)
@@ -326,8 +344,14 @@ class LoopGuardSpanProcessor(SpanProcessor):
         if span.end_time is not None and span.start_time is not None:
             duration = max(0.0, (span.end_time - span.start_time) / 1e9)
         decision = self.guard.after_tool(
-            call.tool, call.arguments, session=session, agent=agent, call_id=call_id,
-            error=call.is_error, result=call.result, duration_seconds=duration,
+            call.tool,
+            call.arguments,
+            session=session,
+            agent=agent,
+            call_id=call_id,
+            error=call.is_error,
+            result=call.result,
+            duration_seconds=duration,
         )
         if decision is not None and decision.detected is not Action.ALLOW:
             self._record_after(span, decision, call)
@@ -347,8 +371,9 @@ class LoopGuardSpanProcessor(SpanProcessor):
         if self.capture_arguments:
             policy = self.guard.policy
             canonical = canonical_json(canonical_arguments(call.arguments, policy.ignored_args))
-            attributes[ATTR_ARGUMENTS] = arguments_preview(canonical,
-                                                           policy.arguments_preview_chars)
+            attributes[ATTR_ARGUMENTS] = arguments_preview(
+                canonical, policy.arguments_preview_chars
+            )
         return attributes
 
     def _record(self, span: Span, decision: Decision, call: SpanToolCall) -> None:

@@ -106,7 +106,8 @@ def window(history: History, key: str, size: int) -> Verdict | None:
 
 
 def no_progress(history: History, key: str) -> Verdict | None:
-    """The same args key with the same outcome key N times in the epoch (a loop that learns nothing).
+    """The same args key with the same outcome key N times in the epoch (a loop that learns
+    nothing).
 
     1. Take the signature's latest known outcome.
     2. Count the attempts of this signature, latest first, that gave that same outcome without
@@ -172,8 +173,12 @@ def evaluate(
     if signature is None:
         return None, None, None
     rules = policy.rules
-    if (signature.last_outcome is not None and not signature.failed and not signature.looped
-            and history.novel > signature.novel_seen):
+    if (
+        signature.last_outcome is not None
+        and not signature.failed
+        and not signature.looped
+        and history.novel > signature.novel_seen
+    ):
         stalled = stall(history, key, policy.stall_threshold) if Rule.STALL in rules else None
         return None, None, stalled
     best: Verdict | None = None

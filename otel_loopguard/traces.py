@@ -21,7 +21,7 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Union
+from typing import TYPE_CHECKING, Any, Final
 
 from .conventions import (
     ARGUMENTS_AT_START_CONVENTIONS,
@@ -135,7 +135,7 @@ class RunStarted:
 
 
 #: What a :class:`TraceBuffer` gives for its tool spans (and, keyed by conversation, its runs).
-TraceEvent = Union[CallDecidedAtStart, CallObserved, RunStarted]
+TraceEvent = CallDecidedAtStart | CallObserved | RunStarted
 
 
 def feed(guard: LoopGuard, event: TraceEvent) -> Decision | None:
@@ -145,14 +145,20 @@ def feed(guard: LoopGuard, event: TraceEvent) -> Decision | None:
     when the end only added the outcome of a call already counted at its start. Never raises
     (the guard's hook contract)."""
     if isinstance(event, CallDecidedAtStart):
-        return guard.decide_at_span_start(event.tool, event.arguments, event.session, event.agent,
-                                      event.call_id)
+        return guard.decide_at_span_start(
+            event.tool, event.arguments, event.session, event.agent, event.call_id
+        )
     if isinstance(event, RunStarted):
         guard.new_run(event.session, agent=event.agent)
         return None
     return guard.after_tool(
-        event.tool, event.arguments, session=event.session, agent=event.agent,
-        call_id=event.call_id, error=event.error, result=event.result,
+        event.tool,
+        event.arguments,
+        session=event.session,
+        agent=event.agent,
+        call_id=event.call_id,
+        error=event.error,
+        result=event.result,
         duration_seconds=event.duration_seconds,
     )
 
@@ -287,19 +293,32 @@ def _tool_span(span: RecordedSpan, local_parent: int | None, order: int) -> _Too
     # (The final attributes hold the arguments for every convention: judged by them alone, calls
     # the processor decides at end would be decided at start.)
     may_start = not unknown_start or (
-        end_call is not None and end_call.convention in ARGUMENTS_AT_START_CONVENTIONS)
-    if may_start and start_name[:4] in START_NAME_PREFIXES and arguments_available_at_start(
-            start_name, start_attributes):
+        end_call is not None and end_call.convention in ARGUMENTS_AT_START_CONVENTIONS
+    )
+    if (
+        may_start
+        and start_name[:4] in START_NAME_PREFIXES
+        and arguments_available_at_start(start_name, start_attributes)
+    ):
         start_call = tool_call_from_span(start_name, start_attributes, (), None)
         if start_call is not None and (
-                start_call.arguments is MISSING
-                or (unknown_start
-                    and start_call.convention not in ARGUMENTS_AT_START_CONVENTIONS)):
+            start_call.arguments is MISSING
+            or (unknown_start and start_call.convention not in ARGUMENTS_AT_START_CONVENTIONS)
+        ):
             start_call = None
     if start_call is None and end_call is None:
         return None
-    return _ToolSpan(span.span_id, local_parent, start_call, start_attributes, end_call,
-                     span.attributes, span.start_ns, span.end_ns, order)
+    return _ToolSpan(
+        span.span_id,
+        local_parent,
+        start_call,
+        start_attributes,
+        end_call,
+        span.attributes,
+        span.start_ns,
+        span.end_ns,
+        order,
+    )
 
 
 class TraceBuffer:
@@ -341,27 +360,49 @@ class TraceBuffer:
     Not thread-safe: one thread adds and takes.
     """
 
-    __slots__ = ("_clock", "_complete", "_hold", "_key_by", "_max", "_order", "_spans",
-                 "_traces", "_ttl", "flushed_early", "replayed_early")
+    __slots__ = (
+        "_clock",
+        "_complete",
+        "_hold",
+        "_key_by",
+        "_max",
+        "_order",
+        "_spans",
+        "_traces",
+        "_ttl",
+        "flushed_early",
+        "replayed_early",
+    )
 
-    def __init__(self, max_spans: int = MAX_BUFFERED_SPANS, *,
-                 hold_seconds: float | None = None, trace_ttl_seconds: float = 300.0,
-                 clock: Callable[[], float] = time.monotonic,
-                 key_by: KeyBy | str = KeyBy.TRACE) -> None:
+    def __init__(
+        self,
+        max_spans: int = MAX_BUFFERED_SPANS,
+        *,
+        hold_seconds: float | None = None,
+        trace_ttl_seconds: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
+        key_by: KeyBy | str = KeyBy.TRACE,
+    ) -> None:
         try:
             self._key_by = KeyBy(key_by)
         except ValueError:
-            raise ValueError(f"key_by: expected 'trace' or 'conversation', got {key_by!r}") from None
+            raise ValueError(
+                f"key_by: expected 'trace' or 'conversation', got {key_by!r}"
+            ) from None
         if isinstance(max_spans, bool) or not isinstance(max_spans, int) or max_spans < 1:
             raise ValueError(f"max_spans: expected a positive integer, got {max_spans!r}")
         if hold_seconds is not None and (
-                isinstance(hold_seconds, bool) or not isinstance(hold_seconds, (int, float))
-                or not 0 <= hold_seconds < float("inf")):
+            isinstance(hold_seconds, bool)
+            or not isinstance(hold_seconds, (int, float))
+            or not 0 <= hold_seconds < float("inf")
+        ):
             raise ValueError(f"hold_seconds: expected a finite number >= 0, got {hold_seconds!r}")
-        if (isinstance(trace_ttl_seconds, bool)
-                or not isinstance(trace_ttl_seconds, (int, float)) or not trace_ttl_seconds > 0):
-            raise ValueError(
-                f"trace_ttl_seconds: expected a number > 0, got {trace_ttl_seconds!r}")
+        if (
+            isinstance(trace_ttl_seconds, bool)
+            or not isinstance(trace_ttl_seconds, (int, float))
+            or not trace_ttl_seconds > 0
+        ):
+            raise ValueError(f"trace_ttl_seconds: expected a number > 0, got {trace_ttl_seconds!r}")
         self._traces: dict[int, _Trace] = {}
         self._complete: dict[int, None] = {}
         self._max = max_spans
@@ -416,8 +457,9 @@ class TraceBuffer:
         if span.parent_id is None:
             self._complete[span.trace_id] = None
 
-    def add_link(self, trace_id: int, span_id: int, parent_id: int | None,
-                 parent_remote: bool = False) -> None:
+    def add_link(
+        self, trace_id: int, span_id: int, parent_id: int | None, parent_remote: bool = False
+    ) -> None:
         """Buffer a span known to be neither a tool nor an agent span: only its parent link
         counts (the same as :meth:`add` of such a span, without looking at it)."""
         trace = self._traces.get(trace_id)
@@ -495,8 +537,12 @@ class TraceBuffer:
                 continue
             conversation = run.conversation_id or conversation_id(view.attributes)
             if conversation:
-                steps.append(((start_ns, 0, trace.depth(span_id), order), RunStarted(
-                    conversation, run.agent_name or run.agent_id, start_ns / 1e9)))
+                steps.append(
+                    (
+                        (start_ns, 0, trace.depth(span_id), order),
+                        RunStarted(conversation, run.agent_name or run.agent_id, start_ns / 1e9),
+                    )
+                )
         for tool in trace.tools:
             depth = trace.depth(tool.span_id)
             frame = trace.agent_of(tool.parent_id)
@@ -504,27 +550,50 @@ class TraceBuffer:
             started: tuple[str, str | None, str | None] | None = None
             call = tool.start_call
             if call is not None:
-                session, agent = session_for(call, trace_id, frame, key_by,
-                                             tool.start_attributes)
+                session, agent = session_for(call, trace_id, frame, key_by, tool.start_attributes)
                 started = (session, agent, call.call_id)
-                steps.append(((tool.start_ns, 0, depth, tool.order), CallDecidedAtStart(
-                    session, agent, call.tool, call.arguments, call.call_id, duration,
-                    tool.start_ns / 1e9)))
+                steps.append(
+                    (
+                        (tool.start_ns, 0, depth, tool.order),
+                        CallDecidedAtStart(
+                            session,
+                            agent,
+                            call.tool,
+                            call.arguments,
+                            call.call_id,
+                            duration,
+                            tool.start_ns / 1e9,
+                        ),
+                    )
+                )
             call = tool.end_call
             if call is not None:
                 if started is not None:
                     session, agent, call_id = started
                 else:
-                    session, agent = session_for(call, trace_id, frame, key_by,
-                                                 tool.attributes)
+                    session, agent = session_for(call, trace_id, frame, key_by, tool.attributes)
                     call_id = call.call_id
-                steps.append(((tool.end_ns, 1, -depth, tool.order), CallObserved(
-                    session, agent, call.tool, call.arguments, call_id, call.is_error,
-                    call.result, duration, tool.end_ns / 1e9)))
+                steps.append(
+                    (
+                        (tool.end_ns, 1, -depth, tool.order),
+                        CallObserved(
+                            session,
+                            agent,
+                            call.tool,
+                            call.arguments,
+                            call_id,
+                            call.is_error,
+                            call.result,
+                            duration,
+                            tool.end_ns / 1e9,
+                        ),
+                    )
+                )
         if keep:
             if trace.tools:
-                trace.given_until_ns = max(trace.given_until_ns,
-                                           max(tool.start_ns for tool in trace.tools))
+                trace.given_until_ns = max(
+                    trace.given_until_ns, max(tool.start_ns for tool in trace.tools)
+                )
             trace.tools = []
             trace.due = None
         steps.sort(key=lambda step: step[0])
@@ -546,7 +615,9 @@ def _id_text(value: object, size: int, name: str, base64_too: bool) -> int:
         if raw is None or len(raw) != size:
             also = " (or base64)" if base64_too else ""
             raise BadSpan(
-                f"{name!r} must be {size} bytes: {digits} hex digits{also}, got {short_value(value)}")
+                f"{name!r} must be {size} bytes: {digits} hex digits{also},"
+                f" got {short_value(value)}"
+            )
         number = int.from_bytes(raw, "big")
     if number == 0:
         raise BadSpan(f"{name!r} is all zeros (an invalid id)")
@@ -569,10 +640,10 @@ def _nanos(value: object, name: str, text_too: bool) -> int:
         number = int(value)
     if number is None or not 0 <= number < 1 << 64:
         kind = "an integer (or its decimal string)" if text_too else "an integer"
-        raise BadSpan(f"{name!r} must be {kind} of nanoseconds >= 0 (64 bits),"
-                        f" got {short_value(value)}")
+        raise BadSpan(
+            f"{name!r} must be {kind} of nanoseconds >= 0 (64 bits), got {short_value(value)}"
+        )
     return number
-
 
 
 # -- OTLP JSON ---------------------------------------------------------------------------------
@@ -602,8 +673,9 @@ def _any_value(value: object, where: str, depth: int) -> object:
             return number
         if isinstance(number, str) and _DECIMAL.fullmatch(number):
             return int(number)
-        raise BadSpan(f"{where}: intValue must be an integer or its decimal string,"
-                        f" got {short_value(number)}")
+        raise BadSpan(
+            f"{where}: intValue must be an integer or its decimal string, got {short_value(number)}"
+        )
     if "doubleValue" in value:
         double = value["doubleValue"]
         if isinstance(double, (int, float)) and not isinstance(double, bool):
@@ -628,8 +700,9 @@ def _any_value(value: object, where: str, depth: int) -> object:
                 raise ValueError
             return base64.b64decode(encoded, validate=True)
         except ValueError:
-            raise BadSpan(f"{where}: bytesValue must be base64 text,"
-                            f" got {short_value(encoded)}") from None
+            raise BadSpan(
+                f"{where}: bytesValue must be base64 text, got {short_value(encoded)}"
+            ) from None
     return None
 
 
@@ -637,7 +710,9 @@ def _values_list(container: object, where: str, kind: str) -> list[object]:
     if container is None:
         return []
     if not isinstance(container, dict):
-        raise BadSpan(f"{where}: {kind} must be an object with 'values', got {short_value(container)}")
+        raise BadSpan(
+            f"{where}: {kind} must be an object with 'values', got {short_value(container)}"
+        )
     values = container.get("values")
     if values is None:
         return []
@@ -656,8 +731,9 @@ def _otlp_attributes(value: object, where: str, depth: int = 0) -> dict[str, obj
     attributes: dict[str, object] = {}
     for item in value:
         if not isinstance(item, dict):
-            raise BadSpan(f"{where}: an attribute must be a {{key, value}} object,"
-                            f" got {short_value(item)}")
+            raise BadSpan(
+                f"{where}: an attribute must be a {{key, value}} object, got {short_value(item)}"
+            )
         key = item.get("key")
         if not isinstance(key, str):
             raise BadSpan(f"{where}: attribute 'key' must be a string, got {short_value(key)}")
@@ -679,8 +755,9 @@ def _otlp_events(value: object) -> tuple[tuple[str, Mapping[str, object]], ...]:
         event_name = event.get("name", "")
         if not isinstance(event_name, str):
             raise BadSpan(f"events[{index}].name must be a string, got {short_value(event_name)}")
-        events.append((event_name, _otlp_attributes(event.get("attributes"),
-                                                     f"events[{index}].attributes")))
+        events.append(
+            (event_name, _otlp_attributes(event.get("attributes"), f"events[{index}].attributes"))
+        )
     return tuple(events)
 
 
@@ -700,16 +777,27 @@ def _otlp_span(raw: object) -> RecordedSpan:
     parent_id = _parent_id(raw.get("parentSpanId"), "parentSpanId", True)
     flags = raw.get("flags")
     # SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE (0x100) and SPAN_FLAGS_CONTEXT_IS_REMOTE (0x200).
-    remote = (parent_id is not None and isinstance(flags, int) and not isinstance(flags, bool)
-              and flags & 0x300 == 0x300)
+    remote = (
+        parent_id is not None
+        and isinstance(flags, int)
+        and not isinstance(flags, bool)
+        and flags & 0x300 == 0x300
+    )
     name = raw.get("name", "")
     if not isinstance(name, str):
         raise BadSpan(f"'name' must be a string, got {short_value(name)}")
     start = _nanos(_required(raw, "startTimeUnixNano"), "startTimeUnixNano", True)
     end = _nanos(_required(raw, "endTimeUnixNano"), "endTimeUnixNano", True)
     return RecordedSpan(
-        trace_id, span_id, parent_id, name, _otlp_attributes(raw.get("attributes"), "attributes"),
-        _otlp_events(raw.get("events")), _otlp_status_error(raw.get("status")), start, end,
+        trace_id,
+        span_id,
+        parent_id,
+        name,
+        _otlp_attributes(raw.get("attributes"), "attributes"),
+        _otlp_events(raw.get("events")),
+        _otlp_status_error(raw.get("status")),
+        start,
+        end,
         parent_remote=remote,
     )
 
@@ -725,7 +813,7 @@ def _list_field(record: Mapping[str, Any], name: str, where: str) -> list[object
 
 #: A span known to be neither a tool nor an agent span, as the buffer keeps it: (trace id, span
 #: id, parent span id or None, whether the parent is remote).
-SpanLink = tuple[int, int, Union[int, None], bool]
+SpanLink = tuple[int, int, int | None, bool]
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,8 +8,8 @@ only when ``trip_log_arguments`` is on.
 ``kind`` is the rescue plugin's name for the line: the action (``remind``, ``deny``, ``rescue``,
 ``stop``), or ``escalation-failed`` when the advisor was asked and gave no advice (the call got
 the local denial: ``action`` is then ``deny``; for an ask nobody waited for, a line of its own
-after the decision's ``deny`` line). The path may start with ``~`` (the home directory). Lines are appended with one ``write`` each, under a lock, so
-concurrent threads never interleave them.
+after the decision's ``deny`` line). The path may start with ``~`` (the home directory). Lines
+are appended with one ``write`` each, under a lock, so concurrent threads never interleave them.
 
 A missing directory is created (private to its owner). A write failure (unwritable path,
 full disk) is counted in :attr:`TripLog.failures` and logged
@@ -96,5 +96,9 @@ class TripLog:
                 self.failures += 1
                 warn, self._warned = not self._warned, True
             if warn:
-                _log.warning("loopguard trip log %s not written: %s (further failures are"
-                             " counted, not logged)", self.path, exc)
+                _log.warning(
+                    "loopguard trip log %s not written: %s (further failures are"
+                    " counted, not logged)",
+                    self.path,
+                    exc,
+                )

@@ -67,8 +67,13 @@ def run(guard: LoopGuard, calls: Iterable[Call]) -> Transcript:
         decision = guard.before_tool(call.tool, call.arguments, session=call.session)
         transcript.decisions.append(decision)
         if call.report and not decision.blocks:
-            guard.after_tool(call.tool, call.arguments, session=call.session,
-                             error=call.error, result=call.result)
+            guard.after_tool(
+                call.tool,
+                call.arguments,
+                session=call.session,
+                error=call.error,
+                result=call.result,
+            )
     return transcript
 
 

@@ -41,5 +41,8 @@ def load_generator() -> ModuleType:
 
 def dashboard_queries(dashboard: dict[str, Any]) -> list[tuple[str, str, str]]:
     """(panel title, ref id, PromQL expression) of every panel query."""
-    return [(panel["title"], target["refId"], target["expr"])
-            for panel in dashboard["panels"] for target in panel.get("targets", ())]
+    return [
+        (panel["title"], target["refId"], target["expr"])
+        for panel in dashboard["panels"]
+        for target in panel.get("targets", ())
+    ]

@@ -53,15 +53,22 @@ class Agent:
     sub: Agent | None = None  # a sub-agent run inside this one, after its calls
 
 
-def looping(name: str, times: int = 8, tool: str = "grep",
-            arguments: Mapping[str, Any] | None = None, result: str = "3 matches") -> Agent:
-    return Agent(name, tuple((tool, arguments or {"pattern": "TODO"}, result)
-                             for _ in range(times)))
+def looping(
+    name: str,
+    times: int = 8,
+    tool: str = "grep",
+    arguments: Mapping[str, Any] | None = None,
+    result: str = "3 matches",
+) -> Agent:
+    return Agent(
+        name, tuple((tool, arguments or {"pattern": "TODO"}, result) for _ in range(times))
+    )
 
 
 def varied(name: str, count: int = 6) -> Agent:
-    return Agent(name, tuple(("read_file", {"path": f"src/{n}.py"}, f"contents {n}")
-                             for n in range(count)))
+    return Agent(
+        name, tuple(("read_file", {"path": f"src/{n}.py"}, f"contents {n}") for n in range(count))
+    )
 
 
 def polling(name: str, count: int = 8) -> Agent:
@@ -72,18 +79,24 @@ def run_agent(tracer: Tracer, agent: Agent, *, call_prefix: str = "call") -> Non
     """One run as GenAI-semconv spans: ``invoke_agent`` around ``execute_tool`` spans (arguments,
     call id and result set after start, as most instrumentations do) and ``chat`` spans."""
     with tracer.start_as_current_span(
-            f"invoke_agent {agent.name}",
-            attributes={"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": agent.name}):
+        f"invoke_agent {agent.name}",
+        attributes={"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": agent.name},
+    ):
         for index, (tool, arguments, result) in enumerate(agent.calls):
             with tracer.start_as_current_span(
-                    "chat scripted", attributes={"gen_ai.operation.name": "chat",
-                                                 "gen_ai.request.model": "scripted"}) as chat:
-                chat.set_attribute("gen_ai.output.messages", json.dumps(
-                    [{"role": "assistant", "parts": [{"type": "tool_call", "name": tool}]}]))
+                "chat scripted",
+                attributes={"gen_ai.operation.name": "chat", "gen_ai.request.model": "scripted"},
+            ) as chat:
+                chat.set_attribute(
+                    "gen_ai.output.messages",
+                    json.dumps(
+                        [{"role": "assistant", "parts": [{"type": "tool_call", "name": tool}]}]
+                    ),
+                )
             with tracer.start_as_current_span(
-                    f"execute_tool {tool}",
-                    attributes={"gen_ai.operation.name": "execute_tool",
-                                "gen_ai.tool.name": tool}) as span:
+                f"execute_tool {tool}",
+                attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": tool},
+            ) as span:
                 span.set_attribute("gen_ai.tool.call.arguments", json.dumps(arguments))
                 span.set_attribute("gen_ai.tool.call.id", f"{call_prefix}-{agent.name}-{index}")
                 span.set_attribute("gen_ai.tool.call.result", result)
@@ -99,11 +112,20 @@ def workload(tracer: Tracer, traces: int = 1) -> None:
         run_agent(tracer, looping("coder"), call_prefix=f"t{n}")
         run_agent(tracer, varied("reviewer"), call_prefix=f"t{n}")
         run_agent(tracer, polling("watcher"), call_prefix=f"t{n}")
-        run_agent(tracer, Agent("planner", (("plan", {"goal": "x"}, "ok"),),
-                                sub=looping("searcher", 7, "search", {"q": "paris"}, "same")),
-                  call_prefix=f"t{n}")
-        run_agent(tracer, looping("builder", 6, "bash", {"command": "make"}, "error: boom"),
-                  call_prefix=f"t{n}")
+        run_agent(
+            tracer,
+            Agent(
+                "planner",
+                (("plan", {"goal": "x"}, "ok"),),
+                sub=looping("searcher", 7, "search", {"q": "paris"}, "same"),
+            ),
+            call_prefix=f"t{n}",
+        )
+        run_agent(
+            tracer,
+            looping("builder", 6, "bash", {"command": "make"}, "error: boom"),
+            call_prefix=f"t{n}",
+        )
 
 
 # -- reading what a guard did ------------------------------------------------------------------
@@ -161,15 +183,22 @@ class Answer:
         return json.loads(self.body)
 
 
-def request(port: int, method: str, path: str, body: bytes | None = None,
-            headers: Mapping[str, str] | None = None, timeout: float = 30.0) -> Answer:
+def request(
+    port: int,
+    method: str,
+    path: str,
+    body: bytes | None = None,
+    headers: Mapping[str, str] | None = None,
+    timeout: float = 30.0,
+) -> Answer:
     """One request on a fresh loopback connection."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
         conn.request(method, path, body=body, headers=dict(headers or {}))
         response = conn.getresponse()
-        return Answer(response.status, {k.lower(): v for k, v in response.getheaders()},
-                      response.read())
+        return Answer(
+            response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+        )
     finally:
         conn.close()
 
@@ -184,8 +213,9 @@ def keep_alive(port: int, timeout: float = 10.0) -> Iterator[http.client.HTTPCon
 
 
 @contextmanager
-def serve_process(*args: str, env: Mapping[str, str] | None = None,
-                  timeout: float = 30.0) -> Iterator[str]:
+def serve_process(
+    *args: str, env: Mapping[str, str] | None = None, timeout: float = 30.0
+) -> Iterator[str]:
     """A real ``python -m otel_loopguard serve`` on a free loopback HTTP port, no gRPC, with
     ``args`` added; yields its HTTP URL. Stopped with SIGTERM on exit, which must end it with
     status 0 (drained)."""
@@ -197,8 +227,12 @@ def serve_process(*args: str, env: Mapping[str, str] | None = None,
 
     process = subprocess.Popen(
         [sys.executable, "-m", "otel_loopguard", "serve", "--http-port", "0", "--no-grpc", *args],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        env=dict(env) if env is not None else None)
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(env) if env is not None else None,
+    )
     assert process.stderr is not None
     lines: queue.Queue[str] = queue.Queue()
     stream = process.stderr

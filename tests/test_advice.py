@@ -24,7 +24,6 @@ from otel_loopguard import (
 )
 from otel_loopguard.advice import (
     MAX_QUESTION_CHARS,
-    MODEL_VARIABLE,
     CallRecord,
 )
 from otel_loopguard.engine import (
@@ -40,8 +39,9 @@ from .conftest import Call, run
 #: Linux caps one argv element at 128 KiB (MAX_ARG_STRLEN).
 LINUX_ARG_MAX_BYTES = 128 * 1024
 
-POLICY = PRESETS["default"].replace(stop_after_denials=None, cooldown_seconds=0.0,
-                                    advisor_timeout_seconds=10.0)
+POLICY = PRESETS["default"].replace(
+    stop_after_denials=None, cooldown_seconds=0.0, advisor_timeout_seconds=10.0
+)
 RESCUE_AT = POLICY.rescue_threshold
 assert RESCUE_AT is not None
 
@@ -72,8 +72,13 @@ def loop_with_context(guard: LoopGuard) -> list[Any]:
     guard.user_message("s", text="What will the weather be in Paris tomorrow?")
     guard.before_tool("read_file", {"path": "notes.md"}, session="s")
     guard.after_tool("read_file", {"path": "notes.md"}, session="s", result="use the web")
-    calls = [Call("web_search", {"query": "paris weather tomorrow"},
-                  result="No results for this query (rate limited)")] * RESCUE_AT
+    calls = [
+        Call(
+            "web_search",
+            {"query": "paris weather tomorrow"},
+            result="No results for this query (rate limited)",
+        )
+    ] * RESCUE_AT
     return run(guard, calls).decisions
 
 
@@ -93,24 +98,31 @@ def test_argv_contract_question_as_one_argument_nothing_on_stdin(tmp_path: Path)
     assert "## Its latest output\nNo results for this query (rate limited)" in question
     # the recent calls with their arguments and outcomes, and what was already tried
     assert 'read_file {"path":"notes.md"} -> ok; output: use the web' in question
-    assert (f'web_search {{"query":"paris weather tomorrow"}} ({RESCUE_AT} times in a row)'
-            f" -> refused" in question)
+    assert (
+        f'web_search {{"query":"paris weather tomorrow"}} ({RESCUE_AT} times in a row)'
+        f" -> refused" in question
+    )
     tried = question.split("## Already tried")[1]
     refused = RESCUE_AT - (POLICY.no_progress_threshold or 0) + 1
-    assert f"web_search {{\"query\":\"paris weather tomorrow\"}}: {RESCUE_AT} times, {refused}" \
+    assert (
+        f'web_search {{"query":"paris weather tomorrow"}}: {RESCUE_AT} times, {refused}'
         f" refused" in tried
+    )
     # what a good answer looks like
     assert "## What a good answer looks like" in question and "next step" in question
 
 
 def test_stdin_json_contract_keeps_the_request_as_json(tmp_path: Path) -> None:
-    ask = command(tmp_path, """
+    ask = command(
+        tmp_path,
+        """
         import json, os, sys
         request = json.load(sys.stdin)
         with open(os.path.join(os.path.dirname(sys.argv[0]), "got.json"), "w") as f:
             json.dump({"argv": sys.argv[1:], "request": request}, f)
         print("advice from json")
-    """)
+    """,
+    )
     guard = LoopGuard(POLICY.replace(advisor_command=str(ask), advisor_input="stdin_json"))
     decisions = loop_with_context(guard)
     assert decisions[-1].action is Action.RESCUE and "advice from json" in decisions[-1].message
@@ -125,7 +137,8 @@ def test_stdin_json_contract_keeps_the_request_as_json(tmp_path: Path) -> None:
 
 
 def test_tilde_in_the_advisor_command_is_the_home_directory(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     home = tmp_path / "home"
     (home / "bin").mkdir(parents=True)
     monkeypatch.setenv("HOME", str(home))
@@ -143,8 +156,9 @@ def test_the_question_is_bounded_and_a_real_command_receives_it(tmp_path: Path) 
     huge = {"blob": "\u4e2d\x00" * 500_000}
     for n in range(30):
         guard.before_tool("read", {"n": n, "blob": "x" * 50_000}, session="s")
-        guard.after_tool("read", {"n": n, "blob": "x" * 50_000}, session="s",
-                         result="\U0001f600" * 100_000)
+        guard.after_tool(
+            "read", {"n": n, "blob": "x" * 50_000}, session="s", result="\U0001f600" * 100_000
+        )
     decisions = run(guard, [Call("f", huge, result="\x00" * 1_000_000)] * RESCUE_AT).decisions
     assert decisions[-1].action is Action.RESCUE
     question = got(tmp_path)["argv"][0]
@@ -161,29 +175,37 @@ def test_the_question_is_bounded_and_a_real_command_receives_it(tmp_path: Path) 
 
 def test_a_request_makes_a_bounded_question_on_its_own() -> None:
     request = AdviceRequest(
-        session="s", tool="t", arguments_preview="a" * 50_000, count=5, rule="window",
-        denial="no", task="T" * 50_000, latest_user_message="L" * 50_000,
-        latest_output="O" * 50_000, earlier_advice=("A" * 50_000,) * 5,
-        recent_calls=tuple(CallRecord("t", "x" * 50_000, "ok", "y" * 50_000)
-                           for _ in range(50)))
+        session="s",
+        tool="t",
+        arguments_preview="a" * 50_000,
+        count=5,
+        rule="window",
+        denial="no",
+        task="T" * 50_000,
+        latest_user_message="L" * 50_000,
+        latest_output="O" * 50_000,
+        earlier_advice=("A" * 50_000,) * 5,
+        recent_calls=tuple(CallRecord("t", "x" * 50_000, "ok", "y" * 50_000) for _ in range(50)),
+    )
     question = request.question()
     assert len(question) <= MAX_QUESTION_CHARS
     assert "(not known" not in question and "within its latest calls" in question
-    bare = AdviceRequest(session="s", tool="t", arguments_preview="{}", count=3,
-                         rule="consecutive", denial="no").question()
+    bare = AdviceRequest(
+        session="s", tool="t", arguments_preview="{}", count=3, rule="consecutive", denial="no"
+    ).question()
     assert "(not known: the agent's host did not pass the user's request)" in bare
     assert "(not reported)" in bare
 
 
 @pytest.mark.parametrize(
     ("body", "needle"),
-    [("import sys; sys.exit(2)", "exited with 2"),
-     ("print('   ')", "printed no advice")],
+    [("import sys; sys.exit(2)", "exited with 2"), ("print('   ')", "printed no advice")],
 )
 def test_an_advisor_that_fails_is_unavailable(tmp_path: Path, body: str, needle: str) -> None:
     ask = CommandAdvisor(str(command(tmp_path, body)), timeout_seconds=5)
-    request = AdviceRequest(session="s", tool="t", arguments_preview="{}", count=5, rule="window",
-                            denial="no")
+    request = AdviceRequest(
+        session="s", tool="t", arguments_preview="{}", count=5, rule="window", denial="no"
+    )
     with pytest.raises(AdvisorError, match=needle):
         ask(request)
 
@@ -217,7 +239,9 @@ def test_a_new_run_task_replaces_the_task_and_later_messages_are_the_latest() ->
     guard.new_run("s", task="a brand new task")
     run(guard, [Call("pwd", {}, result="/")] * RESCUE_AT)
     assert (requests[0].task, requests[0].latest_user_message) == (
-        "first request", "now also fix the tests")
+        "first request",
+        "now also fix the tests",
+    )
     assert (requests[1].task, requests[1].latest_user_message) == ("a brand new task", None)
     assert requests[1].earlier_advice == ()  # a new epoch: the old advice no longer applies
 
@@ -239,7 +263,8 @@ def test_no_advisor_no_trail_and_the_trail_survives_export_and_import() -> None:
     assert restored.trail is not None and restored.trail.task == "the task"
     # the same call back to back is one entry with its count
     assert [(c.tool, c.arguments, c.outcome, c.output, c.times) for c in restored.trail.calls] == [
-        ("ls", '{"a":1}', "error", "x", 2)]
+        ("ls", '{"a":1}', "error", "x", 2)
+    ]
     with pytest.raises(ValueError, match="trail"):
         SessionState.from_bytes(saved.to_bytes().replace(b'"calls":[', b'"calls":[7,'), POLICY)
 

@@ -14,6 +14,9 @@ ROOT = Path(__file__).resolve().parents[1]
 CI = ROOT / ".ci"
 
 PYPROJECT = """\
+[tool.ruff]
+line-length = 100
+
 [tool.pytest.ini_options]
 testpaths = ["tests"]
 
@@ -41,8 +44,9 @@ def _run_test_step(root: Path) -> subprocess.CompletedProcess[str]:
     bin_dir = str(Path(sys.executable).parent)
     env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
     env.pop("PYTEST_ADDOPTS", None)
-    return subprocess.run(["bash", ".ci/test"], cwd=root, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        ["bash", ".ci/test"], cwd=root, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 PASSING = "def test_ok() -> None:\n    assert 1 + 1 == 2\n"
@@ -70,11 +74,26 @@ def test_no_test_collected_fails_the_test_step(tmp_path: Path) -> None:
 
 
 def test_a_type_error_fails_the_test_step(tmp_path: Path) -> None:
-    root = _project(tmp_path, {"test_ok.py": PASSING}, module="X: int = 'not an int'\n")
+    root = _project(tmp_path, {"test_ok.py": PASSING}, module='X: int = "not an int"\n')
     done = _run_test_step(root)
     assert done.returncode != 0
     assert "1 passed" in done.stdout
     assert "error: Incompatible types" in done.stdout
+
+
+def test_a_lint_error_fails_the_test_step(tmp_path: Path) -> None:
+    root = _project(tmp_path, {"test_ok.py": PASSING}, module="import os\n")
+    done = _run_test_step(root)
+    assert done.returncode != 0
+    assert "F401" in done.stdout
+    assert "passed" not in done.stdout  # the tests never ran
+
+
+def test_unformatted_code_fails_the_test_step(tmp_path: Path) -> None:
+    root = _project(tmp_path, {"test_ok.py": PASSING}, module="X: int = (1)\n")
+    done = _run_test_step(root)
+    assert done.returncode != 0
+    assert "would be reformatted" in done.stdout + done.stderr
 
 
 def test_a_clean_project_passes_the_test_step(tmp_path: Path) -> None:
@@ -97,8 +116,7 @@ def test_every_script_fails_on_any_step(script: str) -> None:
 
 def test_the_run_script_is_its_steps_in_order() -> None:
     steps = [line for line in (CI / "run").read_text().splitlines() if line.startswith("bash ")]
-    assert steps == [
-        "bash .ci/install", "bash .ci/test", "bash .ci/package", "bash .ci/frameworks"]
+    assert steps == ["bash .ci/install", "bash .ci/test", "bash .ci/package", "bash .ci/frameworks"]
 
 
 def test_the_version_is_written_in_one_place() -> None:

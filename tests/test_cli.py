@@ -28,8 +28,15 @@ def test_no_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None
     assert "error: a command is required (demo, replay, hook, serve)" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv", [["launch"], ["replay"], ["replay", "--bogus", "x.jsonl"],
-                                  ["replay", "--mode", "panic", "x.jsonl"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["launch"],
+        ["replay"],
+        ["replay", "--bogus", "x.jsonl"],
+        ["replay", "--mode", "panic", "x.jsonl"],
+    ],
+)
 def test_bad_arguments_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 2
     assert "error:" in capsys.readouterr().err
@@ -49,8 +56,9 @@ def test_importing_the_cli_does_not_import_subcommands() -> None:
         "print(sorted(m for m in ('otel_loopguard.replay', 'otel_loopguard.demo') "
         "if m in sys.modules))"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
     assert result.stdout.strip() == "[]"
 
 

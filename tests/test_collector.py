@@ -55,8 +55,14 @@ def test_serve_defaults_are_the_ones_checked_here() -> None:
 @pytest.mark.parametrize("name", CONFIGS)
 def test_config_is_well_formed(name: str) -> None:
     config = load(name)
-    assert set(config) <= {"receivers", "processors", "exporters", "connectors", "extensions",
-                           "service"}
+    assert set(config) <= {
+        "receivers",
+        "processors",
+        "exporters",
+        "connectors",
+        "extensions",
+        "service",
+    }
     for kind, allowed in KNOWN.items():
         for component_id in config.get(kind) or {}:
             kind_name = component_type(component_id)
@@ -83,17 +89,22 @@ def test_fanout_sends_to_the_backend_and_to_serves_http_port() -> None:
     config = load("otelcol-fanout.yaml")
     exporters = config["exporters"]
     assert config["service"]["pipelines"]["traces"]["exporters"] == [
-        "otlp_grpc/backend", "otlp_http/loopguard"]
+        "otlp_grpc/backend",
+        "otlp_http/loopguard",
+    ]
     loopguard = exporters["otlp_http/loopguard"]
     assert loopguard["endpoint"].endswith(f":{HTTP_PORT}}}")  # ${env:...:-http://loopguard:4318}
     assert loopguard["headers"]["authorization"] == "Bearer ${env:LOOPGUARD_SERVE_TOKEN}"
     assert "compression" not in loopguard or loopguard["compression"] == "gzip"
 
 
-@pytest.mark.parametrize(("name", "routing"), [
-    ("otelcol-sharded.yaml", "traceID"),
-    ("otelcol-sharded-conversation.yaml", "attributes"),
-])
+@pytest.mark.parametrize(
+    ("name", "routing"),
+    [
+        ("otelcol-sharded.yaml", "traceID"),
+        ("otelcol-sharded-conversation.yaml", "attributes"),
+    ],
+)
 def test_sharded_routes_to_serve_replicas_over_grpc(name: str, routing: str) -> None:
     balancer = load(name)["exporters"]["load_balancing"]
     assert balancer["routing_key"] == routing
@@ -137,8 +148,10 @@ def test_compose_stack_mounts_what_exists_and_agrees_on_the_token() -> None:
 
     prometheus = yaml.safe_load((COLLECTOR / "prometheus.yml").read_text())
     assert prometheus["rule_files"] == ["/etc/prometheus/alerts.yml"]
-    assert "../dashboards/alerts.yml:/etc/prometheus/alerts.yml:ro" in (
-        services["prometheus"]["volumes"])
+    assert (
+        "../dashboards/alerts.yml:/etc/prometheus/alerts.yml:ro"
+        in (services["prometheus"]["volumes"])
+    )
     (job,) = prometheus["scrape_configs"]
     assert job["metrics_path"] == "/metrics"
     assert job["static_configs"][0]["targets"] == [f"loopguard:{HTTP_PORT}"]
@@ -150,8 +163,9 @@ def test_compose_stack_mounts_what_exists_and_agrees_on_the_token() -> None:
     assert datasource["datasources"][0]["url"] == "http://prometheus:9090"
     dashboards = yaml.safe_load((provisioning / "dashboards" / "loopguard.yaml").read_text())
     path = dashboards["providers"][0]["options"]["path"]
-    assert any(volume.endswith(f"{path}/loopguard.json:ro")
-               for volume in services["grafana"]["volumes"])
+    assert any(
+        volume.endswith(f"{path}/loopguard.json:ro") for volume in services["grafana"]["volumes"]
+    )
 
 
 def test_readme_names_every_file() -> None:

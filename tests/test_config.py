@@ -80,7 +80,10 @@ def test_presets_reproduce_the_plugins() -> None:
     assert rescue.rescue_on_stall and rescue.stop_after_denials is None
     assert rescue.exclude == ("todo_write", "ask_user", "mcp__claude__*")
     assert (rescue.max_rescues, rescue.cooldown_seconds, rescue.advisor_timeout_seconds) == (
-        3, 45.0, 90.0)
+        3,
+        45.0,
+        90.0,
+    )
     assert rescue.advisor_command is None and rescue.trip_log_path is None
 
 
@@ -106,8 +109,12 @@ def test_validate_field_names_the_label_and_the_value() -> None:
 
 
 def test_env_sets_the_new_fields() -> None:
-    env = {"LOOPGUARD_ADVISOR_INPUT": "STDIN_JSON", "LOOPGUARD_ADVISOR_MODEL": "opus",
-           "LOOPGUARD_REMIND_PAST_THRESHOLDS": "false", "LOOPGUARD_RESCUE_ON_STALL": "yes"}
+    env = {
+        "LOOPGUARD_ADVISOR_INPUT": "STDIN_JSON",
+        "LOOPGUARD_ADVISOR_MODEL": "opus",
+        "LOOPGUARD_REMIND_PAST_THRESHOLDS": "false",
+        "LOOPGUARD_RESCUE_ON_STALL": "yes",
+    }
     policy = policy_from_env(environ=env)
     assert policy.advisor_input.value == "stdin_json" and policy.advisor_model == "opus"
     assert not policy.remind_past_thresholds and policy.rescue_on_stall
@@ -121,8 +128,12 @@ def test_wildcards_treat_regex_metacharacters_literally() -> None:
 
 
 def test_env_overrides_defaults() -> None:
-    env = {env_var("deny_threshold"): "7", env_var("remind_thresholds"): "4,2",
-           env_var("mode"): "ADVISE", env_var("exclude_commands"): r"^docker ps;;^kubectl get"}
+    env = {
+        env_var("deny_threshold"): "7",
+        env_var("remind_thresholds"): "4,2",
+        env_var("mode"): "ADVISE",
+        env_var("exclude_commands"): r"^docker ps;;^kubectl get",
+    }
     policy = policy_from_env(environ=env)
     assert policy.deny_threshold == 7
     assert policy.remind_thresholds == (2, 4)
@@ -132,9 +143,14 @@ def test_env_overrides_defaults() -> None:
 
 @pytest.mark.parametrize(
     ("variable", "text"),
-    [("LOOPGUARD_DENY_THRESHOLD", "six"), ("LOOPGUARD_DENY_THRESHOLD", "1"),
-     ("LOOPGUARD_MODE", "loud"), ("LOOPGUARD_COOLDOWN_SECONDS", "-3"),
-     ("LOOPGUARD_EXCLUDE_COMMANDS", "(oops"), ("LOOPGUARD_PRESET", "nope")],
+    [
+        ("LOOPGUARD_DENY_THRESHOLD", "six"),
+        ("LOOPGUARD_DENY_THRESHOLD", "1"),
+        ("LOOPGUARD_MODE", "loud"),
+        ("LOOPGUARD_COOLDOWN_SECONDS", "-3"),
+        ("LOOPGUARD_EXCLUDE_COMMANDS", "(oops"),
+        ("LOOPGUARD_PRESET", "nope"),
+    ],
 )
 def test_bad_env_value_warns_naming_the_variable_and_keeps_default(
     variable: str, text: str, caplog: pytest.LogCaptureFixture
@@ -167,8 +183,12 @@ def test_toml_false_turns_off_optional_thresholds(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("text", "needle"),
-    [("deny_threshold = 1\n", "deny_threshold"), ("colour = 3\n", "colour"),
-     ("deny_threshold = \n", "not valid TOML"), ('preset = "x"\n', "preset")],
+    [
+        ("deny_threshold = 1\n", "deny_threshold"),
+        ("colour = 3\n", "colour"),
+        ("deny_threshold = \n", "not valid TOML"),
+        ('preset = "x"\n', "preset"),
+    ],
 )
 def test_bad_config_file_names_file_and_field(tmp_path: Path, text: str, needle: str) -> None:
     path = tmp_path / "bad.toml"

@@ -68,31 +68,94 @@ class Dump:
 
 
 DUMPS = [
-    Dump("pydantic_ai/spans.jsonl", "pydantic_ai", FULL_RUN, FULL_IDS,
-         tool_span_agent=AGENT, agent_spans=("invoke_agent weather_agent",), at_start=True),
-    Dump("pydantic_ai/spans_blocked.jsonl", "pydantic_ai", FULL_RUN, FULL_IDS,
-         tool_span_agent=AGENT, agent_spans=("invoke_agent weather_agent",), at_start=True,
-         blocked_results=True),
-    Dump("pydantic_ai/spans_v2_legacy.jsonl", "pydantic_ai_legacy", FULL_RUN, FULL_IDS,
-         tool_span_agent=AGENT, agent_spans=("agent run",), at_start=True),
+    Dump(
+        "pydantic_ai/spans.jsonl",
+        "pydantic_ai",
+        FULL_RUN,
+        FULL_IDS,
+        tool_span_agent=AGENT,
+        agent_spans=("invoke_agent weather_agent",),
+        at_start=True,
+    ),
+    Dump(
+        "pydantic_ai/spans_blocked.jsonl",
+        "pydantic_ai",
+        FULL_RUN,
+        FULL_IDS,
+        tool_span_agent=AGENT,
+        agent_spans=("invoke_agent weather_agent",),
+        at_start=True,
+        blocked_results=True,
+    ),
+    Dump(
+        "pydantic_ai/spans_v2_legacy.jsonl",
+        "pydantic_ai_legacy",
+        FULL_RUN,
+        FULL_IDS,
+        tool_span_agent=AGENT,
+        agent_spans=("agent run",),
+        at_start=True,
+    ),
     # LangGraph + OpenInference gives a one-argument tool's input as the bare value and puts
     # no schema (tool.parameters) on the span: the parameter name "query" is not in the span.
-    Dump("langgraph/spans.jsonl", "openinference", FULL_RUN, FULL_IDS,
-         search_args="weather in Paris", agent_spans=("weather_agent",)),
-    Dump("langgraph/spans_blocked.jsonl", "openinference", BLOCKED_RUN, BLOCKED_IDS,
-         search_args="weather in Paris", agent_spans=("weather_agent",)),
-    Dump("langgraph_openllmetry/spans.jsonl", "openllmetry_langchain", FULL_RUN, FULL_IDS,
-         agent_spans=("weather_agent.workflow", "invoke_agent weather_agent")),
-    Dump("langgraph_openllmetry/spans_blocked.jsonl", "openllmetry_langchain", BLOCKED_RUN,
-         BLOCKED_IDS, agent_spans=("weather_agent.workflow", "invoke_agent weather_agent")),
-    Dump("strands/spans.jsonl", "strands_event", FULL_RUN, FULL_IDS,
-         agent_spans=("invoke_agent weather_agent",)),
-    Dump("strands/spans_blocked.jsonl", "strands_event", BLOCKED_RUN, BLOCKED_IDS,
-         agent_spans=("invoke_agent weather_agent",)),
-    Dump("strands/spans_latest_semconv.jsonl", "strands", FULL_RUN, FULL_IDS,
-         agent_spans=("invoke_agent weather_agent",)),
-    Dump("strands/spans_latest_semconv_blocked.jsonl", "strands", BLOCKED_RUN, BLOCKED_IDS,
-         agent_spans=("invoke_agent weather_agent",)),
+    Dump(
+        "langgraph/spans.jsonl",
+        "openinference",
+        FULL_RUN,
+        FULL_IDS,
+        search_args="weather in Paris",
+        agent_spans=("weather_agent",),
+    ),
+    Dump(
+        "langgraph/spans_blocked.jsonl",
+        "openinference",
+        BLOCKED_RUN,
+        BLOCKED_IDS,
+        search_args="weather in Paris",
+        agent_spans=("weather_agent",),
+    ),
+    Dump(
+        "langgraph_openllmetry/spans.jsonl",
+        "openllmetry_langchain",
+        FULL_RUN,
+        FULL_IDS,
+        agent_spans=("weather_agent.workflow", "invoke_agent weather_agent"),
+    ),
+    Dump(
+        "langgraph_openllmetry/spans_blocked.jsonl",
+        "openllmetry_langchain",
+        BLOCKED_RUN,
+        BLOCKED_IDS,
+        agent_spans=("weather_agent.workflow", "invoke_agent weather_agent"),
+    ),
+    Dump(
+        "strands/spans.jsonl",
+        "strands_event",
+        FULL_RUN,
+        FULL_IDS,
+        agent_spans=("invoke_agent weather_agent",),
+    ),
+    Dump(
+        "strands/spans_blocked.jsonl",
+        "strands_event",
+        BLOCKED_RUN,
+        BLOCKED_IDS,
+        agent_spans=("invoke_agent weather_agent",),
+    ),
+    Dump(
+        "strands/spans_latest_semconv.jsonl",
+        "strands",
+        FULL_RUN,
+        FULL_IDS,
+        agent_spans=("invoke_agent weather_agent",),
+    ),
+    Dump(
+        "strands/spans_latest_semconv_blocked.jsonl",
+        "strands",
+        BLOCKED_RUN,
+        BLOCKED_IDS,
+        agent_spans=("invoke_agent weather_agent",),
+    ),
 ]
 
 
@@ -208,7 +271,9 @@ def test_arguments_available_at_start_only_for_pydantic_ai(dump: Dump) -> None:
             at_start = tool_call_from_span(span.name_at_start, span.attributes_at_start)
             assert at_start is not None
             assert (at_start.tool, at_start.arguments, at_start.call_id) == (
-                call.tool, call.arguments, call.call_id,
+                call.tool,
+                call.arguments,
+                call.call_id,
             )
             assert at_start.result is None and at_start.is_error is None
 
@@ -230,7 +295,10 @@ def test_the_same_call_decodes_identically_across_instrumentations() -> None:
         for _, call in _tool_spans(dump):
             key = orjson.dumps([call.arguments, call.result], option=orjson.OPT_SORT_KEYS)
             signatures.setdefault(call.tool, set()).add(key.decode())
-    assert {tool: len(found) for tool, found in signatures.items()} == {"search": 1, "get_weather": 1}
+    assert {tool: len(found) for tool, found in signatures.items()} == {
+        "search": 1,
+        "get_weather": 1,
+    }
 
 
 # --- Hand-written spans for instrumentations without a dump ------------------------------------
@@ -251,7 +319,10 @@ def test_openai_agents_sdk_raw_json_string() -> None:
     )
     assert call is not None
     assert (call.convention, call.tool, call.arguments, call.result) == (
-        "openinference", "search", SEARCH_ARGS, SEARCH_RESULT,
+        "openinference",
+        "search",
+        SEARCH_ARGS,
+        SEARCH_RESULT,
     )
     assert call.is_error is False and call.call_id is None
 
@@ -307,16 +378,23 @@ def test_openinference_bare_scalar_stays_raw_when_the_schema_is_ambiguous() -> N
 
 def test_openinference_python_repr_and_tool_call_envelopes() -> None:
     base = {"openinference.span.kind": "TOOL", "tool.name": "get_weather"}
-    repr_call = tool_call_from_span("get_weather", {**base, "input.value": "{'city': 'Paris', 'unit': 'C'}"})
+    repr_call = tool_call_from_span(
+        "get_weather", {**base, "input.value": "{'city': 'Paris', 'unit': 'C'}"}
+    )
     assert repr_call is not None and repr_call.arguments == WEATHER_ARGS
-    envelope = json.dumps({"name": "get_weather", "args": WEATHER_ARGS, "id": "call_9", "type": "tool_call"})
+    envelope = json.dumps(
+        {"name": "get_weather", "args": WEATHER_ARGS, "id": "call_9", "type": "tool_call"}
+    )
     envelope_call = tool_call_from_span("get_weather", {**base, "input.value": envelope})
     assert envelope_call is not None
     assert (envelope_call.arguments, envelope_call.call_id) == (WEATHER_ARGS, "call_9")
 
 
 def test_openinference_error_tool_message_and_metadata_thread_id() -> None:
-    output = {"type": "tool", "data": {"content": "boom", "tool_call_id": "call_3", "status": "error"}}
+    output = {
+        "type": "tool",
+        "data": {"content": "boom", "tool_call_id": "call_3", "status": "error"},
+    }
     call = tool_call_from_span(
         "search",
         {
@@ -328,7 +406,12 @@ def test_openinference_error_tool_message_and_metadata_thread_id() -> None:
         },
     )
     assert call is not None
-    assert (call.result, call.call_id, call.is_error, call.conversation_id) == ("boom", "call_3", True, "thread-7")
+    assert (call.result, call.call_id, call.is_error, call.conversation_id) == (
+        "boom",
+        "call_3",
+        True,
+        "thread-7",
+    )
 
 
 ADK_BASE = {
@@ -353,7 +436,11 @@ def test_google_adk_legacy_keys() -> None:
     call = tool_call_from_span("execute_tool search", attributes, status_error=False)
     assert call is not None
     assert (call.convention, call.arguments, call.result, call.call_id, call.agent_name) == (
-        "google_adk", SEARCH_ARGS, SEARCH_RESULT, "adk-1", AGENT,
+        "google_adk",
+        SEARCH_ARGS,
+        SEARCH_RESULT,
+        "adk-1",
+        AGENT,
     )
     # No conversation id on ADK tool spans: it lives on the agent span.
     assert call.conversation_id is None
@@ -381,28 +468,49 @@ def test_google_adk_2_semconv_keys() -> None:
     attributes.pop("gcp.vertex.agent.llm_request")
     call = tool_call_from_span("execute_tool search", attributes)
     assert call is not None
-    assert (call.convention, call.arguments, call.result) == ("google_adk", SEARCH_ARGS, SEARCH_RESULT)
+    assert (call.convention, call.arguments, call.result) == (
+        "google_adk",
+        SEARCH_ARGS,
+        SEARCH_RESULT,
+    )
 
 
 def test_google_adk_merged_tools_span_is_not_a_call() -> None:
-    attributes = {**ADK_BASE, "gen_ai.tool.name": "(merged tools)", "gcp.vertex.agent.tool_call_args": "N/A"}
+    attributes = {
+        **ADK_BASE,
+        "gen_ai.tool.name": "(merged tools)",
+        "gcp.vertex.agent.tool_call_args": "N/A",
+    }
     assert tool_call_from_span("execute_tool (merged tools)", attributes) is None
 
 
 def test_google_adk_agent_span_carries_the_session() -> None:
     agent = agent_from_span(
         "invoke_agent weather_agent",
-        {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": AGENT, "gen_ai.conversation.id": "s-1"},
+        {
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.agent.name": AGENT,
+            "gen_ai.conversation.id": "s-1",
+        },
     )
     assert agent == SpanAgent(agent_id=None, agent_name=AGENT, conversation_id="s-1")
 
 
 def test_util_genai_start_then_end() -> None:
-    start = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search", "gen_ai.tool.type": "function"}
+    start = {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": "search",
+        "gen_ai.tool.type": "function",
+    }
     assert not arguments_available_at_start("execute_tool search", start)
     early = tool_call_from_span("execute_tool search", start)
     assert early is not None
-    assert (early.convention, early.arguments, early.result, early.is_error) == ("genai", MISSING, None, None)
+    assert (early.convention, early.arguments, early.result, early.is_error) == (
+        "genai",
+        MISSING,
+        None,
+        None,
+    )
     end = {
         **start,
         "gen_ai.tool.call.id": "u-1",
@@ -411,11 +519,20 @@ def test_util_genai_start_then_end() -> None:
     }
     call = tool_call_from_span("execute_tool search", end, status_error=False)
     assert call is not None
-    assert (call.arguments, call.result, call.call_id, call.is_error) == (SEARCH_ARGS, SEARCH_RESULT, "u-1", False)
+    assert (call.arguments, call.result, call.call_id, call.is_error) == (
+        SEARCH_ARGS,
+        SEARCH_RESULT,
+        "u-1",
+        False,
+    )
 
 
 def test_util_genai_error_type_marks_an_error() -> None:
-    attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search", "error.type": "TimeoutError"}
+    attributes = {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": "search",
+        "error.type": "TimeoutError",
+    }
     call = tool_call_from_span("execute_tool search", attributes)
     assert call is not None and call.is_error is True
 
@@ -435,14 +552,25 @@ def test_crewai_call_tool() -> None:
     call = tool_call_from_span("call tool", attributes)
     assert call is not None
     assert (call.convention, call.tool, call.arguments, call.agent_name) == (
-        "crewai", "search", SEARCH_ARGS, "Researcher",
+        "crewai",
+        "search",
+        SEARCH_ARGS,
+        "Researcher",
     )
 
 
 def test_openlit_current_and_legacy_keys() -> None:
-    base = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search", "gen_ai.system": "langchain"}
-    current = tool_call_from_span("execute_tool search", {**base, "gen_ai.tool.call.arguments": json.dumps(SEARCH_ARGS)})
-    legacy = tool_call_from_span("execute_tool search", {**base, "gen_ai.tool.args": json.dumps(SEARCH_ARGS)})
+    base = {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": "search",
+        "gen_ai.system": "langchain",
+    }
+    current = tool_call_from_span(
+        "execute_tool search", {**base, "gen_ai.tool.call.arguments": json.dumps(SEARCH_ARGS)}
+    )
+    legacy = tool_call_from_span(
+        "execute_tool search", {**base, "gen_ai.tool.args": json.dumps(SEARCH_ARGS)}
+    )
     assert current is not None and legacy is not None
     assert (current.convention, current.arguments) == ("genai", SEARCH_ARGS)
     assert (legacy.convention, legacy.arguments) == ("openlit", SEARCH_ARGS)
@@ -467,7 +595,11 @@ def test_openllmetry_tool_decorator(entity_input: str, expected: object) -> None
     call = tool_call_from_span("search.tool", attributes)
     assert call is not None
     assert (call.convention, call.tool, call.arguments, call.result, call.conversation_id) == (
-        "openllmetry_tool", "search", expected, SEARCH_RESULT, "sess-1",
+        "openllmetry_tool",
+        "search",
+        expected,
+        SEARCH_RESULT,
+        "sess-1",
     )
 
 
@@ -486,16 +618,24 @@ def test_openllmetry_langchain_input_str_only() -> None:
     }
     call = tool_call_from_span("execute_tool get_weather", attributes)
     assert call is not None
-    assert (call.convention, call.arguments, call.call_id) == ("openllmetry_langchain", WEATHER_ARGS, "call_6")
+    assert (call.convention, call.arguments, call.call_id) == (
+        "openllmetry_langchain",
+        WEATHER_ARGS,
+        "call_6",
+    )
 
 
 def test_openllmetry_agent_decorator_span() -> None:
-    agent = agent_from_span("planner.agent", {"traceloop.span.kind": "agent", "traceloop.entity.name": "planner"})
+    agent = agent_from_span(
+        "planner.agent", {"traceloop.span.kind": "agent", "traceloop.entity.name": "planner"}
+    )
     assert agent == SpanAgent(agent_id=None, agent_name="planner", conversation_id=None)
 
 
 def test_openinference_agent_name_attribute_wins_over_span_name() -> None:
-    agent = agent_from_span("Agent workflow", {"openinference.span.kind": "AGENT", "agent.name": "Triage"})
+    agent = agent_from_span(
+        "Agent workflow", {"openinference.span.kind": "AGENT", "agent.name": "Triage"}
+    )
     assert agent is not None and agent.agent_name == "Triage"
 
 
@@ -512,15 +652,26 @@ STRANDS_EVENTS = [
 
 
 def test_strands_error_status() -> None:
-    call = tool_call_from_span("execute_tool search", {**STRANDS_BASE, "gen_ai.tool.status": "error"}, STRANDS_EVENTS)
+    call = tool_call_from_span(
+        "execute_tool search", {**STRANDS_BASE, "gen_ai.tool.status": "error"}, STRANDS_EVENTS
+    )
     assert call is not None
-    assert (call.convention, call.arguments, call.result, call.is_error) == ("strands_event", SEARCH_ARGS, "boom", True)
+    assert (call.convention, call.arguments, call.result, call.is_error) == (
+        "strands_event",
+        SEARCH_ARGS,
+        "boom",
+        True,
+    )
 
 
 def test_span_status_error_and_exception_event_mark_errors() -> None:
-    by_status = tool_call_from_span("execute_tool search", STRANDS_BASE, STRANDS_EVENTS, status_error=True)
+    by_status = tool_call_from_span(
+        "execute_tool search", STRANDS_BASE, STRANDS_EVENTS, status_error=True
+    )
     by_event = tool_call_from_span(
-        "execute_tool search", STRANDS_BASE, [*STRANDS_EVENTS, ("exception", {"exception.type": "ValueError"})]
+        "execute_tool search",
+        STRANDS_BASE,
+        [*STRANDS_EVENTS, ("exception", {"exception.type": "ValueError"})],
     )
     no_evidence = tool_call_from_span("execute_tool search", STRANDS_BASE, STRANDS_EVENTS)
     assert by_status is not None and by_event is not None and no_evidence is not None
@@ -538,7 +689,7 @@ def test_events_given_as_lists_are_read() -> None:
 
 def test_decode_json_contract() -> None:
     assert decode_json('{"a": [1, 2]}') == {"a": [1, 2]}
-    assert decode_json(' \n[1]') == [1]
+    assert decode_json(" \n[1]") == [1]
     assert decode_json('"plain"') == "plain"
     assert decode_json(json.dumps(json.dumps({"a": 1}))) == {"a": 1}  # double-encoded
     assert decode_json(b'{"a": 1}') == {"a": 1}
@@ -555,17 +706,26 @@ def test_strings_over_the_cap_are_kept_raw() -> None:
     huge = json.dumps({"query": "x" * MAX_DECODE_CHARS})
     assert len(huge) > MAX_DECODE_CHARS
     assert decode_json(huge) is huge
-    attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search",
-                  "gen_ai.tool.call.arguments": huge}
+    attributes = {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": "search",
+        "gen_ai.tool.call.arguments": huge,
+    }
     call = tool_call_from_span("execute_tool search", attributes)
     assert call is not None and call.arguments is huge
     just_under = json.dumps({"q": "x" * (MAX_DECODE_CHARS - 20)})
-    assert len(just_under) <= MAX_DECODE_CHARS and decode_json(just_under) == {"q": "x" * (MAX_DECODE_CHARS - 20)}
+    assert len(just_under) <= MAX_DECODE_CHARS and decode_json(just_under) == {
+        "q": "x" * (MAX_DECODE_CHARS - 20)
+    }
 
 
 def test_non_string_attribute_values_are_treated_as_absent() -> None:
-    attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": 7,
-                  "gen_ai.tool.call.id": ["x"], "gen_ai.conversation.id": {"a": 1}}
+    attributes = {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": 7,
+        "gen_ai.tool.call.id": ["x"],
+        "gen_ai.conversation.id": {"a": 1},
+    }
     call = tool_call_from_span("execute_tool search", attributes)
     assert call is not None
     # An int name is rendered; a list id and a dict conversation id are not identifiers.
@@ -592,8 +752,19 @@ def test_table_entries_start_with_a_cheap_gate() -> None:
         gate = entry.when[0]
         assert gate.on in cheap or (gate.on is conventions.On.ATTRIBUTE and gate.values), entry.name
     names = {entry.name for entry in TOOL_CONVENTIONS}
-    assert names >= {"genai", "pydantic_ai", "pydantic_ai_legacy", "openinference", "openllmetry_tool",
-                     "openllmetry_langchain", "strands_event", "strands", "google_adk", "crewai", "openlit"}
+    assert names >= {
+        "genai",
+        "pydantic_ai",
+        "pydantic_ai_legacy",
+        "openinference",
+        "openllmetry_tool",
+        "openllmetry_langchain",
+        "strands_event",
+        "strands",
+        "google_adk",
+        "crewai",
+        "openlit",
+    }
 
 
 class CountingMapping(Mapping[str, object]):
@@ -622,12 +793,17 @@ class CountingMapping(Mapping[str, object]):
     ("name", "attributes"),
     [
         ("chat scripted-loop", {"gen_ai.operation.name": "chat", "gen_ai.agent.name": AGENT}),
-        ("execute_task tools", {"traceloop.span.kind": "task", "gen_ai.operation.name": "execute_task"}),
+        (
+            "execute_task tools",
+            {"traceloop.span.kind": "task", "gen_ai.operation.name": "execute_task"},
+        ),
         ("RunnableSequence", {"openinference.span.kind": "CHAIN"}),
         ("GET /", {"http.method": "GET"}),
     ],
 )
-def test_rejecting_a_non_tool_span_costs_a_few_lookups(name: str, attributes: dict[str, object]) -> None:
+def test_rejecting_a_non_tool_span_costs_a_few_lookups(
+    name: str, attributes: dict[str, object]
+) -> None:
     counting = CountingMapping(attributes)
     assert tool_call_from_span(name, counting) is None
     assert counting.lookups <= 4
@@ -642,18 +818,46 @@ def test_rejecting_a_non_tool_span_costs_a_few_lookups(name: str, attributes: di
 # --- Nothing raises ----------------------------------------------------------------------------
 
 KNOWN_KEYS = sorted(
-    {key for entry in TOOL_CONVENTIONS for key in (*entry.tool_keys, *entry.argument_keys, *entry.result_keys,
-                                                   *entry.call_id_keys)}
-    | {key for entry in ALL_CONVENTIONS for c in entry.when
-       if c.on is conventions.On.ATTRIBUTE for key in c.keys}
-    | {"metadata", "tool.parameters", "error.type", "gen_ai.tool.status", "session.id", "gen_ai.conversation.id"}
+    {
+        key
+        for entry in TOOL_CONVENTIONS
+        for key in (*entry.tool_keys, *entry.argument_keys, *entry.result_keys, *entry.call_id_keys)
+    }
+    | {
+        key
+        for entry in ALL_CONVENTIONS
+        for c in entry.when
+        if c.on is conventions.On.ATTRIBUTE
+        for key in c.keys
+    }
+    | {
+        "metadata",
+        "tool.parameters",
+        "error.type",
+        "gen_ai.tool.status",
+        "session.id",
+        "gen_ai.conversation.id",
+    }
 )
-MARKER_VALUES = ["execute_tool", "invoke_agent", "TOOL", "AGENT", "tool", "agent", "workflow",
-                 "strands-agents", "FunctionTool", "error", "success"]
+MARKER_VALUES = [
+    "execute_tool",
+    "invoke_agent",
+    "TOOL",
+    "AGENT",
+    "tool",
+    "agent",
+    "workflow",
+    "strands-agents",
+    "FunctionTool",
+    "error",
+    "success",
+]
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=20),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
     max_leaves=20,
 )
 odd_values = (
@@ -662,26 +866,58 @@ odd_values = (
     | st.sampled_from(MARKER_VALUES)
     | st.binary(max_size=40)
     | st.tuples(st.text(max_size=5), st.integers())
-    | st.sampled_from(['{"a": NaN}', "[" * 3000, "{'a': (1,", '"\\ud800"', '{"args": 1, "kwargs": [2]}',
-                       '{"inputs": 3, "kwargs": "x"}', '{"type": "tool", "data": {"content": []}}',
-                       '[{"text": 1}]', '{"output": {"lc": 1, "kwargs": 5}}', '{"properties": {"x": 1}}'])
+    | st.sampled_from(
+        [
+            '{"a": NaN}',
+            "[" * 3000,
+            "{'a': (1,",
+            '"\\ud800"',
+            '{"args": 1, "kwargs": [2]}',
+            '{"inputs": 3, "kwargs": "x"}',
+            '{"type": "tool", "data": {"content": []}}',
+            '[{"text": 1}]',
+            '{"output": {"lc": 1, "kwargs": 5}}',
+            '{"properties": {"x": 1}}',
+        ]
+    )
 )
-attribute_maps = st.dictionaries(st.sampled_from(KNOWN_KEYS) | st.text(max_size=12), odd_values, max_size=10)
-span_names = st.sampled_from(["execute_tool search", "running tool", "call tool", "search.tool",
-                              "invoke_agent x", "execute_tool ", ""]) | st.text(max_size=20)
+attribute_maps = st.dictionaries(
+    st.sampled_from(KNOWN_KEYS) | st.text(max_size=12), odd_values, max_size=10
+)
+span_names = st.sampled_from(
+    [
+        "execute_tool search",
+        "running tool",
+        "call tool",
+        "search.tool",
+        "invoke_agent x",
+        "execute_tool ",
+        "",
+    ]
+) | st.text(max_size=20)
 events = st.lists(
-    st.tuples(st.sampled_from(["gen_ai.tool.message", "gen_ai.choice", "exception"]) | st.text(max_size=8),
-              st.dictionaries(st.sampled_from(["content", "message", "id"]), odd_values, max_size=3)),
+    st.tuples(
+        st.sampled_from(["gen_ai.tool.message", "gen_ai.choice", "exception"])
+        | st.text(max_size=8),
+        st.dictionaries(st.sampled_from(["content", "message", "id"]), odd_values, max_size=3),
+    ),
     max_size=3,
 )
 
 
 @settings(max_examples=400, deadline=None)
-@given(name=span_names, attributes=attribute_maps, span_events=events,
-       status_error=st.none() | st.booleans())
-def test_nothing_raises_on_odd_input(name: str, attributes: dict[str, object],
-                                     span_events: list[tuple[str, dict[str, object]]],
-                                     status_error: bool | None) -> None:
+@given(
+    name=span_names,
+    attributes=attribute_maps,
+    span_events=events,
+    status_error=st.none() | st.booleans(),
+)
+def test_nothing_raises_on_odd_input(
+    name: str,
+    attributes: dict[str, object],
+    span_events: list[tuple[str, dict[str, object]]],
+    status_error: bool | None,
+) -> None:
     call = tool_call_from_span(name, attributes, span_events, status_error)
     if call is not None:
         assert isinstance(call.tool, str) and call.tool
@@ -698,7 +934,10 @@ def test_nothing_raises_on_odd_input(name: str, attributes: dict[str, object],
 
 
 @settings(max_examples=100, deadline=None)
-@given(name=st.one_of(st.none(), st.integers(), st.binary()), attributes=st.one_of(st.none(), st.lists(st.integers())))
+@given(
+    name=st.one_of(st.none(), st.integers(), st.binary()),
+    attributes=st.one_of(st.none(), st.lists(st.integers())),
+)
 def test_nothing_raises_on_wrong_argument_types(name: Any, attributes: Any) -> None:
     assert tool_call_from_span(name, attributes) is None
     assert agent_from_span(name, attributes) is None
@@ -723,8 +962,10 @@ class Marker(str, enum.Enum):
 def _gate_opens(gate: conventions.Condition, name: str, attributes: Mapping[str, object]) -> bool:
     """A gate as the table defines it; an attribute gate opens on a plain str value only."""
     if gate.on is conventions.On.ATTRIBUTE:
-        return any(type(attributes.get(key)) is str and attributes.get(key) in (gate.values or ())
-                   for key in gate.keys)
+        return any(
+            type(attributes.get(key)) is str and attributes.get(key) in (gate.values or ())
+            for key in gate.keys
+        )
     return gate.holds(name, attributes, ())
 
 
@@ -751,14 +992,19 @@ compiled_attribute_maps = st.dictionaries(
 
 
 @settings(max_examples=600, deadline=None)
-@given(name=span_names | st.sampled_from(list(Marker)), attributes=compiled_attribute_maps,
-       span_events=events)
+@given(
+    name=span_names | st.sampled_from(list(Marker)),
+    attributes=compiled_attribute_maps,
+    span_events=events,
+)
 def test_compiled_tables_answer_as_the_tables_read_in_order(
     name: str, attributes: dict[str, object], span_events: list[tuple[str, dict[str, object]]]
 ) -> None:
     tool_entry = _read_in_order(TOOL_CONVENTIONS, name, attributes, span_events)
     bits = _dispatch._TOOLS.gate_bits(name, attributes)
-    assert (_dispatch._TOOLS.match(bits, name, attributes, span_events) if bits else None) is tool_entry
+    assert (
+        _dispatch._TOOLS.match(bits, name, attributes, span_events) if bits else None
+    ) is tool_entry
     assert may_be_tool_span(name, attributes) is (bits != 0)
     call = tool_call_from_span(name, attributes, span_events)
     if tool_entry is None:
@@ -774,8 +1020,11 @@ def test_compiled_tables_answer_as_the_tables_read_in_order(
 
 
 def test_a_str_subclass_value_alone_opens_no_gate_but_counts_once_one_is_open() -> None:
-    attributes = {"gen_ai.operation.name": Marker.EXECUTE_TOOL, "gen_ai.tool.name": "search",
-                  "logfire.msg": "running tool: search"}
+    attributes = {
+        "gen_ai.operation.name": Marker.EXECUTE_TOOL,
+        "gen_ai.tool.name": "search",
+        "logfire.msg": "running tool: search",
+    }
     assert tool_call_from_span("search", attributes) is None
     call = tool_call_from_span("execute_tool search", attributes)  # the name gate opens
     assert call is not None and call.convention == "pydantic_ai"
@@ -789,16 +1038,22 @@ def test_every_condition_kind_compiles_to_its_holds() -> None:
         ("", {"k": 1}, [("other", {}), ("x",)]),  # type: ignore[list-item]
     ]
     conditions = [
-        conventions.attribute_present("k"), conventions.attribute_present("j", "k"),
-        conventions.attribute_present("z"), conventions.attribute_is("k", "v", "TOOL"),
+        conventions.attribute_present("k"),
+        conventions.attribute_present("j", "k"),
+        conventions.attribute_present("z"),
+        conventions.attribute_is("k", "v", "TOOL"),
         conventions.Condition(conventions.On.ATTRIBUTE, ("z", "j"), frozenset({"w"})),
-        conventions.span_name_is("call tool", ""), conventions.span_name_starts("exec", "x"),
-        conventions.has_event("ev"), conventions.has_event("nope"),
+        conventions.span_name_is("call tool", ""),
+        conventions.span_name_starts("exec", "x"),
+        conventions.has_event("ev"),
+        conventions.has_event("nope"),
     ]
     for condition in conditions:
         check = _dispatch._compile_check(condition)
         for name, attributes, span_events in spans:
-            assert check(name, attributes, span_events) is condition.holds(name, attributes, span_events)
+            assert check(name, attributes, span_events) is condition.holds(
+                name, attributes, span_events
+            )
 
 
 def test_a_table_entry_must_start_with_a_cheap_gate() -> None:
@@ -841,8 +1096,11 @@ def test_a_span_meeting_a_tool_convention_passes_the_gate(entry: ToolConvention)
 
 
 def test_the_gate_reads_past_unhashable_and_str_subclass_values() -> None:
-    attributes: dict[str, object] = {"traceloop.span.kind": ["tool"], "openinference.span.kind": Marker.TOOL,
-                                     "gen_ai.operation.name": "execute_tool"}
+    attributes: dict[str, object] = {
+        "traceloop.span.kind": ["tool"],
+        "openinference.span.kind": Marker.TOOL,
+        "gen_ai.operation.name": "execute_tool",
+    }
     assert may_be_tool_span("search", attributes)
     del attributes["gen_ai.operation.name"]
     assert not may_be_tool_span("search", attributes)
@@ -853,7 +1111,10 @@ def test_the_gate_is_derived_from_the_table() -> None:
     name, attributes = "fetch_tool web", {"my.kind": "tool_call"}  # no gate of today's table
     assert not may_be_tool_span(name, attributes)
     assert not _dispatch._Dispatch(TOOL_CONVENTIONS).gate()(name, attributes)
-    for gate in (conventions.span_name_starts("fetch_tool "), conventions.attribute_is("my.kind", "tool_call")):
+    for gate in (
+        conventions.span_name_starts("fetch_tool "),
+        conventions.attribute_is("my.kind", "tool_call"),
+    ):
         table = (*TOOL_CONVENTIONS, ToolConvention(name="new", when=(gate,)))
         assert _dispatch._Dispatch(table).gate()(name, attributes)
     # Removing an entry closes a gate only it had: "running tool" is Pydantic AI v2's alone.
@@ -870,8 +1131,9 @@ def test_the_span_processor_reads_exactly_the_spans_the_gate_opens_on(
     from otel_loopguard.processor import LoopGuardSpanProcessor
 
     ended: list[str] = []
-    monkeypatch.setattr(LoopGuardSpanProcessor, "_end",
-                        lambda self, span, name, *rest: ended.append(name))
+    monkeypatch.setattr(
+        LoopGuardSpanProcessor, "_end", lambda self, span, name, *rest: ended.append(name)
+    )
     processor = LoopGuardSpanProcessor()
     provider = TracerProvider()
     provider.add_span_processor(processor)
@@ -897,7 +1159,9 @@ def test_any_mapping_reads_like_a_dict() -> None:
     for dump in DUMPS:
         for span, call in _tool_spans(dump)[:2]:
             for wrapped in (MappingProxyType(span.attributes), CountingMapping(span.attributes)):
-                assert tool_call_from_span(span.name, wrapped, span.events, span.status_error) == call
+                assert (
+                    tool_call_from_span(span.name, wrapped, span.events, span.status_error) == call
+                )
                 assert agent_from_span(span.name, wrapped) is None
 
 

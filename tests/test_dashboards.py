@@ -29,7 +29,8 @@ def declared_series() -> set[str]:
 def test_committed_dashboard_is_what_the_generator_writes() -> None:
     generator = load_generator()
     assert COMMITTED.read_text() == generator.render(), (
-        "dashboards/loopguard.json is stale: run python dashboards/generate.py")
+        "dashboards/loopguard.json is stale: run python dashboards/generate.py"
+    )
     assert generator.main(["--check"]) == 0
 
 
@@ -37,8 +38,10 @@ def test_generator_uses_the_pinned_sdk() -> None:
     """The SDK release named in the generator is the one installed and the one pyproject pins."""
     generator = load_generator()
     assert importlib.metadata.version("grafana-foundation-sdk") == generator.SDK_VERSION
-    assert f'"grafana-foundation-sdk=={generator.SDK_VERSION}"' in (
-        DASHBOARDS.parent / "pyproject.toml").read_text()
+    assert (
+        f'"grafana-foundation-sdk=={generator.SDK_VERSION}"'
+        in (DASHBOARDS.parent / "pyproject.toml").read_text()
+    )
     assert generator.SDK_VERSION.endswith("!" + generator.GRAFANA_VERSION)
 
 
@@ -98,9 +101,17 @@ def test_repeat_counts_are_shown_as_whole_counts() -> None:
 
 def test_dashboard_has_the_panels_the_issue_asks_for() -> None:
     titles = {p["title"] for p in json.loads(COMMITTED.read_text())["panels"]}
-    assert {"Loops over time by rule and action", "Top looping agents", "Top looping tools",
-            "Repeated calls by tool", "Wasted seconds by tool", "Share of calls that are repeats",
-            "Rescues by outcome", "Tracked sessions and evictions", "Internal errors"} <= titles
+    assert {
+        "Loops over time by rule and action",
+        "Top looping agents",
+        "Top looping tools",
+        "Repeated calls by tool",
+        "Wasted seconds by tool",
+        "Share of calls that are repeats",
+        "Rescues by outcome",
+        "Tracked sessions and evictions",
+        "Internal errors",
+    } <= titles
 
 
 def test_panels_do_not_overlap_and_ids_are_unique() -> None:
@@ -109,9 +120,12 @@ def test_panels_do_not_overlap_and_ids_are_unique() -> None:
     cells: set[tuple[int, int]] = set()
     for panel in panels:
         grid = panel["gridPos"]
-        assert 0 <= grid["x"] and grid["x"] + grid["w"] <= 24
-        area = {(x, y) for x in range(grid["x"], grid["x"] + grid["w"])
-                for y in range(grid["y"], grid["y"] + grid["h"])}
+        assert grid["x"] >= 0 and grid["x"] + grid["w"] <= 24
+        area = {
+            (x, y)
+            for x in range(grid["x"], grid["x"] + grid["w"])
+            for y in range(grid["y"], grid["y"] + grid["h"])
+        }
         assert not area & cells, panel["title"]
         cells |= area
 
@@ -134,11 +148,13 @@ def test_alert_rules_read_declared_metrics() -> None:
     assert used and used <= declared_series()
 
 
-@pytest.mark.parametrize("command", [["check", "rules", "alerts.yml"],
-                                     ["test", "rules", "alerts_test.yml"]])
+@pytest.mark.parametrize(
+    "command", [["check", "rules", "alerts.yml"], ["test", "rules", "alerts_test.yml"]]
+)
 def test_promtool_checks_the_alert_rules(command: list[str]) -> None:
     promtool = require_tool("promtool")
-    result = subprocess.run([promtool, *command], cwd=DASHBOARDS, capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run(
+        [promtool, *command], cwd=DASHBOARDS, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout

@@ -41,17 +41,24 @@ def test_demo_command_shows_reminder_denial_and_stop() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPGUARD_")}
     # Settings meant for a real agent must not change the demo.
     env["LOOPGUARD_MODE"] = "observe"
-    result = subprocess.run([sys.executable, "-m", "otel_loopguard.cli", "demo"],
-                            capture_output=True, text=True, timeout=120, env=env)
+    result = subprocess.run(
+        [sys.executable, "-m", "otel_loopguard.cli", "demo"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert result.returncode == 0, result.stderr
     out = result.stdout
     policy = PRESETS["default"]
     assert policy.no_progress_threshold is not None  # the demo's tool answers the same each time
     assert _step_lines(out, "REMIND")[0].endswith(
-        f"count {policy.remind_thresholds[0]} (threshold {policy.remind_thresholds[0]})")
+        f"count {policy.remind_thresholds[0]} (threshold {policy.remind_thresholds[0]})"
+    )
     assert _step_lines(out, "DENY")[0].endswith(
         f"count {policy.no_progress_threshold} (threshold {policy.no_progress_threshold})"
-        " - the tool does not run")
+        " - the tool does not run"
+    )
     assert len(_step_lines(out, "STOP")) == 1
     assert "the model gets instead of a result:" in out
     assert "the model gets, and the run should end:" in out
@@ -75,8 +82,9 @@ def test_demo_prints_the_guards_actual_decisions(monkeypatch: pytest.MonkeyPatch
     flat = _flat(text)
     # One printed step per decision, in order, each with the action the guard returned...
     printed = [m.group(1) for m in re.finditer(r"guard: (\w+)", text)]
-    assert printed == [d.action.value if d.action.value == "allow" else d.action.value.upper()
-                       for d in seen]
+    assert printed == [
+        d.action.value if d.action.value == "allow" else d.action.value.upper() for d in seen
+    ]
     # ... and every message the model would get, word for word.
     for decision in seen:
         if decision.message:
@@ -96,8 +104,10 @@ def test_demo_with_another_preset_tells_its_own_story() -> None:
     assert _step_lines(text, "DENY") and not _step_lines(text, "STOP")
     assert not _step_lines(text, "REMIND")
     assert "policy: preset brake (mode enforce;" in text
-    assert (f"did not stop the run (the agent gave up after {MAX_LOOP_CALLS} attempts by itself)"
-            in _flat(text))
+    assert (
+        f"did not stop the run (the agent gave up after {MAX_LOOP_CALLS} attempts by itself)"
+        in _flat(text)
+    )
     assert "never reminded" in text
 
 
@@ -144,8 +154,12 @@ def test_demo_never_runs_an_advisor_command(tmp_path: Any) -> None:
 
 @pytest.mark.parametrize("delay", ["-1", "soon", "nan"])
 def test_bad_delay_is_a_usage_error(delay: str) -> None:
-    result = subprocess.run([sys.executable, "-m", "otel_loopguard.cli", "demo", "--delay", delay],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "otel_loopguard.cli", "demo", "--delay", delay],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2
     assert "argument --delay" in result.stderr and "Traceback" not in result.stderr
 
@@ -157,13 +171,19 @@ def _scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
     with urllib.request.urlopen(url, timeout=10) as response:
         text = response.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def _decisions(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], action: str) -> float:
-    return sum(value for (name, labels), value in samples.items()
-               if name == "loopguard_decisions_total" and ("action", action) in labels)
+    return sum(
+        value
+        for (name, labels), value in samples.items()
+        if name == "loopguard_decisions_total" and ("action", action) in labels
+    )
 
 
 class _Scraper:
@@ -177,8 +197,9 @@ class _Scraper:
         self.interrupt_after = interrupt_after
 
     def url(self) -> str:
-        match = re.search(r"^metrics: (http://127\.0\.0\.1:\d+/metrics)$", self.out.getvalue(),
-                          re.M)
+        match = re.search(
+            r"^metrics: (http://127\.0\.0\.1:\d+/metrics)$", self.out.getvalue(), re.M
+        )
         assert match is not None
         return match[1]
 
@@ -205,8 +226,9 @@ def test_demo_with_metrics_waits_for_the_first_scrape_with_series_at_zero() -> N
     first = scraper.scrapes[0]
     for tool in ("read_file", "run_tests", "search_code", "edit_file"):
         assert _calls(first, tool) == 0
-        assert first[("loopguard_repeated_calls_total",
-                      (("agent", DEMO_AGENT), ("tool", tool)))] == 0
+        assert (
+            first[("loopguard_repeated_calls_total", (("agent", DEMO_AGENT), ("tool", tool)))] == 0
+        )
     assert _decisions(first, "stop") == _decisions(first, "deny") == 0
     assert any(name == "loopguard_decisions_total" for name, _ in first)
     # Paced for scrapes: one step per METRICS_STEP_SECONDS.
@@ -242,8 +264,11 @@ def test_demo_metrics_port_as_a_command() -> None:
     import threading
 
     process = subprocess.Popen(
-        [sys.executable, "-m", "otel_loopguard.cli", "demo", "--delay", "0",
-         "--metrics-port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [sys.executable, "-m", "otel_loopguard.cli", "demo", "--delay", "0", "--metrics-port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     lines: queue.Queue[str] = queue.Queue()
     assert process.stdout is not None
     stdout = process.stdout
@@ -267,7 +292,8 @@ def test_demo_metrics_port_as_a_command() -> None:
 
 
 def test_demo_metrics_port_taken_or_bad_is_a_usage_error(
-        capsys: pytest.CaptureFixture[str]) -> None:
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     import socket
 
     from otel_loopguard.cli import main

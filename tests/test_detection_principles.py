@@ -20,24 +20,26 @@ DENY = DEFAULT.deny_threshold
 assert FAILURES is not None and DENY is not None
 
 
-def drive(guard: LoopGuard, calls: list[tuple[str, object, object, bool]], session: str = "s"
-          ) -> list[tuple[Action, Action | None]]:
+def drive(
+    guard: LoopGuard, calls: list[tuple[str, object, object, bool]], session: str = "s"
+) -> list[tuple[Action, Action | None]]:
     """(pre action, post action or None) per call; a blocked call is not run."""
     out: list[tuple[Action, Action | None]] = []
     for tool, arguments, result, error in calls:
         pre = guard.before_tool(tool, arguments, session=session)
         post = None
         if not pre.blocks:
-            answer = guard.after_tool(tool, arguments, session=session, result=result,
-                                      error=error)
+            answer = guard.after_tool(tool, arguments, session=session, result=result, error=error)
             post = answer.action if answer is not None else None
         out.append((pre.action, post))
     return out
 
 
 def blocked(actions: list[tuple[Action, Action | None]]) -> bool:
-    return any(pre in (Action.DENY, Action.RESCUE, Action.STOP) or post is Action.STOP
-               for pre, post in actions)
+    return any(
+        pre in (Action.DENY, Action.RESCUE, Action.STOP) or post is Action.STOP
+        for pre, post in actions
+    )
 
 
 # -- progress: an identical mutation is not progress -----------------------------------------
@@ -60,8 +62,9 @@ def test_a_different_mutation_is_progress() -> None:
     calls = []
     for n in range(12):
         calls.append(("bash", {"command": "pytest -x"}, "1 failed", False))
-        calls.append(("edit_file", {"path": "a.py", "old": f"v{n}", "new": f"v{n + 1}"}, "ok",
-                      False))
+        calls.append(
+            ("edit_file", {"path": "a.py", "old": f"v{n}", "new": f"v{n + 1}"}, "ok", False)
+        )
     assert not blocked(drive(LoopGuard(DEFAULT), calls))
 
 
@@ -79,8 +82,7 @@ def test_multi_command_tools_are_classified_per_command() -> None:
     classify = Classifier(DEFAULT).classify
     assert classify("str_replace_editor", {"command": "view", "path": "/a.py"}) == (True, False)
     for command in ("create", "str_replace", "insert"):
-        assert classify("str_replace_editor", {"command": command, "path": "/a.py"}) == (
-            True, True)
+        assert classify("str_replace_editor", {"command": command, "path": "/a.py"}) == (True, True)
     # Any tool whose command/action argument names the operation (SWE-agent's own commands).
     assert classify("create", {"command": "create reproduce.py"}) == (True, True)
     assert classify("open", {"command": "open src/a.py 120"}) == (True, False)
@@ -114,7 +116,7 @@ def test_a_view_between_repeats_is_not_progress() -> None:
 def test_the_third_identical_failure_stops_after_the_call() -> None:
     build = ("bash", {"command": "cargo build"}, "error[E0425]: cannot find value", True)
     actions = drive(LoopGuard(DEFAULT), [build] * 5)
-    assert [post for _, post in actions[:FAILURES - 1]] == [None] * (FAILURES - 1)
+    assert [post for _, post in actions[: FAILURES - 1]] == [None] * (FAILURES - 1)
     assert actions[FAILURES - 1][1] is Action.STOP
     assert all(pre is Action.STOP for pre, _ in actions[FAILURES:])
 
@@ -125,9 +127,16 @@ def test_identical_successes_are_not_stopped_after_the_call() -> None:
 
 
 def test_failures_differing_in_volatile_parts_are_the_same_failure() -> None:
-    calls = [("bash", {"command": "python run.py"},
-              f"Traceback at 2025-01-0{n}T10:0{n}:00Z (pid {4000 + n}) in /tmp/tmpab{n}cd9xy:"
-              f" object at 0x7f3a{n}b2c0 timed out after {n}.5s", True) for n in range(1, 4)]
+    calls = [
+        (
+            "bash",
+            {"command": "python run.py"},
+            f"Traceback at 2025-01-0{n}T10:0{n}:00Z (pid {4000 + n}) in /tmp/tmpab{n}cd9xy:"
+            f" object at 0x7f3a{n}b2c0 timed out after {n}.5s",
+            True,
+        )
+        for n in range(1, 4)
+    ]
     assert drive(LoopGuard(DEFAULT), calls)[-1][1] is Action.STOP
     assert outcome_key(calls[0][2], True) == outcome_key(calls[1][2], True)
     assert failure_text("exit 1") == "exit 1"
@@ -166,8 +175,15 @@ def test_after_tool_returns_a_post_decision_only_when_it_concludes() -> None:
     answers = []
     for _ in range(FAILURES):
         guard.before_tool("bash", {"command": "make"}, session="s", call_id=None)
-        answers.append(guard.after_tool("bash", {"command": "make"}, session="s",
-                                        result="make: *** [all] Error 2", error=True))
+        answers.append(
+            guard.after_tool(
+                "bash",
+                {"command": "make"},
+                session="s",
+                result="make: *** [all] Error 2",
+                error=True,
+            )
+        )
     assert answers[:-1] == [None] * (FAILURES - 1)
     last = answers[-1]
     assert last is not None and last.phase is Phase.POST and last.action is Action.STOP
@@ -187,14 +203,20 @@ def test_a_post_decision_is_softened_by_the_mode() -> None:
 # -- properties ---------------------------------------------------------------------------------
 
 
-_READS = st.sampled_from([("grep", {"pattern": "x"}), ("read_file", {"path": "a.py"}),
-                          ("bash", {"command": "pytest -q"})])
+_READS = st.sampled_from(
+    [
+        ("grep", {"pattern": "x"}),
+        ("read_file", {"path": "a.py"}),
+        ("bash", {"command": "pytest -q"}),
+    ]
+)
 
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(_READS, min_size=1, max_size=40), st.booleans())
 def test_a_different_successful_mutation_between_every_repeat_is_never_blocked(
-        reads: list[tuple[str, object]], failing: bool) -> None:
+    reads: list[tuple[str, object]], failing: bool
+) -> None:
     guard = LoopGuard(DEFAULT)
     calls: list[tuple[str, object, object, bool]] = []
     for n, (tool, arguments) in enumerate(reads):
@@ -205,8 +227,9 @@ def test_a_different_successful_mutation_between_every_repeat_is_never_blocked(
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(_READS, min_size=1, max_size=30), st.booleans())
-def test_a_user_message_always_starts_a_new_epoch(reads: list[tuple[str, object]],
-                                                  failing: bool) -> None:
+def test_a_user_message_always_starts_a_new_epoch(
+    reads: list[tuple[str, object]], failing: bool
+) -> None:
     guard = LoopGuard(DEFAULT)
     for tool, arguments in reads:
         for _ in range(3):

@@ -24,17 +24,24 @@ def test_quickstart_is_exactly_two_commands_and_the_second_is_what_ci_runs() -> 
     assert commands[1] == "bash .ci/run"  # CI runs `bash .ci/run` on a clean clone
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert [line for line in ci if line.startswith("bash ")] == [
-        "bash .ci/install", "bash .ci/test", "bash .ci/package", "bash .ci/frameworks"]
+        "bash .ci/install",
+        "bash .ci/test",
+        "bash .ci/package",
+        "bash .ci/frameworks",
+    ]
 
 
 def test_readme_preset_table_is_current() -> None:
     spec = importlib.util.spec_from_file_location(
-        "preset_scenarios", ROOT / "benchmarks" / "preset_scenarios.py")
+        "preset_scenarios", ROOT / "benchmarks" / "preset_scenarios.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules["preset_scenarios"] = module
     spec.loader.exec_module(module)
-    table = README.split("<!-- preset-table:start -->\n", 1)[1].split("\n<!-- preset-table:end -->")[0]
+    table = README.split("<!-- preset-table:start -->\n", 1)[1].split(
+        "\n<!-- preset-table:end -->"
+    )[0]
     assert table == module.table()
 
 

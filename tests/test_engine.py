@@ -104,11 +104,26 @@ def test_classifier_tracks_and_detects_mutation() -> None:
     assert classifier.classify("TodoWrite", {}) == (False, False)
     assert classifier.classify("Bash", {"command": "docker ps -a"}) == (False, False)
     assert classifier.classify("Edit", {"file_path": "a"}) == (True, True)
-    for command in ["sed -i 's/a/b/' f", "echo x > out.txt", "git commit -m x", "pip install y",
-                    "rm -rf build", "cat a | tee b", "patch -p1 < fix.diff", "npm install"]:
+    for command in [
+        "sed -i 's/a/b/' f",
+        "echo x > out.txt",
+        "git commit -m x",
+        "pip install y",
+        "rm -rf build",
+        "cat a | tee b",
+        "patch -p1 < fix.diff",
+        "npm install",
+    ]:
         assert classifier.classify("bash", {"command": command}) == (True, True), command
-    for command in ["cat a.txt", "grep -r x .", "ls > /dev/null", "echo x >&2", "git status",
-                    "pytest -q 2>&1", "cargo clippy"]:
+    for command in [
+        "cat a.txt",
+        "grep -r x .",
+        "ls > /dev/null",
+        "echo x >&2",
+        "git status",
+        "pytest -q 2>&1",
+        "cargo clippy",
+    ]:
         assert classifier.classify("bash", {"command": command}) == (True, False), command
 
 
@@ -139,12 +154,16 @@ def _fields(state: SessionState) -> dict[str, object]:
         "last_key": state.last_key,
         "run_length": state.run_length,
         "redundant": state.redundant,
-        "signatures": [(k, s.count, s.last_outcome, s.same_outcomes, s.changed)
-                       for k, s in state.signatures.items()],
+        "signatures": [
+            (k, s.count, s.last_outcome, s.same_outcomes, s.changed)
+            for k, s in state.signatures.items()
+        ],
         "denials": state.denials,
         "stopped": state.stopped,
-        "pending": [(r, p.args_key, p.blocked, p.mutating, p.outstanding)
-                    for r, p in (state.pending or {}).items()],
+        "pending": [
+            (r, p.args_key, p.blocked, p.mutating, p.outstanding)
+            for r, p in (state.pending or {}).items()
+        ],
         "advice": state.advice,
         "rescues": state.rescues,
         "last_rescue_at": state.last_rescue_at,
@@ -156,8 +175,10 @@ def test_state_survives_bytes_round_trip_field_for_field() -> None:
     state = _busy_state()
     restored = SessionState.from_bytes(state.to_bytes(), POLICY)
     assert _fields(restored) == _fields(state)
-    assert _fields(restored)["pending"] == [("toolu_1", "a" * 32, False, True, 1),
-                                            ("b" * 32, "b" * 32, True, False, 2)]
+    assert _fields(restored)["pending"] == [
+        ("toolu_1", "a" * 32, False, True, 1),
+        ("b" * 32, "b" * 32, True, False, 2),
+    ]
     # Each 128-bit key is written once: the window refers to signatures by position.
     assert state.to_bytes().count(b"a" * 32) == 3  # signature, pending key, advice key
 
@@ -177,8 +198,8 @@ def test_restore_trims_to_a_smaller_policy() -> None:
     small = POLICY.replace(window_size=4, max_signatures_per_session=8)
     restored = SessionState.from_bytes(state.to_bytes(), small)
     assert len(restored.window) == small.window_size - 1
-    assert restored.window == state.window[-(small.window_size - 1):]
-    assert list(restored.signatures) == list(state.signatures)[-small.max_signatures_per_session:]
+    assert restored.window == state.window[-(small.window_size - 1) :]
+    assert list(restored.signatures) == list(state.signatures)[-small.max_signatures_per_session :]
     assert restored.pending is not None and len(restored.pending) == MAX_PENDING_CALLS
     assert list(restored.pending)[-1] == f"more-{MAX_PENDING_CALLS + 4}"
 
@@ -229,8 +250,10 @@ def test_put_evicts_least_recently_used_beyond_capacity(clock: FakeClock) -> Non
 
 
 def test_command_patterns_with_inline_flags_still_combine() -> None:
-    policy = POLICY.replace(exclude_commands=(r"(?i)^DOCKER PS", r"^kubectl get"),
-                            mutating_commands=(r"(?i)make install", r"^cp "))
+    policy = POLICY.replace(
+        exclude_commands=(r"(?i)^DOCKER PS", r"^kubectl get"),
+        mutating_commands=(r"(?i)make install", r"^cp "),
+    )
     classifier = Classifier(policy)
     assert classifier.classify("bash", {"command": "docker ps -a"}) == (False, False)
     assert classifier.classify("bash", {"command": "kubectl get pods"}) == (False, False)

@@ -38,12 +38,18 @@ def clean_environment() -> dict[str, str]:
 
 def test_committed_policy_file_is_what_the_generator_writes() -> None:
     assert POLICY_FILE.read_text(encoding="utf-8") == load_generator().render(), (
-        "examples/loopguard.toml is stale: run python examples/generate.py")
+        "examples/loopguard.toml is stale: run python examples/generate.py"
+    )
 
 
 def test_generator_check_mode_agrees() -> None:
-    result = subprocess.run([sys.executable, str(EXAMPLES / "generate.py"), "--check"],
-                            check=False, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / "generate.py"), "--check"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
 
 
@@ -59,17 +65,19 @@ def test_every_field_is_there_once_with_its_doc_and_variable() -> None:
     for spec in dataclasses.fields(Policy):
         keys = re.findall(rf"^(?:# )?{spec.name} = ", text, flags=re.MULTILINE)
         assert len(keys) == 1, spec.name
-        block = text[:text.index(keys[0])].rsplit("\n\n", 1)[-1]
+        block = text[: text.index(keys[0])].rsplit("\n\n", 1)[-1]
         assert f"# env: {env_var(spec.name)}" in block
         first_words = " ".join(spec.metadata["doc"].split()[:4])
-        assert first_words in " ".join(line.lstrip("# ") for line in block.splitlines()), \
-            spec.name
+        assert first_words in " ".join(line.lstrip("# ") for line in block.splitlines()), spec.name
 
 
 def test_fields_without_a_default_are_commented_out_with_valid_examples(tmp_path: Path) -> None:
     text = load_generator().render()
-    unset = [spec.name for spec in dataclasses.fields(Policy)
-             if getattr(PRESETS["default"], spec.name) is None]
+    unset = [
+        spec.name
+        for spec in dataclasses.fields(Policy)
+        if getattr(PRESETS["default"], spec.name) is None
+    ]
     assert unset  # advisor_command, trip_log_path, ...
     as_false = text
     for name in unset:
@@ -86,8 +94,16 @@ def test_fields_without_a_default_are_commented_out_with_valid_examples(tmp_path
 
 def test_strings_round_trip_through_toml() -> None:
     generator = load_generator()
-    for text in ("plain", r"\bsed\s+-i", "it's", "both ' and \\", 'a "quote"', "tab\there",
-                 "ünïcode", "\x7f"):
+    for text in (
+        "plain",
+        r"\bsed\s+-i",
+        "it's",
+        "both ' and \\",
+        'a "quote"',
+        "tab\there",
+        "ünïcode",
+        "\x7f",
+    ):
         assert tomllib.loads(f"v = {generator.toml_string(text)}")["v"] == text
 
 
@@ -97,7 +113,10 @@ def test_strings_round_trip_through_toml() -> None:
 def test_processor_with_metrics_example_serves_the_loop() -> None:
     process = subprocess.Popen(
         [sys.executable, str(EXAMPLES / "processor_with_metrics.py"), "--port", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=clean_environment(),
     )
     try:
         assert process.stdout is not None
@@ -115,5 +134,7 @@ def test_processor_with_metrics_example_serves_the_loop() -> None:
     deny = PRESETS["default"].no_progress_threshold
     assert deny is not None
     denied = 6 - deny + 1
-    assert (f'loopguard_decisions_total{{action="deny",agent="researcher",rule="no_progress",'
-            f'tool="search"}} {float(denied)}') in metrics
+    assert (
+        f'loopguard_decisions_total{{action="deny",agent="researcher",rule="no_progress",'
+        f'tool="search"}} {float(denied)}'
+    ) in metrics

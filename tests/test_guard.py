@@ -24,8 +24,9 @@ def test_before_and_after_for_one_call_count_once() -> None:
     for n in range(1, STUCK):
         decision = guard.before_tool("search", {"q": "x"}, session="s", call_id=f"c{n}")
         assert decision.count == (n if n > 1 else 0)
-        assert guard.after_tool("search", {"q": "x"}, session="s", call_id=f"c{n}",
-                                result="r") is None
+        assert (
+            guard.after_tool("search", {"q": "x"}, session="s", call_id=f"c{n}", result="r") is None
+        )
     assert guard.before_tool("search", {"q": "x"}, session="s").action is Action.DENY
 
 
@@ -40,12 +41,15 @@ def test_after_without_call_id_matches_the_pending_hook_call() -> None:
 
 # A framework hook and its tool span both report each call, in either order, with or without the
 # call id (OpenInference tool spans carry none): the call counts once and its result once.
-@pytest.mark.parametrize("reports", [
-    ("hook", "span"),            # Pydantic AI, Google ADK: the hook's after, then the span ends
-    ("span", "hook"),            # Strands: the span ends before AfterToolCallEvent
-    ("span-no-id", "hook"),      # LangGraph + OpenInference: span first, without the call id
-    ("hook", "span-no-id"),      # OpenAI Agents + OpenInference: output guardrail, then span
-])
+@pytest.mark.parametrize(
+    "reports",
+    [
+        ("hook", "span"),  # Pydantic AI, Google ADK: the hook's after, then the span ends
+        ("span", "hook"),  # Strands: the span ends before AfterToolCallEvent
+        ("span-no-id", "hook"),  # LangGraph + OpenInference: span first, without the call id
+        ("hook", "span-no-id"),  # OpenAI Agents + OpenInference: output guardrail, then span
+    ],
+)
 def test_hook_and_span_reports_of_one_call_count_once(reports: tuple[str, str]) -> None:
     guard = LoopGuard(DEFAULT)
     for n in range(1, STUCK):
@@ -54,11 +58,16 @@ def test_hook_and_span_reports_of_one_call_count_once(reports: tuple[str, str]) 
         for report in reports:
             call_id = f"c{n}" if report in ("hook", "span") else None
             arguments = {"query": "x"} if report == "hook" else '{"query": "x"}'
-            assert guard.after_tool("search", arguments, session="s", call_id=call_id,
-                                    result="same") is None
+            assert (
+                guard.after_tool("search", arguments, session="s", call_id=call_id, result="same")
+                is None
+            )
     decision = guard.before_tool("search", {"query": "x"}, session="s", call_id="last")
-    assert (decision.action, decision.rule, decision.count) == (Action.DENY, Rule.NO_PROGRESS,
-                                                                STUCK)
+    assert (decision.action, decision.rule, decision.count) == (
+        Action.DENY,
+        Rule.NO_PROGRESS,
+        STUCK,
+    )
 
 
 def test_a_reused_call_id_is_a_new_call() -> None:
@@ -91,8 +100,9 @@ def test_a_blocked_attempt_left_pending_never_makes_a_later_call_count_twice() -
 
 def test_after_alone_counts_the_call() -> None:
     guard = LoopGuard(DEFAULT)
-    decisions = [guard.after_tool("search", {"q": "x"}, session="s", result="r")
-                 for _ in range(DENY)]
+    decisions = [
+        guard.after_tool("search", {"q": "x"}, session="s", result="r") for _ in range(DENY)
+    ]
     assert decisions[FIRST_REMIND - 1] is not None
     assert decisions[FIRST_REMIND - 1].action is Action.REMIND  # type: ignore[union-attr]
     assert decisions[-1] is not None and decisions[-1].detected is Action.DENY
@@ -105,8 +115,9 @@ def test_denied_attempts_count_and_are_never_progress() -> None:
     denied = guard.before_tool("write", {"path": "a", "text": "x"}, session="s", call_id="d")
     assert denied.blocks
     # the framework still reports the blocked call as finished "successfully": no new epoch
-    guard.after_tool("write", {"path": "a", "text": "x"}, session="s", call_id="d",
-                     result=denied.message)
+    guard.after_tool(
+        "write", {"path": "a", "text": "x"}, session="s", call_id="d", result=denied.message
+    )
     assert guard.before_tool("write", {"path": "a", "text": "x"}, session="s").blocks
 
 
@@ -151,7 +162,7 @@ def test_advise_mode_turns_blocks_into_detailed_reminders() -> None:
 
 def test_untracked_tools_are_allowed_without_counting() -> None:
     guard = LoopGuard(DEFAULT.replace(include=("search*",)))
-    assert all(guard.before_tool("ls", {}, session="s") .count == 0 for _ in range(20))
+    assert all(guard.before_tool("ls", {}, session="s").count == 0 for _ in range(20))
     assert not any(guard.before_tool("ls", {}, session="s").blocks for _ in range(20))
     assert guard.session_count == 0
 
@@ -179,8 +190,13 @@ def test_hash_prefix_only_on_blocking_decisions() -> None:
 
 def test_reminders_past_the_last_threshold_only_when_the_policy_says_so() -> None:
     calls = [Call("ls", {}, result="x")] * 7
-    policy = DEFAULT.replace(rules=frozenset({Rule.CONSECUTIVE}), remind_thresholds=(2, 3),
-                             deny_threshold=None, rescue_threshold=None, poll_limit=None)
+    policy = DEFAULT.replace(
+        rules=frozenset({Rule.CONSECUTIVE}),
+        remind_thresholds=(2, 3),
+        deny_threshold=None,
+        rescue_threshold=None,
+        poll_limit=None,
+    )
     every = run(LoopGuard(policy), calls).actions
     assert every[1:] == [Action.REMIND] * 6
     only = run(LoopGuard(policy.replace(remind_past_thresholds=False)), calls).actions
@@ -244,6 +260,7 @@ class ExplodingRecorder:
     def __getattr__(self, name: str) -> Any:
         def explode(*args: object) -> None:
             raise RuntimeError(f"recorder {name} failed")
+
         return explode
 
 
@@ -291,7 +308,8 @@ def test_trip_log_has_one_line_per_non_allow_decision(tmp_path: Any) -> None:
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     non_allow = [d for d in transcript.decisions if d.action is not Action.ALLOW]
     assert [(r["action"], r["count"], r["signature"]) for r in lines] == [
-        (d.detected.value, d.count, d.signature) for d in non_allow]
+        (d.detected.value, d.count, d.signature) for d in non_allow
+    ]
     assert lines[-1]["session"] == "s" and lines[-1]["tool"] == "login"
     assert [r["kind"] for r in lines] == [r["action"] for r in lines]
     assert "s3cret" not in path.read_text() and "arguments" not in lines[-1]
@@ -307,7 +325,8 @@ def test_trip_log_arguments_only_when_enabled(tmp_path: Any) -> None:
 
 
 def test_trip_log_makes_its_directory_and_expands_the_home(
-        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))
     guard = LoopGuard(DEFAULT.replace(trip_log_path="~/.llmbox/trips.jsonl"))
     run(guard, [Call("read", {"path": "a"}, result="x")] * STUCK)

@@ -40,8 +40,12 @@ DENY_AT = DEFAULT.no_progress_threshold  # the same result came back DENY_AT - 1
 STOP_AT = DENY_AT + DEFAULT.stop_after_denials  # after stop_after_denials denied attempts
 
 CODEX_TOP_FIELDS = {"hookSpecificOutput", "continue", "stopReason", "systemMessage"}
-CODEX_SPECIFIC_FIELDS = {"hookEventName", "permissionDecision", "permissionDecisionReason",
-                         "additionalContext"}
+CODEX_SPECIFIC_FIELDS = {
+    "hookEventName",
+    "permissionDecision",
+    "permissionDecisionReason",
+    "additionalContext",
+}
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -58,15 +62,26 @@ class Reply:
     err: str
 
 
-def hook(host: str, event: object, store: Path | None, *args: str,
-         env: dict[str, str] | None = None, raw: bytes | None = None) -> Reply:
+def hook(
+    host: str,
+    event: object,
+    store: Path | None,
+    *args: str,
+    env: dict[str, str] | None = None,
+    raw: bytes | None = None,
+) -> Reply:
     """Run one hook invocation as a host does; check it printed exactly one JSON line."""
     argv = [sys.executable, "-m", "otel_loopguard", "hook", host]
     if store is not None:
         argv += ["--store", str(store)]
     data = raw if raw is not None else json.dumps(event).encode()
-    proc = subprocess.run([*argv, *args], input=data, capture_output=True, timeout=120,
-                          env=env if env is not None else clean_env())
+    proc = subprocess.run(
+        [*argv, *args],
+        input=data,
+        capture_output=True,
+        timeout=120,
+        env=env if env is not None else clean_env(),
+    )
     assert proc.stdout.endswith(b"\n") and proc.stdout.count(b"\n") == 1, proc.stdout
     out = json.loads(proc.stdout)
     assert isinstance(out, dict)
@@ -77,38 +92,71 @@ def hook(host: str, event: object, store: Path | None, *args: str,
 
 
 def claude(name: str, session: str = "sess-1", **fields: Any) -> dict[str, Any]:
-    return {"session_id": session, "transcript_path": "/home/u/.claude/projects/p/s.jsonl",
-            "cwd": "/work/project", "permission_mode": "default", "hook_event_name": name,
-            **fields}
+    return {
+        "session_id": session,
+        "transcript_path": "/home/u/.claude/projects/p/s.jsonl",
+        "cwd": "/work/project",
+        "permission_mode": "default",
+        "hook_event_name": name,
+        **fields,
+    }
 
 
 def claude_pre(tool: str, tool_input: Any, call_id: str, **fields: Any) -> dict[str, Any]:
-    return claude("PreToolUse", tool_name=tool, tool_input=tool_input, tool_use_id=call_id,
-                  **fields)
+    return claude(
+        "PreToolUse", tool_name=tool, tool_input=tool_input, tool_use_id=call_id, **fields
+    )
 
 
-def claude_post(tool: str, tool_input: Any, call_id: str, response: Any,
-                **fields: Any) -> dict[str, Any]:
-    return claude("PostToolUse", tool_name=tool, tool_input=tool_input, tool_use_id=call_id,
-                  tool_response=response, duration_ms=1200, **fields)
+def claude_post(
+    tool: str, tool_input: Any, call_id: str, response: Any, **fields: Any
+) -> dict[str, Any]:
+    return claude(
+        "PostToolUse",
+        tool_name=tool,
+        tool_input=tool_input,
+        tool_use_id=call_id,
+        tool_response=response,
+        duration_ms=1200,
+        **fields,
+    )
 
 
 def gemini(name: str, **fields: Any) -> dict[str, Any]:
-    return {"session_id": "gem-1", "transcript_path": "/home/u/.gemini/tmp/chat.json",
-            "cwd": "/work/project", "hook_event_name": name,
-            "timestamp": "2026-11-30T10:30:00Z", **fields}
+    return {
+        "session_id": "gem-1",
+        "transcript_path": "/home/u/.gemini/tmp/chat.json",
+        "cwd": "/work/project",
+        "hook_event_name": name,
+        "timestamp": "2026-11-30T10:30:00Z",
+        **fields,
+    }
 
 
 def codex(name: str, **fields: Any) -> dict[str, Any]:
-    return {"session_id": "019a-codex", "turn_id": "turn-1", "transcript_path": None,
-            "cwd": "/work/project", "hook_event_name": name, "model": "gpt-5-codex",
-            "permission_mode": "default", **fields}
+    return {
+        "session_id": "019a-codex",
+        "turn_id": "turn-1",
+        "transcript_path": None,
+        "cwd": "/work/project",
+        "hook_event_name": name,
+        "model": "gpt-5-codex",
+        "permission_mode": "default",
+        **fields,
+    }
 
 
-BASH_TESTS = {"command": "pytest -x tests/test_api.py", "description": "Run the API tests",
-              "timeout": 120000}
-BASH_RESULT = {"stdout": "FAILED tests/test_api.py::test_login - assert 401 == 200\n1 failed",
-               "stderr": "", "interrupted": False, "isImage": False}
+BASH_TESTS = {
+    "command": "pytest -x tests/test_api.py",
+    "description": "Run the API tests",
+    "timeout": 120000,
+}
+BASH_RESULT = {
+    "stdout": "FAILED tests/test_api.py::test_login - assert 401 == 200\n1 failed",
+    "stderr": "",
+    "interrupted": False,
+    "isImage": False,
+}
 
 
 class Mirror:
@@ -117,20 +165,42 @@ class Mirror:
     def __init__(self, policy: Policy = DEFAULT) -> None:
         self.guard = LoopGuard(policy)
 
-    def pre(self, tool: str, arguments: Any, call_id: str | None, session: str,
-            agent: str | None = None) -> Decision:
-        return self.guard.before_tool(tool, arguments, session=session, agent=agent,
-                                      call_id=call_id)
+    def pre(
+        self, tool: str, arguments: Any, call_id: str | None, session: str, agent: str | None = None
+    ) -> Decision:
+        return self.guard.before_tool(
+            tool, arguments, session=session, agent=agent, call_id=call_id
+        )
 
-    def post(self, tool: str, arguments: Any, call_id: str | None, session: str, result: Any,
-             error: bool | None = False, agent: str | None = None) -> Decision | None:
-        return self.guard.after_tool(tool, arguments, session=session, agent=agent,
-                                     call_id=call_id, result=result, error=error)
+    def post(
+        self,
+        tool: str,
+        arguments: Any,
+        call_id: str | None,
+        session: str,
+        result: Any,
+        error: bool | None = False,
+        agent: str | None = None,
+    ) -> Decision | None:
+        return self.guard.after_tool(
+            tool,
+            arguments,
+            session=session,
+            agent=agent,
+            call_id=call_id,
+            result=result,
+            error=error,
+        )
 
 
 def deny_claude(name: str, text: str) -> dict[str, Any]:
-    return {"hookSpecificOutput": {"hookEventName": name, "permissionDecision": "deny",
-                                   "permissionDecisionReason": text}}
+    return {
+        "hookSpecificOutput": {
+            "hookEventName": name,
+            "permissionDecision": "deny",
+            "permissionDecisionReason": text,
+        }
+    }
 
 
 def context(name: str, text: str) -> dict[str, Any]:
@@ -143,8 +213,9 @@ def context(name: str, text: str) -> dict[str, Any]:
 def test_claude_code_allow_remind_deny_stop_and_a_prompt_lifts_the_stop(tmp_path: Path) -> None:
     store = tmp_path / "hooks.sqlite3"
     mirror = Mirror()
-    assert hook("claude-code", claude("UserPromptSubmit", prompt="fix the login test"),
-                store) == Reply(0, {}, "")
+    assert hook(
+        "claude-code", claude("UserPromptSubmit", prompt="fix the login test"), store
+    ) == Reply(0, {}, "")
     for call in range(1, STOP_AT + 1):
         call_id = f"toolu_{call:02d}"
         expected = mirror.pre("Bash", BASH_TESTS, call_id, "sess-1")
@@ -154,13 +225,15 @@ def test_claude_code_allow_remind_deny_stop_and_a_prompt_lifts_the_stop(tmp_path
             assert expected.action in (Action.ALLOW, Action.REMIND)
             assert reply.out == {}  # Claude Code takes no context before a call: it waits
             mirror.post("Bash", BASH_TESTS, call_id, "sess-1", BASH_RESULT)
-            after = hook("claude-code", claude_post("Bash", BASH_TESTS, call_id, BASH_RESULT),
-                         store)
+            after = hook(
+                "claude-code", claude_post("Bash", BASH_TESTS, call_id, BASH_RESULT), store
+            )
             if call == REMIND_AT:  # the reminder decided before the call, shown with its result
                 assert expected.action is Action.REMIND
                 assert after.out == context("PostToolUse", expected.message)
                 assert after.out["hookSpecificOutput"]["additionalContext"].startswith(
-                    "[loopguard] You have called `Bash` with the same arguments 3 times")
+                    "[loopguard] You have called `Bash` with the same arguments 3 times"
+                )
             else:
                 assert after.out == {}
         elif call < STOP_AT:  # denied: the tool does not run, no PostToolUse follows
@@ -169,8 +242,11 @@ def test_claude_code_allow_remind_deny_stop_and_a_prompt_lifts_the_stop(tmp_path
             assert expected.message.startswith("[loopguard] Not run: `Bash`")
         else:
             assert expected.action is Action.STOP
-            assert reply.out == {"continue": False, "stopReason": expected.message,
-                                 **deny_claude("PreToolUse", expected.message)}
+            assert reply.out == {
+                "continue": False,
+                "stopReason": expected.message,
+                **deny_claude("PreToolUse", expected.message),
+            }
     # Stopped: any tracked call is refused until the user speaks again.
     other = {"file_path": "/work/project/src/auth.py"}
     expected = mirror.pre("Read", other, "toolu_90", "sess-1")
@@ -183,8 +259,7 @@ def test_claude_code_allow_remind_deny_stop_and_a_prompt_lifts_the_stop(tmp_path
     assert hook("claude-code", claude_pre("Bash", BASH_TESTS, "toolu_91"), store).out == {}
 
 
-def test_claude_code_failures_sub_agents_and_sessions_have_their_own_chains(
-        tmp_path: Path) -> None:
+def test_claude_code_failures_sub_agents_and_sessions_have_their_own_chains(tmp_path: Path) -> None:
     store = tmp_path / "hooks.sqlite3"
     mirror = Mirror()
     edit = {"file_path": "/work/project/setup.cfg", "old_string": "a", "new_string": "b"}
@@ -192,18 +267,31 @@ def test_claude_code_failures_sub_agents_and_sessions_have_their_own_chains(
     for call in range(1, REMIND_AT + 1):
         call_id = f"toolu_sub_{call}"
         expected = mirror.pre("Edit", edit, call_id, "sess-1", agent="agent-7")
-        pre = hook("claude-code", claude_pre("Edit", edit, call_id, agent_id="agent-7",
-                                             agent_type="general-purpose"), store)
+        pre = hook(
+            "claude-code",
+            claude_pre("Edit", edit, call_id, agent_id="agent-7", agent_type="general-purpose"),
+            store,
+        )
         assert pre.out == {}
         mirror.post("Edit", edit, call_id, "sess-1", error, error=True, agent="agent-7")
-        failure = hook("claude-code", claude(
-            "PostToolUseFailure", tool_name="Edit", tool_input=edit, tool_use_id=call_id,
-            error=error, agent_id="agent-7", agent_type="general-purpose"), store)
+        failure = hook(
+            "claude-code",
+            claude(
+                "PostToolUseFailure",
+                tool_name="Edit",
+                tool_input=edit,
+                tool_use_id=call_id,
+                error=error,
+                agent_id="agent-7",
+                agent_type="general-purpose",
+            ),
+            store,
+        )
         if call == REMIND_AT:
             # The third identical failure: reminded before it ran, and stopped after it (a
             # PostToolUse stop: the run ends before the next model turn).
             assert expected.action is Action.REMIND
-            assert REMIND_AT == PRESETS["default"].failure_stop_threshold
+            assert PRESETS["default"].failure_stop_threshold == REMIND_AT
             assert failure.out["continue"] is False
             assert "failed the same way" in failure.out["stopReason"]
         else:
@@ -211,19 +299,35 @@ def test_claude_code_failures_sub_agents_and_sessions_have_their_own_chains(
     # The main agent of the session and another session start from zero.
     for session, agent_fields in (("sess-1", {}), ("sess-2", {"agent_id": "agent-7"})):
         for call in range(1, REMIND_AT):
-            reply = hook("claude-code", claude_pre("Edit", edit, f"t-{session}-{call}",
-                                                   session=session, **agent_fields), store)
+            reply = hook(
+                "claude-code",
+                claude_pre("Edit", edit, f"t-{session}-{call}", session=session, **agent_fields),
+                store,
+            )
             assert reply.out == {}
-            post = hook("claude-code", claude(
-                "PostToolUseFailure", session=session, tool_name="Edit", tool_input=edit,
-                tool_use_id=f"t-{session}-{call}", error=error, **agent_fields), store)
+            post = hook(
+                "claude-code",
+                claude(
+                    "PostToolUseFailure",
+                    session=session,
+                    tool_name="Edit",
+                    tool_input=edit,
+                    tool_use_id=f"t-{session}-{call}",
+                    error=error,
+                    **agent_fields,
+                ),
+                store,
+            )
             assert post.out == {}
 
 
 def test_claude_code_events_it_does_not_act_on_are_answered_empty(tmp_path: Path) -> None:
     store = tmp_path / "hooks.sqlite3"
-    for event in (claude("Stop", stop_hook_active=False), claude("SessionStart", source="startup"),
-                  claude("Notification", message="waiting")):
+    for event in (
+        claude("Stop", stop_hook_active=False),
+        claude("SessionStart", source="startup"),
+        claude("Notification", message="waiting"),
+    ):
         assert hook("claude-code", event, store) == Reply(0, {}, "")
     assert not store.exists()  # nothing to decide: the store is not even opened
 
@@ -236,29 +340,39 @@ def test_gemini_cli_allow_remind_deny_stop(tmp_path: Path) -> None:
     mirror = Mirror()
     read = {"absolute_path": "/work/project/src/auth.py"}
     response = {"llmContent": "def login(user): ...", "returnDisplay": "Read 120 lines"}
-    assert hook("gemini-cli", gemini("BeforeAgent", prompt="why does login fail?"),
-                store).out == {}
+    assert hook("gemini-cli", gemini("BeforeAgent", prompt="why does login fail?"), store).out == {}
     for call in range(1, STOP_AT + 1):
         expected = mirror.pre("read_file", read, None, "gem-1")
-        reply = hook("gemini-cli", gemini("BeforeTool", tool_name="read_file", tool_input=read),
-                     store)
+        reply = hook(
+            "gemini-cli", gemini("BeforeTool", tool_name="read_file", tool_input=read), store
+        )
         assert reply.code == 0
         if call < DENY_AT:
             assert reply.out == {}
             mirror.post("read_file", read, None, "gem-1", response["llmContent"])
-            after = hook("gemini-cli", gemini("AfterTool", tool_name="read_file",
-                                              tool_input=read, tool_response=response), store)
-            assert after.out == (context("AfterTool", expected.message) if call == REMIND_AT
-                                 else {})
+            after = hook(
+                "gemini-cli",
+                gemini("AfterTool", tool_name="read_file", tool_input=read, tool_response=response),
+                store,
+            )
+            assert after.out == (
+                context("AfterTool", expected.message) if call == REMIND_AT else {}
+            )
         elif call < STOP_AT:
             assert reply.out == {"decision": "deny", "reason": expected.message}
         else:
             assert expected.action is Action.STOP
-            assert reply.out == {"decision": "deny", "reason": expected.message,
-                                 "continue": False, "stopReason": expected.message}
+            assert reply.out == {
+                "decision": "deny",
+                "reason": expected.message,
+                "continue": False,
+                "stopReason": expected.message,
+            }
     assert hook("gemini-cli", gemini("BeforeAgent", prompt="go on"), store).out == {}
-    assert hook("gemini-cli", gemini("BeforeTool", tool_name="read_file", tool_input=read),
-                store).out == {}
+    assert (
+        hook("gemini-cli", gemini("BeforeTool", tool_name="read_file", tool_input=read), store).out
+        == {}
+    )
 
 
 def test_gemini_cli_tool_errors_are_outcomes(tmp_path: Path) -> None:
@@ -268,17 +382,24 @@ def test_gemini_cli_tool_errors_are_outcomes(tmp_path: Path) -> None:
     failed = {"llmContent": "", "returnDisplay": "", "error": {"message": "exit code 1"}}
     for call in range(1, DENY_AT + 1):
         expected = mirror.pre("run_shell_command", shell, None, "gem-1")
-        reply = hook("gemini-cli", gemini("BeforeTool", tool_name="run_shell_command",
-                                          tool_input=shell), store)
+        reply = hook(
+            "gemini-cli",
+            gemini("BeforeTool", tool_name="run_shell_command", tool_input=shell),
+            store,
+        )
         if call == DENY_AT:  # the same error came back each time: the run was stopped
             assert expected.action is Action.STOP
             assert reply.out["decision"] == "deny" and reply.out["continue"] is False
             break
         assert reply.out == {}
-        post = mirror.post("run_shell_command", shell, None, "gem-1", failed["error"],
-                           error=True)
-        after = hook("gemini-cli", gemini("AfterTool", tool_name="run_shell_command",
-                                          tool_input=shell, tool_response=failed), store)
+        post = mirror.post("run_shell_command", shell, None, "gem-1", failed["error"], error=True)
+        after = hook(
+            "gemini-cli",
+            gemini(
+                "AfterTool", tool_name="run_shell_command", tool_input=shell, tool_response=failed
+            ),
+            store,
+        )
         if call == PRESETS["default"].failure_stop_threshold:
             # The third identical failure: stopped after the call ran, before the next turn.
             assert post is not None and post.action is Action.STOP
@@ -289,27 +410,41 @@ def test_gemini_cli_tool_errors_are_outcomes(tmp_path: Path) -> None:
 
 
 def test_codex_remind_before_the_call_deny_and_stop_within_the_strict_schema(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     store = tmp_path / "hooks.sqlite3"
     mirror = Mirror()
     shell = {"command": "cargo test -p api"}
-    replies: list[Reply] = [hook("codex", codex("UserPromptSubmit", prompt="make tests pass"),
-                                 store)]
+    replies: list[Reply] = [
+        hook("codex", codex("UserPromptSubmit", prompt="make tests pass"), store)
+    ]
     assert replies[-1].out == {}
     for call in range(1, STOP_AT + 1):
         call_id = f"call_{call}"
         expected = mirror.pre("Bash", shell, call_id, "019a-codex")
-        reply = hook("codex", codex("PreToolUse", tool_name="Bash", tool_input=shell,
-                                    tool_use_id=call_id), store)
+        reply = hook(
+            "codex",
+            codex("PreToolUse", tool_name="Bash", tool_input=shell, tool_use_id=call_id),
+            store,
+        )
         replies.append(reply)
         if call < DENY_AT:
             # Codex takes context before a call: the reminder goes out at once.
-            assert reply.out == ({} if call != REMIND_AT
-                                 else context("PreToolUse", expected.message))
+            assert reply.out == (
+                {} if call != REMIND_AT else context("PreToolUse", expected.message)
+            )
             mirror.post("Bash", shell, call_id, "019a-codex", "test result: FAILED", error=None)
-            after = hook("codex", codex("PostToolUse", tool_name="Bash", tool_input=shell,
-                                        tool_use_id=call_id,
-                                        tool_response="test result: FAILED"), store)
+            after = hook(
+                "codex",
+                codex(
+                    "PostToolUse",
+                    tool_name="Bash",
+                    tool_input=shell,
+                    tool_use_id=call_id,
+                    tool_response="test result: FAILED",
+                ),
+                store,
+            )
             replies.append(after)
             assert after.out == {}
         else:
@@ -321,8 +456,7 @@ def test_codex_remind_before_the_call_deny_and_stop_within_the_strict_schema(
         assert set(reply.out) <= CODEX_TOP_FIELDS
         assert set(reply.out.get("hookSpecificOutput", {})) <= CODEX_SPECIFIC_FIELDS
         if reply.out:
-            assert reply.out["hookSpecificOutput"]["hookEventName"] in ("PreToolUse",
-                                                                        "PostToolUse")
+            assert reply.out["hookSpecificOutput"]["hookEventName"] in ("PreToolUse", "PostToolUse")
 
 
 def test_hosts_on_the_command_line_are_the_hosts_of_the_package() -> None:
@@ -353,10 +487,18 @@ def test_texts_are_cut_to_the_hosts_limit(tmp_path: Path) -> None:
 PRE_EVENT_NAMES = {"claude-code": "PreToolUse", "gemini-cli": "BeforeTool", "codex": "PreToolUse"}
 
 
-@pytest.mark.parametrize("raw", [b"", b"not json", b"[1, 2]", b'{"hook_event_name": 3}',
-                                 b'{"hook_event_name": "PRE", "tool_name": "Bash"}',
-                                 b'{"hook_event_name": "PRE", "session_id": "s"}',
-                                 b'{"hook_event_name": "PRE", "session_id": 7, "tool_name": "x"}'])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"",
+        b"not json",
+        b"[1, 2]",
+        b'{"hook_event_name": 3}',
+        b'{"hook_event_name": "PRE", "tool_name": "Bash"}',
+        b'{"hook_event_name": "PRE", "session_id": "s"}',
+        b'{"hook_event_name": "PRE", "session_id": 7, "tool_name": "x"}',
+    ],
+)
 def test_malformed_stdin_allows_with_a_note(tmp_path: Path, raw: bytes) -> None:
     for host in HOSTS:
         data = raw.replace(b'"PRE"', json.dumps(PRE_EVENT_NAMES[host]).encode())
@@ -370,8 +512,9 @@ def test_malformed_stdin_allows_with_a_note(tmp_path: Path, raw: bytes) -> None:
 PRE_EVENTS: dict[str, dict[str, Any]] = {
     "claude-code": claude_pre("Bash", BASH_TESTS, "toolu_1"),
     "gemini-cli": gemini("BeforeTool", tool_name="read_file", tool_input={"absolute_path": "a"}),
-    "codex": codex("PreToolUse", tool_name="Bash", tool_input={"command": "ls"},
-                   tool_use_id="call_1"),
+    "codex": codex(
+        "PreToolUse", tool_name="Bash", tool_input={"command": "ls"}, tool_use_id="call_1"
+    ),
 }
 
 
@@ -424,13 +567,20 @@ def test_a_bad_policy_or_command_line_still_answers_json(tmp_path: Path) -> None
     event = PRE_EVENTS["claude-code"]
     missing = hook("claude-code", event, store, "--config", str(tmp_path / "missing.toml"))
     assert missing.code == 0 and missing.out == {} and "missing.toml" in missing.err
-    fail_closed_denial("claude-code", "missing.toml",
-                       hook("claude-code", event, store, "--config",
-                            str(tmp_path / "missing.toml"), "--fail-closed").out)
+    fail_closed_denial(
+        "claude-code",
+        "missing.toml",
+        hook(
+            "claude-code", event, store, "--config", str(tmp_path / "missing.toml"), "--fail-closed"
+        ).out,
+    )
     bogus = hook("claude-code", event, store, "--bogus")
     assert bogus.code == 0 and bogus.out == {} and "unrecognized arguments: --bogus" in bogus.err
-    fail_closed_denial("claude-code", "bad command line",
-                       hook("claude-code", event, store, "--bogus", "--fail-closed").out)
+    fail_closed_denial(
+        "claude-code",
+        "bad command line",
+        hook("claude-code", event, store, "--bogus", "--fail-closed").out,
+    )
     unknown = hook("claude-codex", event, store)
     assert unknown.code == 0 and unknown.out == {} and "invalid choice" in unknown.err
 
@@ -451,8 +601,9 @@ def test_concurrent_invocations_on_one_store_lose_no_count(tmp_path: Path) -> No
         for call in range(calls):
             call_id = f"toolu_{index}_{call}"
             replies.append(hook("claude-code", claude_pre("Read", read, call_id), store, env=env))
-            replies.append(hook("claude-code", claude_post("Read", read, call_id, "# Title"),
-                                store, env=env))
+            replies.append(
+                hook("claude-code", claude_post("Read", read, call_id, "# Title"), store, env=env)
+            )
         return replies
 
     with ThreadPoolExecutor(workers) as pool:
@@ -481,28 +632,53 @@ def test_hook_decisions_are_written_to_the_trip_log(tmp_path: Path) -> None:
     brake = PRESETS["brake"]
     assert brake.deny_threshold is not None
     for call in range(1, brake.deny_threshold + 1):
-        reply = hook("claude-code", claude_pre("Grep", {"pattern": "TODO"}, f"t{call}",
-                                               agent_id="agent-3"), store, "--config", str(config))
+        reply = hook(
+            "claude-code",
+            claude_pre("Grep", {"pattern": "TODO"}, f"t{call}", agent_id="agent-3"),
+            store,
+            "--config",
+            str(config),
+        )
         if call < brake.deny_threshold:
             assert reply.out == {}
-            hook("claude-code", claude_post("Grep", {"pattern": "TODO"}, f"t{call}", "none",
-                                            agent_id="agent-3"), store, "--config", str(config))
+            hook(
+                "claude-code",
+                claude_post("Grep", {"pattern": "TODO"}, f"t{call}", "none", agent_id="agent-3"),
+                store,
+                "--config",
+                str(config),
+            )
     assert reply.out["hookSpecificOutput"]["permissionDecision"] == "deny"
     lines = [json.loads(line) for line in trips.read_text().splitlines()]
     assert len(lines) == 1
     line = lines[0]
-    assert {k: line[k] for k in ("session", "agent", "tool", "rule", "action", "mode", "count",
-                                 "threshold")} == {
-        "session": "sess-1", "agent": "agent-3", "tool": "Grep", "rule": "consecutive",
-        "action": "deny", "mode": "enforce", "count": brake.deny_threshold,
-        "threshold": brake.deny_threshold}
+    assert {
+        k: line[k]
+        for k in ("session", "agent", "tool", "rule", "action", "mode", "count", "threshold")
+    } == {
+        "session": "sess-1",
+        "agent": "agent-3",
+        "tool": "Grep",
+        "rule": "consecutive",
+        "action": "deny",
+        "mode": "enforce",
+        "count": brake.deny_threshold,
+        "threshold": brake.deny_threshold,
+    }
     assert len(line["signature"]) == 12 and "arguments" not in line
     # The same through the environment, with arguments.
-    env = clean_env(LOOPGUARD_PRESET="brake", LOOPGUARD_TRIP_LOG_PATH=str(tmp_path / "e.jsonl"),
-                    LOOPGUARD_TRIP_LOG_ARGUMENTS="true")
-    for call in range(1, brake.deny_threshold + 1):
-        hook("gemini-cli", gemini("BeforeTool", tool_name="glob", tool_input={"pattern": "*.py"}),
-             store, env=env)
+    env = clean_env(
+        LOOPGUARD_PRESET="brake",
+        LOOPGUARD_TRIP_LOG_PATH=str(tmp_path / "e.jsonl"),
+        LOOPGUARD_TRIP_LOG_ARGUMENTS="true",
+    )
+    for _call in range(1, brake.deny_threshold + 1):
+        hook(
+            "gemini-cli",
+            gemini("BeforeTool", tool_name="glob", tool_input={"pattern": "*.py"}),
+            store,
+            env=env,
+        )
     (line,) = [json.loads(x) for x in (tmp_path / "e.jsonl").read_text().splitlines()]
     assert line["session"] == "gem-1" and line["action"] == "deny"
     assert line["arguments"] == '{"pattern":"*.py"}'
@@ -523,8 +699,13 @@ def test_the_hook_path_imports_no_sdk_and_no_prometheus(tmp_path: Path) -> None:
         "print(heavy, file=sys.stderr)\n"
     )
     event = json.dumps(claude_pre("Bash", BASH_TESTS, "toolu_1"))
-    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "s.sqlite3"), event],
-                          capture_output=True, text=True, timeout=120, env=clean_env())
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "s.sqlite3"), event],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=clean_env(),
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == {}
     assert proc.stderr.strip() == "[]"
@@ -533,14 +714,17 @@ def test_the_hook_path_imports_no_sdk_and_no_prometheus(tmp_path: Path) -> None:
 # -- where the store lives ----------------------------------------------------------------------
 
 
-def test_default_store_path_follows_env_then_xdg_then_home(monkeypatch: pytest.MonkeyPatch,
-                                                           tmp_path: Path) -> None:
+def test_default_store_path_follows_env_then_xdg_then_home(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))
     assert default_store_path({}) == tmp_path / ".local/state/otel-loopguard/hooks.sqlite3"
     assert default_store_path({"XDG_STATE_HOME": "/srv/state"}) == Path(
-        "/srv/state/otel-loopguard/hooks.sqlite3")
+        "/srv/state/otel-loopguard/hooks.sqlite3"
+    )
     assert default_store_path({"XDG_STATE_HOME": "relative"}) == (
-        tmp_path / ".local/state/otel-loopguard/hooks.sqlite3")  # the XDG spec ignores it
+        tmp_path / ".local/state/otel-loopguard/hooks.sqlite3"
+    )  # the XDG spec ignores it
     assert default_store_path({STORE_ENV: "/x/y.db", "XDG_STATE_HOME": "/srv"}) == Path("/x/y.db")
 
 
@@ -560,8 +744,9 @@ def test_sessions_idle_beyond_the_ttl_are_dropped_when_a_new_one_arrives(tmp_pat
     store = tmp_path / "hooks.sqlite3"
     hook("claude-code", claude_pre("Bash", BASH_TESTS, "t1", session="old"), store)
     with sqlite3.connect(store) as connection:
-        connection.execute("UPDATE sessions SET updated = updated - ?",
-                           (DEFAULT.session_ttl_seconds + 1,))
+        connection.execute(
+            "UPDATE sessions SET updated = updated - ?", (DEFAULT.session_ttl_seconds + 1,)
+        )
     hook("claude-code", claude_pre("Bash", BASH_TESTS, "t1", session="new"), store)
     with sqlite3.connect(store) as connection:
         keys = [json.loads(k)[1] for (k,) in connection.execute("SELECT key FROM sessions")]
@@ -581,7 +766,6 @@ def test_an_unreadable_session_row_starts_that_session_afresh(tmp_path: Path) ->
         (state,) = connection.execute("SELECT state FROM sessions").fetchone()
     (signature,) = SessionState.from_bytes(state, DEFAULT).signatures.values()
     assert signature.count == 1  # counted afresh, and saved readable again
-
 
 
 # -- the README's settings snippets ------------------------------------------------------------
@@ -612,8 +796,10 @@ def test_rescue_advice_is_asked_once_and_reused_by_later_processes(tmp_path: Pat
     store = tmp_path / "hooks.sqlite3"
     asked = tmp_path / "asked.txt"
     advisor = tmp_path / "advisor.sh"
-    advisor.write_text(f"#!/bin/sh\ncat > /dev/null\necho asked >> {asked}\n"
-                       "echo 'Read the compiler error; the header is missing.'\n")
+    advisor.write_text(
+        f"#!/bin/sh\ncat > /dev/null\necho asked >> {asked}\n"
+        "echo 'Read the compiler error; the header is missing.'\n"
+    )
     advisor.chmod(0o755)
     config = tmp_path / "loopguard.toml"
     config.write_text(f'advisor_command = "{advisor}"\nstop_after_denials = false\n')
@@ -621,13 +807,19 @@ def test_rescue_advice_is_asked_once_and_reused_by_later_processes(tmp_path: Pat
     rescues = 3
     reasons = []
     for call in range(1, DEFAULT.rescue_threshold + rescues):  # no results: outcome unknown
-        reply = hook("claude-code", claude_pre("Bash", {"command": "make"}, f"t{call}"), store,
-                     "--config", str(config))
+        reply = hook(
+            "claude-code",
+            claude_pre("Bash", {"command": "make"}, f"t{call}"),
+            store,
+            "--config",
+            str(config),
+        )
         assert reply.code == 0
         if call >= DEFAULT.rescue_threshold:
             reasons.append(reply.out["hookSpecificOutput"]["permissionDecisionReason"])
     assert len(reasons) == rescues
     for reason in reasons:
-        assert reason.endswith("Advice from a reviewer model:\n"
-                               "Read the compiler error; the header is missing.")
+        assert reason.endswith(
+            "Advice from a reviewer model:\nRead the compiler error; the header is missing."
+        )
     assert asked.read_text() == "asked\n"  # the later rescues used the advice saved in the store

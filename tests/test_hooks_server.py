@@ -60,8 +60,14 @@ def server() -> Iterator[str]:
         yield url
 
 
-def remote(host: str, event: object, url: str, *args: str, token: str | None = TOKEN,
-           raw: bytes | None = None) -> Reply:
+def remote(
+    host: str,
+    event: object,
+    url: str,
+    *args: str,
+    token: str | None = TOKEN,
+    raw: bytes | None = None,
+) -> Reply:
     """One hook invocation on the server; the token reaches it as the hosts pass settings
     (``LOOPGUARD_SERVE_TOKEN``), unless ``token`` is None."""
     env = clean_env(**({TOKEN_ENV: token} if token is not None else {}))
@@ -85,24 +91,50 @@ def claude_events(session: str) -> list[dict[str, Any]]:
     for call in range(1, STOP_AT + 1):
         events.append(claude_pre("Bash", BASH_TESTS, f"toolu_{call:02d}", session=session))
         if call < DENY_AT:
-            events.append(claude_post("Bash", BASH_TESTS, f"toolu_{call:02d}", BASH_RESULT,
-                                      session=session))
-    events.append(claude_pre("Read", {"file_path": "/work/project/src/auth.py"}, "toolu_90",
-                             session=session))
+            events.append(
+                claude_post("Bash", BASH_TESTS, f"toolu_{call:02d}", BASH_RESULT, session=session)
+            )
+    events.append(
+        claude_pre("Read", {"file_path": "/work/project/src/auth.py"}, "toolu_90", session=session)
+    )
     events.append(claude("UserPromptSubmit", session, prompt="try again"))
     events.append(claude_pre("Bash", BASH_TESTS, "toolu_91", session=session))
     edit = {"file_path": "/work/project/setup.cfg", "old_string": "a", "new_string": "b"}
     for call in range(1, REMIND_AT + 1):
-        events.append(claude_pre("Edit", edit, f"toolu_sub_{call}", session=session,
-                                 agent_id="agent-7", agent_type="general-purpose"))
-        events.append(claude("PostToolUseFailure", session, tool_name="Edit", tool_input=edit,
-                             tool_use_id=f"toolu_sub_{call}", agent_id="agent-7",
-                             agent_type="general-purpose",
-                             error="String to replace not found in file."))
+        events.append(
+            claude_pre(
+                "Edit",
+                edit,
+                f"toolu_sub_{call}",
+                session=session,
+                agent_id="agent-7",
+                agent_type="general-purpose",
+            )
+        )
+        events.append(
+            claude(
+                "PostToolUseFailure",
+                session,
+                tool_name="Edit",
+                tool_input=edit,
+                tool_use_id=f"toolu_sub_{call}",
+                agent_id="agent-7",
+                agent_type="general-purpose",
+                error="String to replace not found in file.",
+            )
+        )
     grep = {"pattern": "TODO", "path": "src"}
     for call in range(1, STOP_AT + 2):
-        events.append(claude_post("Grep", grep, f"toolu_late_{call}", "src/a.py:3: TODO",
-                                  session=session, agent_id="agent-8"))
+        events.append(
+            claude_post(
+                "Grep",
+                grep,
+                f"toolu_late_{call}",
+                "src/a.py:3: TODO",
+                session=session,
+                agent_id="agent-8",
+            )
+        )
     return events
 
 
@@ -112,19 +144,33 @@ def gemini_events(session: str) -> list[dict[str, Any]]:
     response = {"llmContent": "def login(user): ...", "returnDisplay": "Read 120 lines"}
     events = [gemini("BeforeAgent", session_id=session, prompt="why does login fail?")]
     for call in range(1, STOP_AT + 1):
-        events.append(gemini("BeforeTool", session_id=session, tool_name="read_file",
-                             tool_input=read))
+        events.append(
+            gemini("BeforeTool", session_id=session, tool_name="read_file", tool_input=read)
+        )
         if call < DENY_AT:
-            events.append(gemini("AfterTool", session_id=session, tool_name="read_file",
-                                 tool_input=read, tool_response=response))
+            events.append(
+                gemini(
+                    "AfterTool",
+                    session_id=session,
+                    tool_name="read_file",
+                    tool_input=read,
+                    tool_response=response,
+                )
+            )
     events.append(gemini("BeforeAgent", session_id=session, prompt="go on"))
-    events.append(gemini("BeforeTool", session_id=session, tool_name="read_file",
-                         tool_input=read))
+    events.append(gemini("BeforeTool", session_id=session, tool_name="read_file", tool_input=read))
     shell = {"command": "npm test", "description": "run tests"}
     failed = {"llmContent": "", "returnDisplay": "", "error": {"message": "exit code 1"}}
     for _ in range(STOP_AT + 1):
-        events.append(gemini("AfterTool", session_id=session, tool_name="run_shell_command",
-                             tool_input=shell, tool_response=failed))
+        events.append(
+            gemini(
+                "AfterTool",
+                session_id=session,
+                tool_name="run_shell_command",
+                tool_input=shell,
+                tool_response=failed,
+            )
+        )
     return events
 
 
@@ -133,17 +179,38 @@ def codex_events(session: str) -> list[dict[str, Any]]:
     shell = {"command": "cargo test -p api"}
     events = [codex("UserPromptSubmit", session_id=session, prompt="make tests pass")]
     for call in range(1, STOP_AT + 1):
-        events.append(codex("PreToolUse", session_id=session, tool_name="Bash",
-                            tool_input=shell, tool_use_id=f"call_{call}"))
+        events.append(
+            codex(
+                "PreToolUse",
+                session_id=session,
+                tool_name="Bash",
+                tool_input=shell,
+                tool_use_id=f"call_{call}",
+            )
+        )
         if call < DENY_AT:
-            events.append(codex("PostToolUse", session_id=session, tool_name="Bash",
-                                tool_input=shell, tool_use_id=f"call_{call}",
-                                tool_response="test result: FAILED"))
+            events.append(
+                codex(
+                    "PostToolUse",
+                    session_id=session,
+                    tool_name="Bash",
+                    tool_input=shell,
+                    tool_use_id=f"call_{call}",
+                    tool_response="test result: FAILED",
+                )
+            )
     events.append(codex("UserPromptSubmit", session_id=session, prompt="again"))
     for call in range(1, STOP_AT + 2):
-        events.append(codex("PostToolUse", session_id=session, tool_name="Bash",
-                            tool_input={"command": "git status"}, tool_use_id=f"late_{call}",
-                            tool_response="nothing to commit"))
+        events.append(
+            codex(
+                "PostToolUse",
+                session_id=session,
+                tool_name="Bash",
+                tool_input={"command": "git status"},
+                tool_use_id=f"late_{call}",
+                tool_response="nothing to commit",
+            )
+        )
     return events
 
 
@@ -163,20 +230,31 @@ def kind(host: str, out: dict[str, Any]) -> str:
         return "remind"
     assert specific["permissionDecision"] == "deny"
     # Codex: a stop decided before a call is a denial that tells the model to end the run.
-    return "stop" if specific["permissionDecisionReason"].startswith(
-        "[loopguard] Stopping") else "deny"
+    return (
+        "stop"
+        if specific["permissionDecisionReason"].startswith("[loopguard] Stopping")
+        else "deny"
+    )
 
 
 def texts(out: dict[str, Any]) -> list[str]:
     specific = out.get("hookSpecificOutput", {})
-    return [value for value in (out.get("reason"), out.get("stopReason"),
-                                specific.get("permissionDecisionReason"),
-                                specific.get("additionalContext")) if value]
+    return [
+        value
+        for value in (
+            out.get("reason"),
+            out.get("stopReason"),
+            specific.get("permissionDecisionReason"),
+            specific.get("additionalContext"),
+        )
+        if value
+    ]
 
 
 @pytest.mark.parametrize("host", list(HOSTS))
 def test_the_server_backend_answers_every_event_as_the_sqlite_backend(
-        server: str, tmp_path: Path, host: str) -> None:
+    server: str, tmp_path: Path, host: str
+) -> None:
     events = SEQUENCES[host](f"{host}-same-answers")
     store = tmp_path / "hooks.sqlite3"
     with ThreadPoolExecutor(2) as pool:  # the two backends do not share anything
@@ -189,13 +267,19 @@ def test_the_server_backend_answers_every_event_as_the_sqlite_backend(
     kinds = [kind(host, reply.out) for reply in local]
     assert set(kinds) == {"allow", "remind", "deny", "stop"}, kinds
     post_names = {"PostToolUse", "PostToolUseFailure", "AfterTool"}
-    reminders_after = [reply.out for event, reply in zip(events, local)
-                       if event["hook_event_name"] in post_names and reply.out]
+    reminders_after = [
+        reply.out
+        for event, reply in zip(events, local)
+        if event["hook_event_name"] in post_names and reply.out
+    ]
     if host != "codex":  # reminders decided before a call, shown with its result
         assert any(kind(host, out) == "remind" for out in reminders_after[:1])
     # Calls reported only after they ran: denials are worded as reminders, never "Not run".
-    assert any(text.startswith("[loopguard] Repeated call")
-               for out in reminders_after for text in texts(out))
+    assert any(
+        text.startswith("[loopguard] Repeated call")
+        for out in reminders_after
+        for text in texts(out)
+    )
     assert not any("Not run" in text for out in reminders_after for text in texts(out))
     assert any(kind(host, out) == "stop" for out in reminders_after)
 
@@ -206,32 +290,47 @@ def test_the_server_backend_answers_every_event_as_the_sqlite_backend(
 @pytest.mark.parametrize("host", list(HOSTS))
 def test_a_wrong_or_missing_token_fails_open_or_closed(server: str, host: str) -> None:
     event = PRE_EVENTS[host]
-    for reply in (remote(host, event, server, token="nope"),
-                  remote(host, event, server, token=None)):
+    for reply in (
+        remote(host, event, server, token="nope"),
+        remote(host, event, server, token=None),
+    ):
         assert reply.code == 0 and reply.out == {}
         (line,) = note_lines(reply)
-        assert line == (f"otel-loopguard hook {host}: server {server}: HTTP 401 (missing or"
-                        " wrong bearer token); allowing the call (fail-open)")
+        assert line == (
+            f"otel-loopguard hook {host}: server {server}: HTTP 401 (missing or"
+            " wrong bearer token); allowing the call (fail-open)"
+        )
     closed = remote(host, event, server, "--fail-closed", token="nope")
     assert closed.code == 0
-    assert note_lines(closed)[0].endswith("HTTP 401 (missing or wrong bearer token); denying the"
-                                          " call (--fail-closed)")
+    assert note_lines(closed)[0].endswith(
+        "HTTP 401 (missing or wrong bearer token); denying the call (--fail-closed)"
+    )
     fail_closed_denial(host, "HTTP 401", closed.out)
     # --token beats the environment.
-    right = hook(host, event, None, "--server", server, "--token", TOKEN,
-                 env=clean_env(**{TOKEN_ENV: "nope"}))
+    right = hook(
+        host,
+        event,
+        None,
+        "--server",
+        server,
+        "--token",
+        TOKEN,
+        env=clean_env(**{TOKEN_ENV: "nope"}),
+    )
     assert right == Reply(0, {}, "")
 
 
 def test_after_a_call_or_at_a_prompt_a_failure_records_nothing_and_denies_nothing(
-        server: str) -> None:
+    server: str,
+) -> None:
     post = claude_post("Bash", BASH_TESTS, "toolu_1", BASH_RESULT, session="failures")
     prompt = claude("UserPromptSubmit", "failures", prompt="hi")
     for event in (post, prompt):
         reply = remote("claude-code", event, server, "--fail-closed", token="nope")
         assert reply.out == {}
-        assert note_lines(reply)[0].endswith("HTTP 401 (missing or wrong bearer token);"
-                                             " nothing recorded")
+        assert note_lines(reply)[0].endswith(
+            "HTTP 401 (missing or wrong bearer token); nothing recorded"
+        )
     # A result beyond the decision API's body limit (1 MiB): not recorded, said so.
     huge = claude_post("Bash", BASH_TESTS, "toolu_2", "x" * (2 << 20), session="failures")
     reply = remote("claude-code", huge, server, "--fail-closed")
@@ -254,8 +353,10 @@ def test_a_dead_server_fails_open_at_once(host: str) -> None:
     reply = remote(host, PRE_EVENTS[host], url)
     elapsed = time.monotonic() - started
     assert reply.code == 0 and reply.out == {}
-    assert note_lines(reply) == [f"otel-loopguard hook {host}: server {url}: connection refused;"
-                                 " allowing the call (fail-open)"]
+    assert note_lines(reply) == [
+        f"otel-loopguard hook {host}: server {url}: connection refused;"
+        " allowing the call (fail-open)"
+    ]
     assert elapsed < 10  # a process start; no waiting on the dead port
     closed = remote(host, PRE_EVENTS[host], url, "--fail-closed")
     fail_closed_denial(host, "connection refused", closed.out)
@@ -273,10 +374,12 @@ def test_a_server_that_never_answers_is_given_up_on_after_the_timeout() -> None:
             assert reply.code == 0 and reply.out == {}
             assert note_lines(reply) == [
                 f"otel-loopguard hook claude-code: server {url}: no answer within {limit:g} s;"
-                " allowing the call (fail-open)"]
+                " allowing the call (fail-open)"
+            ]
             assert limit <= elapsed < limit + 8, elapsed
-        closed = remote("claude-code", PRE_EVENTS["claude-code"], url, "--fail-closed",
-                        "--timeout", "0.3")
+        closed = remote(
+            "claude-code", PRE_EVENTS["claude-code"], url, "--fail-closed", "--timeout", "0.3"
+        )
         fail_closed_denial("claude-code", "no answer within 0.3 s", closed.out)
 
 
@@ -316,30 +419,37 @@ class _Fake(BaseHTTPRequestHandler):
 def fake() -> Iterator[str]:
     _Fake.seen = []
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Fake)
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                              daemon=True)
+    thread = threading.Thread(
+        target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
     thread.start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}"
     httpd.shutdown()
     httpd.server_close()
 
 
-@pytest.mark.parametrize(("case", "said"), [
-    ("error500", "HTTP 500 (internal error)"),
-    ("text503", "HTTP 503"),
-    ("notjson", "the answer is not JSON"),
-    ("list", "unexpected answer (a JSON list, not an object)"),
-    ("nodecision", "unexpected answer (no 'decision')"),
-    ("badaction", "unexpected answer (unknown action 'explode')"),
-    ("hangup", "Remote end closed connection without response"),
-])
+@pytest.mark.parametrize(
+    ("case", "said"),
+    [
+        ("error500", "HTTP 500 (internal error)"),
+        ("text503", "HTTP 503"),
+        ("notjson", "the answer is not JSON"),
+        ("list", "unexpected answer (a JSON list, not an object)"),
+        ("nodecision", "unexpected answer (no 'decision')"),
+        ("badaction", "unexpected answer (unknown action 'explode')"),
+        ("hangup", "Remote end closed connection without response"),
+    ],
+)
 def test_error_statuses_and_answers_that_are_not_the_apis_fail_open_or_closed(
-        fake: str, case: str, said: str) -> None:
+    fake: str, case: str, said: str
+) -> None:
     url = f"{fake}/{case}/"
     reply = remote("claude-code", PRE_EVENTS["claude-code"], url)
     assert reply.code == 0 and reply.out == {}
-    assert note_lines(reply) == [f"otel-loopguard hook claude-code: server {fake}/{case}: {said};"
-                                 " allowing the call (fail-open)"]
+    assert note_lines(reply) == [
+        f"otel-loopguard hook claude-code: server {fake}/{case}: {said};"
+        " allowing the call (fail-open)"
+    ]
     closed = remote("claude-code", PRE_EVENTS["claude-code"], url, "--fail-closed")
     fail_closed_denial("claude-code", said, closed.out)
 
@@ -351,18 +461,33 @@ def test_what_the_hook_sends(fake: str) -> None:
     remote("claude-code", post, f"{fake}/ok", token=None)
     remote("claude-code", claude("UserPromptSubmit", prompt="hi"), f"{fake}/ok")
     paths = [path for path, _, _ in _Fake.seen]
-    assert paths == ["/ok/v1/decisions/before"] * 3 + ["/ok/v1/decisions/after",
-                                                       "/ok/v1/decisions/user_message"]
+    assert paths == ["/ok/v1/decisions/before"] * 3 + [
+        "/ok/v1/decisions/after",
+        "/ok/v1/decisions/user_message",
+    ]
     auth = [headers.get("Authorization") for _, headers, _ in _Fake.seen]
     assert auth == [f"Bearer {TOKEN}"] * 3 + [None, f"Bearer {TOKEN}"]
     bodies = [body for _, _, body in _Fake.seen]
-    assert bodies[0] == {"session": "sess-1", "agent": None, "tool": "Bash",
-                         "arguments": BASH_TESTS, "call_id": "toolu_1", "hold_reminder": True}
+    assert bodies[0] == {
+        "session": "sess-1",
+        "agent": None,
+        "tool": "Bash",
+        "arguments": BASH_TESTS,
+        "call_id": "toolu_1",
+        "hold_reminder": True,
+    }
     assert bodies[1]["hold_reminder"] is True and bodies[1]["call_id"] is None  # Gemini CLI
     assert bodies[2]["hold_reminder"] is False  # Codex shows reminders before the call
-    assert bodies[3] == {"session": "sess-1", "agent": "agent-2", "tool": "Bash",
-                         "arguments": BASH_TESTS, "call_id": "toolu_1", "error": False,
-                         "result": BASH_RESULT, "duration_seconds": 1.2}
+    assert bodies[3] == {
+        "session": "sess-1",
+        "agent": "agent-2",
+        "tool": "Bash",
+        "arguments": BASH_TESTS,
+        "call_id": "toolu_1",
+        "error": False,
+        "result": BASH_RESULT,
+        "duration_seconds": 1.2,
+    }
     assert bodies[4] == {"session": "sess-1", "agent": None}
 
 
@@ -375,11 +500,14 @@ def test_bad_server_options_still_answer_json(tmp_path: Path, server: str) -> No
     ]:
         reply = remote("claude-code", event, server, *args)
         assert reply.out == {} and said in note_lines(reply)[0], reply.err
-        fail_closed_denial("claude-code", said, remote("claude-code", event, server, *args,
-                                                       "--fail-closed").out)
-    for url, said in [("ftp://example.org", "--server: expected http://HOST:PORT"),
-                      ("http://u:p@127.0.0.1:1", "--server: no credentials in the URL"),
-                      ("http://127.0.0.1:99999", "--server: bad port")]:
+        fail_closed_denial(
+            "claude-code", said, remote("claude-code", event, server, *args, "--fail-closed").out
+        )
+    for url, said in [
+        ("ftp://example.org", "--server: expected http://HOST:PORT"),
+        ("http://u:p@127.0.0.1:1", "--server: no credentials in the URL"),
+        ("http://127.0.0.1:99999", "--server: bad port"),
+    ]:
         reply = remote("claude-code", event, url)
         assert reply.out == {} and said in note_lines(reply)[0], reply.err
     assert not (tmp_path / "s.sqlite3").exists()
@@ -396,8 +524,13 @@ def test_the_server_path_imports_no_grpc_protobuf_sdk_or_service(server: str) ->
         "print(heavy, file=sys.stderr)\n"
     )
     event = json.dumps(claude_pre("Bash", {"command": "ls"}, "toolu_1", session="light"))
-    proc = subprocess.run([sys.executable, "-c", code, server, event], capture_output=True,
-                          text=True, timeout=120, env=clean_env(**{TOKEN_ENV: TOKEN}))
+    proc = subprocess.run(
+        [sys.executable, "-c", code, server, event],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=clean_env(**{TOKEN_ENV: TOKEN}),
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == {}
     assert proc.stderr.strip() == "[]"

@@ -57,18 +57,27 @@ def label_values(exposition: bytes) -> dict[str, set[str]]:
 
 def looping_guard(recorder: PrometheusRecorder, **options: Any) -> tuple[LoopGuard, list[Decision]]:
     guard = LoopGuard(DEFAULT.replace(**options) if options else DEFAULT, recorder=recorder)
-    transcript = run(guard, [Call("grep", {"pattern": "TODO"}, result="nothing") for _ in range(12)])
+    transcript = run(
+        guard, [Call("grep", {"pattern": "TODO"}, result="nothing") for _ in range(12)]
+    )
     return guard, transcript.decisions
 
 
 def test_one_declaration_names_every_metric_of_the_design() -> None:
     assert {spec.prometheus_name for spec in METRICS} >= {
-        "loopguard_tool_calls_total", "loopguard_repeated_calls_total",
-        "loopguard_decisions_total", "loopguard_wasted_seconds_total", "loopguard_rescues_total",
-        "loopguard_sessions", "loopguard_sessions_evicted_total",
-        "loopguard_internal_errors_total"}
-    families = {f.name: f for f in text_string_to_metric_families(
-        PrometheusRecorder().exposition().decode())}
+        "loopguard_tool_calls_total",
+        "loopguard_repeated_calls_total",
+        "loopguard_decisions_total",
+        "loopguard_wasted_seconds_total",
+        "loopguard_rescues_total",
+        "loopguard_sessions",
+        "loopguard_sessions_evicted_total",
+        "loopguard_internal_errors_total",
+    }
+    families = {
+        f.name: f
+        for f in text_string_to_metric_families(PrometheusRecorder().exposition().decode())
+    }
     for spec in METRICS:
         # the parser strips _total from counter family names
         family = families[spec.name]
@@ -79,17 +88,28 @@ def test_one_declaration_names_every_metric_of_the_design() -> None:
 def test_series_exist_at_zero_before_anything_happens() -> None:
     recorder = PrometheusRecorder()
     for outcome in RESCUE_OUTCOMES:
-        assert recorder.registry.get_sample_value(
-            "loopguard_rescues_total", {"outcome": outcome}) == 0
+        assert (
+            recorder.registry.get_sample_value("loopguard_rescues_total", {"outcome": outcome}) == 0
+        )
     for reason in EVICTION_REASONS:
-        assert recorder.registry.get_sample_value(
-            "loopguard_sessions_evicted_total", {"reason": reason}) == 0
+        assert (
+            recorder.registry.get_sample_value(
+                "loopguard_sessions_evicted_total", {"reason": reason}
+            )
+            == 0
+        )
     for where in ERROR_PLACES:
-        assert recorder.registry.get_sample_value(
-            "loopguard_internal_errors_total", {"where": where}) == 0
+        assert (
+            recorder.registry.get_sample_value("loopguard_internal_errors_total", {"where": where})
+            == 0
+        )
     for action in ACTIONS:
-        assert recorder.registry.get_sample_value(
-            "loopguard_decision_repeats_count", {"action": action}) == 0
+        assert (
+            recorder.registry.get_sample_value(
+                "loopguard_decision_repeats_count", {"action": action}
+            )
+            == 0
+        )
     assert recorder.registry.get_sample_value("loopguard_sessions", {}) == 0
 
 
@@ -98,12 +118,20 @@ def test_first_call_of_a_tool_creates_every_rule_and_action_at_zero() -> None:
     LoopGuard(DEFAULT, recorder=recorder).before_tool("ls", {}, session="s", agent="coder")
     for rule in RULES:
         for action in ACTIONS:
-            assert recorder.registry.get_sample_value(
-                "loopguard_decisions_total",
-                {"agent": "coder", "tool": "ls", "rule": rule, "action": action}) == 0
+            assert (
+                recorder.registry.get_sample_value(
+                    "loopguard_decisions_total",
+                    {"agent": "coder", "tool": "ls", "rule": rule, "action": action},
+                )
+                == 0
+            )
     assert sample(recorder, "loopguard_tool_calls_total", agent="coder", tool="ls") == 1
-    assert recorder.registry.get_sample_value(
-        "loopguard_repeated_calls_total", {"agent": "coder", "tool": "ls"}) == 0
+    assert (
+        recorder.registry.get_sample_value(
+            "loopguard_repeated_calls_total", {"agent": "coder", "tool": "ls"}
+        )
+        == 0
+    )
 
 
 def test_declared_tools_exist_at_zero_before_their_first_call() -> None:
@@ -112,13 +140,20 @@ def test_declared_tools_exist_at_zero_before_their_first_call() -> None:
     recorder.declare_tools(["ls"])  # no agent: "none"
     for agent, tool in (("coder", "ls"), ("coder", "grep"), ("none", "ls")):
         labels = {"agent": agent, "tool": tool}
-        for name in ("loopguard_tool_calls_total", "loopguard_repeated_calls_total",
-                     "loopguard_wasted_seconds_total"):
+        for name in (
+            "loopguard_tool_calls_total",
+            "loopguard_repeated_calls_total",
+            "loopguard_wasted_seconds_total",
+        ):
             assert recorder.registry.get_sample_value(name, labels) == 0, (name, labels)
         for rule in RULES:
             for action in ACTIONS:
-                assert recorder.registry.get_sample_value(
-                    "loopguard_decisions_total", {**labels, "rule": rule, "action": action}) == 0
+                assert (
+                    recorder.registry.get_sample_value(
+                        "loopguard_decisions_total", {**labels, "rule": rule, "action": action}
+                    )
+                    == 0
+                )
     # The first call then counts from zero, on the same series.
     LoopGuard(DEFAULT, recorder=recorder).before_tool("ls", {}, session="s", agent="coder")
     assert sample(recorder, "loopguard_tool_calls_total", agent="coder", tool="ls") == 1
@@ -150,18 +185,33 @@ def test_counts_follow_the_guards_decisions() -> None:
     guard, decisions = looping_guard(recorder)
     assert sample(recorder, "loopguard_tool_calls_total", agent="none", tool="grep") == 12
     assert sample(recorder, "loopguard_repeated_calls_total", agent="none", tool="grep") == 11
-    expected = Counter((d.rule.value if d.rule else "none", d.detected.value)
-                       for d in decisions if d.detected is not Action.ALLOW)
+    expected = Counter(
+        (d.rule.value if d.rule else "none", d.detected.value)
+        for d in decisions
+        if d.detected is not Action.ALLOW
+    )
     assert expected and any(action == "stop" for _, action in expected)
     for (rule, action), n in expected.items():
-        assert sample(recorder, "loopguard_decisions_total", agent="none", tool="grep",
-                      rule=rule, action=action) == n
+        assert (
+            sample(
+                recorder,
+                "loopguard_decisions_total",
+                agent="none",
+                tool="grep",
+                rule=rule,
+                action=action,
+            )
+            == n
+        )
     total = sum(expected.values())
-    assert sum(sample(recorder, "loopguard_decision_repeats_count", action=a)
-               for a in ACTIONS) == total
+    assert (
+        sum(sample(recorder, "loopguard_decision_repeats_count", action=a) for a in ACTIONS)
+        == total
+    )
     counts = sum(d.count for d in decisions if d.detected is not Action.ALLOW)
-    assert sum(sample(recorder, "loopguard_decision_repeats_sum", action=a)
-               for a in ACTIONS) == counts
+    assert (
+        sum(sample(recorder, "loopguard_decision_repeats_sum", action=a) for a in ACTIONS) == counts
+    )
     assert sample(recorder, "loopguard_sessions") == guard.session_count == 1
 
 
@@ -171,8 +221,17 @@ def test_observe_mode_still_counts_what_was_detected() -> None:
     recorder = PrometheusRecorder()
     _, decisions = looping_guard(recorder, mode=Mode.OBSERVE)
     assert all(d.action is Action.ALLOW for d in decisions)
-    assert sample(recorder, "loopguard_decisions_total", agent="none", tool="grep",
-                  rule="no_progress", action="deny") >= 1
+    assert (
+        sample(
+            recorder,
+            "loopguard_decisions_total",
+            agent="none",
+            tool="grep",
+            rule="no_progress",
+            action="deny",
+        )
+        >= 1
+    )
 
 
 def test_wasted_seconds_counts_repeated_calls_that_ran() -> None:
@@ -215,15 +274,18 @@ def test_internal_errors_are_counted_by_place() -> None:
     assert sample(recorder, "loopguard_internal_errors_total", where="somewhere new") == 1
 
 
-@pytest.mark.parametrize("agent, expected", [
-    (None, "none"),
-    ("coder", "coder"),
-    ("4bf92f3577b34da6a3ce929d0e0e4736", OTHER),  # a trace id
-    ("run-00f067aa0ba902b7", OTHER),  # a span id inside a name
-    ("123e4567-e89b-12d3-a456-426614174000", OTHER),  # a UUID
-    ("x" * (MAX_LABEL_CHARS + 1), OTHER),
-    ("", OTHER),
-])
+@pytest.mark.parametrize(
+    "agent, expected",
+    [
+        (None, "none"),
+        ("coder", "coder"),
+        ("4bf92f3577b34da6a3ce929d0e0e4736", OTHER),  # a trace id
+        ("run-00f067aa0ba902b7", OTHER),  # a span id inside a name
+        ("123e4567-e89b-12d3-a456-426614174000", OTHER),  # a UUID
+        ("x" * (MAX_LABEL_CHARS + 1), OTHER),
+        ("", OTHER),
+    ],
+)
 def test_agent_labels_are_names_never_ids(agent: str | None, expected: str) -> None:
     recorder = PrometheusRecorder()
     recorder.tool_call(agent, "ls", False)
@@ -269,7 +331,9 @@ def test_counts_are_exact_under_concurrency() -> None:
             elif s.name == "loopguard_repeated_calls_total":
                 repeated += s.value
     assert total == threads * calls and repeated == threads * calls // 2
-    assert sample(recorder, "loopguard_tool_calls_total", agent=OTHER, tool=OTHER) == 2 * calls * 2 / 5
+    assert (
+        sample(recorder, "loopguard_tool_calls_total", agent=OTHER, tool=OTHER) == 2 * calls * 2 / 5
+    )
 
 
 def test_bad_max_label_values_fails_loudly() -> None:
@@ -284,8 +348,10 @@ def test_injected_registry_and_double_registration() -> None:
     recorder = PrometheusRecorder(registry)
     assert recorder.registry is registry
     recorder.tool_call("a", "t", True)
-    assert registry.get_sample_value("loopguard_repeated_calls_total",
-                                     {"agent": "a", "tool": "t"}) == 1
+    assert (
+        registry.get_sample_value("loopguard_repeated_calls_total", {"agent": "a", "tool": "t"})
+        == 1
+    )
     with pytest.raises(ValueError):
         PrometheusRecorder(registry)
 
@@ -349,8 +415,14 @@ def test_wsgi_app() -> None:
     app = guard.metrics_wsgi_app()
     guard.before_tool("ls", {}, session="s")
     status: list[str] = []
-    environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/metrics", "QUERY_STRING": "",
-               "wsgi.input": io.BytesIO(), "SERVER_NAME": "x", "SERVER_PORT": "80"}
+    environ = {
+        "REQUEST_METHOD": "GET",
+        "PATH_INFO": "/metrics",
+        "QUERY_STRING": "",
+        "wsgi.input": io.BytesIO(),
+        "SERVER_NAME": "x",
+        "SERVER_PORT": "80",
+    }
     body = b"".join(app(environ, lambda s, headers: status.append(s)))
     assert status == ["200 OK"]
     assert b'loopguard_tool_calls_total{agent="none",tool="ls"} 1.0' in body
@@ -368,8 +440,13 @@ def test_asgi_app() -> None:
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    scope = {"type": "http", "method": "GET", "path": "/metrics", "query_string": b"",
-             "headers": []}
+    scope = {
+        "type": "http",
+        "method": "GET",
+        "path": "/metrics",
+        "query_string": b"",
+        "headers": [],
+    }
     asyncio.run(app(scope, receive, send))
     assert sent[0]["status"] == 200
     body = b"".join(m.get("body", b"") for m in sent[1:])
@@ -386,8 +463,14 @@ def test_opentelemetry_recorder_records_the_same_names() -> None:
     guard = LoopGuard(DEFAULT, recorder=recorder)
     decisions = run(guard, [Call("grep", {"p": 1}, result="same") for _ in range(8)]).decisions
     for _ in range(2):  # reported only when it ended; the second repeats the first
-        guard.after_tool("grep", {"p": 2}, session="s", agent="4bf92f3577b34da6a3ce929d0e0e4736",
-                         result="r", duration_seconds=0.5)
+        guard.after_tool(
+            "grep",
+            {"p": 2},
+            session="s",
+            agent="4bf92f3577b34da6a3ce929d0e0e4736",
+            result="r",
+            duration_seconds=0.5,
+        )
     data = reader.get_metrics_data()
     assert data is not None
     points: dict[str, list[Any]] = {}
@@ -398,14 +481,16 @@ def test_opentelemetry_recorder_records_the_same_names() -> None:
     assert set(points) == {spec.name for spec in METRICS}
     calls = {p.attributes["agent"]: p.value for p in points["loopguard_tool_calls"]}
     assert calls == {"none": 8, OTHER: 2}
-    blocked = sum(p.value for p in points["loopguard_decisions"]
-                  if p.attributes["action"] in ("deny", "stop"))
+    blocked = sum(
+        p.value for p in points["loopguard_decisions"] if p.attributes["action"] in ("deny", "stop")
+    )
     assert blocked == sum(1 for d in decisions if d.detected in (Action.DENY, Action.STOP))
     assert [p.value for p in points["loopguard_sessions"]] == [2]
     histogram = {spec.name: spec for spec in METRICS}["loopguard_decision_repeats"]
     assert histogram.kind is MetricKind.HISTOGRAM
-    assert all(tuple(p.explicit_bounds) == histogram.buckets
-               for p in points["loopguard_decision_repeats"])
+    assert all(
+        tuple(p.explicit_bounds) == histogram.buckets for p in points["loopguard_decision_repeats"]
+    )
     assert {p.attributes["outcome"] for p in points["loopguard_rescues"]} == set(RESCUE_OUTCOMES)
     assert [p.sum for p in points["loopguard_repeated_call_seconds"]] == [0.5]
     provider.shutdown()
@@ -417,11 +502,14 @@ def test_opentelemetry_recorder_rejects_a_non_meter() -> None:
 
 
 def test_importing_the_package_loads_no_metrics_library() -> None:
-    code = ("import sys, otel_loopguard; otel_loopguard.LoopGuard().before_tool('ls', {}, "
-            "session='s'); print(sorted(m for m in sys.modules if m.startswith("
-            "('prometheus_client', 'opentelemetry'))))")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=60, check=True)
+    code = (
+        "import sys, otel_loopguard; otel_loopguard.LoopGuard().before_tool('ls', {}, "
+        "session='s'); print(sorted(m for m in sys.modules if m.startswith("
+        "('prometheus_client', 'opentelemetry'))))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
     assert result.stdout.strip() == "[]"
 
 
@@ -435,6 +523,7 @@ def test_promtool_accepts_our_exposition(promtool: str) -> None:
     looping_guard(recorder)
     recorder.wasted("coder", "grep", 2.0)
     recorder.rescue("failed")
-    result = subprocess.run([promtool, "check", "metrics"], input=recorder.exposition(),
-                            capture_output=True, timeout=60)
+    result = subprocess.run(
+        [promtool, "check", "metrics"], input=recorder.exposition(), capture_output=True, timeout=60
+    )
     assert result.returncode == 0, (result.stdout + result.stderr).decode()

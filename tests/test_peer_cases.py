@@ -32,8 +32,13 @@ from otel_loopguard import PRESETS, Action, LoopGuard, Mode, Policy
 DEFAULT = PRESETS["default"]
 USER = "user message"
 UNREPORTED = object()  # the call's result never reaches the guard (a pre-call hook only)
-LETTER = {Action.ALLOW: "A", Action.REMIND: "R", Action.DENY: "D", Action.RESCUE: "X",
-          Action.STOP: "S"}
+LETTER = {
+    Action.ALLOW: "A",
+    Action.REMIND: "R",
+    Action.DENY: "D",
+    Action.RESCUE: "X",
+    Action.STOP: "S",
+}
 
 Step = Any  # (tool, arguments, result, error) or USER
 
@@ -111,8 +116,12 @@ def test_openhands_repeating_action_error_with_different_errors() -> None:
     different error texts is stuck (3 errors suffice). DIFFER, later: failures with different
     texts are not the same failure and the results change, so no early stop; with no progress
     the call is denied at deny_threshold (6) and the run stopped at the 9th call."""
-    errors = ["Command not found", "Command still not found or another error", "Different error",
-              "Command not found"]
+    errors = [
+        "Command not found",
+        "Command still not found or another error",
+        "Different error",
+        "Command not found",
+    ]
     steps = [bash("invalid_command", text, error=True) for text in errors * 3]
     assert drive(steps[:4]) == "A A R A"
     assert drive(steps[:9]) == "A A R A R D D D S"
@@ -127,25 +136,35 @@ def test_openhands_repeating_action_error_same_error() -> None:
     assert drive(steps) == "A A R! S"
 
 
-SYNTAX_ERRORS = ["SyntaxError: invalid syntax. Perhaps you forgot a comma?",
-                 "SyntaxError: incomplete input"]
-CODE = ("edit_file_by_replace(\n    'book_store.py',\n    to_replace=\"\"\"def total(basket):\n"
-        "    if not basket:\n        return 0\n")
-JUPYTER = ("\n[Jupyter current working directory: /workspace]"
-           "\n[Jupyter Python interpreter: /usr/bin/python]")
+SYNTAX_ERRORS = [
+    "SyntaxError: invalid syntax. Perhaps you forgot a comma?",
+    "SyntaxError: incomplete input",
+]
+CODE = (
+    'edit_file_by_replace(\n    \'book_store.py\',\n    to_replace="""def total(basket):\n'
+    "    if not basket:\n        return 0\n"
+)
+JUPYTER = (
+    "\n[Jupyter current working directory: /workspace]"
+    "\n[Jupyter Python interpreter: /usr/bin/python]"
+)
 
 
 def syntax_output(message: str, incident: int, random_line: bool) -> str:
     line = (incident + 1) * 10 if random_line else 42
     extra = "\n" * (incident + 1) if random_line else ""
-    return (f"  Cell In[1], line {line}\nto_replace=\"\"\"def largest(min_factor, max_factor):\n"
-            f"            ^\n{message}{extra}{JUPYTER}")
+    return (
+        f'  Cell In[1], line {line}\nto_replace="""def largest(min_factor, max_factor):\n'
+        f"            ^\n{message}{extra}{JUPYTER}"
+    )
 
 
 def unterminated_output(incident: int, random_line: bool) -> str:
     line = (incident + 1) * 10 if random_line else 1
-    return (f'print("  Cell In[1], line {line}\nhello\n       ^\nSyntaxError: unterminated string '
-            f"literal (detected at line {line}){JUPYTER}")
+    return (
+        f'print("  Cell In[1], line {line}\nhello\n       ^\nSyntaxError: unterminated string '
+        f"literal (detected at line {line}){JUPYTER}"
+    )
 
 
 @pytest.mark.parametrize("message", SYNTAX_ERRORS + ["unterminated"])
@@ -155,9 +174,13 @@ def test_openhands_same_syntax_error_four_times(message: str) -> None:
     times is stuck. AGREE, one call earlier: OpenHands returns the traceback as a normal cell
     output, so it is the same result 3 times and the 4th is denied; a host that flags the cell
     as failed gets a stop right after the 3rd identical failure."""
+
     def output(i: int) -> str:
-        return unterminated_output(i, False) if message == "unterminated" else syntax_output(
-            message, i, False)
+        return (
+            unterminated_output(i, False)
+            if message == "unterminated"
+            else syntax_output(message, i, False)
+        )
 
     assert drive([cell(CODE, output(i)) for i in range(4)]) == "A A R D"
     assert drive([cell(CODE, output(i), error=True) for i in range(4)]) == "A A R! S"
@@ -170,9 +193,13 @@ def test_openhands_syntax_error_on_changing_lines(message: str) -> None:
     _random_lines: the same cell whose error moves to another line each time is not stuck after
     4. AGREE (reminded, not blocked): a changing result is polling for us. Past their test we
     DIFFER: polling is denied at poll_limit (12), failed or not, where OpenHands never stops it."""
+
     def output(i: int) -> str:
-        return unterminated_output(i, True) if message == "unterminated" else syntax_output(
-            message, i, True)
+        return (
+            unterminated_output(i, True)
+            if message == "unterminated"
+            else syntax_output(message, i, True)
+        )
 
     assert drive([cell(CODE, output(i)) for i in range(4)]) == "A A R A"
     for error in (False, True):
@@ -194,10 +221,20 @@ def test_openhands_syntax_error_not_at_end() -> None:
     """OpenHands test_is_not_stuck_ipython_syntax_error_not_at_end: the same cell 4 times, the
     output after the error different each time: not stuck. AGREE: the result changes."""
     code = 'print("hello'
-    tails = ["1)\nThis is some additional output", "1)\nToo much output here on and on",
-             "3)\nEnough", "2)\nLast line of output"]
-    steps = [cell(code, f'print("hello\n       ^\nSyntaxError: unterminated string literal '
-                        f"(detected at line {tail}") for tail in tails]
+    tails = [
+        "1)\nThis is some additional output",
+        "1)\nToo much output here on and on",
+        "3)\nEnough",
+        "2)\nLast line of output",
+    ]
+    steps = [
+        cell(
+            code,
+            f'print("hello\n       ^\nSyntaxError: unterminated string literal '
+            f"(detected at line {tail}",
+        )
+        for tail in tails
+    ]
     assert drive(steps) == "A A R A"
 
 
@@ -251,23 +288,38 @@ def test_openhands_loop_ignores_other_events() -> None:
     policy = DEFAULT.replace(exclude=("think",))
 
     def think(n: int) -> Step:
-        return ("think", {"thought": f"step {n}: compare file1 with the listing"},
-                "Your thought has been logged.", False)
+        return (
+            "think",
+            {"thought": f"step {n}: compare file1 with the listing"},
+            "Your thought has been logged.",
+            False,
+        )
 
     steps = [think(0), VIEW1, think(1), LS, VIEW1, LS, think(2), VIEW1, LS, think(3), LS]
-    tracked = [o for o, s in zip(drive(steps, policy).split(), steps, strict=True)
-               if s[0] != "think"]
+    tracked = [
+        o for o, s in zip(drive(steps, policy).split(), steps, strict=True) if s[0] != "think"
+    ]
     assert " ".join(tracked) == drive([VIEW1, LS, VIEW1, LS, VIEW1, LS, LS], policy)
     assert tracked[-1] == "D"
 
 
-@pytest.mark.xfail(strict=True, reason="`thought` is a cosmetic argument dropped from the key, so "
-                   "every call of a `think` tool (OpenHands, Anthropic) is the same call")
+@pytest.mark.xfail(
+    strict=True,
+    reason="`thought` is a cosmetic argument dropped from the key, so "
+    "every call of a `think` tool (OpenHands, Anthropic) is the same call",
+)
 def test_distinct_thoughts_are_distinct_calls() -> None:
     """Found translating test_loop_ignores_other_events: under `default`, OpenHands' `think` tool
     (sole argument `thought`) is denied on its 4th use in an epoch whatever it thinks."""
-    steps = [("think", {"thought": f"Plan step {n}: look at module {n}"},
-              "Your thought has been logged.", False) for n in range(5)]
+    steps = [
+        (
+            "think",
+            {"thought": f"Plan step {n}: look at module {n}"},
+            "Your thought has been logged.",
+            False,
+        )
+        for n in range(5)
+    ]
     assert "D" not in drive(steps).split()
 
 
@@ -349,8 +401,11 @@ def test_gemini_different_tool_calls() -> None:
     glob app.ts, three rounds. AGREE: not blocked (reminded in the 3rd round). Beyond the test we
     DIFFER: any different call resets Gemini's count, so the cycle is never caught; our window
     denies its 4th round."""
-    cycle = [APP, ("read_file", {"file_path": "src/util.ts"}, "export const util = 1;\n", False),
-             ("glob", {"pattern": "src/app.ts"}, "src/app.ts", False)]
+    cycle = [
+        APP,
+        ("read_file", {"file_path": "src/util.ts"}, "export const util = 1;\n", False),
+        ("glob", {"pattern": "src/app.ts"}, "src/app.ts", False),
+    ]
     assert drive(cycle * 3) == "A A A A A A R R R"
     assert drive(cycle * 4).split()[9] == "D"
 

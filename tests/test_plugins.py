@@ -29,18 +29,35 @@ from .conftest import Call, FakeClock, Transcript, run
 # The configuration blocks of the plugins' READMEs, as given (the rescue plugin's text lost the
 # `*` of `mcp__claude__*`; see the issue).
 REMINDER_DOC: dict[str, Any] = {
-    "thresholds": [3, 5, 8], "include": [], "exclude": ["todo_write"],
+    "thresholds": [3, 5, 8],
+    "include": [],
+    "exclude": ["todo_write"],
     "argumentsPreviewChars": 500,
 }
 BRAKE_DOC: dict[str, Any] = {"maxRepeats": 5}
 RESCUE_DOC: dict[str, Any] = {
-    "window": 12, "nudgeAt": 3, "rescueAt": 5, "stallAt": 40, "maxRescues": 3,
-    "cooldownMs": 45000, "include": [], "exclude": ["todo_write", "ask_user", "mcp__claude__*"],
+    "window": 12,
+    "nudgeAt": 3,
+    "rescueAt": 5,
+    "stallAt": 40,
+    "maxRescues": 3,
+    "cooldownMs": 45000,
+    "include": [],
+    "exclude": ["todo_write", "ask_user", "mcp__claude__*"],
     "excludeCommands": [],
     "ignoredArgs": ["description", "explanation", "reasoning", "thought", "comment"],
-    "mutatingTools": ["edit", "write", "multi_edit", "str_replace_editor", "apply_patch",
-                      "create_file", "notebook_edit"],
-    "askCommand": "~/.local/bin/ask-claude", "askModel": "opus", "askTimeoutMs": 90000,
+    "mutatingTools": [
+        "edit",
+        "write",
+        "multi_edit",
+        "str_replace_editor",
+        "apply_patch",
+        "create_file",
+        "notebook_edit",
+    ],
+    "askCommand": "~/.local/bin/ask-claude",
+    "askModel": "opus",
+    "askTimeoutMs": 90000,
     "logFile": "~/.llmbox/loop-rescue.jsonl",
 }
 
@@ -56,12 +73,18 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def facts(transcript: Transcript) -> list[tuple[str, str | None, int, int]]:
-    return [(d.action.value, d.rule.value if d.rule else None, d.count, d.threshold)
-            for d in transcript.decisions]
+    return [
+        (d.action.value, d.rule.value if d.rule else None, d.count, d.threshold)
+        for d in transcript.decisions
+    ]
 
 
-def both(plugin: str, config: dict[str, Any], calls: list[Call], **kwargs: Any,
-         ) -> tuple[Transcript, Transcript]:
+def both(
+    plugin: str,
+    config: dict[str, Any],
+    calls: list[Call],
+    **kwargs: Any,
+) -> tuple[Transcript, Transcript]:
     """The calls through the preset, and through the plugin's config as is."""
     preset = run(LoopGuard(PRESETS[plugin], **kwargs), calls)
     migrated = run(LoopGuard.from_plugin_config(plugin, config, **kwargs), calls)
@@ -78,7 +101,8 @@ def at(transcript: Transcript, action: Action) -> list[int]:
 
 
 def test_empty_include_tracks_every_tool_in_code_toml_environment_and_plugin_config(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     toml = tmp_path / "c.toml"
     toml.write_text('preset = "brake"\ninclude = []\n')
     policies = [
@@ -180,20 +204,23 @@ def test_reminder_a_user_message_resets_the_chain() -> None:
 
 @pytest.mark.parametrize(
     ("config", "key", "value"),
-    [({"thresholds": []}, "thresholds", "[]"),
-     ({"thresholds": [1, 3]}, "thresholds", "1"),
-     ({"thresholds": [3, 3]}, "thresholds", "[3, 3]"),
-     ({"thresholds": [2.5]}, "thresholds", "2.5"),
-     ({"thresholds": ["3"]}, "thresholds", "'3'"),
-     ({"thresholds": 3}, "thresholds", "3"),
-     ({"argumentsPreviewChars": 0}, "argumentsPreviewChars", "0"),
-     ({"argumentsPreviewChars": "500"}, "argumentsPreviewChars", "'500'"),
-     ({"include": "bash"}, "include", "'bash'"),
-     ({"exclude": [3]}, "exclude", "3"),
-     ({"thresholdz": [3]}, "thresholdz", "thresholdz")],
+    [
+        ({"thresholds": []}, "thresholds", "[]"),
+        ({"thresholds": [1, 3]}, "thresholds", "1"),
+        ({"thresholds": [3, 3]}, "thresholds", "[3, 3]"),
+        ({"thresholds": [2.5]}, "thresholds", "2.5"),
+        ({"thresholds": ["3"]}, "thresholds", "'3'"),
+        ({"thresholds": 3}, "thresholds", "3"),
+        ({"argumentsPreviewChars": 0}, "argumentsPreviewChars", "0"),
+        ({"argumentsPreviewChars": "500"}, "argumentsPreviewChars", "'500'"),
+        ({"include": "bash"}, "include", "'bash'"),
+        ({"exclude": [3]}, "exclude", "3"),
+        ({"thresholdz": [3]}, "thresholdz", "thresholdz"),
+    ],
 )
 def test_reminder_nonsense_fails_naming_the_plugins_key_and_value(
-        config: dict[str, Any], key: str, value: str) -> None:
+    config: dict[str, Any], key: str, value: str
+) -> None:
     with pytest.raises(ValueError) as info:
         LoopGuard.from_plugin_config("reminder", config)
     assert "repeat-tool-reminder" in str(info.value)
@@ -233,8 +260,7 @@ def test_brake_key_order_is_the_same_call_anything_else_is_not() -> None:
     alternating = [Call("f", {"a": 1}), Call("g", {"a": 1})] * 6
     assert not at(both("brake", {}, alternating)[0], Action.DENY)
     # a numbered description is a different call to the brake (it strips nothing)
-    described = [Call("bash", {"command": "npm test", "description": f"run {n}"})
-                 for n in range(6)]
+    described = [Call("bash", {"command": "npm test", "description": f"run {n}"}) for n in range(6)]
     assert not at(both("brake", {}, described)[0], Action.DENY)
 
 
@@ -244,7 +270,11 @@ def test_brake_sessions_are_isolated_and_another_call_resets() -> None:
         run(guard, [Call("f", {}, session=session)] * 3)
     assert not guard.before_tool("g", {}, session="s1").blocks
     assert [guard.before_tool("f", {}, session="s1").blocks for _ in range(4)] == [
-        False, False, False, True]
+        False,
+        False,
+        False,
+        True,
+    ]
     assert guard.before_tool("f", {}, session="s2").blocks  # its 4th
 
 
@@ -265,19 +295,30 @@ def test_brake_error_carries_the_plugins_fields_and_never_the_arguments() -> Non
     canonical = json.dumps(arguments, sort_keys=True, separators=(",", ":"))
     expected_hash = hashlib.sha256(f"search\n{canonical}".encode()).hexdigest()[:12]
     assert (error.toolName, error.count, error.maxRepeats, error.sessionId) == (
-        "search", 4, 3, "s1")
+        "search",
+        4,
+        3,
+        "s1",
+    )
     assert error.hashPrefix == error.hash_prefix == expected_hash
     assert error.signature and error.signature != expected_hash  # the project's own stays
     assert error.plugin_fields == {
-        "code": "LOOP_BRAKE", "toolName": "search", "count": 4, "maxRepeats": 3,
-        "hashPrefix": expected_hash, "sessionId": "s1", "plugin": "dsh-loop-brake"}
+        "code": "LOOP_BRAKE",
+        "toolName": "search",
+        "count": 4,
+        "maxRepeats": 3,
+        "hashPrefix": expected_hash,
+        "sessionId": "s1",
+        "plugin": "dsh-loop-brake",
+    }
     assert error.code == "deny" and "Not run: `search`" in error.message
     for text in (str(error), repr(error.args), error.message, repr(error.plugin_fields)):
         assert secret not in text and "Arguments:" not in text
 
 
 def test_brake_environment_variable_where_the_plugin_reads_it(
-        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     env = {DSH_LOOP_BRAKE_MAX_REPEATS: "5"}
     assert read_plugin_config("brake", {}, env).policy().deny_threshold == 6
     assert read_plugin_config("brake", {"maxRepeats": 2}, env).policy().deny_threshold == 3
@@ -316,8 +357,12 @@ def test_rescue_window_denies_the_third_occurrence_and_rescues_from_the_fifth() 
     # the read in between is never what is refused first
     assert {preset.decisions[n - 1].tool for n in denied[:3]} == {"grep"}
     # with an advisor, the 5th occurrence (rescueAt) on is a rescue, in both
-    advised, _ = both("rescue", dict(RESCUE_DOC, logFile=""), calls,
-                      advisor=lambda request: "read src/d.py instead")
+    advised, _ = both(
+        "rescue",
+        dict(RESCUE_DOC, logFile=""),
+        calls,
+        advisor=lambda request: "read src/d.py instead",
+    )
     assert at(advised, Action.RESCUE)[0] == 5 and advised.decisions[4].threshold == 5
     assert "read src/d.py instead" in advised.decisions[4].message
 
@@ -326,15 +371,18 @@ def test_rescue_clippy_around_edits_is_never_denied() -> None:
     calls: list[Call] = []
     for n in range(4):
         calls.append(Call("bash", {"command": "cargo clippy"}, result=f"{4 - n} warnings"))
-        calls.append(Call("edit", {"path": "src/lib.rs", "old": f"a{n}", "new": f"b{n}"},
-                          result="ok"))
+        calls.append(
+            Call("edit", {"path": "src/lib.rs", "old": f"a{n}", "new": f"b{n}"}, result="ok")
+        )
     preset, _ = both("rescue", RESCUE_DOC, calls)
     assert not any(d.blocks for d in preset.decisions)
 
 
 def test_rescue_strips_narrating_arguments_before_fingerprinting() -> None:
-    calls = [Call("bash", {"command": "npm test", "description": f"Run tests (run {n})"})
-             for n in range(1, 7)]
+    calls = [
+        Call("bash", {"command": "npm test", "description": f"Run tests (run {n})"})
+        for n in range(1, 7)
+    ]
     preset, _ = both("rescue", RESCUE_DOC, calls)
     assert at(preset, Action.DENY)[0] == 3
 
@@ -349,8 +397,9 @@ def test_rescue_deliberate_polling_exclude_commands_and_one_signature_per_denial
     assert not guard.before_tool("bash", {"command": "sleep 10 && docker ps"}, session="s").blocks
 
 
-@pytest.mark.parametrize("tool", ["todo_write", "ask_user", "mcp__claude__ask",
-                                  "mcp__claude__review"])
+@pytest.mark.parametrize(
+    "tool", ["todo_write", "ask_user", "mcp__claude__ask", "mcp__claude__review"]
+)
 def test_rescue_never_blocks_its_own_escalation_tool_or_bookkeeping(tool: str) -> None:
     preset, _ = both("rescue", {}, [Call(tool, {"q": "same"})] * 8)
     assert not any(d.blocks for d in preset.decisions)
@@ -367,13 +416,16 @@ def _ask_claude(home: Path, script: str) -> Path:
 
 def test_rescue_plugin_defaults_ask_claude_by_argv_and_log_every_kind(home: Path) -> None:
     asked = home / "asked.jsonl"
-    _ask_claude(home, f"""
+    _ask_claude(
+        home,
+        f"""
         import json, os, sys
         with open({str(asked)!r}, "a") as f:
             f.write(json.dumps({{"argv": sys.argv[1:], "stdin": sys.stdin.read(),
                                  "model": os.environ.get("LOOPGUARD_ADVISOR_MODEL")}}) + "\\n")
         print("Read src/d.py once and answer from it; stop grepping.")
-    """)
+    """,
+    )
     guard = LoopGuard.from_plugin_config("rescue", {"cooldownMs": 0})
     assert guard.policy.advisor_command is not None and guard.policy.trip_log_path is not None
     decisions = run(guard, grep_read_loop(2)).decisions
@@ -392,8 +444,11 @@ def test_rescue_plugin_defaults_ask_claude_by_argv_and_log_every_kind(home: Path
     assert [d.action for d in decisions[4:]] == [Action.DENY, Action.DENY]
     lines = [json.loads(line) for line in (home / "t.jsonl").read_text().splitlines()]
     assert [(r["kind"], r["action"]) for r in lines] == [
-        ("deny", "deny"), ("deny", "deny"), ("escalation-failed", "deny"),
-        ("escalation-failed", "deny")]
+        ("deny", "deny"),
+        ("deny", "deny"),
+        ("escalation-failed", "deny"),
+        ("escalation-failed", "deny"),
+    ]
     # logFile '' disables the log; askCommand '' the advisor
     quiet = LoopGuard.from_plugin_config("rescue", {"logFile": "", "askCommand": ""})
     assert quiet.trip_log is None and quiet.advisor is None
@@ -407,8 +462,9 @@ def test_rescue_advice_is_bought_once_per_signature_bounded_by_budget_and_cooldo
         asked.append(request.tool)
         return "try another way"
 
-    guard = LoopGuard.from_plugin_config("rescue", dict(RESCUE_DOC, logFile=""), advisor=advisor,
-                                         clock=clock)
+    guard = LoopGuard.from_plugin_config(
+        "rescue", dict(RESCUE_DOC, logFile=""), advisor=advisor, clock=clock
+    )
     assert guard.policy.cooldown_seconds == 45 and guard.policy.advisor_timeout_seconds == 90
     assert guard.policy.max_rescues == 3
 
@@ -445,25 +501,28 @@ def test_rescue_stall_rescues_regardless_of_signature_and_zero_disables_it() -> 
 
 @pytest.mark.parametrize(
     ("config", "key", "value"),
-    [({"window": 1}, "window", "1"),
-     ({"nudgeAt": 1}, "nudgeAt", "1"),
-     ({"nudgeAt": 6}, "rescueAt", "nudgeAt=6"),
-     ({"rescueAt": 2}, "rescueAt", "2"),
-     ({"stallAt": 1}, "stallAt", "1"),
-     ({"stallAt": -3}, "stallAt", "-3"),
-     ({"maxRescues": -1}, "maxRescues", "-1"),
-     ({"cooldownMs": -5}, "cooldownMs", "-5"),
-     ({"cooldownMs": "45s"}, "cooldownMs", "'45s'"),
-     ({"askTimeoutMs": 0}, "askTimeoutMs", "0"),
-     ({"excludeCommands": ["(docker"]}, "excludeCommands", "'(docker'"),
-     ({"ignoredArgs": "description"}, "ignoredArgs", "'description'"),
-     ({"mutatingTools": [None]}, "mutatingTools", "None"),
-     ({"askCommand": 42}, "askCommand", "42"),
-     ({"logFile": False}, "logFile", "False"),
-     ({"nudge": 3}, "nudge", "nudge")],
+    [
+        ({"window": 1}, "window", "1"),
+        ({"nudgeAt": 1}, "nudgeAt", "1"),
+        ({"nudgeAt": 6}, "rescueAt", "nudgeAt=6"),
+        ({"rescueAt": 2}, "rescueAt", "2"),
+        ({"stallAt": 1}, "stallAt", "1"),
+        ({"stallAt": -3}, "stallAt", "-3"),
+        ({"maxRescues": -1}, "maxRescues", "-1"),
+        ({"cooldownMs": -5}, "cooldownMs", "-5"),
+        ({"cooldownMs": "45s"}, "cooldownMs", "'45s'"),
+        ({"askTimeoutMs": 0}, "askTimeoutMs", "0"),
+        ({"excludeCommands": ["(docker"]}, "excludeCommands", "'(docker'"),
+        ({"ignoredArgs": "description"}, "ignoredArgs", "'description'"),
+        ({"mutatingTools": [None]}, "mutatingTools", "None"),
+        ({"askCommand": 42}, "askCommand", "42"),
+        ({"logFile": False}, "logFile", "False"),
+        ({"nudge": 3}, "nudge", "nudge"),
+    ],
 )
 def test_rescue_nonsense_fails_naming_the_plugins_key_and_value(
-        config: dict[str, Any], key: str, value: str) -> None:
+    config: dict[str, Any], key: str, value: str
+) -> None:
     with pytest.raises(ValueError) as info:
         LoopGuard.from_plugin_config("rescue", config)
     assert "loop-rescue" in str(info.value)
@@ -471,16 +530,37 @@ def test_rescue_nonsense_fails_naming_the_plugins_key_and_value(
 
 
 def test_rescue_every_key_maps_to_its_policy_field() -> None:
-    policy = read_plugin_config("rescue", dict(
-        RESCUE_DOC, window=200, nudgeAt=4, rescueAt=6, stallAt=30, maxRescues=1,
-        cooldownMs=1500, excludeCommands=["^docker ps"], ignoredArgs=["why"],
-        mutatingTools=["save"], askCommand="/opt/ask me", askModel="sonnet",
-        askTimeoutMs=2500, logFile="/var/log/trips.jsonl")).policy()
-    assert (policy.window_size, policy.deny_threshold, policy.rescue_threshold,
-            policy.stall_threshold) == (200, 4, 6, 30)
+    policy = read_plugin_config(
+        "rescue",
+        dict(
+            RESCUE_DOC,
+            window=200,
+            nudgeAt=4,
+            rescueAt=6,
+            stallAt=30,
+            maxRescues=1,
+            cooldownMs=1500,
+            excludeCommands=["^docker ps"],
+            ignoredArgs=["why"],
+            mutatingTools=["save"],
+            askCommand="/opt/ask me",
+            askModel="sonnet",
+            askTimeoutMs=2500,
+            logFile="/var/log/trips.jsonl",
+        ),
+    ).policy()
+    assert (
+        policy.window_size,
+        policy.deny_threshold,
+        policy.rescue_threshold,
+        policy.stall_threshold,
+    ) == (200, 4, 6, 30)
     assert policy.max_signatures_per_session >= 400  # room for the window
     assert (policy.max_rescues, policy.cooldown_seconds, policy.advisor_timeout_seconds) == (
-        1, 1.5, 2.5)
+        1,
+        1.5,
+        2.5,
+    )
     assert policy.exclude_commands == ("^docker ps",) and policy.ignored_args == {"why"}
     assert policy.mutating_tools == ("save",) and policy.include == ("*",)
     assert policy.advisor_command == "'/opt/ask me'" and policy.advisor_model == "sonnet"
@@ -489,8 +569,10 @@ def test_rescue_every_key_maps_to_its_policy_field() -> None:
     defaults = read_plugin_config("rescue", {}).policy()
     assert defaults.advisor_command == "'~/.local/bin/ask-claude'"
     assert defaults.trip_log_path == RESCUE_PLUGIN_DEFAULTS["logFile"]
-    assert defaults.replace(advisor_command=None, advisor_model=None,
-                            trip_log_path=None) == PRESETS["rescue"]
+    assert (
+        defaults.replace(advisor_command=None, advisor_model=None, trip_log_path=None)
+        == PRESETS["rescue"]
+    )
 
 
 def test_presets_equal_the_plugins_defaults() -> None:
@@ -509,8 +591,9 @@ def test_presets_equal_the_plugins_defaults() -> None:
 # -- names, entries and files ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["loop-rescue", "dsh-loop-rescue", "rescue",
-                                  "github:someone/dsh-loop-rescue"])
+@pytest.mark.parametrize(
+    "name", ["loop-rescue", "dsh-loop-rescue", "rescue", "github:someone/dsh-loop-rescue"]
+)
 def test_a_plugin_is_known_by_its_id_package_or_preset_name(name: str) -> None:
     assert read_plugin_config(name, {"window": 10}).policy().window_size == 10
 
@@ -555,7 +638,8 @@ def test_plugin_config_files_yaml_json_toml(tmp_path: Path) -> None:
     rescue = load_plugin_config(f"loop-rescue={patch}")
     assert rescue.preset == "rescue" and rescue.policy().window_size == 12
     assert load_plugin_config(f"reminder={patch}").policy() == PRESETS["reminder"].replace(
-        exclude=("todo_write",))
+        exclude=("todo_write",)
+    )
     brake = tmp_path / "brake.json"
     brake.write_text(json.dumps({"id": "loop-brake", "config": {"maxRepeats": 5}}))
     assert load_plugin_config(brake).policy().deny_threshold == 6
@@ -577,9 +661,10 @@ def test_load_policy_layers_a_plugin_config_under_the_toml_file(tmp_path: Path) 
     plugin = tmp_path / "brake.json"
     plugin.write_text(json.dumps({"id": "loop-brake", "config": {"maxRepeats": 5}}))
     toml = tmp_path / "c.toml"
-    toml.write_text("mode = \"observe\"\n")
-    policy = load_policy(config_path=toml, environ={"LOOPGUARD_WINDOW_SIZE": "30"},
-                         plugin_config=plugin)
+    toml.write_text('mode = "observe"\n')
+    policy = load_policy(
+        config_path=toml, environ={"LOOPGUARD_WINDOW_SIZE": "30"}, plugin_config=plugin
+    )
     assert policy.deny_threshold == 6 and policy.mode is Mode.OBSERVE
     assert policy.window_size == 30 and policy.rules == {Rule.CONSECUTIVE}
     with pytest.raises(ValueError, match="preset and a plugin config"):
@@ -632,39 +717,54 @@ def test_a_denial_says_the_run_will_end_only_when_the_policy_ends_it() -> None:
 
 
 def test_every_plugin_example_config_is_valid_through_the_cli_loader(tmp_path: Path) -> None:
-    for name, config in (("reminder", REMINDER_DOC), ("brake", BRAKE_DOC),
-                         ("rescue", RESCUE_DOC)):
+    for name, config in (("reminder", REMINDER_DOC), ("brake", BRAKE_DOC), ("rescue", RESCUE_DOC)):
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps(config))
         loaded = load_plugin_config(f"{name}={path}").policy()
         assert loaded == read_plugin_config(name, config).policy()
 
 
-def test_from_plugin_config_ignores_loopguard_environment(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_from_plugin_config_ignores_loopguard_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LOOPGUARD_DENY_THRESHOLD", "9")
     assert LoopGuard.from_plugin_config("brake", {}).policy.deny_threshold == 4
-
 
 
 # -- the command hooks: the plugin's config, the prompt and the outputs reach the question -----
 
 
 def test_a_command_hook_with_the_rescue_plugins_config_asks_with_the_prompt(
-        tmp_path: Path, home: Path) -> None:
+    tmp_path: Path, home: Path
+) -> None:
     import io
 
     from otel_loopguard.hooks import run as run_hook
 
     asked = home / "asked.json"
-    ask = _ask_claude(home, f"""
+    ask = _ask_claude(
+        home,
+        f"""
         import json, sys
         json.dump(sys.argv[1:], open({str(asked)!r}, "w"))
         print("Read the failing test's assertion before rerunning it.")
-    """)
+    """,
+    )
     plugin = tmp_path / "cordis.patch.yml"
-    plugin.write_text(json.dumps([{"id": "loop-rescue", "config": {
-        "nudgeAt": 2, "rescueAt": 2, "askCommand": str(ask), "logFile": "", "cooldownMs": 0}}]))
+    plugin.write_text(
+        json.dumps(
+            [
+                {
+                    "id": "loop-rescue",
+                    "config": {
+                        "nudgeAt": 2,
+                        "rescueAt": 2,
+                        "askCommand": str(ask),
+                        "logFile": "",
+                        "cooldownMs": 0,
+                    },
+                }
+            ]
+        )
+    )
     store = tmp_path / "hooks.sqlite3"
 
     def event(name: str, **fields: Any) -> dict[str, Any]:
@@ -672,9 +772,18 @@ def test_a_command_hook_with_the_rescue_plugins_config_asks_with_the_prompt(
 
     def send(payload: dict[str, Any]) -> dict[str, Any]:
         out, err = io.BytesIO(), io.StringIO()
-        assert run_hook("claude-code", store=str(store), plugin_config=str(plugin),
-                        stdin=io.BytesIO(json.dumps(payload).encode()), stdout=out, stderr=err,
-                        environ={"HOME": str(home)}) == 0
+        assert (
+            run_hook(
+                "claude-code",
+                store=str(store),
+                plugin_config=str(plugin),
+                stdin=io.BytesIO(json.dumps(payload).encode()),
+                stdout=out,
+                stderr=err,
+                environ={"HOME": str(home)},
+            )
+            == 0
+        )
         answer: dict[str, Any] = json.loads(out.getvalue())
         return answer
 
@@ -684,8 +793,15 @@ def test_a_command_hook_with_the_rescue_plugins_config_asks_with_the_prompt(
         pre = send(event("PreToolUse", tool_name="Bash", tool_input=tests, tool_use_id=f"c{n}"))
         if n == 1:
             assert pre == {}
-            send(event("PostToolUse", tool_name="Bash", tool_input=tests, tool_use_id="c1",
-                       tool_response={"stdout": "FAILED test_login - assert 401 == 200"}))
+            send(
+                event(
+                    "PostToolUse",
+                    tool_name="Bash",
+                    tool_input=tests,
+                    tool_use_id="c1",
+                    tool_response={"stdout": "FAILED test_login - assert 401 == 200"},
+                )
+            )
     reason = pre["hookSpecificOutput"]["permissionDecisionReason"]
     assert "Read the failing test's assertion" in reason
     (question,) = json.loads(asked.read_text())

@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -41,8 +40,9 @@ class Recording:
         guard.decide_at_span_start = decide  # type: ignore[method-assign]
 
 
-def run_dump(path: Path, guard: LoopGuard | None = None, **options: Any) -> tuple[
-        Recording, InMemorySpanExporter, LoopGuardSpanProcessor]:
+def run_dump(
+    path: Path, guard: LoopGuard | None = None, **options: Any
+) -> tuple[Recording, InMemorySpanExporter, LoopGuardSpanProcessor]:
     guard = guard or LoopGuard(DEFAULT)
     recording = Recording(guard)
     provider = TracerProvider()
@@ -55,8 +55,12 @@ def run_dump(path: Path, guard: LoopGuard | None = None, **options: Any) -> tupl
 
 
 def decision_events(exporter: InMemorySpanExporter) -> list[dict[str, Any]]:
-    return [dict(event.attributes or {}) for span in exporter.get_finished_spans()
-            for event in span.events if event.name == DECISION_EVENT]
+    return [
+        dict(event.attributes or {})
+        for span in exporter.get_finished_spans()
+        for event in span.events
+        if event.name == DECISION_EVENT
+    ]
 
 
 @pytest.mark.parametrize("path", dump_paths(), ids=lambda p: f"{p.parent.name}/{p.name}")
@@ -89,7 +93,7 @@ def test_every_dump_finds_the_loop(path: Path) -> None:
         # (the count climbs through get_weather), but the block message, which numbers each
         # block, differs every time, so the outcome looks like polling: reminded, not denied.
         assert [d.count for d in searches] == [0, 2, 3, 4, 5, 6, 7]
-        assert all(a is Action.REMIND for a in actions[DEFAULT.remind_thresholds[-1] - 1:])
+        assert all(a is Action.REMIND for a in actions[DEFAULT.remind_thresholds[-1] - 1 :])
     else:
         stuck = DEFAULT.no_progress_threshold
         assert stuck is not None
@@ -99,28 +103,35 @@ def test_every_dump_finds_the_loop(path: Path) -> None:
     non_allow = [d for _, d in recording.decisions if d.detected is not Action.ALLOW]
     assert len(events) == len(non_allow)
     assert {e["loopguard.signature"] for e in events if e["gen_ai.tool.name"] == "search"} == {
-        searches[1].signature}
+        searches[1].signature
+    }
     assert [e["loopguard.action"] for e in events] == [d.detected.value for d in non_allow]
     assert all("loopguard.arguments" not in e for e in events)
     assert processor.guard.internal_errors == {}
 
 
 def test_pydantic_decides_at_start_on_the_tool_span() -> None:
-    path = next(p for p in dump_paths() if p.parent.name == "pydantic_ai" and p.name == "spans.jsonl")
+    path = next(
+        p for p in dump_paths() if p.parent.name == "pydantic_ai" and p.name == "spans.jsonl"
+    )
     recording, exporter, _ = run_dump(path)
     tool_spans = [s for s in exporter.get_finished_spans() if s.name == "execute_tool search"]
     with_events = [s for s in tool_spans if any(e.name == DECISION_EVENT for e in s.events)]
     # at start the tool span is still open: the event is on the tool span itself
-    assert len(with_events) == len([d for t, d in recording.decisions
-                                    if t == "search" and d.detected is not Action.ALLOW])
+    assert len(with_events) == len(
+        [d for t, d in recording.decisions if t == "search" and d.detected is not Action.ALLOW]
+    )
     assert with_events
 
 
 def test_end_decisions_go_on_the_nearest_open_ancestor() -> None:
     path = next(p for p in dump_paths() if p.parent.name == "strands" and p.name == "spans.jsonl")
     _, exporter, _ = run_dump(path)
-    carriers = {s.name for s in exporter.get_finished_spans()
-                if any(e.name == DECISION_EVENT for e in s.events)}
+    carriers = {
+        s.name
+        for s in exporter.get_finished_spans()
+        if any(e.name == DECISION_EVENT for e in s.events)
+    }
     assert carriers and not any(name.startswith("execute_tool") for name in carriers)
 
 
@@ -128,8 +139,11 @@ def test_capture_arguments_puts_the_preview_on_events() -> None:
     path = next(p for p in dump_paths() if p.parent.name == "strands" and p.name == "spans.jsonl")
     _, exporter, _ = run_dump(path, capture_arguments=True)
     events = decision_events(exporter)
-    assert events and all(e["loopguard.arguments"] == '{"query":"weather in Paris"}'
-                          for e in events if e["gen_ai.tool.name"] == "search")
+    assert events and all(
+        e["loopguard.arguments"] == '{"query":"weather in Paris"}'
+        for e in events
+        if e["gen_ai.tool.name"] == "search"
+    )
 
 
 def test_current_decision_is_visible_inside_the_tool_span() -> None:
@@ -138,13 +152,21 @@ def test_current_decision_is_visible_inside_the_tool_span() -> None:
     provider.add_span_processor(LoopGuardSpanProcessor(guard))
     tracer = provider.get_tracer("t")
     seen = []
-    with tracer.start_as_current_span("invoke_agent a", attributes={
-            "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "a"}):
+    with tracer.start_as_current_span(
+        "invoke_agent a",
+        attributes={"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "a"},
+    ):
         for n in range(DEFAULT.deny_threshold or 6):
-            with tracer.start_as_current_span("execute_tool search", attributes={
-                    "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search",
-                    "gen_ai.tool.call.id": f"c{n}", "logfire.msg": "running tool: search",
-                    "gen_ai.tool.call.arguments": '{"q": "x"}'}):
+            with tracer.start_as_current_span(
+                "execute_tool search",
+                attributes={
+                    "gen_ai.operation.name": "execute_tool",
+                    "gen_ai.tool.name": "search",
+                    "gen_ai.tool.call.id": f"c{n}",
+                    "logfire.msg": "running tool: search",
+                    "gen_ai.tool.call.arguments": '{"q": "x"}',
+                },
+            ):
                 decision = current_decision()
                 assert decision is not None
                 seen.append(decision.action)

@@ -31,20 +31,39 @@ def setup(**options: Any) -> tuple[trace.Tracer, LoopGuardSpanProcessor, Recordi
 
 @contextmanager
 def agent(tracer: trace.Tracer, name: str, **attributes: Any) -> Iterator[trace.Span]:
-    with tracer.start_as_current_span(f"invoke_agent {name}", attributes={
-            "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": name,
-            **attributes}) as span:
+    with tracer.start_as_current_span(
+        f"invoke_agent {name}",
+        attributes={
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.agent.name": name,
+            **attributes,
+        },
+    ) as span:
         yield span
 
 
-def strands_tool(tracer: trace.Tracer, tool: str, arguments: dict[str, Any], call_id: str,
-                 result: str = "r", error: bool = False, **attributes: Any) -> None:
+def strands_tool(
+    tracer: trace.Tracer,
+    tool: str,
+    arguments: dict[str, Any],
+    call_id: str,
+    result: str = "r",
+    error: bool = False,
+    **attributes: Any,
+) -> None:
     """A tool span in the Strands shape: arguments in an event, known only at the end."""
     with tracer.start_as_current_span(f"execute_tool {tool}") as span:
-        span.set_attributes({"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": tool,
-                             "gen_ai.tool.call.id": call_id, **attributes})
-        span.add_event("gen_ai.tool.message", {"role": "tool", "id": call_id,
-                                               "content": json.dumps(arguments)})
+        span.set_attributes(
+            {
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": tool,
+                "gen_ai.tool.call.id": call_id,
+                **attributes,
+            }
+        )
+        span.add_event(
+            "gen_ai.tool.message", {"role": "tool", "id": call_id, "content": json.dumps(arguments)}
+        )
         span.add_event("gen_ai.choice", {"message": json.dumps([{"text": result}])})
         if error:
             span.set_status(Status(StatusCode.ERROR, "boom"))
@@ -82,8 +101,7 @@ def test_two_traces_never_share_a_chain() -> None:
 def test_conversation_keying_shares_a_chain_across_traces() -> None:
     tracer, _, recording = setup(key_by="conversation")
     for n in range(4):  # every call in its own trace, as frameworks that do not propagate do
-        strands_tool(tracer, "search", {"q": "x"}, f"c{n}",
-                     **{"gen_ai.conversation.id": "conv-1"})
+        strands_tool(tracer, "search", {"q": "x"}, f"c{n}", **{"gen_ai.conversation.id": "conv-1"})
     strands_tool(tracer, "search", {"q": "x"}, "other", **{"gen_ai.conversation.id": "conv-2"})
     assert counts(recording) == [0, 2, 3, 4, 0]
     assert recording.decisions[1][1].session == "conv-1"
@@ -107,8 +125,9 @@ def test_hook_and_span_for_one_call_count_once() -> None:
             keys = processor.current_session()
             assert keys is not None
             session, agent_name = keys
-            decision = guard.before_tool("search", {"q": "x"}, session=session, agent=agent_name,
-                                         call_id=f"call-{n}")
+            decision = guard.before_tool(
+                "search", {"q": "x"}, session=session, agent=agent_name, call_id=f"call-{n}"
+            )
             hook_counts.append(decision.count)
             strands_tool(tracer, "search", {"q": "x"}, f"call-{n}")
     assert hook_counts == [0, 2, 3, 4]
@@ -126,8 +145,9 @@ def test_a_blocked_call_without_a_span_still_counts() -> None:
     with agent(tracer, "a"):
         for n in range(8):
             session, agent_name = processor.current_session() or ("", None)
-            decision = guard.before_tool("search", {"q": "x"}, session=session, agent=agent_name,
-                                         call_id=f"c{n}")
+            decision = guard.before_tool(
+                "search", {"q": "x"}, session=session, agent=agent_name, call_id=f"c{n}"
+            )
             actions.append(decision.action)
             if not decision.blocks:
                 strands_tool(tracer, "search", {"q": "x"}, f"c{n}")
@@ -137,11 +157,19 @@ def test_a_blocked_call_without_a_span_still_counts() -> None:
 
 def test_bookkeeping_is_freed_when_the_trace_ends() -> None:
     tracer, processor, _ = setup()
-    with agent(tracer, "a"):
-        with tracer.start_as_current_span("execute_tool search", attributes={
-                "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search",
-                "gen_ai.tool.call.arguments": '{"q": 1}', "logfire.msg": "x"}):
-            assert len(processor._open) == 2
+    with (
+        agent(tracer, "a"),
+        tracer.start_as_current_span(
+            "execute_tool search",
+            attributes={
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": "search",
+                "gen_ai.tool.call.arguments": '{"q": 1}',
+                "logfire.msg": "x",
+            },
+        ),
+    ):
+        assert len(processor._open) == 2
     assert processor._open == {} and processor._started == {}
 
 

@@ -40,8 +40,8 @@ from opentelemetry.sdk.trace import (
     TracerProvider,
 )
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import (
     NonRecordingSpan,
     SpanContext,
@@ -126,8 +126,9 @@ class DecisionSpy:
                     self.decisions.append((kwargs["session"], decision))
             return decision
 
-        def decide(tool: object, arguments: object, session: str, agent: str | None,
-                   call_id: str | None) -> Decision:
+        def decide(
+            tool: object, arguments: object, session: str, agent: str | None, call_id: str | None
+        ) -> Decision:
             decision = original_start(tool, arguments, session, agent, call_id)
             with self._lock:
                 self.at_start += 1
@@ -175,20 +176,30 @@ def session_of(span: Span) -> str:
 
 # Text, a quarter of it with a lone surrogate (what Python's json makes of a "\ud800" escape).
 _plain_text = st.text(max_size=24)
-_surrogate_text = st.tuples(st.text(max_size=8), st.characters(categories=["Cs"]),
-                            st.text(max_size=8)).map("".join)
+_surrogate_text = st.tuples(
+    st.text(max_size=8), st.characters(categories=["Cs"]), st.text(max_size=8)
+).map("".join)
 text = st.one_of(_plain_text, _plain_text, _plain_text, _surrogate_text)
 json_scalars = st.none() | st.booleans() | st.integers() | st.floats() | text
 json_values = st.recursive(
     json_scalars,
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(st.text(max_size=6), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4)
+    ),
     max_leaves=10,
 )
 # json.dumps writes NaN/Infinity as bare words: "NaN text" comes for free.
 json_texts = json_values.map(json.dumps)
-repeating_texts = st.sampled_from(['{"query": "weather in Paris"}', '{"city":"Paris","unit":"C"}',
-                                   "{}", '{"command": "ls -la"}', "[]", '"just a string"'])
+repeating_texts = st.sampled_from(
+    [
+        '{"query": "weather in Paris"}',
+        '{"city":"Paris","unit":"C"}',
+        "{}",
+        '{"command": "ls -la"}',
+        "[]",
+        '"just a string"',
+    ]
+)
 
 
 def _deep(spec: tuple[int, str, bool]) -> str:
@@ -200,15 +211,32 @@ def _deep(spec: tuple[int, str, bool]) -> str:
 malformed_texts = st.one_of(
     st.tuples(json_texts, st.integers(0, 400)).map(lambda t: t[0][: t[1] % max(1, len(t[0]))]),
     st.tuples(st.integers(1, 3000), st.sampled_from(["[", '{"a":']), st.booleans()).map(_deep),
-    st.sampled_from([
-        "NaN", '{"x": NaN}', "[Infinity, -Infinity, NaN]", '{"x": nan}', '{"a": 1e999}',
-        '{"n": 123456789012345678901234567890}', "[" + "9" * 5000 + "]", '{"a": 1, "a": 2}',
-        '"{\\"double\\": \\"encoded\\"}"', "{'python': 'repr', 'n': 1}", "   {", "}", "",
-        '{"inputs": {"q": 1}, "kwargs": {"tool_call_id": "x"}}', '{"args": [1, 2], "kwargs": {}}',
-        '{"type": "tool_call", "args": {"q": 1}, "id": "c1"}', '[{"text": "a"}, {"text": "b"}]',
-        '{"result": {"x": 1}}', '{"output": {"lc": 1, "kwargs": {"content": "c", "status": "error"}}}',
-        '{"description": "cosmetic", "q": 1}', "\x00\x01\x02", "\u202e\ufeff",
-    ]),
+    st.sampled_from(
+        [
+            "NaN",
+            '{"x": NaN}',
+            "[Infinity, -Infinity, NaN]",
+            '{"x": nan}',
+            '{"a": 1e999}',
+            '{"n": 123456789012345678901234567890}',
+            "[" + "9" * 5000 + "]",
+            '{"a": 1, "a": 2}',
+            '"{\\"double\\": \\"encoded\\"}"',
+            "{'python': 'repr', 'n': 1}",
+            "   {",
+            "}",
+            "",
+            '{"inputs": {"q": 1}, "kwargs": {"tool_call_id": "x"}}',
+            '{"args": [1, 2], "kwargs": {}}',
+            '{"type": "tool_call", "args": {"q": 1}, "id": "c1"}',
+            '[{"text": "a"}, {"text": "b"}]',
+            '{"result": {"x": 1}}',
+            '{"output": {"lc": 1, "kwargs": {"content": "c", "status": "error"}}}',
+            '{"description": "cosmetic", "q": 1}',
+            "\x00\x01\x02",
+            "\u202e\ufeff",
+        ]
+    ),
     # huge: around the decoder's size cap, valid JSON and plain text
     st.sampled_from([70_000, MAX_DECODE_CHARS + 1]).map(lambda n: '{"q": "' + "x" * n + '"}'),
     st.sampled_from([70_000, MAX_DECODE_CHARS + 1]).map(lambda n: "y" * n),
@@ -232,27 +260,45 @@ attribute_values = st.one_of(
     st.just([1, "mixed"]),
 )
 argument_values = st.one_of(argument_texts, attribute_values)
-names_pool = st.sampled_from(["search", "get_weather", "bash", "", "x" * 300, "a.b", "weather_agent"])
+names_pool = st.sampled_from(
+    ["search", "get_weather", "bash", "", "x" * 300, "a.b", "weather_agent"]
+)
 ids_pool = st.one_of(st.sampled_from(["call_0", "call_1", "<not specified>", "N/A", ""]), text)
 
 VALUES_BY_KEY: dict[str, st.SearchStrategy[Any]] = {
     OP: st.sampled_from(["execute_tool", "invoke_agent", "chat", "EXECUTE_TOOL"]),
     "openinference.span.kind": st.sampled_from(["TOOL", "AGENT", "LLM", "CHAIN", "tool"]),
     "traceloop.span.kind": st.sampled_from(["tool", "agent", "workflow", "task"]),
-    TOOL_NAME: names_pool, "tool.name": names_pool, "traceloop.entity.name": names_pool,
-    AGENT_NAME: names_pool, "gen_ai.agent.id": ids_pool, "agent_name": names_pool,
-    TOOL_CALL_ID: ids_pool, "tool_call.id": ids_pool,
-    CONVERSATION: ids_pool, "session.id": ids_pool,
+    TOOL_NAME: names_pool,
+    "tool.name": names_pool,
+    "traceloop.entity.name": names_pool,
+    AGENT_NAME: names_pool,
+    "gen_ai.agent.id": ids_pool,
+    "agent_name": names_pool,
+    TOOL_CALL_ID: ids_pool,
+    "tool_call.id": ids_pool,
+    CONVERSATION: ids_pool,
+    "session.id": ids_pool,
     "traceloop.association.properties.thread_id": ids_pool,
-    TOOL_ARGS: argument_values, "input.value": argument_values,
-    "traceloop.entity.input": argument_values, "tool_arguments": argument_values,
-    "gcp.vertex.agent.tool_call_args": argument_values, "gen_ai.tool.args": argument_values,
-    TOOL_RESULT: argument_values, "output.value": argument_values,
-    "traceloop.entity.output": argument_values, "tool_response": argument_values,
-    "tool.parameters": st.sampled_from(['{"properties": {"q": {"type": "integer"}}}',
-                                        '{"function": {"parameters": {"properties": {"q": {}}}}}']),
+    TOOL_ARGS: argument_values,
+    "input.value": argument_values,
+    "traceloop.entity.input": argument_values,
+    "tool_arguments": argument_values,
+    "gcp.vertex.agent.tool_call_args": argument_values,
+    "gen_ai.tool.args": argument_values,
+    TOOL_RESULT: argument_values,
+    "output.value": argument_values,
+    "traceloop.entity.output": argument_values,
+    "tool_response": argument_values,
+    "tool.parameters": st.sampled_from(
+        [
+            '{"properties": {"q": {"type": "integer"}}}',
+            '{"function": {"parameters": {"properties": {"q": {}}}}}',
+        ]
+    ),
     "metadata": st.sampled_from(['{"thread_id": "t1"}', '{"session_id": 5}', '{"_id": [']),
-    SYSTEM: st.sampled_from([STRANDS, "openai"]), "gen_ai.provider.name": st.just(STRANDS),
+    SYSTEM: st.sampled_from([STRANDS, "openai"]),
+    "gen_ai.provider.name": st.just(STRANDS),
     "logfire.msg": st.just("running tool: search"),
     "gen_ai.tool.status": st.sampled_from(["success", "error", "FAILED", "ok"]),
     "gen_ai.task.status": st.sampled_from(["failure", "success"]),
@@ -265,8 +311,10 @@ REAL_KEYS = sorted(VALUES_BY_KEY)
 
 # One cached strategy per key (building strategies inside a draw makes hypothesis validate them
 # every time, which dominated the run time).
-PAIR_BY_KEY = {key: st.tuples(st.just(key), st.one_of(values, attribute_values))
-               for key, values in VALUES_BY_KEY.items()}
+PAIR_BY_KEY = {
+    key: st.tuples(st.just(key), st.one_of(values, attribute_values))
+    for key, values in VALUES_BY_KEY.items()
+}
 attribute_pairs = st.one_of(
     st.sampled_from(REAL_KEYS).flatmap(PAIR_BY_KEY.__getitem__),
     st.tuples(st.one_of(text, st.just("")), attribute_values),
@@ -274,20 +322,35 @@ attribute_pairs = st.one_of(
 attribute_dicts = st.lists(attribute_pairs, max_size=8).map(dict)
 
 span_names = st.one_of(
-    st.sampled_from([
-        "execute_tool search", "execute_tool get_weather", "execute_tool ", "execute_tool",
-        "running tool", "call tool", "search.tool", ".tool", "invoke_agent planner",
-        "invoke_agent ", "agent run", "chat gpt-4o", DECISION_EVENT, "",
-    ]),
-    st.tuples(st.sampled_from(["execute_tool ", "invoke_agent ", "exec", "agen", "runn", "call"]),
-              text).map("".join),
+    st.sampled_from(
+        [
+            "execute_tool search",
+            "execute_tool get_weather",
+            "execute_tool ",
+            "execute_tool",
+            "running tool",
+            "call tool",
+            "search.tool",
+            ".tool",
+            "invoke_agent planner",
+            "invoke_agent ",
+            "agent run",
+            "chat gpt-4o",
+            DECISION_EVENT,
+            "",
+        ]
+    ),
+    st.tuples(
+        st.sampled_from(["execute_tool ", "invoke_agent ", "exec", "agen", "runn", "call"]), text
+    ).map("".join),
     st.tuples(text, st.sampled_from([".tool", ".agent", ".workflow"])).map("".join),
     text,
     st.just("execute_tool " + "z" * 20_000),
 )
 
 event_names = st.one_of(
-    st.sampled_from([TOOL_MESSAGE_EVENT, CHOICE_EVENT, "exception", "gen_ai.user.message"]), text)
+    st.sampled_from([TOOL_MESSAGE_EVENT, CHOICE_EVENT, "exception", "gen_ai.user.message"]), text
+)
 event_attributes = st.one_of(
     st.fixed_dictionaries({"content": argument_values}, optional={"id": ids_pool, "role": text}),
     st.fixed_dictionaries({"message": argument_values}),
@@ -312,23 +375,52 @@ def shaped(draw: st.DrawFn) -> Shape:
     Pydantic AI, CrewAI, agent spans), with fuzzed values, some keys dropped, noise added."""
     tool, args, result = draw(names_pool), draw(argument_values), draw(argument_values)
     call_id, agent = draw(ids_pool), draw(names_pool)
-    kind = draw(st.sampled_from(["pydantic", "strands", "openinference", "openllmetry", "legacy",
-                                 "crewai", "agent", "agent_run", "oi_agent", "tl_agent"]))
+    kind = draw(
+        st.sampled_from(
+            [
+                "pydantic",
+                "strands",
+                "openinference",
+                "openllmetry",
+                "legacy",
+                "crewai",
+                "agent",
+                "agent_run",
+                "oi_agent",
+                "tl_agent",
+            ]
+        )
+    )
     start: dict[str, Any]
     end: dict[str, Any] = {}
     span_events: list[tuple[str, dict[str, Any]]] = []
     if kind == "pydantic":
         name = f"execute_tool {tool}"
-        start = {OP: "execute_tool", TOOL_NAME: tool, TOOL_CALL_ID: call_id, TOOL_ARGS: args,
-                 AGENT_NAME: agent, CONVERSATION: call_id, "logfire.msg": f"running tool: {tool}"}
+        start = {
+            OP: "execute_tool",
+            TOOL_NAME: tool,
+            TOOL_CALL_ID: call_id,
+            TOOL_ARGS: args,
+            AGENT_NAME: agent,
+            CONVERSATION: call_id,
+            "logfire.msg": f"running tool: {tool}",
+        }
         end = {TOOL_RESULT: result}
     elif kind == "strands":
         name = f"execute_tool {tool}"
         start = {}
-        end = {OP: "execute_tool", SYSTEM: STRANDS, TOOL_NAME: tool, TOOL_CALL_ID: call_id,
-               "session.id": call_id, "gen_ai.tool.status": draw(VALUES_BY_KEY["gen_ai.tool.status"])}
-        span_events = [(TOOL_MESSAGE_EVENT, {"role": "tool", "content": args, "id": call_id}),
-                       (CHOICE_EVENT, {"message": result, "id": call_id})]
+        end = {
+            OP: "execute_tool",
+            SYSTEM: STRANDS,
+            TOOL_NAME: tool,
+            TOOL_CALL_ID: call_id,
+            "session.id": call_id,
+            "gen_ai.tool.status": draw(VALUES_BY_KEY["gen_ai.tool.status"]),
+        }
+        span_events = [
+            (TOOL_MESSAGE_EVENT, {"role": "tool", "content": args, "id": call_id}),
+            (CHOICE_EVENT, {"message": result, "id": call_id}),
+        ]
     elif kind == "openinference":
         name = tool
         start = {"openinference.span.kind": "TOOL"}
@@ -375,8 +467,21 @@ random_shapes = st.builds(Shape, span_names, attribute_dicts, attribute_dicts, e
 # already ended); the others are parents this processor never saw start.
 parents = st.one_of(
     st.tuples(st.just("local"), st.integers(0, 40)),
-    st.tuples(st.sampled_from(["root", "empty_context", "foreign_open", "foreign_ended", "remote",
-                               "remote_known", "unknown_local", "invalid"]), st.just(0)),
+    st.tuples(
+        st.sampled_from(
+            [
+                "root",
+                "empty_context",
+                "foreign_open",
+                "foreign_ended",
+                "remote",
+                "remote_known",
+                "unknown_local",
+                "invalid",
+            ]
+        ),
+        st.just(0),
+    ),
 )
 
 
@@ -427,11 +532,16 @@ def slim(spec: SpanSpec) -> SpanSpec:
     an example sends them once and replays its later rounds with the cut (still malformed)
     values."""
     shape = spec.shape
-    return replace(spec, rename=None if spec.rename is None else spec.rename[:SLIM_CHARS],
-                   shape=Shape(shape.name[:SLIM_CHARS], _slim_dict(shape.start),
-                               _slim_dict(shape.end),
-                               [(name[:SLIM_CHARS], _slim_dict(attributes))
-                                for name, attributes in shape.events]))
+    return replace(
+        spec,
+        rename=None if spec.rename is None else spec.rename[:SLIM_CHARS],
+        shape=Shape(
+            shape.name[:SLIM_CHARS],
+            _slim_dict(shape.start),
+            _slim_dict(shape.end),
+            [(name[:SLIM_CHARS], _slim_dict(attributes)) for name, attributes in shape.events],
+        ),
+    )
 
 
 span_ids = st.integers(1, 2**64 - 1)
@@ -450,8 +560,9 @@ class Driver:
         self.check = check
         self.started = 0
 
-    def parent_context(self, spec: SpanSpec, index: int, live: list[Span | None],
-                       ids: tuple[int, int]) -> Context | None:
+    def parent_context(
+        self, spec: SpanSpec, index: int, live: list[Span | None], ids: tuple[int, int]
+    ) -> Context | None:
         kind, pick = spec.parent
         trace_id, span_id = ids
         sampled = TraceFlags(TraceFlags.SAMPLED)
@@ -461,8 +572,9 @@ class Driver:
         if kind == "empty_context":
             return Context()
         if kind in ("foreign_open", "foreign_ended"):
-            foreign = self.foreign.start_span("invoke_agent elsewhere",
-                                              attributes={OP: "invoke_agent", AGENT_NAME: "x"})
+            foreign = self.foreign.start_span(
+                "invoke_agent elsewhere", attributes={OP: "invoke_agent", AGENT_NAME: "x"}
+            )
             if kind == "foreign_ended":
                 foreign.end()
             return trace.set_span_in_context(foreign)
@@ -472,8 +584,7 @@ class Driver:
         if kind == "remote_known" and index > 0 and live[pick % index] is not None:
             # a remote parent whose ids are those of a span this processor tracks
             known = live[pick % index].get_span_context()  # type: ignore[union-attr]
-            remote = SpanContext(known.trace_id, known.span_id, is_remote=True,
-                                 trace_flags=sampled)
+            remote = SpanContext(known.trace_id, known.span_id, is_remote=True, trace_flags=sampled)
             return trace.set_span_in_context(NonRecordingSpan(remote))
         if kind == "unknown_local":
             unknown = SpanContext(trace_id, span_id, is_remote=False, trace_flags=sampled)
@@ -490,7 +601,9 @@ class Driver:
         if spec.exception:
             span.record_exception(ValueError("tool failed"))
         if spec.status is not None:
-            span.set_status(Status(spec.status, "boom" if spec.status is StatusCode.ERROR else None))
+            span.set_status(
+                Status(spec.status, "boom" if spec.status is StatusCode.ERROR else None)
+            )
         if spec.rename is not None:
             span.update_name(spec.rename)
         span.end(end_time=spec.end_time)
@@ -510,8 +623,12 @@ class Driver:
         ending: dict[int, list[int]] = defaultdict(list)
         for index, spec in enumerate(specs):
             context = self.parent_context(spec, index, live, ids)
-            span = self.tracer.start_span(spec.shape.name, context=context,
-                                          attributes=spec.shape.start, start_time=spec.start_time)
+            span = self.tracer.start_span(
+                spec.shape.name,
+                context=context,
+                attributes=spec.shape.start,
+                start_time=spec.start_time,
+            )
             assert isinstance(span, Span)
             live[index] = span
             self.started += 1
@@ -554,10 +671,19 @@ def test_fuzz_nothing_escapes_and_memory_stays_bounded(quiet_sdk: None) -> None:
     provider = TracerProvider(id_generator=IndependentIds())
     foreign = TracerProvider(id_generator=IndependentIds()).get_tracer("foreign")
     processors = [
-        LoopGuardSpanProcessor(LoopGuard(FUZZ_POLICY), key_by=KeyBy.TRACE, capture_arguments=True,
-                               max_tracked_spans=FUZZ_MAX_TRACKED_SPANS, tracer_provider=provider),
-        LoopGuardSpanProcessor(LoopGuard(FUZZ_POLICY), key_by=KeyBy.CONVERSATION,
-                               max_tracked_spans=FUZZ_MAX_TRACKED_SPANS, tracer_provider=provider),
+        LoopGuardSpanProcessor(
+            LoopGuard(FUZZ_POLICY),
+            key_by=KeyBy.TRACE,
+            capture_arguments=True,
+            max_tracked_spans=FUZZ_MAX_TRACKED_SPANS,
+            tracer_provider=provider,
+        ),
+        LoopGuardSpanProcessor(
+            LoopGuard(FUZZ_POLICY),
+            key_by=KeyBy.CONVERSATION,
+            max_tracked_spans=FUZZ_MAX_TRACKED_SPANS,
+            tracer_provider=provider,
+        ),
     ]
     for processor in processors:
         provider.add_span_processor(processor)
@@ -573,9 +699,16 @@ def test_fuzz_nothing_escapes_and_memory_stays_bounded(quiet_sdk: None) -> None:
     driver = Driver(provider.get_tracer("fuzz"), foreign, check)
     per_example = FUZZ_SPANS // FUZZ_EXAMPLES
 
-    @settings(max_examples=FUZZ_EXAMPLES, deadline=None, database=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                     HealthCheck.large_base_example])
+    @settings(
+        max_examples=FUZZ_EXAMPLES,
+        deadline=None,
+        database=None,
+        suppress_health_check=[
+            HealthCheck.too_slow,
+            HealthCheck.data_too_large,
+            HealthCheck.large_base_example,
+        ],
+    )
     @given(st.lists(span_specs, min_size=1, max_size=25), trace_ids, span_ids)
     def example(specs: list[SpanSpec], trace_id: int, span_id: int) -> None:
         # errors are compared per example, so that a failure shrinks to the example causing it
@@ -601,13 +734,21 @@ def test_fuzz_nothing_escapes_and_memory_stays_bounded(quiet_sdk: None) -> None:
 # -- bounded bookkeeping, deterministic --------------------------------------------------------
 
 
-def strands_tool_span(tracer: Tracer, parent: Span, call_id: str, arguments: str,
-                      end: bool = True) -> Span:
+def strands_tool_span(
+    tracer: Tracer, parent: Span, call_id: str, arguments: str, end: bool = True
+) -> Span:
     """A Strands tool span: attributes just after start, arguments in an event, then end."""
     span = tracer.start_span("execute_tool search", context=trace.set_span_in_context(parent))
     assert isinstance(span, Span)
-    span.set_attributes({OP: "execute_tool", SYSTEM: STRANDS, TOOL_NAME: "search",
-                         TOOL_CALL_ID: call_id, "gen_ai.tool.status": "success"})
+    span.set_attributes(
+        {
+            OP: "execute_tool",
+            SYSTEM: STRANDS,
+            TOOL_NAME: "search",
+            TOOL_CALL_ID: call_id,
+            "gen_ai.tool.status": "success",
+        }
+    )
     span.add_event(TOOL_MESSAGE_EVENT, {"role": "tool", "content": arguments, "id": call_id})
     span.add_event(CHOICE_EVENT, {"message": '[{"text": "nothing useful"}]', "id": call_id})
     if end:
@@ -615,13 +756,27 @@ def strands_tool_span(tracer: Tracer, parent: Span, call_id: str, arguments: str
     return span
 
 
-def pydantic_tool_span(tracer: Tracer, parent: Span, call_id: str, arguments: str,
-                       agent: str = "weather_agent", end: bool = True) -> Span:
+def pydantic_tool_span(
+    tracer: Tracer,
+    parent: Span,
+    call_id: str,
+    arguments: str,
+    agent: str = "weather_agent",
+    end: bool = True,
+) -> Span:
     """A Pydantic AI tool span: arguments at start, result set before end."""
-    span = tracer.start_span("execute_tool search", context=trace.set_span_in_context(parent),
-                             attributes={OP: "execute_tool", TOOL_NAME: "search",
-                                         TOOL_CALL_ID: call_id, TOOL_ARGS: arguments,
-                                         AGENT_NAME: agent, "logfire.msg": "running tool: search"})
+    span = tracer.start_span(
+        "execute_tool search",
+        context=trace.set_span_in_context(parent),
+        attributes={
+            OP: "execute_tool",
+            TOOL_NAME: "search",
+            TOOL_CALL_ID: call_id,
+            TOOL_ARGS: arguments,
+            AGENT_NAME: agent,
+            "logfire.msg": "running tool: search",
+        },
+    )
     assert isinstance(span, Span)
     if end:
         span.set_attribute(TOOL_RESULT, "nothing useful")
@@ -631,8 +786,9 @@ def pydantic_tool_span(tracer: Tracer, parent: Span, call_id: str, arguments: st
 
 def agent_span(tracer: Tracer, name: str, parent: Span | None = None) -> Span:
     context = trace.set_span_in_context(parent) if parent is not None else None
-    span = tracer.start_span(f"invoke_agent {name}", context=context,
-                             attributes={OP: "invoke_agent", AGENT_NAME: name})
+    span = tracer.start_span(
+        f"invoke_agent {name}", context=context, attributes={OP: "invoke_agent", AGENT_NAME: name}
+    )
     assert isinstance(span, Span)
     return span
 
@@ -641,8 +797,9 @@ def test_spans_never_ended_are_forgotten_and_counted() -> None:
     max_spans = 1000
     counter = CallCounter()
     provider = TracerProvider()
-    processor = LoopGuardSpanProcessor(LoopGuard(DEFAULT, recorder=counter),
-                                       max_tracked_spans=max_spans, tracer_provider=provider)
+    processor = LoopGuardSpanProcessor(
+        LoopGuard(DEFAULT, recorder=counter), max_tracked_spans=max_spans, tracer_provider=provider
+    )
     provider.add_span_processor(processor)
     tracer = provider.get_tracer("t")
     leaked: list[Span] = []
@@ -650,12 +807,14 @@ def test_spans_never_ended_are_forgotten_and_counted() -> None:
         agent = agent_span(tracer, f"agent-{run}")
         leaked.append(agent)
         for n in range(500):
-            plain = tracer.start_span("chat gpt-4o", context=trace.set_span_in_context(agent),
-                                      attributes={OP: "chat"})
+            plain = tracer.start_span(
+                "chat gpt-4o", context=trace.set_span_in_context(agent), attributes={OP: "chat"}
+            )
             assert isinstance(plain, Span)
             leaked.append(plain)
-            leaked.append(strands_tool_span(tracer, agent, f"c{run}-{n}", f'{{"q": {n}}}',
-                                            end=False))
+            leaked.append(
+                strands_tool_span(tracer, agent, f"c{run}-{n}", f'{{"q": {n}}}', end=False)
+            )
             assert len(processor._open) <= max_spans
     assert processor.evicted_spans > 0
     assert processor.evicted_spans + len(processor._open) == len(leaked)
@@ -675,7 +834,7 @@ def test_guard_sessions_stay_bounded() -> None:
     provider.add_span_processor(LoopGuardSpanProcessor(guard, tracer_provider=provider))
     tracer = provider.get_tracer("t")
     runs = 500
-    for run in range(runs):
+    for _run in range(runs):
         agent = agent_span(tracer, "a")
         strands_tool_span(tracer, agent, "c", '{"q": 1}')
         pydantic_tool_span(tracer, agent, "d", '{"q": 2}')
@@ -690,8 +849,9 @@ def test_spans_decided_at_start_and_never_ended_are_forgotten() -> None:
     """What is kept for a decision made at start (Pydantic AI shape) is forgotten with the span."""
     max_spans = 1000
     provider = TracerProvider()
-    processor = LoopGuardSpanProcessor(LoopGuard(DEFAULT), max_tracked_spans=max_spans,
-                                       tracer_provider=provider)
+    processor = LoopGuardSpanProcessor(
+        LoopGuard(DEFAULT), max_tracked_spans=max_spans, tracer_provider=provider
+    )
     provider.add_span_processor(processor)
     tracer = provider.get_tracer("t")
     before = len(processor_module._START_DECISIONS)
@@ -711,17 +871,25 @@ def test_a_span_pruned_in_its_own_on_start_leaves_nothing_behind() -> None:
     # than the TTL); _start then kept a decision for an untracked span, never forgotten.
     max_spans = 10
     provider = TracerProvider()
-    processor = LoopGuardSpanProcessor(LoopGuard(DEFAULT), max_tracked_spans=max_spans,
-                                       tracer_provider=provider)
+    processor = LoopGuardSpanProcessor(
+        LoopGuard(DEFAULT), max_tracked_spans=max_spans, tracer_provider=provider
+    )
     provider.add_span_processor(processor)
     tracer = provider.get_tracer("t")
     before = len(processor_module._START_DECISIONS)
     an_hour_before_the_ttl = time.time_ns() - int(2 * 3600 * 1e9)  # default TTL: 3600 s
     try:
         for n in range(100 * max_spans):
-            tracer.start_span("execute_tool search", start_time=an_hour_before_the_ttl,
-                              attributes={OP: "execute_tool", TOOL_NAME: "search",
-                                          TOOL_CALL_ID: f"c{n}", TOOL_ARGS: f'{{"q": {n}}}'})
+            tracer.start_span(
+                "execute_tool search",
+                start_time=an_hour_before_the_ttl,
+                attributes={
+                    OP: "execute_tool",
+                    TOOL_NAME: "search",
+                    TOOL_CALL_ID: f"c{n}",
+                    TOOL_ARGS: f'{{"q": {n}}}',
+                },
+            )
         assert len(processor._open) <= max_spans
         assert set(processor._started) <= set(processor._open)
         assert len(processor_module._START_DECISIONS) - before <= max_spans
@@ -756,8 +924,11 @@ def huge_int_spans(attributes: Mapping[str, Any]) -> LoopGuard:
     provider.add_span_processor(LoopGuardSpanProcessor(guard, tracer_provider=provider))
     tracer = provider.get_tracer("t")
     parent = trace.set_span_in_context(agent_span(tracer, "a"))
-    span = tracer.start_span("execute_tool search", context=parent,
-                             attributes={OP: "execute_tool", TOOL_NAME: "search", **attributes})
+    span = tracer.start_span(
+        "execute_tool search",
+        context=parent,
+        attributes={OP: "execute_tool", TOOL_NAME: "search", **attributes},
+    )
     span.end()
     return guard
 
@@ -765,8 +936,11 @@ def huge_int_spans(attributes: Mapping[str, Any]) -> LoopGuard:
 HUGE_INT = 10**5000  # beyond sys.get_int_max_str_digits(): str() and repr() raise ValueError
 
 
-@pytest.mark.parametrize("attributes", [{TOOL_ARGS: HUGE_INT}, {TOOL_ARGS: "{}", TOOL_RESULT: HUGE_INT}],
-                         ids=["arguments", "result"])
+@pytest.mark.parametrize(
+    "attributes",
+    [{TOOL_ARGS: HUGE_INT}, {TOOL_ARGS: "{}", TOOL_RESULT: HUGE_INT}],
+    ids=["arguments", "result"],
+)
 def test_huge_int_arguments_and_results_are_not_errors(attributes: dict[str, Any]) -> None:
     """The SDK accepts ints of any size as attribute values."""
     assert huge_int_spans(attributes).internal_errors == {}
@@ -856,8 +1030,14 @@ CALLS_PER_SESSION = THREADS * SPANS_PER_THREAD // SESSIONS
 # Nothing blocks: only the consecutive rule (so a session's count is its number of attempts, all
 # of one signature), reminders at the default thresholds (events to record), no ladder above.
 CONCURRENCY_POLICY = DEFAULT.replace(
-    mode=Mode.OBSERVE, rules=frozenset({Rule.CONSECUTIVE}), deny_threshold=None,
-    no_progress_threshold=None, rescue_threshold=None, poll_limit=None, stop_after_denials=None)
+    mode=Mode.OBSERVE,
+    rules=frozenset({Rule.CONSECUTIVE}),
+    deny_threshold=None,
+    no_progress_threshold=None,
+    rescue_threshold=None,
+    poll_limit=None,
+    stop_after_denials=None,
+)
 
 
 def synchronous_provider() -> TracerProvider:
@@ -868,11 +1048,13 @@ def concurrent_provider() -> TracerProvider:
     return TracerProvider(active_span_processor=ConcurrentMultiSpanProcessor(num_threads=4))
 
 
-@pytest.mark.parametrize("make_provider", [synchronous_provider, concurrent_provider],
-                         ids=["synchronous", "concurrent"])
+@pytest.mark.parametrize(
+    "make_provider", [synchronous_provider, concurrent_provider], ids=["synchronous", "concurrent"]
+)
 @pytest.mark.parametrize("shape", ["pydantic_ai", "strands"])
 def test_concurrent_tool_spans_are_counted_exactly(
-        shape: str, make_provider: Callable[[], TracerProvider]) -> None:
+    shape: str, make_provider: Callable[[], TracerProvider]
+) -> None:
     counter = CallCounter()
     guard = LoopGuard(CONCURRENCY_POLICY, recorder=counter)
     spy = DecisionSpy(guard)
@@ -883,8 +1065,10 @@ def test_concurrent_tool_spans_are_counted_exactly(
     provider.add_span_processor(events)
     tracer = provider.get_tracer("robustness")
     roots = [agent_span(tracer, "orchestrator") for _ in range(SESSIONS // AGENTS_PER_TRACE)]
-    agents = [agent_span(tracer, f"worker-{n % AGENTS_PER_TRACE}", roots[n // AGENTS_PER_TRACE])
-              for n in range(SESSIONS)]
+    agents = [
+        agent_span(tracer, f"worker-{n % AGENTS_PER_TRACE}", roots[n // AGENTS_PER_TRACE])
+        for n in range(SESSIONS)
+    ]
     arguments = [json.dumps({"query": f"weather in city {n}"}) for n in range(SESSIONS)]
     make_span = pydantic_tool_span if shape == "pydantic_ai" else strands_tool_span
     barrier = threading.Barrier(THREADS)
@@ -928,8 +1112,10 @@ def test_concurrent_tool_spans_are_counted_exactly(
     thresholds = CONCURRENCY_POLICY.remind_thresholds
     reminded = [c for c in expected if c in thresholds or c > thresholds[-1]]
     detected = Counter(d.detected for _, d in spy.decisions)
-    assert detected == {Action.REMIND: SESSIONS * len(reminded),
-                        Action.ALLOW: SESSIONS * (CALLS_PER_SESSION - len(reminded))}
+    assert detected == {
+        Action.REMIND: SESSIONS * len(reminded),
+        Action.ALLOW: SESSIONS * (CALLS_PER_SESSION - len(reminded)),
+    }
     assert events.events == SESSIONS * len(reminded)
     assert guard.session_count == SESSIONS
     assert processor._open == {} and processor._started == {}

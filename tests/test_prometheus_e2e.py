@@ -12,8 +12,8 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import re
 import queue
+import re
 import socket
 import subprocess
 import sys
@@ -40,8 +40,7 @@ from .prometheus_tools import DASHBOARDS, dashboard_queries, load_generator, req
 
 SCRAPE_INTERVAL = "1s"
 #: What Grafana would put for the variables at this scrape interval and a short time range.
-GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$__range": "5m", "$agent": ".*",
-                     "$tool": ".*"}
+GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$__range": "5m", "$agent": ".*", "$tool": ".*"}
 WAIT_SECONDS = 60.0
 CALL_SECONDS = 1.5
 #: A small store, so the scenario's extra traces evict sessions.
@@ -102,8 +101,9 @@ def substitute(expr: str) -> str:
 @pytest.fixture
 def target() -> Iterator[tuple[LoopGuard, PrometheusRecorder, str]]:
     recorder = PrometheusRecorder()
-    policy = PRESETS["rescue"].replace(remind_thresholds=(2,), stall_threshold=10,
-                                       max_sessions=MAX_SESSIONS)
+    policy = PRESETS["rescue"].replace(
+        remind_thresholds=(2,), stall_threshold=10, max_sessions=MAX_SESSIONS
+    )
     guard = LoopGuard(policy, recorder=recorder, advisor=lambda request: "read the error first")
     server = guard.serve_metrics(0)
     try:
@@ -119,17 +119,37 @@ def running_prometheus(tmp_path: Path, address: str) -> Iterator[PrometheusServe
     binary = require_tool("prometheus")
     port = free_port()
     config = tmp_path / "prometheus.yml"
-    config.write_text(json.dumps({  # JSON is YAML
-        "global": {"scrape_interval": SCRAPE_INTERVAL, "evaluation_interval": SCRAPE_INTERVAL},
-        "rule_files": [str(DASHBOARDS / "alerts.yml")],
-        "scrape_configs": [{"job_name": "loopguard", "scrape_interval": SCRAPE_INTERVAL,
-                            "static_configs": [{"targets": [address]}]}],
-    }))
+    config.write_text(
+        json.dumps(
+            {  # JSON is YAML
+                "global": {
+                    "scrape_interval": SCRAPE_INTERVAL,
+                    "evaluation_interval": SCRAPE_INTERVAL,
+                },
+                "rule_files": [str(DASHBOARDS / "alerts.yml")],
+                "scrape_configs": [
+                    {
+                        "job_name": "loopguard",
+                        "scrape_interval": SCRAPE_INTERVAL,
+                        "static_configs": [{"targets": [address]}],
+                    }
+                ],
+            }
+        )
+    )
     log = (tmp_path / "prometheus.log").open("wb")
     process = subprocess.Popen(
-        [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        [
+            binary,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
     server = PrometheusServer(f"http://127.0.0.1:{port}", process)
 
     def ready() -> bool:
@@ -155,8 +175,10 @@ def running_prometheus(tmp_path: Path, address: str) -> Iterator[PrometheusServe
 
 
 @pytest.fixture
-def prometheus(tmp_path: Path, target: tuple[LoopGuard, PrometheusRecorder, str],
-               ) -> Iterator[PrometheusServer]:
+def prometheus(
+    tmp_path: Path,
+    target: tuple[LoopGuard, PrometheusRecorder, str],
+) -> Iterator[PrometheusServer]:
     with running_prometheus(tmp_path, target[2]) as server:
         yield server
 
@@ -171,26 +193,37 @@ class Agent:
         self.call_ids: set[str] = set()
 
     def run(self, agent: str, calls: list[tuple[str, dict[str, Any], str]]) -> None:
-        with self.tracer.start_as_current_span(f"invoke_agent {agent}", attributes={
-                "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": agent,
-                "gen_ai.conversation.id": f"conversation-{uuid.uuid4()}"}) as run:
+        with self.tracer.start_as_current_span(
+            f"invoke_agent {agent}",
+            attributes={
+                "gen_ai.operation.name": "invoke_agent",
+                "gen_ai.agent.name": agent,
+                "gen_ai.conversation.id": f"conversation-{uuid.uuid4()}",
+            },
+        ) as run:
             self.trace_ids.add(format(run.get_span_context().trace_id, "032x"))
             for tool, arguments, result in calls:
                 call_id = f"call_{uuid.uuid4().hex[:24]}"
                 self.call_ids.add(call_id)
                 started = time.time_ns()
-                span = self.tracer.start_span(f"execute_tool {tool}", start_time=started,
-                                              attributes={
-                    "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": tool,
-                    "gen_ai.tool.call.id": call_id,
-                    "gen_ai.tool.call.arguments": json.dumps(arguments)})
+                span = self.tracer.start_span(
+                    f"execute_tool {tool}",
+                    start_time=started,
+                    attributes={
+                        "gen_ai.operation.name": "execute_tool",
+                        "gen_ai.tool.name": tool,
+                        "gen_ai.tool.call.id": call_id,
+                        "gen_ai.tool.call.arguments": json.dumps(arguments),
+                    },
+                )
                 self.span_ids.add(format(span.get_span_context().span_id, "016x"))
                 span.set_attribute("gen_ai.tool.call.result", result)
                 span.end(end_time=started + int(CALL_SECONDS * 1e9))
 
 
 def test_dashboard_queries_against_a_real_prometheus(
-        target: tuple[LoopGuard, PrometheusRecorder, str], prometheus: PrometheusServer) -> None:
+    target: tuple[LoopGuard, PrometheusRecorder, str], prometheus: PrometheusServer
+) -> None:
     guard, recorder, address = target
     provider = TracerProvider()
     provider.add_span_processor(LoopGuardSpanProcessor(guard))
@@ -203,23 +236,44 @@ def test_dashboard_queries_against_a_real_prometheus(
     wait_for("the first scrape", scraped(f'up{{instance="{address}"}}', 1.0))
     # 2. Healthy work: distinct calls in several runs (more runs than MAX_SESSIONS: evictions).
     for n in range(MAX_SESSIONS + 1):
-        agent.run("coder", [("grep", {"pattern": f"TODO{n}", "path": "src"}, f"{n} matches"),
-                            ("read_file", {"path": f"src/mod{n}.py"}, f"contents {n}")])
+        agent.run(
+            "coder",
+            [
+                ("grep", {"pattern": f"TODO{n}", "path": "src"}, f"{n} matches"),
+                ("read_file", {"path": f"src/mod{n}.py"}, f"contents {n}"),
+            ],
+        )
     healthy_calls = recorder.registry.get_sample_value(
-        "loopguard_tool_calls_total", {"agent": "coder", "tool": "grep"})
-    wait_for("the healthy calls to be scraped",
-             scraped('sum(loopguard_tool_calls_total{tool="grep"})', healthy_calls))
+        "loopguard_tool_calls_total", {"agent": "coder", "tool": "grep"}
+    )
+    wait_for(
+        "the healthy calls to be scraped",
+        scraped('sum(loopguard_tool_calls_total{tool="grep"})', healthy_calls),
+    )
     # 3. The loop: one run repeats the same call, the same answer each time.
-    agent.run("coder", [("grep", {"pattern": "flaky", "path": "tests"}, "no matches")]
-              * LOOP_CALLS)
-    wait_for("the rescue advice to be recorded", lambda: (recorder.registry.get_sample_value(
-        "loopguard_rescues_total", {"outcome": "advice"}) or 0) >= 1)
-    total = sum(s.value for f in text_string_to_metric_families(recorder.exposition().decode())
-                if f.name == "loopguard_decisions" for s in f.samples if s.name.endswith("_total"))
+    agent.run("coder", [("grep", {"pattern": "flaky", "path": "tests"}, "no matches")] * LOOP_CALLS)
+    wait_for(
+        "the rescue advice to be recorded",
+        lambda: (
+            (
+                recorder.registry.get_sample_value("loopguard_rescues_total", {"outcome": "advice"})
+                or 0
+            )
+            >= 1
+        ),
+    )
+    total = sum(
+        s.value
+        for f in text_string_to_metric_families(recorder.exposition().decode())
+        if f.name == "loopguard_decisions"
+        for s in f.samples
+        if s.name.endswith("_total")
+    )
     assert total >= LOOP_CALLS - 2
     wait_for("the loop to be scraped", scraped("sum(loopguard_decisions_total)", total))
-    wait_for("the rescue to be scraped",
-             scraped('sum(loopguard_rescues_total{outcome="advice"})', 1.0))
+    wait_for(
+        "the rescue to be scraped", scraped('sum(loopguard_rescues_total{outcome="advice"})', 1.0)
+    )
 
     # 4. Every dashboard query, as Grafana would send it.
     dashboard = load_generator().dashboard()
@@ -240,31 +294,49 @@ def test_dashboard_queries_against_a_real_prometheus(
     for variable in dashboard["templating"]["list"][1:]:
         match = re.fullmatch(r"label_values\((.+), (\w+)\)", variable["query"]["query"])
         assert match, variable["query"]
-        result = prometheus.get(f"/api/v1/label/{match[2]}/values",
-                                **{"match[]": substitute(match[1])})
+        result = prometheus.get(
+            f"/api/v1/label/{match[2]}/values", **{"match[]": substitute(match[1])}
+        )
         assert result["status"] == "success", result
-        assert set(result["data"]) == ({"coder"} if match[2] == "agent"
-                                       else {"grep", "read_file"})
+        assert set(result["data"]) == ({"coder"} if match[2] == "agent" else {"grep", "read_file"})
 
     # Specific figures the panels show for this scenario.
-    blocked = values(prometheus.query(substitute(
-        'sum(increase(loopguard_decisions_total{action=~"deny|rescue|stop"}[$__range]))')))
+    blocked = values(
+        prometheus.query(
+            substitute(
+                'sum(increase(loopguard_decisions_total{action=~"deny|rescue|stop"}[$__range]))'
+            )
+        )
+    )
     assert blocked and blocked[0] > 0
-    assert values(prometheus.query('sum(loopguard_sessions)')) == [float(guard.session_count)]
-    assert values(prometheus.query(
-        'sum(loopguard_sessions_evicted_total{reason="capacity"})'))[0] >= 2
+    assert values(prometheus.query("sum(loopguard_sessions)")) == [float(guard.session_count)]
+    assert (
+        values(prometheus.query('sum(loopguard_sessions_evicted_total{reason="capacity"})'))[0] >= 2
+    )
 
     # The alert rules loaded into the real server evaluate without errors.
     rules = prometheus.get("/api/v1/rules")["data"]["groups"][0]["rules"]
     assert {rule["name"] for rule in rules} == {
-        "LoopGuardLoopStorm", "LoopGuardAgentKeepsStopping", "LoopGuardInternalErrors"}
-    wait_for("the alert rules to be evaluated", lambda: all(
-        r["health"] == "ok" for r in prometheus.get("/api/v1/rules")["data"]["groups"][0]["rules"]))
+        "LoopGuardLoopStorm",
+        "LoopGuardAgentKeepsStopping",
+        "LoopGuardInternalErrors",
+    }
+    wait_for(
+        "the alert rules to be evaluated",
+        lambda: all(
+            r["health"] == "ok"
+            for r in prometheus.get("/api/v1/rules")["data"]["groups"][0]["rules"]
+        ),
+    )
 
     # 5. The exposition: lint-clean, and no label carries an id or an argument.
     exposition = recorder.exposition()
-    lint = subprocess.run([require_tool("promtool"), "check", "metrics"], input=exposition,
-                          capture_output=True, timeout=60)
+    lint = subprocess.run(
+        [require_tool("promtool"), "check", "metrics"],
+        input=exposition,
+        capture_output=True,
+        timeout=60,
+    )
     assert lint.returncode == 0, (lint.stdout + lint.stderr).decode()
     labels: dict[str, set[str]] = {}
     for family in text_string_to_metric_families(exposition.decode()):
@@ -282,8 +354,12 @@ def test_dashboard_queries_against_a_real_prometheus(
 def _scrape_sum(url: str, name: str, **labels: str) -> float:
     with urllib.request.urlopen(url, timeout=10) as response:
         text = response.read().decode()
-    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
-               if s.name == name and labels.items() <= s.labels.items())
+    return sum(
+        s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == name and labels.items() <= s.labels.items()
+    )
 
 
 def test_the_readme_demo_fills_the_dashboard(tmp_path: Path) -> None:
@@ -294,7 +370,11 @@ def test_the_readme_demo_fills_the_dashboard(tmp_path: Path) -> None:
     port = free_port()
     demo = subprocess.Popen(
         [sys.executable, "-m", "otel_loopguard", "demo", "--metrics-port", str(port)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True)
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
     lines: queue.Queue[str] = queue.Queue()
     assert demo.stdout is not None
     stdout = demo.stdout
@@ -309,8 +389,10 @@ def test_the_readme_demo_fills_the_dashboard(tmp_path: Path) -> None:
             calls = _scrape_sum(url, "loopguard_tool_calls_total")
             stops = _scrape_sum(url, "loopguard_decisions_total", action="stop")
             assert calls > 0 and stops == 1
-            wait_for("the first play to be scraped", lambda: values(prometheus.query(
-                "sum(loopguard_tool_calls_total)")) == [calls])
+            wait_for(
+                "the first play to be scraped",
+                lambda: values(prometheus.query("sum(loopguard_tool_calls_total)")) == [calls],
+            )
             at = str(time.time())
 
             def panel(expr: str) -> list[float]:
@@ -326,11 +408,21 @@ def test_the_readme_demo_fills_the_dashboard(tmp_path: Path) -> None:
             assert shown["Stops"] and shown["Stops"][0] >= 1
             # The panels the README lists, filled by the demo (it has no advisor, evicts no
             # session and raises nothing: those panels show zeros).
-            for title in ("Repeat share", "Blocked calls", "Wasted time", "Tracked sessions",
-                          "Loops over time by rule and action", "Share of calls that are repeats",
-                          "Top looping agents", "Top looping tools", "Repeated calls by tool",
-                          "Wasted seconds by tool", "Repeat count at decisions",
-                          "Duration of repeated calls", "Tracked sessions and evictions"):
+            for title in (
+                "Repeat share",
+                "Blocked calls",
+                "Wasted time",
+                "Tracked sessions",
+                "Loops over time by rule and action",
+                "Share of calls that are repeats",
+                "Top looping agents",
+                "Top looping tools",
+                "Repeated calls by tool",
+                "Wasted seconds by tool",
+                "Repeat count at decisions",
+                "Duration of repeated calls",
+                "Tracked sessions and evictions",
+            ):
                 assert shown[title] and max(shown[title]) > 0, (title, shown[title])
             for title in ("Rescues by outcome", "Internal errors"):
                 assert shown[title] and set(shown[title]) == {0.0}, (title, shown[title])
@@ -338,8 +430,9 @@ def test_the_readme_demo_fills_the_dashboard(tmp_path: Path) -> None:
             counts = shown["Repeat count at decisions"]
             assert all(count == int(count) for count in counts), counts
             queries = {title: expr for title, _ref, expr in dashboard_queries(dashboard)}
-            agents = prometheus.get("/api/v1/query", query=substitute(
-                queries["Top looping agents"]), time=at)["data"]["result"]
+            agents = prometheus.get(
+                "/api/v1/query", query=substitute(queries["Top looping agents"]), time=at
+            )["data"]["result"]
             assert [agent["metric"]["agent"] for agent in agents] == [DEMO_AGENT]
     finally:
         demo.terminate()

@@ -17,8 +17,9 @@ DEFAULT = PRESETS["default"]
 json_scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text()
 json_values = st.recursive(
     json_scalars,
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(st.text(max_size=6), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4)
+    ),
     max_leaves=20,
 )
 
@@ -48,8 +49,10 @@ def test_json_string_and_object_give_one_key(value: dict[str, Any], rng: random.
     if any(isinstance(v, float) and not math.isfinite(v) for v in _leaves(value)):
         return  # JSON text has no NaN/inf
     as_text = json.dumps(shuffled(value, rng))
-    assert ToolCall.build("t", as_text, session="s").args_key == ToolCall.build(
-        "t", value, session="s").args_key
+    assert (
+        ToolCall.build("t", as_text, session="s").args_key
+        == ToolCall.build("t", value, session="s").args_key
+    )
 
 
 def _leaves(value: Any) -> list[Any]:
@@ -68,8 +71,9 @@ tracked_calls = st.lists(
 
 @settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
 @given(tracked_calls, st.lists(st.integers(0, 40), max_size=15))
-def test_untracked_calls_are_transparent(calls: list[tuple[str, int, int]],
-                                        positions: list[int]) -> None:
+def test_untracked_calls_are_transparent(
+    calls: list[tuple[str, int, int]], positions: list[int]
+) -> None:
     policy = DEFAULT.replace(exclude=("todo*",), exclude_commands=(r"^docker ps",))
 
     def decide(with_noise: bool) -> list[tuple[Action, int]]:
@@ -93,8 +97,9 @@ def test_untracked_calls_are_transparent(calls: list[tuple[str, int, int]],
 
 @settings(max_examples=100)
 @given(tracked_calls, tracked_calls, st.randoms())
-def test_sessions_are_isolated(a: list[tuple[str, int, int]], b: list[tuple[str, int, int]],
-                               rng: random.Random) -> None:
+def test_sessions_are_isolated(
+    a: list[tuple[str, int, int]], b: list[tuple[str, int, int]], rng: random.Random
+) -> None:
     def alone(calls: list[tuple[str, int, int]]) -> list[Action]:
         guard = LoopGuard(DEFAULT)
         return [guard.before_tool(t, {"a": x}, session="only").action for t, x, _ in calls]
@@ -125,15 +130,23 @@ anything = st.one_of(
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 @given(anything, anything, anything, anything, anything, anything, st.none() | st.booleans())
-def test_no_input_makes_the_hooks_raise(tool: Any, arguments: Any, session: Any, agent: Any,
-                                        call_id: Any, result: Any, error: Any) -> None:
+def test_no_input_makes_the_hooks_raise(
+    tool: Any, arguments: Any, session: Any, agent: Any, call_id: Any, result: Any, error: Any
+) -> None:
     guard = LoopGuard(DEFAULT)
     for _ in range(3):
-        decision = guard.before_tool(tool, arguments, session=session, agent=agent,
-                                     call_id=call_id)
+        decision = guard.before_tool(tool, arguments, session=session, agent=agent, call_id=call_id)
         assert isinstance(decision.action, Action)
-        guard.after_tool(tool, arguments, session=session, agent=agent, call_id=call_id,
-                         error=error, result=result, duration_seconds=result)  # type: ignore[arg-type]
+        guard.after_tool(
+            tool,
+            arguments,
+            session=session,
+            agent=agent,
+            call_id=call_id,
+            error=error,
+            result=result,
+            duration_seconds=result,
+        )  # type: ignore[arg-type]
         guard.user_message(session)
     assert guard.internal_errors == {}
 
@@ -143,8 +156,13 @@ def test_no_input_makes_the_hooks_raise(tool: Any, arguments: Any, session: Any,
 agent_steps = st.lists(
     st.one_of(
         st.just(("prompt",)),
-        st.tuples(st.sampled_from(["read", "grep", "edit", "bash"]), st.integers(0, 2),
-                  st.none() | st.integers(0, 1), st.booleans(), st.booleans()),
+        st.tuples(
+            st.sampled_from(["read", "grep", "edit", "bash"]),
+            st.integers(0, 2),
+            st.none() | st.integers(0, 1),
+            st.booleans(),
+            st.booleans(),
+        ),
     ),
     max_size=60,
 )
@@ -153,12 +171,20 @@ agent_steps = st.lists(
 @settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
 @given(agent_steps, st.sampled_from(sorted(PRESETS)))
 # The whole ladder up to stop, then a different call (still stopped) and a prompt (lifted):
-@example([("read", 0, None, False, True)] * 10 + [("grep", 1, 0, False, True), ("prompt",),
-          ("grep", 1, 0, False, True)], "default")
-@example([("read", 0, 0, False, False)] * 9 + [("edit", 1, 0, False, False)]
-         + [("read", 0, 0, False, False)] * 3, "default")
+@example(
+    [("read", 0, None, False, True)] * 10
+    + [("grep", 1, 0, False, True), ("prompt",), ("grep", 1, 0, False, True)],
+    "default",
+)
+@example(
+    [("read", 0, 0, False, False)] * 9
+    + [("edit", 1, 0, False, False)]
+    + [("read", 0, 0, False, False)] * 3,
+    "default",
+)
 def test_a_session_saved_between_calls_decides_as_one_kept_in_memory(
-        steps: list[tuple[Any, ...]], preset: str) -> None:
+    steps: list[tuple[Any, ...]], preset: str
+) -> None:
     """What command hooks do (a new process, hence a new guard, per call; the session saved as
     bytes in between) never changes a decision."""
     from otel_loopguard.engine import SessionState
@@ -196,9 +222,11 @@ def test_a_session_saved_between_calls_decides_as_one_kept_in_memory(
         if result is None or expected.blocks:
             continue
         guard = fresh_guard()
-        expected_after = kept.after_tool(tool, arguments, session="s", call_id=call_id,
-                                         result=f"r{result}", error=error)
-        got_after = guard.after_tool(tool, arguments, session="s", call_id=call_id,
-                                     result=f"r{result}", error=error)
+        expected_after = kept.after_tool(
+            tool, arguments, session="s", call_id=call_id, result=f"r{result}", error=error
+        )
+        got_after = guard.after_tool(
+            tool, arguments, session="s", call_id=call_id, result=f"r{result}", error=error
+        )
         assert got_after == expected_after
         saved = save(guard)

@@ -30,16 +30,42 @@ from otel_loopguard.replay import (
 DATA = Path(__file__).parent / "data"
 ACTIONS = ("remind", "deny", "rescue", "stop")
 #: Every tag the report may contain; anything else came from the input.
-TAGS = {"html", "head", "meta", "title", "style", "body", "h1", "h2", "p", "br", "strong", "a",
-        "code", "table", "tr", "th", "td", "section", "div", "span", "b", "i", "details",
-        "summary"}
+TAGS = {
+    "html",
+    "head",
+    "meta",
+    "title",
+    "style",
+    "body",
+    "h1",
+    "h2",
+    "p",
+    "br",
+    "strong",
+    "a",
+    "code",
+    "table",
+    "tr",
+    "th",
+    "td",
+    "section",
+    "div",
+    "span",
+    "b",
+    "i",
+    "details",
+    "summary",
+}
 
 
-def call(session: str = "s1", tool: str = "grep", arguments: object = None,
-         **extra: Any) -> str:
-    record: dict[str, Any] = {"session": session, "tool": tool,
-                              "arguments": {"q": "x"} if arguments is None else arguments,
-                              "error": False, "result": "no match"}
+def call(session: str = "s1", tool: str = "grep", arguments: object = None, **extra: Any) -> str:
+    record: dict[str, Any] = {
+        "session": session,
+        "tool": tool,
+        "arguments": {"q": "x"} if arguments is None else arguments,
+        "error": False,
+        "result": "no match",
+    }
     record.update(extra)
     return json.dumps(record)
 
@@ -92,14 +118,22 @@ class Page(HTMLParser):
         self.text.append(data)
 
 
-def replay_html(tmp_path: Path, lines: Iterable[str], preset: str = "default",
-                **options: Any) -> tuple[str, list[dict[str, Any]]]:
+def replay_html(
+    tmp_path: Path, lines: Iterable[str], preset: str = "default", **options: Any
+) -> tuple[str, list[dict[str, Any]]]:
     """Replay ``lines`` with --json and --html; return the HTML and the JSON lines."""
     path = write(tmp_path, lines)
     report = tmp_path / "report.html"
     out, err = io.StringIO(), io.StringIO()
-    status = run_replay([str(path)], PRESETS[preset], json_output=True, stdout=out, stderr=err,
-                        html_path=str(report), **options)
+    status = run_replay(
+        [str(path)],
+        PRESETS[preset],
+        json_output=True,
+        stdout=out,
+        stderr=err,
+        html_path=str(report),
+        **options,
+    )
     assert status == 0, err.getvalue()
     assert err.getvalue() == f"otel-loopguard replay: HTML report written to {report}\n"
     return report.read_text(encoding="utf-8"), [json.loads(x) for x in out.getvalue().splitlines()]
@@ -135,8 +169,11 @@ def test_decision_markers_equal_the_json_decisions(tmp_path: Path) -> None:
         if row["action"] != "allow":
             expected[row["session"]][row["action"]] += 1
     assert page.markers == expected
-    assert sum(sum(c.values()) for c in page.markers.values()) == \
-        sum(1 for row in rows if row["action"] != "allow") > 0
+    assert (
+        sum(sum(c.values()) for c in page.markers.values())
+        == sum(1 for row in rows if row["action"] != "allow")
+        > 0
+    )
     assert {"remind", "deny", "stop"} <= set().union(*page.markers.values())
 
 
@@ -149,8 +186,9 @@ def test_each_cell_names_index_tool_and_decision(tmp_path: Path) -> None:
     assert page.titles[0].startswith("#1 grep [")
     signature = page.titles[0].split("[")[1].split("]")[0]
     assert all(f"[{signature}]" in title for title in page.titles)  # one signature, one colour
-    assert page.titles[-1] == (f"#{deny} grep [{signature}], repeated:"
-                               f" deny (consecutive, count {deny})")
+    assert page.titles[-1] == (
+        f"#{deny} grep [{signature}], repeated: deny (consecutive, count {deny})"
+    )
 
 
 def test_summary_gives_calls_decisions_and_savings(tmp_path: Path) -> None:
@@ -158,8 +196,10 @@ def test_summary_gives_calls_decisions_and_savings(tmp_path: Path) -> None:
     assert deny is not None
     text, _ = replay_html(tmp_path, [call(duration_seconds=1.5)] * (deny + 1), preset="brake")
     words = " ".join("".join(Page(text).text).split())
-    assert (f"{deny + 1} calls, {deny} repeated; decisions: 2 denials;"
-            f" no remind, first deny at call {deny}, no stop.") in words
+    assert (
+        f"{deny + 1} calls, {deny} repeated; decisions: 2 denials;"
+        f" no remind, first deny at call {deny}, no stop."
+    ) in words
     assert "A deny would have saved 2 calls (3.0 s)." in words
 
 
@@ -187,25 +227,36 @@ def test_recorded_traces_are_drawn(tmp_path: Path) -> None:
 def test_cli_writes_the_file_and_keeps_stdout(tmp_path: Path) -> None:
     path = write(tmp_path, looping_sessions())
     report = tmp_path / "out.html"
-    plain = subprocess.run([sys.executable, "-m", "otel_loopguard.cli", "replay", str(path)],
-                           check=False, capture_output=True, text=True, timeout=120)
+    plain = subprocess.run(
+        [sys.executable, "-m", "otel_loopguard.cli", "replay", str(path)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     with_html = subprocess.run(
         [sys.executable, "-m", "otel_loopguard.cli", "replay", "--html", str(report), str(path)],
-        check=False, capture_output=True, text=True, timeout=120)
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert with_html.returncode == 0, with_html.stderr
     assert with_html.stdout == plain.stdout
     assert with_html.stderr == f"otel-loopguard replay: HTML report written to {report}\n"
     assert Page(report.read_text(encoding="utf-8")).sessions == ["stuck", "prompted", "healthy"]
 
 
-def test_an_unwritable_html_file_is_a_usage_error(tmp_path: Path,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_unwritable_html_file_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = write(tmp_path, [call()])
     target = tmp_path / "missing" / "report.html"
     assert main(["replay", "--html", str(target), str(path)]) == 2
     captured = capsys.readouterr()
-    assert captured.err == (f"otel-loopguard replay: error: cannot write {target}:"
-                            " No such file or directory\n")
+    assert captured.err == (
+        f"otel-loopguard replay: error: cannot write {target}: No such file or directory\n"
+    )
     assert captured.out == ""  # nothing replayed
 
 
@@ -216,8 +267,13 @@ HOSTILE = "<script>alert('x')</script>\"' onload=x \x00&amp;"
 
 
 def test_everything_from_the_input_is_escaped(tmp_path: Path) -> None:
-    lines = [call(session=HOSTILE, tool=f"{HOSTILE}tool",
-                  arguments={"q": "</code><img src=x onerror=alert(1)>", HOSTILE: 1})] * 5
+    lines = [
+        call(
+            session=HOSTILE,
+            tool=f"{HOSTILE}tool",
+            arguments={"q": "</code><img src=x onerror=alert(1)>", HOSTILE: 1},
+        )
+    ] * 5
     lines += [call(session=HOSTILE, agent="<b>agent</b>", tool="<i>t</i>")]
     text, rows = replay_html(tmp_path, lines)
     page = Page(text)
@@ -229,14 +285,25 @@ def test_everything_from_the_input_is_escaped(tmp_path: Path) -> None:
     assert any(title.startswith(f"#1 {shown}tool [") for title in page.titles)
     assert "</code><img src=x onerror=alert(1)>" in "".join(page.text)  # shown, as text
     assert page.markers[shown]["remind"] == sum(
-        1 for row in rows if row["session"] == HOSTILE and row["action"] == "remind")
+        1 for row in rows if row["session"] == HOSTILE and row["action"] == "remind"
+    )
 
 
 def test_the_file_is_self_contained(tmp_path: Path) -> None:
     text, _ = replay_html(tmp_path, looping_sessions())
     lowered = text.lower()
-    for reference in ("http", "src=", "<script", "<link", "url(", "@import", "<img", "<iframe",
-                      "<object", "<embed"):
+    for reference in (
+        "http",
+        "src=",
+        "<script",
+        "<link",
+        "url(",
+        "@import",
+        "<img",
+        "<iframe",
+        "<object",
+        "<embed",
+    ):
         assert reference not in lowered, reference
     page = Page(text)
     assert page.tags["style"] == 1 and page.tags["meta"] >= 1
@@ -247,7 +314,8 @@ def test_the_file_is_self_contained(tmp_path: Path) -> None:
 
 
 def test_sessions_and_calls_drawn_are_capped_and_the_file_says_so(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(_html, "MAX_HTML_SESSIONS", 2)
     monkeypatch.setattr(_html, "MAX_HTML_CALLS", 5)
     lines = [call(session=f"s{n}") for _ in range(8) for n in range(3)]
@@ -256,10 +324,15 @@ def test_sessions_and_calls_drawn_are_capped_and_the_file_says_so(
     assert page.sessions == ["s0", "s1"]
     assert page.cells == {"s0": 5, "s1": 5}
     words = " ".join("".join(page.text).split())
-    dropped = sum(1 for row in rows if row["session"] == "s0" and row["index"] > 5
-                  and row["action"] != "allow")
-    assert (f"Timeline cut: calls 6 to 8 not drawn ({dropped} decision"
-            f"{'' if dropped == 1 else 's'} among them") in words
+    dropped = sum(
+        1
+        for row in rows
+        if row["session"] == "s0" and row["index"] > 5 and row["action"] != "allow"
+    )
+    assert (
+        f"Timeline cut: calls 6 to 8 not drawn ({dropped} decision"
+        f"{'' if dropped == 1 else 's'} among them"
+    ) in words
     assert "Timelines cut: the first 2 sessions are drawn, 1 more session only listed" in words
     assert page.tags["a"] == 2  # the index links the drawn sessions, lists the third
     assert "s2" in page.text
@@ -275,8 +348,9 @@ def test_the_replayer_keeps_no_timeline_unless_asked() -> None:
 
 def test_the_replayer_bounds_what_a_timeline_keeps() -> None:
     clock = ReplayClock()
-    replayer = Replayer(LoopGuard(PRESETS["default"], clock=clock), clock,
-                        timeline_sessions=1, timeline_calls=10)
+    replayer = Replayer(
+        LoopGuard(PRESETS["default"], clock=clock), clock, timeline_sessions=1, timeline_calls=10
+    )
     calls = MAX_TIMELINE_SIGNATURES + 30
     for token in range(calls):
         replayer.handle(0, CallStarted(token, "a", None, "read", {"path": f"f{token}"}))

@@ -18,8 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.sdk.trace import Tracer, TracerProvider
 
-from otel_loopguard import traces
-from otel_loopguard import replay
+from otel_loopguard import replay, traces
 from otel_loopguard.config import PRESETS
 from otel_loopguard.conventions import (
     ARGUMENTS_AT_START_CONVENTIONS,
@@ -29,12 +28,12 @@ from otel_loopguard.conventions import (
 from otel_loopguard.guard import LoopGuard
 from otel_loopguard.policy import Decision
 from otel_loopguard.processor import LoopGuardSpanProcessor
-from otel_loopguard.replay import _trace_formats
 from otel_loopguard.replay import (
     CallDecidedAtStart,
     CallObserved,
     OtlpJsonDecoder,
     SpanDumpDecoder,
+    _trace_formats,
     detect_format,
     run_replay,
 )
@@ -75,8 +74,9 @@ def processor_sessions(records: list[dict[str, Any]]) -> Sessions:
             sessions[label(kwargs["session"], kwargs.get("agent"))].append(_row(tool, decision))
         return decision
 
-    def decide_for_span(tool: object, arguments: object, session: str, agent: str | None,
-                        call_id: str | None) -> Decision:
+    def decide_for_span(
+        tool: object, arguments: object, session: str, agent: str | None, call_id: str | None
+    ) -> Decision:
         decision = decide(tool, arguments, session, agent, call_id)
         sessions[label(session, agent)].append(_row(str(tool), decision))
         return decision
@@ -103,8 +103,9 @@ def group(rows: Iterable[dict[str, Any]]) -> Sessions:
 
 def replay_sessions(path: Path, format_name: str | None = None) -> Sessions:
     out, err = io.StringIO(), io.StringIO()
-    status = run_replay([str(path)], DEFAULT, json_output=True, format_name=format_name,
-                        stdout=out, stderr=err)
+    status = run_replay(
+        [str(path)], DEFAULT, json_output=True, format_name=format_name, stdout=out, stderr=err
+    )
     assert (status, err.getvalue()) == (0, "")
     return group(json.loads(line) for line in out.getvalue().splitlines())
 
@@ -115,8 +116,20 @@ def cli_env() -> dict[str, str]:
 
 def cli_sessions(path: Path) -> Sessions:
     done = subprocess.run(
-        [sys.executable, "-m", "otel_loopguard.cli", "replay", "--preset", "default", "--json",
-         str(path)], capture_output=True, text=True, timeout=120, env=cli_env(),
+        [
+            sys.executable,
+            "-m",
+            "otel_loopguard.cli",
+            "replay",
+            "--preset",
+            "default",
+            "--json",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=cli_env(),
     )
     assert (done.returncode, done.stderr) == (0, "")
     return group(json.loads(line) for line in done.stdout.splitlines())
@@ -139,7 +152,8 @@ def shape(label: str) -> tuple[bool, str | None]:
 def same_sessions(expected: Sessions, got: Sessions) -> None:
     """The same decisions per session, and the same agent frames and names."""
     assert sorted((shape(label), rows) for label, rows in got.items()) == sorted(
-        (shape(label), rows) for label, rows in expected.items())
+        (shape(label), rows) for label, rows in expected.items()
+    )
 
 
 # -- OTLP JSON, as the Collector's file exporter writes it --------------------------------------
@@ -185,8 +199,14 @@ def otlp_span(record: dict[str, Any], ids: Callable[[str], str]) -> dict[str, An
         "startTimeUnixNano": str(record["start_time_ns"]),
         "endTimeUnixNano": str(record["end_time_ns"]),
         "attributes": key_values(record["attributes"]),
-        "events": [{"timeUnixNano": str(event["timestamp_ns"]), "name": event["name"],
-                    "attributes": key_values(event["attributes"])} for event in record["events"]],
+        "events": [
+            {
+                "timeUnixNano": str(event["timestamp_ns"]),
+                "name": event["name"],
+                "attributes": key_values(event["attributes"]),
+            }
+            for event in record["events"]
+        ],
         "status": {},
     }
     code = _STATUS[record["status"]["code"]]
@@ -195,21 +215,32 @@ def otlp_span(record: dict[str, Any], ids: Callable[[str], str]) -> dict[str, An
     return span
 
 
-def to_otlp(records: list[dict[str, Any]], *, batch: int = 7,
-            ids: Callable[[str], str] = hex_id) -> list[str]:
+def to_otlp(
+    records: list[dict[str, Any]], *, batch: int = 7, ids: Callable[[str], str] = hex_id
+) -> list[str]:
     """One ExportTraceServiceRequest line per ``batch`` spans (in the dump's order, the order
     they ended), grouped by scope as the Collector groups them."""
     lines = []
     for start in range(0, len(records), batch):
         scopes: dict[str, list[dict[str, Any]]] = {}
-        for record in records[start:start + batch]:
+        for record in records[start : start + batch]:
             scopes.setdefault(record["scope"], []).append(otlp_span(record, ids))
-        lines.append(json.dumps({"resourceSpans": [{
-            "resource": {"attributes": key_values({"service.name": "agent"})},
-            "scopeSpans": [{"scope": {"name": scope, "version": "1.0"}, "spans": spans}
-                           for scope, spans in scopes.items()],
-            "schemaUrl": "",
-        }]}))
+        lines.append(
+            json.dumps(
+                {
+                    "resourceSpans": [
+                        {
+                            "resource": {"attributes": key_values({"service.name": "agent"})},
+                            "scopeSpans": [
+                                {"scope": {"name": scope, "version": "1.0"}, "spans": spans}
+                                for scope, spans in scopes.items()
+                            ],
+                            "schemaUrl": "",
+                        }
+                    ]
+                }
+            )
+        )
     return lines
 
 
@@ -273,10 +304,13 @@ def test_processor_and_replay_agree_on_which_spans_decide_at_start() -> None:
             call = tool_call_from_span(record["name"], record["attributes"], events, False)
             if call is None:
                 continue
-            at_start = arguments_available_at_start(record["name_at_start"],
-                                                    record["attributes_at_start"])
+            at_start = arguments_available_at_start(
+                record["name_at_start"], record["attributes_at_start"]
+            )
             assert at_start == (call.convention in ARGUMENTS_AT_START_CONVENTIONS), (
-                dump_id(path), call.convention)
+                dump_id(path),
+                call.convention,
+            )
             seen.add((call.convention, at_start))
     assert {at_start for _, at_start in seen} == {True, False}
 
@@ -298,20 +332,40 @@ class TraceBuilder:
         self._next += 1
         return f"{self._next:016x}"
 
-    def span(self, trace: str, name: str, start: int, end: int, *, parent: str | None = None,
-             attributes: dict[str, Any] | None = None, at_start: dict[str, Any] | None = None,
-             events: list[dict[str, Any]] | None = None, error: bool = False,
-             span_id: str | None = None) -> str:
+    def span(
+        self,
+        trace: str,
+        name: str,
+        start: int,
+        end: int,
+        *,
+        parent: str | None = None,
+        attributes: dict[str, Any] | None = None,
+        at_start: dict[str, Any] | None = None,
+        events: list[dict[str, Any]] | None = None,
+        error: bool = False,
+        span_id: str | None = None,
+    ) -> str:
         span_id = span_id or self._id()
         final = dict(at_start or {})
         final.update(attributes or {})
-        self.records.append({
-            "name": name, "kind": "INTERNAL", "trace_id": trace, "span_id": span_id,
-            "parent_span_id": parent, "scope": "synthetic", "start_time_ns": T0 + start * MS,
-            "end_time_ns": T0 + end * MS, "attributes": final, "events": events or [],
-            "status": {"code": "ERROR" if error else "UNSET", "description": None},
-            "name_at_start": name, "attributes_at_start": dict(at_start or {}),
-        })
+        self.records.append(
+            {
+                "name": name,
+                "kind": "INTERNAL",
+                "trace_id": trace,
+                "span_id": span_id,
+                "parent_span_id": parent,
+                "scope": "synthetic",
+                "start_time_ns": T0 + start * MS,
+                "end_time_ns": T0 + end * MS,
+                "attributes": final,
+                "events": events or [],
+                "status": {"code": "ERROR" if error else "UNSET", "description": None},
+                "name_at_start": name,
+                "attributes_at_start": dict(at_start or {}),
+            }
+        )
         return span_id
 
     def ordered(self) -> list[dict[str, Any]]:
@@ -323,15 +377,23 @@ def agent_attributes(name: str) -> dict[str, Any]:
 
 
 def pydantic_tool(tool: str, arguments: dict[str, Any], call_id: str) -> dict[str, Any]:
-    return {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": tool,
-            "gen_ai.tool.call.id": call_id, "logfire.msg": f"running tool: {tool}",
-            "gen_ai.tool.call.arguments": json.dumps(arguments)}
+    return {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": tool,
+        "gen_ai.tool.call.id": call_id,
+        "logfire.msg": f"running tool: {tool}",
+        "gen_ai.tool.call.arguments": json.dumps(arguments),
+    }
 
 
 def genai_tool(tool: str, arguments: dict[str, Any], call_id: str) -> dict[str, Any]:
-    return {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": tool,
-            "gen_ai.tool.call.id": call_id, "gen_ai.tool.call.arguments": json.dumps(arguments),
-            "gen_ai.tool.call.result": "same result"}
+    return {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": tool,
+        "gen_ai.tool.call.id": call_id,
+        "gen_ai.tool.call.arguments": json.dumps(arguments),
+        "gen_ai.tool.call.result": "same result",
+    }
 
 
 def synthetic_traces() -> list[dict[str, Any]]:
@@ -342,21 +404,46 @@ def synthetic_traces() -> list[dict[str, Any]]:
     b = TraceBuilder()
     first, second = "1" * 32, "2" * 32
     root = b.span(first, "invoke_agent planner", 0, 1000, at_start=agent_attributes("planner"))
-    sub = b.span(first, "invoke_agent researcher", 500, 900, parent=root,
-                 at_start=agent_attributes("researcher"))
+    sub = b.span(
+        first,
+        "invoke_agent researcher",
+        500,
+        900,
+        parent=root,
+        at_start=agent_attributes("researcher"),
+    )
     for n in range(8):
         start = 10 + 50 * n
-        b.span(first, "execute_tool search", start, start + 70, parent=root,
-               at_start=pydantic_tool("search", {"q": "x"}, f"p{n}"),
-               attributes={"gen_ai.tool.call.result": "nothing"}, error=n == 3)
+        b.span(
+            first,
+            "execute_tool search",
+            start,
+            start + 70,
+            parent=root,
+            at_start=pydantic_tool("search", {"q": "x"}, f"p{n}"),
+            attributes={"gen_ai.tool.call.result": "nothing"},
+            error=n == 3,
+        )
     for n in range(7):
         start = 510 + 50 * n
-        b.span(first, "execute_tool search", start, start + 20, parent=sub,
-               attributes=genai_tool("search", {"q": "x"}, f"s{n}"))
+        b.span(
+            first,
+            "execute_tool search",
+            start,
+            start + 20,
+            parent=sub,
+            attributes=genai_tool("search", {"q": "x"}, f"s{n}"),
+        )
     other = b.span(second, "invoke_agent planner", 0, 600, at_start=agent_attributes("planner"))
     for n in range(6):
-        b.span(second, "execute_tool fetch", 10 + 60 * n, 40 + 60 * n, parent=other,
-               attributes=genai_tool("fetch", {"url": "u"}, f"f{n}"))
+        b.span(
+            second,
+            "execute_tool fetch",
+            10 + 60 * n,
+            40 + 60 * n,
+            parent=other,
+            attributes=genai_tool("fetch", {"url": "u"}, f"f{n}"),
+        )
     return b.ordered()
 
 
@@ -369,7 +456,10 @@ def test_sub_agents_overlapping_calls_and_traces_match_the_processor(tmp_path: P
     otlp = write_lines(tmp_path / "otlp.jsonl", to_otlp(records, batch=5))
     same_sessions(expected, replay_sessions(otlp))
     assert sorted(shape(label) for label in expected) == [
-        (True, "planner"), (True, "planner"), (True, "researcher")]
+        (True, "planner"),
+        (True, "planner"),
+        (True, "researcher"),
+    ]
     assert any(action != "allow" for rows in expected.values() for _, action, _, _ in rows)
 
 
@@ -382,8 +472,12 @@ def test_span_dump_events_in_the_processors_order() -> None:
     assert len(calls) == len(events)
     planner = [e for e in calls if e.session.startswith("1" * 32) and e.agent == "planner"]
     kinds = [(type(e).__name__, e.call_id) for e in planner]
-    assert kinds[:4] == [("CallDecidedAtStart", "p0"), ("CallDecidedAtStart", "p1"),
-                         ("CallObserved", "p0"), ("CallDecidedAtStart", "p2")]
+    assert kinds[:4] == [
+        ("CallDecidedAtStart", "p0"),
+        ("CallDecidedAtStart", "p1"),
+        ("CallObserved", "p0"),
+        ("CallDecidedAtStart", "p2"),
+    ]
     assert [e.timestamp for e in planner] == sorted(e.timestamp or 0 for e in planner)
 
 
@@ -391,8 +485,14 @@ def test_a_remote_parent_is_not_an_agent_frame(tmp_path: Path) -> None:
     b = TraceBuilder()
     trace = "3" * 32
     root = b.span(trace, "invoke_agent planner", 0, 100, at_start=agent_attributes("planner"))
-    b.span(trace, "execute_tool fetch", 10, 20, parent=root,
-           attributes=genai_tool("fetch", {"url": "u"}, "c1"))
+    b.span(
+        trace,
+        "execute_tool fetch",
+        10,
+        20,
+        parent=root,
+        attributes=genai_tool("fetch", {"url": "u"}, "c1"),
+    )
     lines = to_otlp(b.ordered(), batch=10)
     request = json.loads(lines[0])
     spans = request["resourceSpans"][0]["scopeSpans"][0]["spans"]
@@ -414,14 +514,32 @@ def test_otlp_values_of_every_type_are_read() -> None:
         {"key": "b", "value": {"boolValue": False}},
         {"key": "raw", "value": {"bytesValue": base64.b64encode(b"\x00\xff").decode()}},
         {"key": "list", "value": {"arrayValue": {"values": [{"intValue": 1}, {}]}}},
-        {"key": "map", "value": {"kvlistValue": {"values": [
-            {"key": "k", "value": {"stringValue": "v"}}]}}},
+        {
+            "key": "map",
+            "value": {"kvlistValue": {"values": [{"key": "k", "value": {"stringValue": "v"}}]}},
+        },
         {"key": "empty", "value": {}},
     ]
-    record = {"resourceSpans": [{"scopeSpans": [{"spans": [{
-        "traceId": "a" * 32, "spanId": "b" * 16, "startTimeUnixNano": 5,
-        "endTimeUnixNano": "7", "attributes": attributes, "status": {"code": "STATUS_CODE_ERROR"},
-    }]}]}]}
+    record = {
+        "resourceSpans": [
+            {
+                "scopeSpans": [
+                    {
+                        "spans": [
+                            {
+                                "traceId": "a" * 32,
+                                "spanId": "b" * 16,
+                                "startTimeUnixNano": 5,
+                                "endTimeUnixNano": "7",
+                                "attributes": attributes,
+                                "status": {"code": "STATUS_CODE_ERROR"},
+                            }
+                        ]
+                    }
+                ]
+            }
+        ]
+    }
     events = list(decoder.decode(record))
     assert len(events) == 1 and isinstance(events[0], CallObserved)
     call = events[0]
@@ -442,16 +560,27 @@ def test_collector_file_exporter_sample() -> None:
     """A hand-made file-exporter output: a metrics line, hex and base64 ids, two requests."""
     out = io.StringIO()
     err = io.StringIO()
-    assert run_replay([str(OTLP_SAMPLE)], DEFAULT, json_output=True, stdout=out,
-                      stderr=err) == 0
+    assert run_replay([str(OTLP_SAMPLE)], DEFAULT, json_output=True, stdout=out, stderr=err) == 0
     rows = [json.loads(line) for line in out.getvalue().splitlines()]
     session = "5b8efff798038103d269b633813fc60c/eee19b7ec3c1b174/planner"
     assert rows == [
-        {"session": session, "index": n, "tool": "search", "action": action, "rule": rule,
-         "count": count}
-        for n, (action, rule, count) in enumerate([
-            ("allow", None, 0), ("allow", None, 2), ("remind", "consecutive", 3),
-            ("deny", "no_progress", 4)], start=1)
+        {
+            "session": session,
+            "index": n,
+            "tool": "search",
+            "action": action,
+            "rule": rule,
+            "count": count,
+        }
+        for n, (action, rule, count) in enumerate(
+            [
+                ("allow", None, 0),
+                ("allow", None, 2),
+                ("remind", "consecutive", 3),
+                ("deny", "no_progress", 4),
+            ],
+            start=1,
+        )
     ]
     assert err.getvalue() == ""
 
@@ -465,10 +594,16 @@ def _request(*spans: object) -> str:
 
 def _otlp_tool(span_id: str = "c" * 16, **changes: Any) -> dict[str, Any]:
     span: dict[str, Any] = {
-        "traceId": "d" * 32, "spanId": span_id, "parentSpanId": "", "name": "execute_tool t",
-        "startTimeUnixNano": "1", "endTimeUnixNano": "2",
-        "attributes": [{"key": "gen_ai.operation.name", "value": {"stringValue": "execute_tool"}},
-                       {"key": "gen_ai.tool.call.arguments", "value": {"stringValue": "{}"}}],
+        "traceId": "d" * 32,
+        "spanId": span_id,
+        "parentSpanId": "",
+        "name": "execute_tool t",
+        "startTimeUnixNano": "1",
+        "endTimeUnixNano": "2",
+        "attributes": [
+            {"key": "gen_ai.operation.name", "value": {"stringValue": "execute_tool"}},
+            {"key": "gen_ai.tool.call.arguments", "value": {"stringValue": "{}"}},
+        ],
     }
     span.update(changes)
     return {k: v for k, v in span.items() if v is not None}
@@ -476,11 +611,16 @@ def _otlp_tool(span_id: str = "c" * 16, **changes: Any) -> dict[str, Any]:
 
 def _dump_tool(span_id: str = "c" * 16, **changes: Any) -> str:
     record: dict[str, Any] = {
-        "name": "execute_tool t", "kind": "INTERNAL", "trace_id": "d" * 32, "span_id": span_id,
-        "parent_span_id": None, "start_time_ns": 1, "end_time_ns": 2,
-        "attributes": {"gen_ai.operation.name": "execute_tool",
-                       "gen_ai.tool.call.arguments": "{}"},
-        "events": [], "status": {"code": "UNSET"},
+        "name": "execute_tool t",
+        "kind": "INTERNAL",
+        "trace_id": "d" * 32,
+        "span_id": span_id,
+        "parent_span_id": None,
+        "start_time_ns": 1,
+        "end_time_ns": 2,
+        "attributes": {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.call.arguments": "{}"},
+        "events": [],
+        "status": {"code": "UNSET"},
     }
     record.update(changes)
     return json.dumps({k: v for k, v in record.items() if v != "-"})
@@ -497,10 +637,14 @@ OTLP_BAD = [
     (_request(_otlp_tool(startTimeUnixNano="soon")), "'startTimeUnixNano' must be an integer"),
     (_request(_otlp_tool(attributes={"a": 1})), "attributes must be a list"),
     (_request(_otlp_tool(attributes=[{"value": {}}])), "attribute 'key' must be a string"),
-    (_request(_otlp_tool(attributes=[{"key": "a", "value": {"intValue": "1.5"}}])),
-     "intValue must be an integer"),
-    (_request(_otlp_tool(attributes=[{"key": "a", "value": {"bytesValue": "%%"}}])),
-     "bytesValue must be base64"),
+    (
+        _request(_otlp_tool(attributes=[{"key": "a", "value": {"intValue": "1.5"}}])),
+        "intValue must be an integer",
+    ),
+    (
+        _request(_otlp_tool(attributes=[{"key": "a", "value": {"bytesValue": "%%"}}])),
+        "bytesValue must be base64",
+    ),
     (_request(_otlp_tool(events={"name": "x"})), "'events' must be a list"),
     (_request(_otlp_tool(name=7)), "'name' must be a string"),
     (_request("span"), "a span must be an object"),
@@ -523,16 +667,24 @@ DUMP_BAD = [
 ]
 
 
-@pytest.mark.parametrize(("line", "reason"), OTLP_BAD + DUMP_BAD,
-                         ids=[r for _, r in OTLP_BAD + DUMP_BAD])
-def test_bad_records_are_bad_lines_naming_file_and_line(line: str, reason: str,
-                                                        tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("line", "reason"), OTLP_BAD + DUMP_BAD, ids=[r for _, r in OTLP_BAD + DUMP_BAD]
+)
+def test_bad_records_are_bad_lines_naming_file_and_line(
+    line: str, reason: str, tmp_path: Path
+) -> None:
     otlp = line in dict(OTLP_BAD)
     good = _request(_otlp_tool("f" * 16)) if otlp else _dump_tool("f" * 16)
     path = write_lines(tmp_path / "in.jsonl", [good, line, good.replace("f" * 16, "e" * 16)])
     out, err = io.StringIO(), io.StringIO()
-    status = run_replay([str(path)], DEFAULT, json_output=True,
-                        format_name="otlp-json" if otlp else "span-dump", stdout=out, stderr=err)
+    status = run_replay(
+        [str(path)],
+        DEFAULT,
+        json_output=True,
+        format_name="otlp-json" if otlp else "span-dump",
+        stdout=out,
+        stderr=err,
+    )
     assert status == 1
     lines = err.getvalue().splitlines()
     assert lines[0].startswith(f"{path}:2: ") and reason in lines[0], lines
@@ -541,18 +693,34 @@ def test_bad_records_are_bad_lines_naming_file_and_line(line: str, reason: str,
 
 
 def test_bad_input_through_the_cli_exits_1_without_a_traceback(tmp_path: Path) -> None:
-    path = write_lines(tmp_path / "traces.jsonl", [
-        _request(_otlp_tool("f" * 16)),
-        _request(_otlp_tool(spanId="c" * 10), _otlp_tool("e" * 16)),
-        "{not json",
-    ])
+    path = write_lines(
+        tmp_path / "traces.jsonl",
+        [
+            _request(_otlp_tool("f" * 16)),
+            _request(_otlp_tool(spanId="c" * 10), _otlp_tool("e" * 16)),
+            "{not json",
+        ],
+    )
     done = subprocess.run(
-        [sys.executable, "-m", "otel_loopguard.cli", "replay", "--preset", "default", "--json",
-         str(path)], capture_output=True, text=True, timeout=120, env=cli_env(),
+        [
+            sys.executable,
+            "-m",
+            "otel_loopguard.cli",
+            "replay",
+            "--preset",
+            "default",
+            "--json",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=cli_env(),
     )
     assert done.returncode == 1
     assert f"{path}:2: resourceSpans[0].scopeSpans[0].spans[0]: 'spanId' must be 8 bytes" in (
-        done.stderr)
+        done.stderr
+    )
     assert f"{path}:3: not valid JSON" in done.stderr and "Traceback" not in done.stderr
     assert [json.loads(line)["index"] for line in done.stdout.splitlines()] == [1, 2]
 
@@ -567,25 +735,34 @@ def test_a_line_with_many_bad_spans_names_a_few_and_counts_the_rest(tmp_path: Pa
 
 
 def test_other_signals_carry_no_calls(tmp_path: Path) -> None:
-    path = write_lines(tmp_path / "t.jsonl", [json.dumps({"resourceMetrics": []}),
-                                              json.dumps({"resourceLogs": []}),
-                                              _request(_otlp_tool())])
+    path = write_lines(
+        tmp_path / "t.jsonl",
+        [
+            json.dumps({"resourceMetrics": []}),
+            json.dumps({"resourceLogs": []}),
+            _request(_otlp_tool()),
+        ],
+    )
     out, err = io.StringIO(), io.StringIO()
     assert run_replay([str(path)], DEFAULT, json_output=True, stdout=out, stderr=err) == 0
     assert len(out.getvalue().splitlines()) == 1 and err.getvalue() == ""
 
 
 def test_buffer_overflow_replays_early_and_reports_the_line(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(_trace_formats, "MAX_BUFFERED_SPANS", 5)
     # Spans of a trace whose root never comes (it is in another process).
-    lines = [_dump_tool(f"{n + 1:016x}", parent_span_id="a" * 16, start_time_ns=n,
-                        end_time_ns=n + 1) for n in range(8)]
+    lines = [
+        _dump_tool(f"{n + 1:016x}", parent_span_id="a" * 16, start_time_ns=n, end_time_ns=n + 1)
+        for n in range(8)
+    ]
     path = write_lines(tmp_path / "t.jsonl", lines)
     out, err = io.StringIO(), io.StringIO()
     assert run_replay([str(path)], DEFAULT, json_output=True, stdout=out, stderr=err) == 1
     assert f"{path}:6: more than 5 spans of unfinished traces buffered: 1 trace replayed" in (
-        err.getvalue())
+        err.getvalue()
+    )
     assert len(out.getvalue().splitlines()) == 8  # nothing lost: replayed early, not dropped
 
 
@@ -609,43 +786,112 @@ def test_sniffing_tells_the_formats_apart() -> None:
 
 # -- nothing crashes ---------------------------------------------------------------------------
 
-_IDS = st.sampled_from(["a" * 32, "b" * 16, "", "0" * 16, "xyz", base64.b64encode(b"12345678")
-                        .decode()]) | st.text(max_size=4) | st.integers() | st.none()
+_IDS = (
+    st.sampled_from(
+        ["a" * 32, "b" * 16, "", "0" * 16, "xyz", base64.b64encode(b"12345678").decode()]
+    )
+    | st.text(max_size=4)
+    | st.integers()
+    | st.none()
+)
 _SCALARS = st.none() | st.booleans() | st.integers() | st.text(max_size=6) | st.floats()
 _ANY = st.recursive(
-    st.fixed_dictionaries({}, optional={
-        "stringValue": _SCALARS, "intValue": _SCALARS, "doubleValue": _SCALARS,
-        "boolValue": _SCALARS, "bytesValue": _SCALARS}),
-    lambda inner: st.fixed_dictionaries({}, optional={
-        "arrayValue": st.fixed_dictionaries({}, optional={"values": st.lists(inner, max_size=3)}),
-        "kvlistValue": st.fixed_dictionaries({}, optional={"values": st.lists(
-            st.fixed_dictionaries({"key": st.text(max_size=3), "value": inner}), max_size=3)})}),
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "stringValue": _SCALARS,
+            "intValue": _SCALARS,
+            "doubleValue": _SCALARS,
+            "boolValue": _SCALARS,
+            "bytesValue": _SCALARS,
+        },
+    ),
+    lambda inner: st.fixed_dictionaries(
+        {},
+        optional={
+            "arrayValue": st.fixed_dictionaries(
+                {}, optional={"values": st.lists(inner, max_size=3)}
+            ),
+            "kvlistValue": st.fixed_dictionaries(
+                {},
+                optional={
+                    "values": st.lists(
+                        st.fixed_dictionaries({"key": st.text(max_size=3), "value": inner}),
+                        max_size=3,
+                    )
+                },
+            ),
+        },
+    ),
     max_leaves=6,
 )
-_KVS = st.lists(st.fixed_dictionaries({}, optional={
-    "key": st.sampled_from(["gen_ai.operation.name", "gen_ai.tool.name",
-                            "gen_ai.tool.call.arguments", "logfire.msg", "x"]) | st.integers(),
-    "value": _ANY | _SCALARS}), max_size=4) | _SCALARS
-_SPANS = st.fixed_dictionaries({}, optional={
-    "traceId": _IDS, "spanId": _IDS, "parentSpanId": _IDS, "flags": _SCALARS,
-    "name": st.sampled_from(["execute_tool t", "running tool", "invoke_agent a"]) | _SCALARS,
-    "startTimeUnixNano": _SCALARS, "endTimeUnixNano": _SCALARS, "attributes": _KVS,
-    "events": st.lists(st.fixed_dictionaries({}, optional={
-        "name": _SCALARS, "attributes": _KVS}), max_size=2) | _SCALARS,
-    "status": st.fixed_dictionaries({}, optional={"code": _SCALARS}) | _SCALARS,
-}) | _SCALARS
+_KVS = (
+    st.lists(
+        st.fixed_dictionaries(
+            {},
+            optional={
+                "key": st.sampled_from(
+                    [
+                        "gen_ai.operation.name",
+                        "gen_ai.tool.name",
+                        "gen_ai.tool.call.arguments",
+                        "logfire.msg",
+                        "x",
+                    ]
+                )
+                | st.integers(),
+                "value": _ANY | _SCALARS,
+            },
+        ),
+        max_size=4,
+    )
+    | _SCALARS
+)
+_SPANS = (
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "traceId": _IDS,
+            "spanId": _IDS,
+            "parentSpanId": _IDS,
+            "flags": _SCALARS,
+            "name": st.sampled_from(["execute_tool t", "running tool", "invoke_agent a"])
+            | _SCALARS,
+            "startTimeUnixNano": _SCALARS,
+            "endTimeUnixNano": _SCALARS,
+            "attributes": _KVS,
+            "events": st.lists(
+                st.fixed_dictionaries({}, optional={"name": _SCALARS, "attributes": _KVS}),
+                max_size=2,
+            )
+            | _SCALARS,
+            "status": st.fixed_dictionaries({}, optional={"code": _SCALARS}) | _SCALARS,
+        },
+    )
+    | _SCALARS
+)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(requests=st.lists(st.lists(_SPANS, max_size=4), max_size=4),
-       forced=st.sampled_from([None, "otlp-json", "span-dump"]))
-def test_any_trace_input_gives_a_report_never_an_exception(requests: list[list[Any]],
-                                                           forced: str | None) -> None:
+@given(
+    requests=st.lists(st.lists(_SPANS, max_size=4), max_size=4),
+    forced=st.sampled_from([None, "otlp-json", "span-dump"]),
+)
+def test_any_trace_input_gives_a_report_never_an_exception(
+    requests: list[list[Any]], forced: str | None
+) -> None:
     lines = [_request(*spans) for spans in requests] + [json.dumps(s) for r in requests for s in r]
     data = "".join(line + "\n" for line in lines).encode()
     out = io.StringIO()
-    status = run_replay(["-"], DEFAULT, json_output=True, format_name=forced,
-                        stdin=io.BytesIO(data), stdout=out, stderr=io.StringIO())
+    status = run_replay(
+        ["-"],
+        DEFAULT,
+        json_output=True,
+        format_name=forced,
+        stdin=io.BytesIO(data),
+        stdout=out,
+        stderr=io.StringIO(),
+    )
     assert status in (0, 1)
     for row in out.getvalue().splitlines():
         assert list(json.loads(row)) == ["session", "index", "tool", "action", "rule", "count"]
@@ -656,23 +902,51 @@ def test_replay_keys_recorded_traces_by_conversation(tmp_path: Path) -> None:
     conversation the loop is found (as the processor and serve keyed by conversation find it)."""
     lines = []
     for n in range(6):
-        lines.append(json.dumps({
-            "name": "execute_tool search", "kind": "INTERNAL", "trace_id": f"{n + 1:032x}",
-            "span_id": f"{n + 1:016x}", "parent_span_id": None, "scope": "t",
-            "start_time_ns": 1_000 * n + 1, "end_time_ns": 1_000 * n + 2,
-            "attributes": {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search",
-                           "gen_ai.tool.call.arguments": '{"q": "x"}',
-                           "gen_ai.tool.call.result": "none",
-                           "gen_ai.conversation.id": "conv-9"},
-            "events": [], "status": {"code": "UNSET", "description": None},
-            "name_at_start": "execute_tool search", "attributes_at_start": {}}))
+        lines.append(
+            json.dumps(
+                {
+                    "name": "execute_tool search",
+                    "kind": "INTERNAL",
+                    "trace_id": f"{n + 1:032x}",
+                    "span_id": f"{n + 1:016x}",
+                    "parent_span_id": None,
+                    "scope": "t",
+                    "start_time_ns": 1_000 * n + 1,
+                    "end_time_ns": 1_000 * n + 2,
+                    "attributes": {
+                        "gen_ai.operation.name": "execute_tool",
+                        "gen_ai.tool.name": "search",
+                        "gen_ai.tool.call.arguments": '{"q": "x"}',
+                        "gen_ai.tool.call.result": "none",
+                        "gen_ai.conversation.id": "conv-9",
+                    },
+                    "events": [],
+                    "status": {"code": "UNSET", "description": None},
+                    "name_at_start": "execute_tool search",
+                    "attributes_at_start": {},
+                }
+            )
+        )
     path = tmp_path / "spans.jsonl"
     path.write_text("\n".join(lines) + "\n")
     by_trace, by_conversation = io.StringIO(), io.StringIO()
-    assert run_replay([str(path)], PRESETS["default"], json_output=True, stdout=by_trace,
-                      stderr=io.StringIO()) == 0
-    assert run_replay([str(path)], PRESETS["default"], json_output=True,
-                      stdout=by_conversation, stderr=io.StringIO(), key_by="conversation") == 0
+    assert (
+        run_replay(
+            [str(path)], PRESETS["default"], json_output=True, stdout=by_trace, stderr=io.StringIO()
+        )
+        == 0
+    )
+    assert (
+        run_replay(
+            [str(path)],
+            PRESETS["default"],
+            json_output=True,
+            stdout=by_conversation,
+            stderr=io.StringIO(),
+            key_by="conversation",
+        )
+        == 0
+    )
     trace_rows = [json.loads(line) for line in by_trace.getvalue().splitlines()]
     conversation_rows = [json.loads(line) for line in by_conversation.getvalue().splitlines()]
     assert {row["action"] for row in trace_rows} == {"allow"}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from otel_loopguard import PRESETS, Policy, Rule
@@ -89,8 +89,9 @@ def test_evaluate_takes_the_strongest_and_prefers_the_specific_rule_on_ties() ->
     assert stuck == Verdict(Rule.NO_PROGRESS, 4)
     spread = Hist(window=["a", "b", "a", "c", "a"], last_key="a", run_length=1, sigs={"a": sig})
     assert evaluate(spread, "a", policy)[0] == Verdict(Rule.NO_PROGRESS, 4)
-    unknown = Hist(window=["a", "b", "a", "c", "a"], last_key="a", run_length=1,
-                   sigs={"a": Sig(count=3)})
+    unknown = Hist(
+        window=["a", "b", "a", "c", "a"], last_key="a", run_length=1, sigs={"a": Sig(count=3)}
+    )
     assert evaluate(unknown, "a", policy)[0] == Verdict(Rule.WINDOW, 4)
 
 
@@ -120,5 +121,6 @@ def test_a_successful_reread_after_new_calls_is_no_evidence() -> None:
     nothing_new = Hist(window=["a"] * 5, last_key="a", run_length=1, novel=3, sigs={"a": sig})
     assert evaluate(nothing_new, "a", policy)[0] is not None
     failing = Sig(count=5, last_outcome="E", same_outcomes=5, novel_seen=3, failed=True)
-    assert evaluate(Hist(window=["a"] * 5, novel=4, sigs={"a": failing}), "a", policy)[0] \
-        is not None
+    assert (
+        evaluate(Hist(window=["a"] * 5, novel=4, sigs={"a": failing}), "a", policy)[0] is not None
+    )

@@ -34,13 +34,19 @@ def grep_read_period(periods: int, *, results: bool) -> list[Call]:
     calls: list[Call] = []
     for _ in range(periods):
         for _ in range(5):
-            calls.append(Call("grep", {"pattern": "X", "path": "src"},
-                              result="src/a.py:1: X" if results else None))
+            calls.append(
+                Call(
+                    "grep",
+                    {"pattern": "X", "path": "src"},
+                    result="src/a.py:1: X" if results else None,
+                )
+            )
         calls.append(Call("read", {"path": "Y"}, result="contents of Y" if results else None))
     return calls
 
 
 # (a) grep X five times, read Y, repeated (period 6)
+
 
 def test_a_consecutive_rule_alone_never_gets_past_remind() -> None:
     guard = LoopGuard(DEFAULT.replace(rules=frozenset({Rule.CONSECUTIVE})))
@@ -73,12 +79,14 @@ def test_a_with_known_results_denies_no_later() -> None:
 
 # (b) the same `cargo clippy` four times with an edit between each
 
+
 def test_b_clippy_between_edits_is_never_denied() -> None:
     calls: list[Call] = []
     for n in range(4):
         calls.append(Call("bash", {"command": "cargo clippy"}, result=f"warning: {4 - n} left"))
-        calls.append(Call("edit", {"path": "src/lib.rs", "old": f"a{n}", "new": f"b{n}"},
-                          result="ok"))
+        calls.append(
+            Call("edit", {"path": "src/lib.rs", "old": f"a{n}", "new": f"b{n}"}, result="ok")
+        )
     transcript = run(LoopGuard(DEFAULT), calls)
     assert transcript.actions == [Action.ALLOW] * len(calls)
 
@@ -92,10 +100,13 @@ def test_b_clippy_without_edits_is_denied() -> None:
 
 # (c) six identical bash commands whose description numbers each run
 
+
 def test_c_description_is_cosmetic() -> None:
     guard = LoopGuard(DEFAULT)
-    calls = [Call("bash", {"command": "ls -la", "description": f"List files (attempt {n})"})
-             for n in range(1, 7)]
+    calls = [
+        Call("bash", {"command": "ls -la", "description": f"List files (attempt {n})"})
+        for n in range(1, 7)
+    ]
     transcript = run(guard, calls)
     assert len({d.signature for d in transcript.decisions if d.signature}) == 1
     assert transcript.first(Action.REMIND) == DEFAULT.remind_thresholds[0]
@@ -103,6 +114,7 @@ def test_c_description_is_cosmetic() -> None:
 
 
 # (d) polling commands
+
 
 def test_d_excluded_polling_is_untracked_and_transparent() -> None:
     policy = DEFAULT.replace(exclude_commands=(r"^docker ps\b",))
@@ -128,6 +140,7 @@ def test_d_denied_docker_ps_does_not_block_a_different_command() -> None:
 
 # (e) a denied call hammered 20 times
 
+
 def test_e_hammering_a_denied_call_stops_the_agent() -> None:
     guard = LoopGuard(DEFAULT)
     transcript = run(guard, [Call("search", {"q": "weather"}, result="sunny")] * 20)
@@ -136,7 +149,7 @@ def test_e_hammering_a_denied_call_stops_the_agent() -> None:
     assert stop_after is not None
     assert transcript.first(Action.DENY) == STUCK
     assert stop_at == STUCK + stop_after
-    assert transcript.actions[stop_at - 1:] == [Action.STOP] * (20 - stop_at + 1)
+    assert transcript.actions[stop_at - 1 :] == [Action.STOP] * (20 - stop_at + 1)
     assert "End this run" in transcript.decisions[stop_at - 1].message
     # a new user message lifts the stop and starts a new epoch
     guard.user_message("s")
@@ -145,13 +158,14 @@ def test_e_hammering_a_denied_call_stops_the_agent() -> None:
 
 # (f) polling whose result changes every time
 
+
 def test_f_changing_results_are_reminded_until_the_poll_limit() -> None:
     guard = LoopGuard(DEFAULT)
     calls = [Call("job_status", {"id": 7}, result=f"{n}% done") for n in range(POLL_LIMIT + 2)]
     transcript = run(guard, calls)
     before_limit = transcript.actions[: POLL_LIMIT - 1]
     assert Action.DENY not in before_limit and Action.STOP not in before_limit
-    assert all(a is Action.REMIND for a in transcript.actions[DENY - 1: POLL_LIMIT - 1])
+    assert all(a is Action.REMIND for a in transcript.actions[DENY - 1 : POLL_LIMIT - 1])
     assert "polling" in transcript.decisions[DENY - 1].message
     assert transcript.decisions[POLL_LIMIT - 1].blocks
 
@@ -166,6 +180,7 @@ def test_f_poll_that_stops_changing_is_denied() -> None:
 
 # (g) two sessions interleaved
 
+
 def test_g_sessions_do_not_cross_talk() -> None:
     alone = run(LoopGuard(DEFAULT), [Call("search", {"q": "a"}, result="r")] * 10).actions
     guard = LoopGuard(DEFAULT)
@@ -177,9 +192,15 @@ def test_g_sessions_do_not_cross_talk() -> None:
 
 # (h) thresholds given out of order
 
+
 def test_h_thresholds_are_sorted_gentle_first_then_detailed() -> None:
-    policy = Policy(remind_thresholds=[4, 2], deny_threshold=None, rescue_threshold=None,  # type: ignore[arg-type]
-                    poll_limit=None, no_progress_threshold=None)
+    policy = Policy(
+        remind_thresholds=[4, 2],
+        deny_threshold=None,
+        rescue_threshold=None,  # type: ignore[arg-type]
+        poll_limit=None,
+        no_progress_threshold=None,
+    )
     assert policy.remind_thresholds == (2, 4)
     transcript = run(LoopGuard(policy), [Call("read", {"path": "a.txt"}, result="A")] * 4)
     assert transcript.actions == [Action.ALLOW, Action.REMIND, Action.ALLOW, Action.REMIND]
@@ -190,6 +211,7 @@ def test_h_thresholds_are_sorted_gentle_first_then_detailed() -> None:
 
 # (i) the advisor
 
+
 def _stub(tmp_path: Path, body: str) -> str:
     script = tmp_path / "advisor.py"
     script.write_text(f"#!{sys.executable}\n" + textwrap.dedent(body))
@@ -197,8 +219,9 @@ def _stub(tmp_path: Path, body: str) -> str:
     return str(script)
 
 
-RESCUE_POLICY = DEFAULT.replace(stop_after_denials=None, cooldown_seconds=0.0,
-                                advisor_timeout_seconds=2.0)
+RESCUE_POLICY = DEFAULT.replace(
+    stop_after_denials=None, cooldown_seconds=0.0, advisor_timeout_seconds=2.0
+)
 RESCUE_AT = RESCUE_POLICY.rescue_threshold
 assert RESCUE_AT is not None
 
@@ -209,15 +232,19 @@ def _hammer(guard: LoopGuard, times: int, q: str = "x") -> list:
 
 def test_i_advice_reaches_the_rescue_message_and_is_cached(tmp_path: Path) -> None:
     calls_file = tmp_path / "calls"
-    command = _stub(tmp_path, f"""
+    command = _stub(
+        tmp_path,
+        f"""
         import json, sys
         request = json.load(sys.stdin)
         with open({str(calls_file)!r}, "a") as f:
             f.write(request["tool"] + "\\n")
         print("Try searching the forecast API instead of the web.")
-    """)
-    guard = LoopGuard(RESCUE_POLICY, advisor=CommandAdvisor(command, timeout_seconds=5,
-                                                            input_mode="stdin_json"))
+    """,
+    )
+    guard = LoopGuard(
+        RESCUE_POLICY, advisor=CommandAdvisor(command, timeout_seconds=5, input_mode="stdin_json")
+    )
     decisions = _hammer(guard, RESCUE_AT + 1)
     rescue, again = decisions[RESCUE_AT - 1], decisions[RESCUE_AT]
     assert rescue.action is Action.RESCUE and rescue.blocks
@@ -228,15 +255,19 @@ def test_i_advice_reaches_the_rescue_message_and_is_cached(tmp_path: Path) -> No
 
 def test_i_failed_advisor_gives_local_denial_and_refunds_budget(tmp_path: Path) -> None:
     flag = tmp_path / "failed-once"
-    command = _stub(tmp_path, f"""
+    command = _stub(
+        tmp_path,
+        f"""
         import os, sys
         if not os.path.exists({str(flag)!r}):
             open({str(flag)!r}, "w").close()
             sys.exit(1)
         print("advice after a failure")
-    """)
-    guard = LoopGuard(RESCUE_POLICY.replace(max_rescues=1),
-                      advisor=CommandAdvisor(command, timeout_seconds=5))
+    """,
+    )
+    guard = LoopGuard(
+        RESCUE_POLICY.replace(max_rescues=1), advisor=CommandAdvisor(command, timeout_seconds=5)
+    )
     decisions = _hammer(guard, RESCUE_AT + 1)
     failed, retried = decisions[RESCUE_AT - 1], decisions[RESCUE_AT]
     assert failed.action is Action.DENY and "Not run" in failed.message
@@ -247,12 +278,15 @@ def test_i_failed_advisor_gives_local_denial_and_refunds_budget(tmp_path: Path) 
 
 def test_i_slow_advisor_is_killed_and_gives_local_denial(tmp_path: Path) -> None:
     pid_file = tmp_path / "pid"
-    command = _stub(tmp_path, f"""
+    command = _stub(
+        tmp_path,
+        f"""
         import os, time
         open({str(pid_file)!r}, "w").write(str(os.getpid()))
         time.sleep(60)
         print("too late")
-    """)
+    """,
+    )
     guard = LoopGuard(RESCUE_POLICY, advisor=CommandAdvisor(command, timeout_seconds=0.5))
     started = time.monotonic()
     decisions = _hammer(guard, RESCUE_AT)
@@ -284,6 +318,7 @@ def test_i_budget_and_cooldown_bound_the_asks(clock: FakeClock) -> None:
 
 
 # (j) a bash-only agent
+
 
 def test_j_bash_only_agent_editing_with_sed_is_not_denied() -> None:
     calls: list[Call] = []

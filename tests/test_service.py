@@ -40,13 +40,12 @@ from opentelemetry.sdk.trace.export import (  # noqa: E402
     SpanExporter,
 )
 
-from otel_loopguard.config import PRESETS, Mode  # noqa: E402
+from otel_loopguard.config import PRESETS  # noqa: E402
 from otel_loopguard.guard import LoopGuard  # noqa: E402
 from otel_loopguard.metrics import PrometheusRecorder  # noqa: E402
 from otel_loopguard.processor import LoopGuardSpanProcessor  # noqa: E402
 from otel_loopguard.service import ServeOptions, Service  # noqa: E402
 from otel_loopguard.service._options import (  # noqa: E402
-    DEFAULT_MAX_BODY_BYTES,
     RETRY_AFTER_SECONDS,
 )
 
@@ -54,9 +53,9 @@ from .conftest import FakeClock  # noqa: E402
 from .service_tools import (  # noqa: E402
     guard_samples,
     keep_alive,
+    looping,
     request,
     run_agent,
-    looping,
     sample,
     trip_lines,
     wait_for,
@@ -69,8 +68,7 @@ PROTOBUF = {"Content-Type": "application/x-protobuf"}
 JSON = {"Content-Type": "application/json"}
 
 
-def start(tmp_path: Path, name: str = "serve", *, clock: Any = None,
-          **options: Any) -> Service:
+def start(tmp_path: Path, name: str = "serve", *, clock: Any = None, **options: Any) -> Service:
     policy = DEFAULT.replace(trip_log_path=str(tmp_path / f"{name}.trips.jsonl"))
     settings: dict[str, Any] = {"http_port": 0, "grpc_port": 0, "hold_seconds": 60.0}
     settings.update(options)
@@ -104,23 +102,30 @@ def _exporter(kind: str, service: Service) -> SpanExporter:
     return HttpExporter(endpoint=url, timeout=10)
 
 
-@pytest.mark.parametrize(("kind", "batched"), [
-    ("http", False),  # one request per span: children before parents, across requests
-    ("http-gzip", True),
-    ("grpc", True),
-])
+@pytest.mark.parametrize(
+    ("kind", "batched"),
+    [
+        ("http", False),  # one request per span: children before parents, across requests
+        ("http-gzip", True),
+        ("grpc", True),
+    ],
+)
 def test_exporters_give_the_processors_decisions_metrics_and_trip_log(
-        tmp_path: Path, kind: str, batched: bool) -> None:
-    in_process = LoopGuard(DEFAULT.replace(trip_log_path=str(tmp_path / "local.jsonl")),
-                           recorder=PrometheusRecorder())
+    tmp_path: Path, kind: str, batched: bool
+) -> None:
+    in_process = LoopGuard(
+        DEFAULT.replace(trip_log_path=str(tmp_path / "local.jsonl")), recorder=PrometheusRecorder()
+    )
     service = start(tmp_path)
     try:
         provider = TracerProvider()
-        provider.add_span_processor(LoopGuardSpanProcessor(in_process,
-                                                           tracer_provider=provider))
+        provider.add_span_processor(LoopGuardSpanProcessor(in_process, tracer_provider=provider))
         exporter = _exporter(kind, service)
-        export: SpanProcessor = (BatchSpanProcessor(exporter, schedule_delay_millis=50)
-                                 if batched else SimpleSpanProcessor(exporter))
+        export: SpanProcessor = (
+            BatchSpanProcessor(exporter, schedule_delay_millis=50)
+            if batched
+            else SimpleSpanProcessor(exporter)
+        )
         provider.add_span_processor(export)
         workload(provider.get_tracer("agent"), traces=2)
         assert provider.force_flush(10_000)
@@ -142,12 +147,22 @@ def test_exporters_give_the_processors_decisions_metrics_and_trip_log(
 # -- children before parents across requests -----------------------------------------------------
 
 
-def _span(trace: int, span: int, parent: int | None, name: str, attributes: dict[str, Any],
-          start: int = 1_000, end: int = 2_000) -> dict[str, Any]:
+def _span(
+    trace: int,
+    span: int,
+    parent: int | None,
+    name: str,
+    attributes: dict[str, Any],
+    start: int = 1_000,
+    end: int = 2_000,
+) -> dict[str, Any]:
     return {
-        "traceId": f"{trace:032x}", "spanId": f"{span:016x}",
-        "parentSpanId": f"{parent:016x}" if parent else "", "name": name,
-        "startTimeUnixNano": str(start), "endTimeUnixNano": str(end),
+        "traceId": f"{trace:032x}",
+        "spanId": f"{span:016x}",
+        "parentSpanId": f"{parent:016x}" if parent else "",
+        "name": name,
+        "startTimeUnixNano": str(start),
+        "endTimeUnixNano": str(end),
         "attributes": [{"key": k, "value": {"stringValue": v}} for k, v in attributes.items()],
     }
 
@@ -157,15 +172,32 @@ def _json_request(*spans: dict[str, Any]) -> bytes:
 
 
 def _tool(trace: int, span: int, parent: int, n: int) -> dict[str, Any]:
-    return _span(trace, span, parent, "execute_tool search", {
-        "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search",
-        "gen_ai.tool.call.arguments": '{"q": "paris"}', "gen_ai.tool.call.result": "same"},
-        start=1_000 + n * 10, end=1_005 + n * 10)
+    return _span(
+        trace,
+        span,
+        parent,
+        "execute_tool search",
+        {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": "search",
+            "gen_ai.tool.call.arguments": '{"q": "paris"}',
+            "gen_ai.tool.call.result": "same",
+        },
+        start=1_000 + n * 10,
+        end=1_005 + n * 10,
+    )
 
 
 def _agent(trace: int, span: int, parent: int | None, name: str) -> dict[str, Any]:
-    return _span(trace, span, parent, f"invoke_agent {name}", {
-        "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": name}, 900, 5_000)
+    return _span(
+        trace,
+        span,
+        parent,
+        f"invoke_agent {name}",
+        {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": name},
+        900,
+        5_000,
+    )
 
 
 def test_children_before_parents_resolve_their_agent_within_the_hold(tmp_path: Path) -> None:
@@ -177,28 +209,40 @@ def test_children_before_parents_resolve_their_agent_within_the_hold(tmp_path: P
         # Trace 1: four tool spans in four requests, then their agent span (not the root) in a
         # fifth, within the hold: the tools are keyed by the agent, as in-process.
         for n in range(4):
-            assert request(port, "POST", "/v1/traces", _json_request(_tool(1, 0x100 + n, 0xA, n)),
-                           JSON).status == 200
-        assert request(port, "POST", "/v1/traces",
-                       _json_request(_agent(1, 0xA, 0xF, "planner")), JSON).status == 200
+            assert (
+                request(
+                    port, "POST", "/v1/traces", _json_request(_tool(1, 0x100 + n, 0xA, n)), JSON
+                ).status
+                == 200
+            )
+        assert (
+            request(
+                port, "POST", "/v1/traces", _json_request(_agent(1, 0xA, 0xF, "planner")), JSON
+            ).status
+            == 200
+        )
         # Trace 2: the same, but the agent span comes after the hold: judged without it.
         for n in range(4):
             request(port, "POST", "/v1/traces", _json_request(_tool(2, 0x200 + n, 0xB, n)), JSON)
         assert service.wait_idle(5)
         clock.advance(hold)
         reg = registry(service)
-        assert wait_for(lambda: sample(reg, "loopguard_tool_calls_total", agent="planner",
-                                       tool="search") == 4, 5)
-        assert wait_for(lambda: sample(reg, "loopguard_tool_calls_total", agent="none",
-                                       tool="search") == 4, 5)
+        assert wait_for(
+            lambda: sample(reg, "loopguard_tool_calls_total", agent="planner", tool="search") == 4,
+            5,
+        )
+        assert wait_for(
+            lambda: sample(reg, "loopguard_tool_calls_total", agent="none", tool="search") == 4, 5
+        )
         request(port, "POST", "/v1/traces", _json_request(_agent(2, 0xB, 0xF, "late")), JSON)
         assert service.wait_idle(5)
         assert sample(reg, "loopguard_tool_calls_total", agent="late", tool="search") == 0
         trips = trip_lines(tmp_path / "serve.trips.jsonl")
         by_agent = {(line["agent"], line["action"]) for line in trips}
         assert ("planner", "deny") in by_agent and (None, "deny") in by_agent
-        assert wait_for(lambda: sample(reg, "loopguard_trace_flushes_early_total",
-                                       reason="time") == 2, 5)
+        assert wait_for(
+            lambda: sample(reg, "loopguard_trace_flushes_early_total", reason="time") == 2, 5
+        )
     finally:
         service.close(timeout=10)
 
@@ -206,8 +250,7 @@ def test_children_before_parents_resolve_their_agent_within_the_hold(tmp_path: P
 # -- bad input ---------------------------------------------------------------------------------
 
 
-def _proto_request(spans: int, *, tool_every: int = 0, trace: int = 7,
-                   bad_ids: int = 0) -> bytes:
+def _proto_request(spans: int, *, tool_every: int = 0, trace: int = 7, bad_ids: int = 0) -> bytes:
     request_ = ExportTraceServiceRequest()
     scope = request_.resource_spans.add().scope_spans.add()
     root = scope.spans.add()
@@ -225,9 +268,11 @@ def _proto_request(spans: int, *, tool_every: int = 0, trace: int = 7,
         span.end_time_unix_nano = 1_001 + n
         if tool_every and n % tool_every == 0:
             span.name = "execute_tool read"
-            for key, value in (("gen_ai.operation.name", "execute_tool"),
-                               ("gen_ai.tool.name", "read"),
-                               ("gen_ai.tool.call.arguments", json.dumps({"n": n}))):
+            for key, value in (
+                ("gen_ai.operation.name", "execute_tool"),
+                ("gen_ai.tool.name", "read"),
+                ("gen_ai.tool.call.arguments", json.dumps({"n": n})),
+            ):
                 attribute = span.attributes.add()
                 attribute.key, attribute.value.string_value = key, value
         else:
@@ -261,8 +306,7 @@ def _gzip_bomb(inflated: int) -> bytes:
     return b"".join(parts) + packer.flush()
 
 
-def test_bad_input_gets_the_right_status_and_the_server_keeps_serving(
-        service: Service) -> None:
+def test_bad_input_gets_the_right_status_and_the_server_keeps_serving(service: Service) -> None:
     port = service.http_port
     good = _proto_request(20)
     cases: list[tuple[str, bytes, dict[str, str], int]] = [
@@ -272,8 +316,7 @@ def test_bad_input_gets_the_right_status_and_the_server_keeps_serving(
         ("wrong content type", good, {"Content-Type": "text/plain"}, 415),
         ("no content type", good, {}, 415),
         ("gzip bomb", _gzip_bomb(64 << 20), {**PROTOBUF, "Content-Encoding": "gzip"}, 413),
-        ("broken gzip", b"\x1f\x8b\x08\x00garbage", {**PROTOBUF, "Content-Encoding": "gzip"},
-         400),
+        ("broken gzip", b"\x1f\x8b\x08\x00garbage", {**PROTOBUF, "Content-Encoding": "gzip"}, 400),
         ("unknown encoding", good, {**PROTOBUF, "Content-Encoding": "br"}, 415),
         ("30 MiB body", bytes(30 << 20), PROTOBUF, 413),
         ("only spans with wrong ids", _only_bad_ids(), PROTOBUF, 400),
@@ -290,8 +333,7 @@ def test_bad_input_gets_the_right_status_and_the_server_keeps_serving(
     assert service.processed_spans == 3 * len(cases)  # only the good requests' spans
     reg = registry(service)
     assert sample(reg, "loopguard_otlp_spans_total", result="accepted") == 3 * len(cases)
-    assert sample(reg, "loopguard_otlp_requests_total", transport="http",
-                  outcome="too_large") == 2
+    assert sample(reg, "loopguard_otlp_requests_total", transport="http", outcome="too_large") == 2
     assert service.guard.internal_errors == {}
 
 
@@ -306,25 +348,29 @@ def _only_bad_ids() -> bytes:
 
 
 def test_ids_of_the_wrong_length_are_rejected_span_by_span(service: Service) -> None:
-    answer = request(service.http_port, "POST", "/v1/traces",
-                     _proto_request(5, bad_ids=2), PROTOBUF)
+    answer = request(
+        service.http_port, "POST", "/v1/traces", _proto_request(5, bad_ids=2), PROTOBUF
+    )
     assert answer.status == 200
     response = ExportTraceServiceResponse()
     response.ParseFromString(answer.body)
     assert response.partial_success.rejected_spans == 2
     assert "'trace_id' must be 16 bytes, got 3" in response.partial_success.error_message
     assert service.wait_idle(5) and service.processed_spans == 5
-    spans = [_tool(5, 2, 1, 0), {**_tool(5, 3, 1, 1), "spanId": "abc"},
-             {**_tool(5, 4, 1, 2), "traceId": "ab" * 17}]
+    spans = [
+        _tool(5, 2, 1, 0),
+        {**_tool(5, 3, 1, 1), "spanId": "abc"},
+        {**_tool(5, 4, 1, 2), "traceId": "ab" * 17},
+    ]
     answer = request(service.http_port, "POST", "/v1/traces", _json_request(*spans), JSON)
     assert answer.status == 200
     partial = answer.json()["partialSuccess"]
-    assert partial["rejectedSpans"] == "2" and "'spanId' must be 8 bytes" in (
-        partial["errorMessage"])
+    assert (
+        partial["rejectedSpans"] == "2" and "'spanId' must be 8 bytes" in (partial["errorMessage"])
+    )
     reg = registry(service)
     assert sample(reg, "loopguard_otlp_spans_total", result="rejected") == 4
-    assert sample(reg, "loopguard_otlp_requests_total", transport="http",
-                  outcome="partial") == 2
+    assert sample(reg, "loopguard_otlp_requests_total", transport="http", outcome="partial") == 2
 
 
 def test_ten_thousand_spans_in_one_request_all_count(service: Service) -> None:
@@ -336,8 +382,13 @@ def test_ten_thousand_spans_in_one_request_all_count(service: Service) -> None:
     reg = registry(service)
     assert sample(reg, "loopguard_tool_calls_total", agent="bulk", tool="read") == 1_000
     assert sample(reg, "loopguard_otlp_spans_total", result="accepted") == 10_000
-    gz = request(service.http_port, "POST", "/v1/traces", gzip.compress(
-        _proto_request(10_000, tool_every=10, trace=8)), {**PROTOBUF, "Content-Encoding": "gzip"})
+    gz = request(
+        service.http_port,
+        "POST",
+        "/v1/traces",
+        gzip.compress(_proto_request(10_000, tool_every=10, trace=8)),
+        {**PROTOBUF, "Content-Encoding": "gzip"},
+    )
     assert gz.status == 200 and service.wait_idle(30)
     assert service.processed_spans == 20_000
 
@@ -373,23 +424,36 @@ def test_a_token_guards_every_endpoint_but_healthz(tmp_path: Path) -> None:
     port = service.http_port
     endpoints = [
         ("POST", "/v1/traces", _proto_request(3), PROTOBUF),
-        ("POST", "/v1/decisions/before",
-         json.dumps({"tool": "t", "session": "s", "arguments": {}}).encode(), JSON),
-        ("POST", "/v1/decisions/after",
-         json.dumps({"tool": "t", "session": "s", "arguments": {}}).encode(), JSON),
+        (
+            "POST",
+            "/v1/decisions/before",
+            json.dumps({"tool": "t", "session": "s", "arguments": {}}).encode(),
+            JSON,
+        ),
+        (
+            "POST",
+            "/v1/decisions/after",
+            json.dumps({"tool": "t", "session": "s", "arguments": {}}).encode(),
+            JSON,
+        ),
         ("POST", "/v1/decisions/user_message", json.dumps({"session": "s"}).encode(), JSON),
         ("POST", "/v1/decisions/new_run", json.dumps({"session": "s"}).encode(), JSON),
         ("GET", "/metrics", None, {}),
     ]
     try:
         for method, path, body, headers in endpoints:
-            for wrong in ({}, {"Authorization": "Bearer nope"}, {"Authorization": TOKEN},
-                          {"Authorization": f"Basic {TOKEN}"}):
+            for wrong in (
+                {},
+                {"Authorization": "Bearer nope"},
+                {"Authorization": TOKEN},
+                {"Authorization": f"Basic {TOKEN}"},
+            ):
                 answer = request(port, method, path, body, {**headers, **wrong})
                 assert answer.status == 401, (path, wrong)
                 assert answer.headers["www-authenticate"].startswith("Bearer")
-            right = request(port, method, path, body,
-                            {**headers, "Authorization": f"Bearer {TOKEN}"})
+            right = request(
+                port, method, path, body, {**headers, "Authorization": f"Bearer {TOKEN}"}
+            )
             assert right.status == 200, path
         assert request(port, "GET", "/healthz").status == 200
         with grpc.insecure_channel(f"127.0.0.1:{service.grpc_port}") as channel:
@@ -398,10 +462,18 @@ def test_a_token_guards_every_endpoint_but_healthz(tmp_path: Path) -> None:
                 with pytest.raises(grpc.RpcError) as denied:
                     export(_proto_request(2), metadata=metadata, timeout=10)
                 assert denied.value.code() is grpc.StatusCode.UNAUTHENTICATED
-            assert export(_proto_request(2), timeout=10,
-                          metadata=(("authorization", f"Bearer {TOKEN}"),)) == b""
-        exporter = GrpcExporter(endpoint=f"127.0.0.1:{service.grpc_port}", insecure=True,
-                                headers={"authorization": f"Bearer {TOKEN}"}, timeout=10)
+            assert (
+                export(
+                    _proto_request(2), timeout=10, metadata=(("authorization", f"Bearer {TOKEN}"),)
+                )
+                == b""
+            )
+        exporter = GrpcExporter(
+            endpoint=f"127.0.0.1:{service.grpc_port}",
+            insecure=True,
+            headers={"authorization": f"Bearer {TOKEN}"},
+            timeout=10,
+        )
         provider = TracerProvider()
         provider.add_span_processor(SimpleSpanProcessor(exporter))
         run_agent(provider.get_tracer("a"), looping("coder", 3))
@@ -427,8 +499,7 @@ def test_non_loopback_needs_a_token_or_insecure() -> None:
 
 
 def _call(port: int, endpoint: str, **fields: Any) -> Any:
-    answer = request(port, "POST", f"/v1/decisions/{endpoint}", json.dumps(fields).encode(),
-                     JSON)
+    answer = request(port, "POST", f"/v1/decisions/{endpoint}", json.dumps(fields).encode(), JSON)
     assert answer.status == 200, answer.body
     return answer.json()
 
@@ -438,24 +509,53 @@ def test_decision_api_is_the_hook_api(service: Service) -> None:
     reference = LoopGuard(DEFAULT)
     arguments = {"pattern": "TODO", "path": "src"}
     for n in range(1, 7):
-        got = _call(port, "before", tool="grep", arguments=arguments, session="conv",
-                    agent="coder", call_id=f"c{n}")["decision"]
-        want = reference.before_tool("grep", arguments, session="conv", agent="coder",
-                                     call_id=f"c{n}")
+        got = _call(
+            port,
+            "before",
+            tool="grep",
+            arguments=arguments,
+            session="conv",
+            agent="coder",
+            call_id=f"c{n}",
+        )["decision"]
+        want = reference.before_tool(
+            "grep", arguments, session="conv", agent="coder", call_id=f"c{n}"
+        )
         assert (got["action"], got["rule"], got["count"], got["message"], got["blocks"]) == (
-            want.action.value, want.rule.value if want.rule else None, want.count, want.message,
-            want.blocks)
+            want.action.value,
+            want.rule.value if want.rule else None,
+            want.count,
+            want.message,
+            want.blocks,
+        )
         if not want.blocks:
-            after = _call(port, "after", tool="grep", arguments=arguments, session="conv",
-                          agent="coder", call_id=f"c{n}", result="3 matches", error=False,
-                          duration_seconds=0.5)
+            after = _call(
+                port,
+                "after",
+                tool="grep",
+                arguments=arguments,
+                session="conv",
+                agent="coder",
+                call_id=f"c{n}",
+                result="3 matches",
+                error=False,
+                duration_seconds=0.5,
+            )
             assert after == {"decision": None}  # counted by before: only the outcome added
-            reference.after_tool("grep", arguments, session="conv", agent="coder",
-                                 call_id=f"c{n}", result="3 matches", duration_seconds=0.5)
+            reference.after_tool(
+                "grep",
+                arguments,
+                session="conv",
+                agent="coder",
+                call_id=f"c{n}",
+                result="3 matches",
+                duration_seconds=0.5,
+            )
     assert got["action"] == "stop" or got["blocks"]
     assert _call(port, "user_message", session="conv", agent="coder") == {}
-    fresh = _call(port, "before", tool="grep", arguments=arguments, session="conv",
-                  agent="coder")["decision"]
+    fresh = _call(port, "before", tool="grep", arguments=arguments, session="conv", agent="coder")[
+        "decision"
+    ]
     assert fresh["action"] in ("allow", "remind") and not fresh["blocks"]
     alone = _call(port, "after", tool="ls", arguments={}, session="other", result="x")
     assert alone["decision"]["action"] == "allow"
@@ -482,8 +582,12 @@ def test_decision_api_refuses_bad_requests(service: Service) -> None:
     assert request(port, "POST", "/v1/decisions/before", too_big, JSON).status == 413
     with keep_alive(port) as conn:  # many answers on one connection
         for _ in range(20):
-            conn.request("POST", "/v1/decisions/before", json.dumps(
-                {"tool": "t", "session": "ka"}).encode(), JSON)
+            conn.request(
+                "POST",
+                "/v1/decisions/before",
+                json.dumps({"tool": "t", "session": "ka"}).encode(),
+                JSON,
+            )
             response = conn.getresponse()
             assert response.status == 200 and json.loads(response.read())["decision"]
     assert service.guard.internal_errors == {}
@@ -499,44 +603,105 @@ def test_decision_api_holds_reminders_for_command_hooks(service: Service) -> Non
     port = service.http_port
     remind_at = DEFAULT.remind_thresholds[0]
     grep = {"pattern": "TODO"}
-    for session, hold, ids in (("held", True, True), ("held-by-arguments", True, False),
-                               ("not-held", False, True)):
+    for session, hold, ids in (
+        ("held", True, True),
+        ("held-by-arguments", True, False),
+        ("not-held", False, True),
+    ):
         for n in range(1, remind_at + 1):
             ref = {"call_id": f"c{n}"} if ids else {}
-            before = _call(port, "before", tool="grep", arguments=grep, session=session,
-                           agent="a", hold_reminder=hold, **ref)["decision"]
-            after = _call(port, "after", tool="grep", arguments=grep, session=session,
-                          agent="a", result="3 matches", **ref)
+            before = _call(
+                port,
+                "before",
+                tool="grep",
+                arguments=grep,
+                session=session,
+                agent="a",
+                hold_reminder=hold,
+                **ref,
+            )["decision"]
+            after = _call(
+                port,
+                "after",
+                tool="grep",
+                arguments=grep,
+                session=session,
+                agent="a",
+                result="3 matches",
+                **ref,
+            )
             assert before["action"] == ("remind" if n == remind_at else "allow")
             if n == remind_at and hold:
                 assert after == {"decision": None, "reminder": before["message"]}
             else:
                 assert after == {"decision": None}
         if ids:  # taken once: the same call's result again carries nothing
-            assert _call(port, "after", tool="grep", arguments=grep, session=session, agent="a",
-                         call_id=f"c{remind_at}", result="3 matches") == {"decision": None}
+            assert _call(
+                port,
+                "after",
+                tool="grep",
+                arguments=grep,
+                session=session,
+                agent="a",
+                call_id=f"c{remind_at}",
+                result="3 matches",
+            ) == {"decision": None}
     # Held under the session and agent it was decided for.
     for n in range(1, remind_at + 1):
-        held = _call(port, "before", tool="ls", arguments={}, session="agents", agent="a",
-                     call_id=f"x{n}", hold_reminder=True)["decision"]
+        held = _call(
+            port,
+            "before",
+            tool="ls",
+            arguments={},
+            session="agents",
+            agent="a",
+            call_id=f"x{n}",
+            hold_reminder=True,
+        )["decision"]
     assert held["action"] == "remind"
-    other = _call(port, "after", tool="ls", arguments={"other": 1}, session="agents",
-                  agent="b", call_id=f"x{remind_at}", result="r")
+    other = _call(
+        port,
+        "after",
+        tool="ls",
+        arguments={"other": 1},
+        session="agents",
+        agent="b",
+        call_id=f"x{remind_at}",
+        result="r",
+    )
     assert "reminder" not in other
-    assert _call(port, "after", tool="ls", arguments={}, session="agents", agent="a",
-                 call_id=f"x{remind_at}", result="r")["reminder"] == held["message"]
+    assert (
+        _call(
+            port,
+            "after",
+            tool="ls",
+            arguments={},
+            session="agents",
+            agent="a",
+            call_id=f"x{remind_at}",
+            result="r",
+        )["reminder"]
+        == held["message"]
+    )
     # Reported only after they ran: the hook runner's words, with the server's policy.
     reference = LoopGuard(DEFAULT)
     shown = []
     for n in range(1, 9):
-        got = _call(port, "after", tool="grep", arguments=grep, session="late", result="same",
-                    call_id=f"late{n}")
-        want = reference.after_tool("grep", grep, session="late", result="same",
-                                    call_id=f"late{n}")
+        got = _call(
+            port,
+            "after",
+            tool="grep",
+            arguments=grep,
+            session="late",
+            result="same",
+            call_id=f"late{n}",
+        )
+        want = reference.after_tool("grep", grep, session="late", result="same", call_id=f"late{n}")
         assert want is not None and got["decision"]["action"] == want.action.value
         expected = after_the_fact(want, grep, DEFAULT)
-        assert got.get("reminder") == (expected.message if expected.action.value == "remind"
-                                       else None)
+        assert got.get("reminder") == (
+            expected.message if expected.action.value == "remind" else None
+        )
         shown.append((got["decision"]["action"], got.get("reminder") or ""))
     actions = [action for action, _ in shown]
     assert {"remind", "deny", "stop"} <= set(actions), actions
@@ -545,8 +710,9 @@ def test_decision_api_holds_reminders_for_command_hooks(service: Service) -> Non
     assert all(text == "" for action, text in shown if action == "stop")
     bad = json.dumps({"session": "s", "tool": "t", "hold_reminder": "yes"}).encode()
     answer = request(port, "POST", "/v1/decisions/before", bad, JSON)
-    assert answer.status == 400 and "'hold_reminder' must be true or false" in answer.json()[
-        "error"]
+    assert (
+        answer.status == 400 and "'hold_reminder' must be true or false" in answer.json()["error"]
+    )
     # Bounded: the oldest is dropped (a result that never came); holding again renews.
     reminders = HeldReminders(2)
     for key in ("a", "b", "a", "c"):
@@ -584,22 +750,24 @@ def _stall_ingest(service: Service) -> Any:
     return gate
 
 
-def test_a_full_queue_answers_429_and_resource_exhausted_with_a_retry_hint(
-        tmp_path: Path) -> None:
+def test_a_full_queue_answers_429_and_resource_exhausted_with_a_retry_hint(tmp_path: Path) -> None:
     service = start(tmp_path, max_queued_spans=10)
     try:
         gate = _stall_ingest(service)
         port = service.http_port
         assert request(port, "POST", "/v1/traces", _proto_request(4), PROTOBUF).status == 200
         assert wait_for(lambda: service.queued_spans <= 4, 5)
-        assert request(port, "POST", "/v1/traces", _proto_request(4, trace=2),
-                       PROTOBUF).status == 200
+        assert (
+            request(port, "POST", "/v1/traces", _proto_request(4, trace=2), PROTOBUF).status == 200
+        )
         full = request(port, "POST", "/v1/traces", _proto_request(4, trace=3), PROTOBUF)
         assert full.status == 429 and full.headers["retry-after"] == str(RETRY_AFTER_SECONDS)
         assert _status(full).code == 8
-        with grpc.insecure_channel(f"127.0.0.1:{service.grpc_port}") as channel:
-            with pytest.raises(grpc.RpcError) as throttled:
-                channel.unary_unary(EXPORT)(_proto_request(4, trace=4), timeout=10)
+        with (
+            grpc.insecure_channel(f"127.0.0.1:{service.grpc_port}") as channel,
+            pytest.raises(grpc.RpcError) as throttled,
+        ):
+            channel.unary_unary(EXPORT)(_proto_request(4, trace=4), timeout=10)
         assert throttled.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
         trailing = dict(throttled.value.trailing_metadata())
         assert "google.rpc.retryinfo-bin" in trailing and "grpc-status-details-bin" in trailing
@@ -617,8 +785,7 @@ def test_shutdown_drains_what_was_accepted(tmp_path: Path) -> None:
     gate = _stall_ingest(service)
     port = service.http_port
     for n in range(5):  # tool spans whose trace root never comes
-        answer = request(port, "POST", "/v1/traces", _json_request(_tool(40 + n, 2, 1, 0)),
-                         JSON)
+        answer = request(port, "POST", "/v1/traces", _json_request(_tool(40 + n, 2, 1, 0)), JSON)
         assert answer.status == 200
     reg = registry(service)
     assert sample(reg, "loopguard_tool_calls_total", agent="none", tool="search") == 0
@@ -653,19 +820,39 @@ def test_cli_serve_reads_the_toml_policy_and_stops_on_sigterm(tmp_path: Path) ->
     trips = tmp_path / "trips.jsonl"
     config.write_text(f'[loopguard]\nmode = "observe"\ntrip_log_path = "{trips}"\n')
     process = subprocess.Popen(
-        [sys.executable, "-m", "otel_loopguard", "serve", "--http-port", "0", "--grpc-port",
-         "0", "--config", str(config)],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "otel_loopguard",
+            "serve",
+            "--http-port",
+            "0",
+            "--grpc-port",
+            "0",
+            "--config",
+            str(config),
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     lines: queue.Queue[str] = queue.Queue()
     assert process.stderr is not None
-    threading.Thread(target=lambda: [lines.put(line) for line in process.stderr],  # type: ignore[union-attr]
-                     daemon=True).start()
+    threading.Thread(
+        target=lambda: [lines.put(line) for line in process.stderr],  # type: ignore[union-attr]
+        daemon=True,
+    ).start()
     try:
         first = lines.get(timeout=30)
         assert "mode observe" in first, first
         port = int(first.split("http://127.0.0.1:", 1)[1].split(";", 1)[0])
-        decisions = [_call(port, "before", tool="grep", arguments={"q": 1}, session="s",
-                           call_id=f"c{n}")["decision"] for n in range(7)]
+        decisions = [
+            _call(port, "before", tool="grep", arguments={"q": 1}, session="s", call_id=f"c{n}")[
+                "decision"
+            ]
+            for n in range(7)
+        ]
         assert {d["action"] for d in decisions} == {"allow"}  # observe: never blocks
         assert "deny" in {d["detected"] for d in decisions}
         process.send_signal(signal.SIGTERM)
@@ -686,9 +873,22 @@ def test_cli_serve_refuses_an_open_address_without_a_token(tmp_path: Path) -> No
     import sys
 
     done = subprocess.run(
-        [sys.executable, "-m", "otel_loopguard", "serve", "--host", "0.0.0.0", "--http-port",
-         "0", "--no-grpc"], capture_output=True, text=True, timeout=60,
-        env={k: v for k, v in __import__("os").environ.items() if k != "LOOPGUARD_SERVE_TOKEN"})
+        [
+            sys.executable,
+            "-m",
+            "otel_loopguard",
+            "serve",
+            "--host",
+            "0.0.0.0",
+            "--http-port",
+            "0",
+            "--no-grpc",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in __import__("os").environ.items() if k != "LOOPGUARD_SERVE_TOKEN"},
+    )
     assert done.returncode == 2
     assert "not a loopback address" in done.stderr and "--insecure" in done.stderr
 
@@ -697,24 +897,25 @@ def test_import_otel_loopguard_stays_light() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, otel_loopguard, otel_loopguard.cli, otel_loopguard.replay; "
-            "print(sorted(m for m in sys.modules if m.startswith(('grpc', 'google.protobuf', "
-            "'opentelemetry.proto', 'otel_loopguard.service'))))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60)
+    code = (
+        "import sys, otel_loopguard, otel_loopguard.cli, otel_loopguard.replay; "
+        "print(sorted(m for m in sys.modules if m.startswith(('grpc', 'google.protobuf', "
+        "'opentelemetry.proto', 'otel_loopguard.service'))))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
 
 
 def test_connections_beyond_the_bound_are_closed_and_the_server_recovers(
-        service: Service, monkeypatch: pytest.MonkeyPatch) -> None:
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import socket
     import threading
 
     http_server = service._http
     assert http_server is not None
     monkeypatch.setattr(http_server, "_connections", threading.BoundedSemaphore(2))
-    idle = [socket.create_connection(("127.0.0.1", service.http_port), timeout=5)
-            for _ in range(2)]
+    idle = [socket.create_connection(("127.0.0.1", service.http_port), timeout=5) for _ in range(2)]
     slots = http_server._connections
 
     def full() -> bool:
@@ -747,14 +948,20 @@ def test_keyed_by_conversation_serve_decides_as_the_processor(tmp_path: Path) ->
     service = start(tmp_path, key_by="conversation")
     try:
         provider = TracerProvider()
-        provider.add_span_processor(LoopGuardSpanProcessor(
-            in_process, key_by="conversation", tracer_provider=provider))
+        provider.add_span_processor(
+            LoopGuardSpanProcessor(in_process, key_by="conversation", tracer_provider=provider)
+        )
         provider.add_span_processor(SimpleSpanProcessor(_exporter("http", service)))
         tracer = provider.get_tracer("agent")
         for n in range(8):  # no agent span: each tool call is its own trace
-            with tracer.start_as_current_span("execute_tool search", attributes={
-                    "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search",
-                    "gen_ai.conversation.id": "conv-42"}) as span:
+            with tracer.start_as_current_span(
+                "execute_tool search",
+                attributes={
+                    "gen_ai.operation.name": "execute_tool",
+                    "gen_ai.tool.name": "search",
+                    "gen_ai.conversation.id": "conv-42",
+                },
+            ) as span:
                 span.set_attribute("gen_ai.tool.call.arguments", '{"q": "weather"}')
                 span.set_attribute("gen_ai.tool.call.id", f"c{n}")
                 span.set_attribute("gen_ai.tool.call.result", "nothing")

@@ -39,8 +39,10 @@ def recorded(build: Any) -> list[ReadableSpan]:
 
 def sdk_view(span: ReadableSpan) -> tuple[dict[str, Any], tuple[tuple[str, dict[str, Any]], ...]]:
     def plain(attributes: Mapping[str, Any] | None) -> dict[str, Any]:
-        return {k: tuple(v) if isinstance(v, (list, tuple)) else v
-                for k, v in (attributes or {}).items()}
+        return {
+            k: tuple(v) if isinstance(v, (list, tuple)) else v
+            for k, v in (attributes or {}).items()
+        }
 
     return plain(span.attributes), tuple((e.name, plain(e.attributes)) for e in span.events)
 
@@ -65,7 +67,11 @@ def check(spans: list[ReadableSpan]) -> int:
         recognised += 1
         got = decoded[context.span_id]  # a KeyError here: the gate hid a tool or agent span
         assert (got.name, dict(got.attributes), got.events, got.status_error) == (
-            span.name, attributes, events, error)
+            span.name,
+            attributes,
+            events,
+            error,
+        )
         assert (got.start_ns, got.end_ns) == (span.start_time, span.end_time)
         parent = span.parent.span_id if span.parent is not None else None
         assert (got.trace_id, got.parent_id) == (context.trace_id, parent)
@@ -88,8 +94,9 @@ def test_fixture_spans_decode_as_recorded(path: Path) -> None:
 
 def test_scripted_workload_decodes_as_recorded() -> None:
     spans = recorded(lambda tracer: workload(tracer, traces=1))
-    assert check(spans) == sum(1 for s in spans if s.name.startswith(("execute_tool",
-                                                                        "invoke_agent")))
+    assert check(spans) == sum(
+        1 for s in spans if s.name.startswith(("execute_tool", "invoke_agent"))
+    )
     read = proto_spans(encode_spans(spans).SerializeToString())
     assert read.links and all(not s.name.startswith("chat") for s in read.spans)
 

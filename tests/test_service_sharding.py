@@ -47,8 +47,11 @@ class Ring:
     hash, wrapping around."""
 
     def __init__(self, backends: list[str]) -> None:
-        points = sorted((zlib.crc32(f"{backend}-{n}".encode()), index)
-                        for index, backend in enumerate(backends) for n in range(RING_POINTS))
+        points = sorted(
+            (zlib.crc32(f"{backend}-{n}".encode()), index)
+            for index, backend in enumerate(backends)
+            for n in range(RING_POINTS)
+        )
         self._hashes = [point for point, _ in points]
         self._owners = [owner for _, owner in points]
 
@@ -69,7 +72,8 @@ class Router:
         self.server = grpc.server(ThreadPoolExecutor(max_workers=4))
         handler = grpc.method_handlers_generic_handler(
             "opentelemetry.proto.collector.trace.v1.TraceService",
-            {"Export": grpc.unary_unary_rpc_method_handler(self.export)})
+            {"Export": grpc.unary_unary_rpc_method_handler(self.export)},
+        )
         self.server.add_generic_rpc_handlers((handler,))
         self.port = self.server.add_insecure_port("127.0.0.1:0")
         self.server.start()
@@ -101,8 +105,7 @@ class Router:
 def _service(tmp_path: Path, name: str) -> Service:
     policy = PRESETS["default"].replace(trip_log_path=str(tmp_path / f"{name}.jsonl"))
     guard = LoopGuard(policy, recorder=PrometheusRecorder())
-    return Service(ServeOptions(http_port=0, grpc_port=0, hold_seconds=60.0),
-                   guard=guard).start()
+    return Service(ServeOptions(http_port=0, grpc_port=0, hold_seconds=60.0), guard=guard).start()
 
 
 @pytest.fixture
@@ -119,15 +122,20 @@ def _key(line: dict[str, Any]) -> str:
 
 
 def test_trace_id_sharding_detects_every_loop_as_one_instance(
-        tmp_path: Path, services: tuple[list[Service], Service]) -> None:
+    tmp_path: Path, services: tuple[list[Service], Service]
+) -> None:
     shards, single = services
     router = Router([f"127.0.0.1:{shard.grpc_port}" for shard in shards])
     try:
         provider = TracerProvider()
         for endpoint in (f"127.0.0.1:{router.port}", f"127.0.0.1:{single.grpc_port}"):
-            provider.add_span_processor(BatchSpanProcessor(
-                OTLPSpanExporter(endpoint=endpoint, insecure=True, timeout=10),
-                schedule_delay_millis=50, max_export_batch_size=64))
+            provider.add_span_processor(
+                BatchSpanProcessor(
+                    OTLPSpanExporter(endpoint=endpoint, insecure=True, timeout=10),
+                    schedule_delay_millis=50,
+                    max_export_batch_size=64,
+                )
+            )
         workload(provider.get_tracer("agents"), traces=6)
         assert provider.force_flush(30_000)
         provider.shutdown()
@@ -149,10 +157,29 @@ def test_trace_id_sharding_detects_every_loop_as_one_instance(
         for line in trip_lines(tmp_path / f"shard{n}.jsonl"):
             owners.setdefault(line["session"], set()).add(n)
     assert all(len(shard_set) == 1 for shard_set in owners.values())
-    for agent, tool in (("coder", "grep"), ("searcher", "search"), ("builder", "bash"),
-                        ("reviewer", "read_file"), ("watcher", "status")):
-        total = sum(sample(shard.guard.recorder.registry,  # type: ignore[attr-defined]
-                           "loopguard_tool_calls_total", agent=agent, tool=tool)
-                    for shard in shards)
-        assert total == sample(single.guard.recorder.registry,  # type: ignore[attr-defined]
-                               "loopguard_tool_calls_total", agent=agent, tool=tool) > 0
+    for agent, tool in (
+        ("coder", "grep"),
+        ("searcher", "search"),
+        ("builder", "bash"),
+        ("reviewer", "read_file"),
+        ("watcher", "status"),
+    ):
+        total = sum(
+            sample(
+                shard.guard.recorder.registry,  # type: ignore[attr-defined]
+                "loopguard_tool_calls_total",
+                agent=agent,
+                tool=tool,
+            )
+            for shard in shards
+        )
+        assert (
+            total
+            == sample(
+                single.guard.recorder.registry,  # type: ignore[attr-defined]
+                "loopguard_tool_calls_total",
+                agent=agent,
+                tool=tool,
+            )
+            > 0
+        )

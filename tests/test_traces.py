@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from otel_loopguard.guard import LoopGuard
 from otel_loopguard.config import PRESETS
+from otel_loopguard.guard import LoopGuard
 from otel_loopguard.policy import Action
 from otel_loopguard.traces import (
     CallObserved,
@@ -22,20 +22,45 @@ AGENT = 0xA1
 HOLD = 2.0
 
 
-def agent_span(span_id: int = AGENT, parent: int | None = 0xF00, name: str = "planner",
-               start: int = 0, end: int = 10_000) -> RecordedSpan:
-    return RecordedSpan(TRACE, span_id, parent, f"invoke_agent {name}",
-                        {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": name},
-                        (), False, start, end)
+def agent_span(
+    span_id: int = AGENT,
+    parent: int | None = 0xF00,
+    name: str = "planner",
+    start: int = 0,
+    end: int = 10_000,
+) -> RecordedSpan:
+    return RecordedSpan(
+        TRACE,
+        span_id,
+        parent,
+        f"invoke_agent {name}",
+        {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": name},
+        (),
+        False,
+        start,
+        end,
+    )
 
 
-def tool_span(span_id: int, parent: int | None = AGENT, start: int = 0,
-              query: str = "x") -> RecordedSpan:
-    return RecordedSpan(TRACE, span_id, parent, "execute_tool search",
-                        {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search",
-                         "gen_ai.tool.call.arguments": f'{{"q": "{query}"}}',
-                         "gen_ai.tool.call.result": "same"},
-                        (), False, start + 1, start + 2)
+def tool_span(
+    span_id: int, parent: int | None = AGENT, start: int = 0, query: str = "x"
+) -> RecordedSpan:
+    return RecordedSpan(
+        TRACE,
+        span_id,
+        parent,
+        "execute_tool search",
+        {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": "search",
+            "gen_ai.tool.call.arguments": f'{{"q": "{query}"}}',
+            "gen_ai.tool.call.result": "same",
+        },
+        (),
+        False,
+        start + 1,
+        start + 2,
+    )
 
 
 def sessions(events: list[TraceEvent]) -> list[tuple[str, str | None]]:
@@ -73,9 +98,19 @@ def test_a_root_flushes_at_once() -> None:
     clock = FakeClock()
     buffer = TraceBuffer(hold_seconds=HOLD, clock=clock)
     buffer.add(tool_span(11, parent=AGENT))
-    buffer.add(RecordedSpan(TRACE, AGENT, None, "invoke_agent planner",
-                            {"gen_ai.operation.name": "invoke_agent",
-                             "gen_ai.agent.name": "planner"}, (), False, 0, 100))
+    buffer.add(
+        RecordedSpan(
+            TRACE,
+            AGENT,
+            None,
+            "invoke_agent planner",
+            {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "planner"},
+            (),
+            False,
+            0,
+            100,
+        )
+    )
     assert sessions(buffer.take_ready()) == [WITH_AGENT]
     assert buffer.buffered_traces == 0 and buffer.flushed_early == 0
 
@@ -150,15 +185,41 @@ def conversation_trace(trace_id: int, runs: int, calls: int) -> list[RecordedSpa
         agent_id = 0x100 + run
         start = run * 1_000
         for n in range(calls):
-            spans.append(RecordedSpan(
-                trace_id, 0x200 + run * 100 + n, agent_id, "execute_tool search",
-                {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search",
-                 "gen_ai.tool.call.arguments": '{"q": "x"}', "gen_ai.tool.call.result": "r"},
-                (), False, start + 10 * n + 1, start + 10 * n + 2))
-        spans.append(RecordedSpan(
-            trace_id, agent_id, None, "invoke_agent planner",
-            {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "planner",
-             "gen_ai.conversation.id": "conv-7"}, (), False, start, start + 900))
+            spans.append(
+                RecordedSpan(
+                    trace_id,
+                    0x200 + run * 100 + n,
+                    agent_id,
+                    "execute_tool search",
+                    {
+                        "gen_ai.operation.name": "execute_tool",
+                        "gen_ai.tool.name": "search",
+                        "gen_ai.tool.call.arguments": '{"q": "x"}',
+                        "gen_ai.tool.call.result": "r",
+                    },
+                    (),
+                    False,
+                    start + 10 * n + 1,
+                    start + 10 * n + 2,
+                )
+            )
+        spans.append(
+            RecordedSpan(
+                trace_id,
+                agent_id,
+                None,
+                "invoke_agent planner",
+                {
+                    "gen_ai.operation.name": "invoke_agent",
+                    "gen_ai.agent.name": "planner",
+                    "gen_ai.conversation.id": "conv-7",
+                },
+                (),
+                False,
+                start,
+                start + 900,
+            )
+        )
     return spans
 
 
@@ -187,11 +248,24 @@ def test_conversation_keying_without_runs_keeps_counting() -> None:
     buffer = TraceBuffer(key_by="conversation")
     spans = []
     for n in range(4):
-        spans.append(RecordedSpan(
-            0x10 + n, 0x20 + n, None, "execute_tool search",
-            {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search",
-             "gen_ai.tool.call.arguments": '{"q": "x"}', "gen_ai.conversation.id": "conv-7"},
-            (), False, 1, 2))
+        spans.append(
+            RecordedSpan(
+                0x10 + n,
+                0x20 + n,
+                None,
+                "execute_tool search",
+                {
+                    "gen_ai.operation.name": "execute_tool",
+                    "gen_ai.tool.name": "search",
+                    "gen_ai.tool.call.arguments": '{"q": "x"}',
+                    "gen_ai.conversation.id": "conv-7",
+                },
+                (),
+                False,
+                1,
+                2,
+            )
+        )
     assert counts_fed(buffer, spans) == [0, 2, 3, 4]
 
 

@@ -87,4 +87,3 @@ __all__ = [
     "may_be_tool_span",
     "tool_call_from_span",
 ]
-

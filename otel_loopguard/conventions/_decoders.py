@@ -36,7 +36,7 @@ than orjson, and such payloads only appear as a fallback when no JSON form exist
 _METADATA_MAX_CHARS: Final = 64 * 1024
 """OpenInference ``metadata`` JSON above this is not searched for a thread id."""
 
-_JSON_OPENERS: Final = frozenset("{[\"")
+_JSON_OPENERS: Final = frozenset('{["')
 _JSON_CONTAINER_OPENERS: Final = frozenset("{[")
 _BLANK: Final = frozenset(" \t\r\n")
 
@@ -251,18 +251,27 @@ class _Unwrapped:
 
     __slots__ = ("value", "call_id", "is_error")
 
-    def __init__(self, value: object, call_id: str | None = None, is_error: bool | None = None) -> None:
+    def __init__(
+        self, value: object, call_id: str | None = None, is_error: bool | None = None
+    ) -> None:
         self.value = value
         self.call_id = call_id
         self.is_error = is_error
 
     def __repr__(self) -> str:
-        return f"_Unwrapped(value={self.value!r}, call_id={self.call_id!r}, is_error={self.is_error!r})"
+        return (
+            f"_Unwrapped(value={self.value!r}, call_id={self.call_id!r},"
+            f" is_error={self.is_error!r})"
+        )
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, _Unwrapped):
             return NotImplemented
-        return (self.value, self.call_id, self.is_error) == (other.value, other.call_id, other.is_error)
+        return (self.value, self.call_id, self.is_error) == (
+            other.value,
+            other.call_id,
+            other.is_error,
+        )
 
 
 ArgumentsShape = Callable[[object, Mapping[str, object]], _Unwrapped]
@@ -416,9 +425,11 @@ def langchain_message_result(raw: object) -> _Unwrapped:
     status = message.get("status")
     is_error = None
     if isinstance(status, str):
-        is_error = True if status in _ERROR_STATUS_VALUES else False
+        is_error = status in _ERROR_STATUS_VALUES
     return _Unwrapped(
-        _join_text_blocks(decode_json(message["content"])), _call_id(message.get("tool_call_id")), is_error
+        _join_text_blocks(decode_json(message["content"])),
+        _call_id(message.get("tool_call_id")),
+        is_error,
     )
 
 

@@ -62,7 +62,9 @@ def _compile_check(condition: Condition) -> _Check:
             (key,) = keys
             if values is None:
 
-                def has_attribute(name: str, attributes: Mapping[str, object], events: _Events) -> bool:
+                def has_attribute(
+                    name: str, attributes: Mapping[str, object], events: _Events
+                ) -> bool:
                     return attributes.get(key) is not None
 
                 return has_attribute
@@ -74,7 +76,9 @@ def _compile_check(condition: Condition) -> _Check:
             return attribute_in
         if values is None:
 
-            def has_any_attribute(name: str, attributes: Mapping[str, object], events: _Events) -> bool:
+            def has_any_attribute(
+                name: str, attributes: Mapping[str, object], events: _Events
+            ) -> bool:
                 for key in keys:
                     if attributes.get(key) is not None:
                         return True
@@ -174,7 +178,14 @@ class _Dispatch(Generic[_Convention]):
     subclass (an enum member) satisfies the condition once another gate has opened.
     """
 
-    __slots__ = ("attribute_gates", "name_bits", "prefixes", "prefix_gates", "_plans", "_steps_by_bits")
+    __slots__ = (
+        "attribute_gates",
+        "name_bits",
+        "prefixes",
+        "prefix_gates",
+        "_plans",
+        "_steps_by_bits",
+    )
 
     def __init__(self, table: Sequence[_Convention]) -> None:
         gate_bits: dict[Condition, int] = {}
@@ -204,7 +215,9 @@ class _Dispatch(Generic[_Convention]):
             else:
                 prefix_bits.append((gate.keys, bit))
 
-        self.attribute_gates: tuple[tuple[str, Mapping[str, int]], ...] = tuple(by_attribute.items())
+        self.attribute_gates: tuple[tuple[str, Mapping[str, int]], ...] = tuple(
+            by_attribute.items()
+        )
         """``(attribute key, {value: bits})`` for every key some gate reads."""
         self.name_bits: Mapping[str, int] = name_bits
         """Span name -> bits of the name gates it passes."""
@@ -267,7 +280,10 @@ class _Dispatch(Generic[_Convention]):
                 if not (name in name_bits or name.startswith(prefixes)):
                     for key, bits_by_value in attribute_gates:
                         # Only a plain str opens a gate; the class is checked on a hit only.
-                        if attributes.get(key) in bits_by_value and attributes.get(key).__class__ is str:
+                        if (
+                            attributes.get(key) in bits_by_value
+                            and attributes.get(key).__class__ is str
+                        ):
                             break
                     else:
                         return False  # no gate open: the common case
@@ -277,7 +293,8 @@ class _Dispatch(Generic[_Convention]):
                 return gate_bits(name, attributes) != 0
             # A gate is open; as in gate_bits, only for a str name and mapping attributes.
             return (attributes.__class__ is dict or isinstance(attributes, Mapping)) and (
-                name.__class__ is str or isinstance(name, str))
+                name.__class__ is str or isinstance(name, str)
+            )
 
         return passes_gate
 
@@ -298,7 +315,9 @@ class _Dispatch(Generic[_Convention]):
         for key, values, check, convention in steps:
             if key is not None:
                 value = attributes.get(key)  # Condition.holds for one attribute key, inline
-                if value is not None and (values is None or (isinstance(value, str) and value in values)):
+                if value is not None and (
+                    values is None or (isinstance(value, str) and value in values)
+                ):
                     return convention
             elif check is None or check(name, attributes, events):
                 return convention
@@ -381,7 +400,11 @@ def tool_call_from_span(
         return None
     if name.__class__ is not str and not isinstance(name, str):
         return None
-    if events.__class__ is not tuple and events.__class__ is not list and not isinstance(events, Sequence):
+    if (
+        events.__class__ is not tuple
+        and events.__class__ is not list
+        and not isinstance(events, Sequence)
+    ):
         events = ()
     convention = _TOOLS.match(bits | subclass_bits, name, attributes, events)
     if convention is None:
@@ -438,7 +461,11 @@ def _read_tool_call(
                 result = _join_text_blocks(result)
         else:
             unwrapped = result_shape(raw_result)
-            result, result_call_id, result_error = unwrapped.value, unwrapped.call_id, unwrapped.is_error
+            result, result_call_id, result_error = (
+                unwrapped.value,
+                unwrapped.call_id,
+                unwrapped.is_error,
+            )
 
     call_id = None
     for key in convention.call_id_keys:
@@ -543,6 +570,7 @@ def agent_from_span(name: str, attributes: Mapping[str, object]) -> SpanAgent | 
         return None
     return SpanAgent(
         agent_id=_first_text(attributes, convention.id_keys),
-        agent_name=_first_text(attributes, convention.name_keys) or convention.name_from_span_name(name),
+        agent_name=_first_text(attributes, convention.name_keys)
+        or convention.name_from_span_name(name),
         conversation_id=_conversation_id(attributes),
     )

@@ -300,13 +300,18 @@ TOOL_CONVENTIONS: Final[tuple[ToolConvention, ...]] = (
         name="strands",
         when=(
             _EXECUTE_TOOL,
-            Condition(On.ATTRIBUTE, (GEN_AI_PROVIDER_NAME, GEN_AI_SYSTEM), frozenset({STRANDS_PROVIDER})),
+            Condition(
+                On.ATTRIBUTE, (GEN_AI_PROVIDER_NAME, GEN_AI_SYSTEM), frozenset({STRANDS_PROVIDER})
+            ),
         ),
     ),
     # Google ADK, legacy gcp.vertex.agent.* schema (also still set next to gen_ai.* keys).
     ToolConvention(
         name="google_adk",
-        when=(_EXECUTE_TOOL, attribute_present(ADK_TOOL_CALL_ARGS, ADK_TOOL_RESPONSE, ADK_EVENT_ID)),
+        when=(
+            _EXECUTE_TOOL,
+            attribute_present(ADK_TOOL_CALL_ARGS, ADK_TOOL_RESPONSE, ADK_EVENT_ID),
+        ),
         argument_keys=(GEN_AI_TOOL_CALL_ARGUMENTS, ADK_TOOL_CALL_ARGS),
         result_keys=(GEN_AI_TOOL_CALL_RESULT, ADK_TOOL_RESPONSE),
         result_shape=adk_result,

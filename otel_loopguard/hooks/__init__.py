@@ -55,9 +55,16 @@ __all__ = [
 ]
 
 _LAZY = {
-    "LocalBackend": "runner", "answer_usage_error": "runner", "decide": "runner", "run": "runner",
-    "DEFAULT_TIMEOUT_SECONDS": "remote", "TOKEN_ENV": "remote", "RemoteBackend": "remote",
-    "STORE_ENV": "store", "HookStore": "store", "StoreError": "store",
+    "LocalBackend": "runner",
+    "answer_usage_error": "runner",
+    "decide": "runner",
+    "run": "runner",
+    "DEFAULT_TIMEOUT_SECONDS": "remote",
+    "TOKEN_ENV": "remote",
+    "RemoteBackend": "remote",
+    "STORE_ENV": "store",
+    "HookStore": "store",
+    "StoreError": "store",
     "default_store_path": "store",
 }
 

@@ -32,8 +32,17 @@ from .hosts import ALLOWED, Answer, HookEvent, Host
 if TYPE_CHECKING:
     from ..guard import LoopGuard
 
-__all__ = ["Backend", "Reminders", "Unavailable", "after_the_fact", "answer_before",
-           "call_signature", "decide_after", "decide_before", "reminder_ref"]
+__all__ = [
+    "Backend",
+    "Reminders",
+    "Unavailable",
+    "after_the_fact",
+    "answer_before",
+    "call_signature",
+    "decide_after",
+    "decide_before",
+    "reminder_ref",
+]
 
 
 class Unavailable(Exception):
@@ -62,9 +71,16 @@ class Reminders(Protocol):
         ...
 
 
-def decide_before(guard: LoopGuard, tool: str, arguments: object, *, session: str,
-                  agent: str | None, call_id: str | None,
-                  held: Reminders | None) -> Decision:
+def decide_before(
+    guard: LoopGuard,
+    tool: str,
+    arguments: object,
+    *,
+    session: str,
+    agent: str | None,
+    call_id: str | None,
+    held: Reminders | None,
+) -> Decision:
     """Count a call before it runs and return the guard's decision. ``held``: where a reminder
     waits for the call's result when the caller shows text only then (``None``: the caller
     shows it now)."""
@@ -74,21 +90,42 @@ def decide_before(guard: LoopGuard, tool: str, arguments: object, *, session: st
     return decision
 
 
-def decide_after(guard: LoopGuard, tool: str, arguments: object, *, session: str,
-                 agent: str | None, call_id: str | None, error: bool | None, result: object,
-                 duration_seconds: float | None, held: Reminders,
-                 policy: Policy) -> tuple[Decision | None, Answer]:
+def decide_after(
+    guard: LoopGuard,
+    tool: str,
+    arguments: object,
+    *,
+    session: str,
+    agent: str | None,
+    call_id: str | None,
+    error: bool | None,
+    result: object,
+    duration_seconds: float | None,
+    held: Reminders,
+    policy: Policy,
+) -> tuple[Decision | None, Answer]:
     """Report how a call ended: the guard's decision (``None`` when the call was counted before
     it ran) and what to show with the result: the reminder that waited in ``held`` for it, or
     for a call counted only now :func:`after_the_fact` (``policy``: the guard's)."""
-    decision = guard.after_tool(tool, arguments, session=session, agent=agent, call_id=call_id,
-                                error=error, result=result, duration_seconds=duration_seconds)
+    decision = guard.after_tool(
+        tool,
+        arguments,
+        session=session,
+        agent=agent,
+        call_id=call_id,
+        error=error,
+        result=result,
+        duration_seconds=duration_seconds,
+    )
     if decision is not None:
         return decision, after_the_fact(decision, arguments, policy)
     if not len(held):
         return None, ALLOWED
-    kept = held.take(reminder_ref(call_id, None if call_id is not None else call_signature(
-        tool, arguments, policy)))
+    kept = held.take(
+        reminder_ref(
+            call_id, None if call_id is not None else call_signature(tool, arguments, policy)
+        )
+    )
     return None, (Answer(Action.REMIND, kept) if kept else ALLOWED)
 
 
@@ -127,8 +164,8 @@ def after_the_fact(decision: Decision, arguments: object, policy: Policy) -> Ans
     if decision.action is Action.ALLOW:
         return ALLOWED
     # A denial for a call that already ran: its text ("Not run: ...") would be untrue.
-    step = Step(decision.detected, decision.rule, decision.count, decision.threshold,
-                detailed=True)
+    step = Step(decision.detected, decision.rule, decision.count, decision.threshold, detailed=True)
     canonical = canonical_json(canonical_arguments(arguments, policy.ignored_args))
-    return Answer(Action.REMIND,
-                  message_for(step, decision.tool, canonical, policy, action=Action.REMIND))
+    return Answer(
+        Action.REMIND, message_for(step, decision.tool, canonical, policy, action=Action.REMIND)
+    )

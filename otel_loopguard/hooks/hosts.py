@@ -156,25 +156,49 @@ def _event(
     agent = _optional_string(data, agent_field) if agent_field else None
     if kind is EventKind.USER_PROMPT:
         prompt = data.get("prompt")  # all three hosts send it; a missing one is no error
-        return data, HookEvent(kind, name, session, agent,
-                               prompt=prompt if isinstance(prompt, str) and prompt else None)
+        return data, HookEvent(
+            kind,
+            name,
+            session,
+            agent,
+            prompt=prompt if isinstance(prompt, str) and prompt else None,
+        )
     return data, HookEvent(
-        kind, name, session, agent,
+        kind,
+        name,
+        session,
+        agent,
         tool=_string(data, "tool_name"),
         arguments=data.get("tool_input"),
         call_id=_optional_string(data, "tool_use_id"),
     )
 
 
-def _with_outcome(event: HookEvent, result: object, error: bool | None,
-                  duration_seconds: float | None = None) -> HookEvent:
-    return HookEvent(event.kind, event.name, event.session, event.agent, event.tool,
-                     event.arguments, event.call_id, result, error, duration_seconds)
+def _with_outcome(
+    event: HookEvent, result: object, error: bool | None, duration_seconds: float | None = None
+) -> HookEvent:
+    return HookEvent(
+        event.kind,
+        event.name,
+        event.session,
+        event.agent,
+        event.tool,
+        event.arguments,
+        event.call_id,
+        result,
+        error,
+        duration_seconds,
+    )
 
 
 def _deny_permission(event: HookEvent, text: str) -> JSONObject:
-    return {"hookSpecificOutput": {"hookEventName": event.name, "permissionDecision": "deny",
-                                   "permissionDecisionReason": text}}
+    return {
+        "hookSpecificOutput": {
+            "hookEventName": event.name,
+            "permissionDecision": "deny",
+            "permissionDecisionReason": text,
+        }
+    }
 
 
 def _context(event: HookEvent, text: str) -> JSONObject:
@@ -206,8 +230,13 @@ class ClaudeCode:
         if event.kind is not EventKind.POST_TOOL:
             return event
         duration = data.get("duration_ms")
-        seconds = (duration / 1000 if isinstance(duration, (int, float))
-                   and not isinstance(duration, bool) and duration >= 0 else None)
+        seconds = (
+            duration / 1000
+            if isinstance(duration, (int, float))
+            and not isinstance(duration, bool)
+            and duration >= 0
+            else None
+        )
         if event.name == "PostToolUseFailure":
             return _with_outcome(event, data.get("error"), True, seconds)
         return _with_outcome(event, data.get("tool_response"), False, seconds)

@@ -53,8 +53,13 @@ class RemoteBackend:
     port, e.g. ``http://127.0.0.1:4318``; a path prefix is kept). Raises ``ValueError`` for a
     URL, token or timeout it cannot use."""
 
-    def __init__(self, url: str, *, token: str | None = None,
-                 timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None = None,
+        timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+    ) -> None:
         parts = urllib.parse.urlsplit(url.strip())
         try:
             port = parts.port
@@ -63,19 +68,24 @@ class RemoteBackend:
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"--server: expected http://HOST:PORT, got {url!r}")
         if parts.username is not None or parts.password is not None:
-            raise ValueError("--server: no credentials in the URL; pass the token with --token"
-                             f" or {TOKEN_ENV}")
+            raise ValueError(
+                f"--server: no credentials in the URL; pass the token with --token or {TOKEN_ENV}"
+            )
         if parts.query or parts.fragment:
             raise ValueError(f"--server: expected no query or fragment, got {url!r}")
         if token is not None and (not token or any(c.isspace() for c in token)):
             raise ValueError("--token: expected a non-empty token without spaces")
         if isinstance(timeout_seconds, bool) or not (
-                isinstance(timeout_seconds, (int, float)) and 0 < timeout_seconds
-                and math.isfinite(timeout_seconds)):
-            raise ValueError(f"--timeout: expected a number of seconds > 0, got"
-                             f" {timeout_seconds!r}")
-        self.url = urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"),
-                                            "", ""))
+            isinstance(timeout_seconds, (int, float))
+            and timeout_seconds > 0
+            and math.isfinite(timeout_seconds)
+        ):
+            raise ValueError(
+                f"--timeout: expected a number of seconds > 0, got {timeout_seconds!r}"
+            )
+        self.url = urllib.parse.urlunsplit(
+            (parts.scheme, parts.netloc, parts.path.rstrip("/"), "", "")
+        )
         self.token = token
         self.timeout_seconds = float(timeout_seconds)
         self._https = parts.scheme == "https"
@@ -88,8 +98,7 @@ class RemoteBackend:
         if event.kind is EventKind.USER_PROMPT:
             self._post("user_message", ids)
             return ALLOWED
-        call = {**ids, "tool": event.tool, "arguments": event.arguments,
-                "call_id": event.call_id}
+        call = {**ids, "tool": event.tool, "arguments": event.arguments, "call_id": event.call_id}
         if event.kind is EventKind.PRE_TOOL:
             answer = self._post("before", {**call, "hold_reminder": not host.pre_tool_context})
             decision = self._decision(answer)
@@ -98,8 +107,15 @@ class RemoteBackend:
             return answer_before(host, *decision)
         if event.kind is not EventKind.POST_TOOL:
             return ALLOWED
-        answer = self._post("after", {**call, "error": event.error, "result": event.result,
-                                      "duration_seconds": event.duration_seconds})
+        answer = self._post(
+            "after",
+            {
+                **call,
+                "error": event.error,
+                "result": event.result,
+                "duration_seconds": event.duration_seconds,
+            },
+        )
         decision = self._decision(answer)
         reminder = answer.get("reminder")
         if reminder is not None and not isinstance(reminder, str):
@@ -117,12 +133,17 @@ class RemoteBackend:
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self.token is not None:
             headers["Authorization"] = f"Bearer {self.token}"
-        connection_class = (http.client.HTTPSConnection if self._https
-                            else http.client.HTTPConnection)
+        connection_class = (
+            http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+        )
         connection = connection_class(self._host, self._port, timeout=self.timeout_seconds)
         try:
-            connection.request("POST", f"{self._prefix}/v1/decisions/{endpoint}",
-                               body=orjson.dumps(body), headers=headers)
+            connection.request(
+                "POST",
+                f"{self._prefix}/v1/decisions/{endpoint}",
+                body=orjson.dumps(body),
+                headers=headers,
+            )
             response = connection.getresponse()
             status = response.status
             data = response.read(_MAX_ANSWER_BYTES + 1)
@@ -131,8 +152,9 @@ class RemoteBackend:
         except ConnectionRefusedError:
             raise Unavailable(f"{where}: connection refused") from None
         except OSError as exc:
-            raise Unavailable(f"{where}: {_one_line(exc.strerror or str(exc) or repr(exc))}"
-                              ) from None
+            raise Unavailable(
+                f"{where}: {_one_line(exc.strerror or str(exc) or repr(exc))}"
+            ) from None
         except http.client.HTTPException as exc:
             raise Unavailable(f"{where}: {_one_line(str(exc) or type(exc).__name__)}") from None
         finally:

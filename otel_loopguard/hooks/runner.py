@@ -40,8 +40,16 @@ from .answers import Backend, Unavailable, answer_before, decide_after, decide_b
 from .hosts import ALLOWED, HOSTS, Answer, EventKind, HookEvent, Host, MalformedEvent
 from .store import DEFAULT_BUSY_TIMEOUT_SECONDS, HookStore, StoreError, default_store_path
 
-__all__ = ["FAIL_CLOSED_TEXT", "MAX_STDIN_BYTES", "Backend", "LocalBackend", "Unavailable",
-           "answer_usage_error", "decide", "run"]
+__all__ = [
+    "FAIL_CLOSED_TEXT",
+    "MAX_STDIN_BYTES",
+    "Backend",
+    "LocalBackend",
+    "Unavailable",
+    "answer_usage_error",
+    "decide",
+    "run",
+]
 
 #: Larger stdin (a huge tool result) is not read: the call is allowed with a note.
 MAX_STDIN_BYTES: Final = 64 << 20
@@ -78,8 +86,12 @@ class LocalBackend:
         key = orjson.dumps([host.name, event.session, event.agent]).decode()
         now = time.time()
         try:
-            with self.store.session(key, now=now, ttl_seconds=policy.session_ttl_seconds,
-                                    max_sessions=policy.max_sessions) as row:
+            with self.store.session(
+                key,
+                now=now,
+                ttl_seconds=policy.session_ttl_seconds,
+                max_sessions=policy.max_sessions,
+            ) as row:
                 for problem in row.problems:
                     self._note(f"session {event.session!r}: {problem}; starting it afresh")
                 if row.state is not None:
@@ -101,8 +113,9 @@ class LocalBackend:
         return answer
 
 
-def decide(host: Host, event: HookEvent, guard: LoopGuard, notes: dict[str, str],
-           policy: Policy) -> Answer:
+def decide(
+    host: Host, event: HookEvent, guard: LoopGuard, notes: dict[str, str], policy: Policy
+) -> Answer:
     """Feed ``event`` to ``guard`` and say what the host should be told, by the rules of
     :mod:`.answers` (shared with the remote backend and serve's decision API).
 
@@ -119,16 +132,31 @@ def decide(host: Host, event: HookEvent, guard: LoopGuard, notes: dict[str, str]
         guard.user_message(event.session, agent=event.agent, text=event.prompt)
         return ALLOWED
     if event.kind is EventKind.PRE_TOOL:
-        decision = decide_before(guard, event.tool, event.arguments, session=event.session,
-                                 agent=event.agent, call_id=event.call_id,
-                                 held=None if host.pre_tool_context else _Notes(notes))
+        decision = decide_before(
+            guard,
+            event.tool,
+            event.arguments,
+            session=event.session,
+            agent=event.agent,
+            call_id=event.call_id,
+            held=None if host.pre_tool_context else _Notes(notes),
+        )
         return answer_before(host, decision.action, decision.message)
     if event.kind is not EventKind.POST_TOOL:
         return ALLOWED
-    _, shown = decide_after(guard, event.tool, event.arguments, session=event.session,
-                            agent=event.agent, call_id=event.call_id, error=event.error,
-                            result=event.result, duration_seconds=event.duration_seconds,
-                            held=_Notes(notes), policy=policy)
+    _, shown = decide_after(
+        guard,
+        event.tool,
+        event.arguments,
+        session=event.session,
+        agent=event.agent,
+        call_id=event.call_id,
+        error=event.error,
+        result=event.result,
+        duration_seconds=event.duration_seconds,
+        held=_Notes(notes),
+        policy=policy,
+    )
     return shown
 
 
@@ -192,10 +220,17 @@ def run(
 
     answer_json: dict[str, object] = {}
     try:
-        answer_json = _answer_json(host_name, store, (preset, config, plugin_config),
-                                   fail_closed, problem, (server, token, timeout_seconds),
-                                   stdin if stdin is not None else sys.stdin.buffer, environ,
-                                   note)
+        answer_json = _answer_json(
+            host_name,
+            store,
+            (preset, config, plugin_config),
+            fail_closed,
+            problem,
+            (server, token, timeout_seconds),
+            stdin if stdin is not None else sys.stdin.buffer,
+            environ,
+            note,
+        )
     except Exception as exc:  # the last line: a bug here must still leave the host an answer
         note(f"internal error ({type(exc).__name__}: {exc}); allowing the call")
         answer_json = {}
@@ -207,11 +242,17 @@ def run(
     return 0
 
 
-def _answer_json(host_name: str, store: str | None,
-                 policy_sources: tuple[str | None, str | None, str | None],
-                 fail_closed: bool, problem: str | None,
-                 remote: tuple[str | None, str | None, float | None], stdin: BinaryIO,
-                 environ: Mapping[str, str] | None, note: Note) -> dict[str, object]:
+def _answer_json(
+    host_name: str,
+    store: str | None,
+    policy_sources: tuple[str | None, str | None, str | None],
+    fail_closed: bool,
+    problem: str | None,
+    remote: tuple[str | None, str | None, float | None],
+    stdin: BinaryIO,
+    environ: Mapping[str, str] | None,
+    note: Note,
+) -> dict[str, object]:
     preset, config, plugin_config = policy_sources
     host = HOSTS.get(host_name)
     if host is None:
@@ -248,31 +289,49 @@ def _answer_json(host_name: str, store: str | None,
             note(f"{exc}; denying the call (--fail-closed)")
             answer = Answer(Action.DENY, FAIL_CLOSED_TEXT.format(reason=exc))
         else:
-            note(f"{exc}; allowing the call (fail-open)" if event.kind is EventKind.PRE_TOOL
-                 else f"{exc}; nothing recorded")
+            note(
+                f"{exc}; allowing the call (fail-open)"
+                if event.kind is EventKind.PRE_TOOL
+                else f"{exc}; nothing recorded"
+            )
             answer = ALLOWED
     return host.render(event, answer)
 
 
-def _remote_backend(remote: tuple[str | None, str | None, float | None], store: str | None,
-                    policy_sources: tuple[str | None, str | None, str | None],
-                    environ: Mapping[str, str] | None) -> Backend:
+def _remote_backend(
+    remote: tuple[str | None, str | None, float | None],
+    store: str | None,
+    policy_sources: tuple[str | None, str | None, str | None],
+    environ: Mapping[str, str] | None,
+) -> Backend:
     from .remote import DEFAULT_TIMEOUT_SECONDS, RemoteBackend  # only the --server path
 
     url, token, timeout = remote
     preset, config, plugin_config = policy_sources
     assert url is not None
-    local = [name for name, value in (("--store", store), ("--preset", preset),
-                                      ("--config", config), ("--plugin-config", plugin_config))
-             if value]
+    local = [
+        name
+        for name, value in (
+            ("--store", store),
+            ("--preset", preset),
+            ("--config", config),
+            ("--plugin-config", plugin_config),
+        )
+        if value
+    ]
     if local:
-        raise Unavailable(f"{', '.join(local)} cannot be combined with --server (the server keeps"
-                          f" the sessions and applies its own policy)")
+        raise Unavailable(
+            f"{', '.join(local)} cannot be combined with --server (the server keeps"
+            f" the sessions and applies its own policy)"
+        )
     if token is None:
         token = (os.environ if environ is None else environ).get(LOOPGUARD_SERVE_TOKEN) or None
     try:
-        return RemoteBackend(url, token=token, timeout_seconds=(
-            DEFAULT_TIMEOUT_SECONDS if timeout is None else timeout))
+        return RemoteBackend(
+            url,
+            token=token,
+            timeout_seconds=(DEFAULT_TIMEOUT_SECONDS if timeout is None else timeout),
+        )
     except ValueError as exc:
         raise Unavailable(str(exc)) from None
 
@@ -281,5 +340,6 @@ def answer_usage_error(argv: Sequence[str], message: str) -> int:
     """Answer a ``hook`` command line that could not be parsed (``argv`` after ``hook``): the
     host still gets a JSON answer and exit status 0, as when the store is unusable."""
     host_name = next((arg for arg in argv if arg in HOSTS), "")
-    return run(host_name, fail_closed="--fail-closed" in argv,
-               problem=f"bad command line ({message})")
+    return run(
+        host_name, fail_closed="--fail-closed" in argv, problem=f"bad command line ({message})"
+    )

@@ -74,8 +74,9 @@ def default_store_path(environ: Mapping[str, str] | None = None) -> Path:
     try:
         home = Path.home()
     except RuntimeError as exc:
-        raise StoreError(f"no home directory for the default state file ({exc});"
-                         f" set {STORE_ENV} or pass --store") from None
+        raise StoreError(
+            f"no home directory for the default state file ({exc}); set {STORE_ENV} or pass --store"
+        ) from None
     return home / ".local" / "state" / _APP_DIRECTORY / _FILE_NAME
 
 
@@ -97,17 +98,23 @@ class HookStore:
     """The sessions of command hooks in the SQLite file at ``path`` (created on first use,
     with its directory; readable by the owner only)."""
 
-    def __init__(self, path: str | os.PathLike[str], *,
-                 busy_timeout_seconds: float = DEFAULT_BUSY_TIMEOUT_SECONDS) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        busy_timeout_seconds: float = DEFAULT_BUSY_TIMEOUT_SECONDS,
+    ) -> None:
         if not busy_timeout_seconds > 0:
             raise ValueError(
-                f"busy_timeout_seconds: expected a number > 0, got {busy_timeout_seconds!r}")
+                f"busy_timeout_seconds: expected a number > 0, got {busy_timeout_seconds!r}"
+            )
         self.path = Path(path)
         self.busy_timeout_seconds = busy_timeout_seconds
 
     @contextmanager
-    def session(self, key: str, *, now: float, ttl_seconds: float,
-                max_sessions: int) -> Iterator[Row]:
+    def session(
+        self, key: str, *, now: float, ttl_seconds: float, max_sessions: int
+    ) -> Iterator[Row]:
         """One transaction on the row of ``key``: yields it as read; on a normal exit writes
         :attr:`Row.save` (if set) with ``now`` as its time, and commits. An exception from the
         body rolls back and propagates; a problem with the file raises :class:`StoreError`."""
@@ -117,7 +124,8 @@ class HookStore:
                 connection.execute("BEGIN IMMEDIATE")
                 self._ensure_schema(connection)
                 found = connection.execute(
-                    "SELECT state, notes FROM sessions WHERE key = ?", (key,)).fetchone()
+                    "SELECT state, notes FROM sessions WHERE key = ?", (key,)
+                ).fetchone()
             except sqlite3.Error as exc:
                 raise self._error(exc) from None
             row = _decode(found)
@@ -149,8 +157,9 @@ class HookStore:
             # Created here rather than by SQLite so that it (and its -wal/-shm files, which
             # SQLite gives the same mode) is private: reminders quote call arguments.
             os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
-            connection = sqlite3.connect(path, timeout=self.busy_timeout_seconds,
-                                         isolation_level=None)
+            connection = sqlite3.connect(
+                path, timeout=self.busy_timeout_seconds, isolation_level=None
+            )
         except OSError as exc:
             raise StoreError(f"state file {str(path)!r}: {exc.strerror or exc}") from None
         except sqlite3.Error as exc:
@@ -170,8 +179,10 @@ class HookStore:
         if version == SCHEMA_VERSION:
             return
         if version != 0:
-            raise StoreError(f"state file {str(self.path)!r}: schema version {version}, this"
-                             f" otel-loopguard reads version {SCHEMA_VERSION}")
+            raise StoreError(
+                f"state file {str(self.path)!r}: schema version {version}, this"
+                f" otel-loopguard reads version {SCHEMA_VERSION}"
+            )
         connection.execute(
             "CREATE TABLE IF NOT EXISTS sessions ("
             " key TEXT PRIMARY KEY,"
@@ -183,13 +194,16 @@ class HookStore:
         connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     @staticmethod
-    def _make_room(connection: sqlite3.Connection, now: float, ttl_seconds: float,
-                   max_sessions: int) -> None:
+    def _make_room(
+        connection: sqlite3.Connection, now: float, ttl_seconds: float, max_sessions: int
+    ) -> None:
         """Before a new session is stored: drop idle rows, and the oldest beyond the bound."""
         connection.execute("DELETE FROM sessions WHERE updated <= ?", (now - ttl_seconds,))
         connection.execute(
             "DELETE FROM sessions WHERE key IN (SELECT key FROM sessions"
-            " ORDER BY updated DESC LIMIT -1 OFFSET ?)", (max(0, max_sessions - 1),))
+            " ORDER BY updated DESC LIMIT -1 OFFSET ?)",
+            (max(0, max_sessions - 1),),
+        )
 
     def _error(self, exc: sqlite3.Error) -> StoreError:
         text = str(exc)

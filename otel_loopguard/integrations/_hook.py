@@ -77,10 +77,13 @@ class ToolHook:
             raise ValueError(f"guard: expected a LoopGuard, got {type(guard).__name__}")
         if processor is not None and not callable(getattr(processor, "current_session", None)):
             raise ValueError(
-                f"processor: expected a LoopGuardSpanProcessor, got {type(processor).__name__}")
+                f"processor: expected a LoopGuardSpanProcessor, got {type(processor).__name__}"
+            )
         if guard is not None and processor is not None and processor.guard is not guard:
-            raise ValueError("processor: it feeds another guard; pass LoopGuardSpanProcessor(guard) "
-                             "to the provider, or only the processor here")
+            raise ValueError(
+                "processor: it feeds another guard; pass LoopGuardSpanProcessor(guard) "
+                "to the provider, or only the processor here"
+            )
         if session is not None and not (isinstance(session, str) or callable(session)):
             raise ValueError(f"session: expected a string or a callable, got {session!r}")
         if on_stop not in ("end", "message"):
@@ -97,8 +100,9 @@ class ToolHook:
 
     # -- keys --------------------------------------------------------------------------------
 
-    def keys(self, framework_session: str | None = None,
-             framework_agent: str | None = None) -> tuple[str, str | None]:
+    def keys(
+        self, framework_session: str | None = None, framework_agent: str | None = None
+    ) -> tuple[str, str | None]:
         """(session, agent) for a call made now: the processor's keys inside one of its spans,
         else the caller's ``session``, else the framework's id, else :data:`DEFAULT_SESSION`."""
         if self.processor is not None:
@@ -118,8 +122,9 @@ class ToolHook:
         agent = self._agent if self._agent is not None else framework_agent
         return (session or framework_session or DEFAULT_SESSION), agent
 
-    def run_marker(self, keys: tuple[str, str | None], marker: object,
-                   task: str | None = None) -> None:
+    def run_marker(
+        self, keys: tuple[str, str | None], marker: object, task: str | None = None
+    ) -> None:
         """Start a new progress epoch when ``marker`` (a run, invocation or user-message id)
         differs from the last one seen in this session; the first marker seen only records.
         ``task``, the run's prompt when the framework has it, is what an advisor is told the
@@ -140,14 +145,21 @@ class ToolHook:
 
     # -- the call ----------------------------------------------------------------------------
 
-    def before(self, tool: str, arguments: object, call_id: str | None,
-               keys: tuple[str, str | None], decision: Decision | None = None) -> Ticket:
+    def before(
+        self,
+        tool: str,
+        arguments: object,
+        call_id: str | None,
+        keys: tuple[str, str | None],
+        decision: Decision | None = None,
+    ) -> Ticket:
         """Ask the guard (counting the attempt), unless ``decision`` was already made for this
         call (by the span processor at span start)."""
         session, agent = keys
         if decision is None:
-            decision = self.guard.before_tool(tool, arguments, session=session, agent=agent,
-                                              call_id=call_id)
+            decision = self.guard.before_tool(
+                tool, arguments, session=session, agent=agent, call_id=call_id
+            )
         if decision.action is Action.STOP and self.on_stop == "message":
             decision = _as_deny(decision)
         return Ticket(tool, arguments, session, agent, call_id, decision, time.perf_counter())
@@ -157,8 +169,13 @@ class ToolHook:
         if ticket.decision.blocks:
             return
         self.guard.after_tool(
-            ticket.tool, ticket.arguments, session=ticket.session, agent=ticket.agent,
-            call_id=ticket.call_id, error=error, result=result,
+            ticket.tool,
+            ticket.arguments,
+            session=ticket.session,
+            agent=ticket.agent,
+            call_id=ticket.call_id,
+            error=error,
+            result=result,
             duration_seconds=time.perf_counter() - ticket.started,
         )
 

@@ -63,8 +63,14 @@ class LoopGuardCallbacks:
         append_reminders: bool = True,
         on_stop: OnStop = "end",
     ) -> None:
-        self.hook = ToolHook(guard, processor=processor, session=session, agent=agent,
-                             append_reminders=append_reminders, on_stop=on_stop)
+        self.hook = ToolHook(
+            guard,
+            processor=processor,
+            session=session,
+            agent=agent,
+            append_reminders=append_reminders,
+            on_stop=on_stop,
+        )
         self.guard = self.hook.guard
         self._tickets: dict[str, Ticket] = {}
 
@@ -74,8 +80,9 @@ class LoopGuardCallbacks:
         self.hook.run_marker(keys, getattr(tool_context, "invocation_id", None))
         return keys
 
-    def before_tool(self, tool: BaseTool, args: dict[str, Any],
-                    tool_context: ToolContext) -> dict[str, Any] | None:
+    def before_tool(
+        self, tool: BaseTool, args: dict[str, Any], tool_context: ToolContext
+    ) -> dict[str, Any] | None:
         """For ``LlmAgent(before_tool_callback=...)``."""
         call_id = tool_context.function_call_id
         ticket = self.hook.before(tool.name, args, call_id, self._keys(tool_context))
@@ -88,8 +95,9 @@ class LoopGuardCallbacks:
             tool_context.actions.skip_summarization = True
         return {"error": decision.message}
 
-    def after_tool(self, tool: BaseTool, args: dict[str, Any], tool_context: ToolContext,
-                   tool_response: Any) -> dict[str, Any] | None:
+    def after_tool(
+        self, tool: BaseTool, args: dict[str, Any], tool_context: ToolContext, tool_response: Any
+    ) -> dict[str, Any] | None:
         """For ``LlmAgent(after_tool_callback=...)``; returns a response with the reminder
         added, or None to keep the tool's."""
         call_id = tool_context.function_call_id
@@ -104,8 +112,9 @@ class LoopGuardCallbacks:
             return {**tool_response, REMINDER_KEY: reminder}
         return {"result": self.hook.with_reminder(ticket, str(tool_response))}
 
-    def on_tool_error(self, tool: BaseTool, args: dict[str, Any], tool_context: ToolContext,
-                      error: Exception) -> dict[str, Any] | None:
+    def on_tool_error(
+        self, tool: BaseTool, args: dict[str, Any], tool_context: ToolContext, error: Exception
+    ) -> dict[str, Any] | None:
         """For ``LlmAgent(on_tool_error_callback=...)``: reports the failure, keeps ADK's
         handling (returns None)."""
         call_id = tool_context.function_call_id

@@ -59,7 +59,9 @@ def _thread_id(request: ToolCallRequest) -> str | None:
 
 
 def _last_user_message(state: Any) -> object:
-    messages = state.get("messages") if isinstance(state, dict) else getattr(state, "messages", None)
+    messages = (
+        state.get("messages") if isinstance(state, dict) else getattr(state, "messages", None)
+    )
     if not isinstance(messages, list):
         return None
     for message in reversed(messages):
@@ -82,8 +84,14 @@ class LoopGuardToolWrapper:
         append_reminders: bool = True,
         on_stop: OnStop = "end",
     ) -> None:
-        self.hook = ToolHook(guard, processor=processor, session=session, agent=agent,
-                             append_reminders=append_reminders, on_stop=on_stop)
+        self.hook = ToolHook(
+            guard,
+            processor=processor,
+            session=session,
+            agent=agent,
+            append_reminders=append_reminders,
+            on_stop=on_stop,
+        )
         self.guard = self.hook.guard
 
     def _before(self, request: ToolCallRequest) -> tuple[Ticket, ToolMessage | None]:
@@ -96,8 +104,12 @@ class LoopGuardToolWrapper:
             return ticket, None
         if decision.action is Action.STOP:
             raise LoopDetected(decision)
-        return ticket, ToolMessage(content=decision.message, name=call["name"],
-                                   tool_call_id=call.get("id") or "", status="error")
+        return ticket, ToolMessage(
+            content=decision.message,
+            name=call["name"],
+            tool_call_id=call.get("id") or "",
+            status="error",
+        )
 
     def _after(self, ticket: Ticket, result: Result) -> Result:
         if not isinstance(result, ToolMessage):
@@ -109,8 +121,9 @@ class LoopGuardToolWrapper:
             return result.model_copy(update={"content": self.hook.with_reminder(ticket, content)})
         return result
 
-    def wrap_tool_call(self, request: ToolCallRequest,
-                       execute: Callable[[ToolCallRequest], Result]) -> Result:
+    def wrap_tool_call(
+        self, request: ToolCallRequest, execute: Callable[[ToolCallRequest], Result]
+    ) -> Result:
         """For ``ToolNode(wrap_tool_call=...)``."""
         ticket, blocked = self._before(request)
         if blocked is not None:
@@ -122,8 +135,9 @@ class LoopGuardToolWrapper:
             raise
         return self._after(ticket, result)
 
-    async def awrap_tool_call(self, request: ToolCallRequest,
-                              execute: Callable[[ToolCallRequest], Awaitable[Result]]) -> Result:
+    async def awrap_tool_call(
+        self, request: ToolCallRequest, execute: Callable[[ToolCallRequest], Awaitable[Result]]
+    ) -> Result:
         """For ``ToolNode(awrap_tool_call=...)``."""
         ticket, blocked = self._before(request)
         if blocked is not None:

@@ -71,14 +71,22 @@ class LoopGuardGuardrails:
         append_reminders: bool = True,
         on_stop: OnStop = "end",
     ) -> None:
-        self.hook = ToolHook(guard, processor=processor, session=session, agent=agent,
-                             append_reminders=append_reminders, on_stop=on_stop)
+        self.hook = ToolHook(
+            guard,
+            processor=processor,
+            session=session,
+            agent=agent,
+            append_reminders=append_reminders,
+            on_stop=on_stop,
+        )
         self.guard = self.hook.guard
         self._tickets: dict[str, Ticket] = {}
         self.input: ToolInputGuardrail[Any] = ToolInputGuardrail(
-            guardrail_function=self._before, name=_GUARDRAIL_NAME)
+            guardrail_function=self._before, name=_GUARDRAIL_NAME
+        )
         self.output: ToolOutputGuardrail[Any] = ToolOutputGuardrail(
-            guardrail_function=self._after, name=_GUARDRAIL_NAME)
+            guardrail_function=self._after, name=_GUARDRAIL_NAME
+        )
 
     def _keys(self, data: ToolInputGuardrailData) -> tuple[str, str | None]:
         context = data.context
@@ -95,8 +103,9 @@ class LoopGuardGuardrails:
 
     def _before(self, data: ToolInputGuardrailData) -> ToolGuardrailFunctionOutput:
         context = data.context
-        ticket = self.hook.before(context.tool_name, context.tool_arguments,
-                                  context.tool_call_id, self._keys(data))
+        ticket = self.hook.before(
+            context.tool_name, context.tool_arguments, context.tool_call_id, self._keys(data)
+        )
         decision = ticket.decision
         if not decision.blocks:
             self._tickets[context.tool_call_id] = ticket
@@ -116,7 +125,8 @@ class LoopGuardGuardrails:
         # reject_content hands the model this text instead of the output: the output itself,
         # then the reminder.
         return ToolGuardrailFunctionOutput.reject_content(
-            f"{data.output}\n\n{reminder}", output_info=ticket.decision)
+            f"{data.output}\n\n{reminder}", output_info=ticket.decision
+        )
 
 
 def guard_agent(
@@ -130,11 +140,15 @@ def guard_agent(
 ) -> Agent[Any]:
     """Add the guard's tool guardrails to every function tool of ``agent`` (in place; tools it
     gets later are not covered) and return the agent."""
-    guardrails = LoopGuardGuardrails(guard, processor=processor, session=session,
-                                     append_reminders=append_reminders, on_stop=on_stop)
+    guardrails = LoopGuardGuardrails(
+        guard,
+        processor=processor,
+        session=session,
+        append_reminders=append_reminders,
+        on_stop=on_stop,
+    )
     for tool in agent.tools:
         if isinstance(tool, FunctionTool):
             tool.tool_input_guardrails = [*(tool.tool_input_guardrails or ()), guardrails.input]
-            tool.tool_output_guardrails = [*(tool.tool_output_guardrails or ()),
-                                           guardrails.output]
+            tool.tool_output_guardrails = [*(tool.tool_output_guardrails or ()), guardrails.output]
     return agent

@@ -68,13 +68,18 @@ class LoopGuardCapability(AbstractCapability[Any]):
     _tickets: dict[str, Ticket] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self._hook = ToolHook(self.guard, processor=self.processor, session=self.session,
-                              agent=self.agent, append_reminders=self.append_reminders,
-                              on_stop=self.on_stop)
+        self._hook = ToolHook(
+            self.guard,
+            processor=self.processor,
+            session=self.session,
+            agent=self.agent,
+            append_reminders=self.append_reminders,
+            on_stop=self.on_stop,
+        )
         self.guard = self._hook.guard
         self._tickets = {}
         if getattr(self, "id", None) is None:
-            setattr(self, "id", "loopguard")  # one per agent: a second one merges with the first
+            self.id = "loopguard"  # one per agent: a second one merges with the first
 
     def _keys(self, ctx: RunContext[Any]) -> tuple[str, str | None]:
         return self._hook.keys(ctx.conversation_id or ctx.run_id, _agent_name(ctx))
@@ -95,8 +100,9 @@ class LoopGuardCapability(AbstractCapability[Any]):
             from ..processor import current_decision
 
             decision = current_decision()  # made (and counted) when the tool span started
-        ticket = self._hook.before(call.tool_name, call.args_as_dict(), call.tool_call_id,
-                                   self._keys(ctx), decision)
+        ticket = self._hook.before(
+            call.tool_name, call.args_as_dict(), call.tool_call_id, self._keys(ctx), decision
+        )
         decision = ticket.decision
         if not decision.blocks:
             self._tickets[call.tool_call_id] = ticket

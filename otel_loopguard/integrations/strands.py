@@ -51,15 +51,15 @@ def _framework_keys(agent: Any) -> tuple[str | None, str | None]:
     attributes = getattr(agent, "trace_attributes", None) or {}
     session = attributes.get("session.id")
     if session is None:
-        manager = getattr(agent, "_session_manager", None) or getattr(agent, "session_manager",
-                                                                       None)
+        manager = getattr(agent, "_session_manager", None) or getattr(
+            agent, "session_manager", None
+        )
         session = getattr(manager, "session_id", None)
     if session is None:
         agent_id = getattr(agent, "agent_id", None)
         session = f"strands:{agent_id}" if agent_id is not None else None
     name = getattr(agent, "name", None)
-    return (str(session) if session is not None else None,
-            name if isinstance(name, str) else None)
+    return (str(session) if session is not None else None, name if isinstance(name, str) else None)
 
 
 class LoopGuardHooks(HookProvider):
@@ -76,8 +76,14 @@ class LoopGuardHooks(HookProvider):
         append_reminders: bool = True,
         on_stop: OnStop = "end",
     ) -> None:
-        self.hook = ToolHook(guard, processor=processor, session=session, agent=agent,
-                             append_reminders=append_reminders, on_stop=on_stop)
+        self.hook = ToolHook(
+            guard,
+            processor=processor,
+            session=session,
+            agent=agent,
+            append_reminders=append_reminders,
+            on_stop=on_stop,
+        )
         self.guard = self.hook.guard
         self._tickets: dict[str, Ticket] = {}
         self._invocations = 0
@@ -98,8 +104,9 @@ class LoopGuardHooks(HookProvider):
     def before_tool_call(self, event: BeforeToolCallEvent) -> None:
         tool_use = event.tool_use
         call_id = str(tool_use.get("toolUseId"))
-        ticket = self.hook.before(tool_use["name"], tool_use.get("input"), call_id,
-                                  self._keys(event.agent))
+        ticket = self.hook.before(
+            tool_use["name"], tool_use.get("input"), call_id, self._keys(event.agent)
+        )
         decision = ticket.decision
         if not decision.blocks:
             self._tickets[call_id] = ticket
@@ -115,8 +122,11 @@ class LoopGuardHooks(HookProvider):
         result = event.result
         content = result.get("content") or []
         text = "\n".join(block["text"] for block in content if "text" in block)
-        self.hook.after(ticket, result=text,
-                        error=event.exception is not None or result.get("status") == "error")
+        self.hook.after(
+            ticket,
+            result=text,
+            error=event.exception is not None or result.get("status") == "error",
+        )
         reminder = self.hook.reminder(ticket)
         if reminder is not None:
             event.result = {**result, "content": [*content, {"text": reminder}]}

@@ -21,8 +21,11 @@ class Failures:
             kind = f"{where}:{type(exc).__name__}"
             if kind not in self._logged:
                 self._logged.add(kind)
-                _log.error("loopguard metrics: %s failed (further such failures are counted,"
-                           " not logged)", where, exc_info=exc)
+                _log.error(
+                    "loopguard metrics: %s failed (further such failures are counted, not logged)",
+                    where,
+                    exc_info=exc,
+                )
         except Exception:  # pragma: no cover - logging itself failed; nothing left to do
             pass
 

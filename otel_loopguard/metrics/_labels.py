@@ -22,7 +22,8 @@ MAX_LABEL_CHARS: Final = 128
 #: Raw (agent, tool) pairs whose label children are cached; beyond it they are looked up per call.
 MAX_CACHED_PAIRS: Final = 4096
 _ID_LIKE: Final = re.compile(
-    r"[0-9a-fA-F]{16,}|[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+    r"[0-9a-fA-F]{16,}|[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+)
 
 
 def check_max_label_values(value: object) -> int:
@@ -54,8 +55,12 @@ class Bounded:
     def _admit(self, raw: object) -> str:
         if raw is None:
             return self._none
-        if (type(raw) is not str or not raw or len(raw) > MAX_LABEL_CHARS
-                or _ID_LIKE.search(raw) is not None):
+        if (
+            type(raw) is not str
+            or not raw
+            or len(raw) > MAX_LABEL_CHARS
+            or _ID_LIKE.search(raw) is not None
+        ):
             return OTHER
         with self._lock:
             if raw in self._map:

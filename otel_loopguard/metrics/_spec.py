@@ -87,49 +87,91 @@ class MetricSpec:
 
 
 TOOL_CALLS: Final = MetricSpec(
-    "loopguard_tool_calls", MetricKind.COUNTER, "Tracked tool-call attempts seen.",
-    ("agent", "tool"), "{call}")
+    "loopguard_tool_calls",
+    MetricKind.COUNTER,
+    "Tracked tool-call attempts seen.",
+    ("agent", "tool"),
+    "{call}",
+)
 REPEATED_CALLS: Final = MetricSpec(
-    "loopguard_repeated_calls", MetricKind.COUNTER,
+    "loopguard_repeated_calls",
+    MetricKind.COUNTER,
     "Tracked tool-call attempts whose arguments were already seen in the progress epoch.",
-    ("agent", "tool"), "{call}")
+    ("agent", "tool"),
+    "{call}",
+)
 DECISIONS: Final = MetricSpec(
-    "loopguard_decisions", MetricKind.COUNTER,
+    "loopguard_decisions",
+    MetricKind.COUNTER,
     "Non-allow decisions, by the action detected (before the mode softened it).",
-    ("agent", "tool", "rule", "action"), "{decision}")
+    ("agent", "tool", "rule", "action"),
+    "{decision}",
+)
 WASTED_SECONDS: Final = MetricSpec(
-    "loopguard_wasted_seconds", MetricKind.COUNTER, "Seconds spent running repeated calls.",
-    ("agent", "tool"), "s")
+    "loopguard_wasted_seconds",
+    MetricKind.COUNTER,
+    "Seconds spent running repeated calls.",
+    ("agent", "tool"),
+    "s",
+)
 RESCUES: Final = MetricSpec(
-    "loopguard_rescues", MetricKind.COUNTER,
-    "Rescue attempts by outcome: advice, cached, failed, budget, cooldown.", ("outcome",),
-    "{rescue}")
+    "loopguard_rescues",
+    MetricKind.COUNTER,
+    "Rescue attempts by outcome: advice, cached, failed, budget, cooldown.",
+    ("outcome",),
+    "{rescue}",
+)
 SESSIONS: Final = MetricSpec(
-    "loopguard_sessions", MetricKind.GAUGE, "Sessions currently tracked.", (), "{session}")
+    "loopguard_sessions", MetricKind.GAUGE, "Sessions currently tracked.", (), "{session}"
+)
 SESSIONS_EVICTED: Final = MetricSpec(
-    "loopguard_sessions_evicted", MetricKind.COUNTER,
+    "loopguard_sessions_evicted",
+    MetricKind.COUNTER,
     "Sessions forgotten, by reason: ttl (idle too long) or capacity (max_sessions).",
-    ("reason",), "{session}")
+    ("reason",),
+    "{session}",
+)
 INTERNAL_ERRORS: Final = MetricSpec(
-    "loopguard_internal_errors", MetricKind.COUNTER,
+    "loopguard_internal_errors",
+    MetricKind.COUNTER,
     "Exceptions caught on the hot path (the call was allowed), by where they happened.",
-    ("where",), "{error}")
+    ("where",),
+    "{error}",
+)
 #: Counts are whole numbers: one bucket per count up to 20, so ``ceil(histogram_quantile(...))``
 #: is the exact count there (a count n lies in the bucket (n-1, n], which linear interpolation
 #: never leaves); above 20 the buckets are coarser and a quantile is only bounded by them.
 DECISION_REPEAT_BUCKETS: Final = (*range(1, 21), 25, 30, 40, 50, 60, 80, 100)
 DECISION_REPEATS: Final = MetricSpec(
-    "loopguard_decision_repeats", MetricKind.HISTOGRAM,
+    "loopguard_decision_repeats",
+    MetricKind.HISTOGRAM,
     "Attempts of the call, as the rule counts them, when a non-allow decision was made.",
-    ("action",), "{call}", tuple(float(bound) for bound in DECISION_REPEAT_BUCKETS))
+    ("action",),
+    "{call}",
+    tuple(float(bound) for bound in DECISION_REPEAT_BUCKETS),
+)
 REPEATED_CALL_SECONDS: Final = MetricSpec(
-    "loopguard_repeated_call_seconds", MetricKind.HISTOGRAM,
-    "Duration of each repeated call that ran.", (), "s",
-    (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300))
+    "loopguard_repeated_call_seconds",
+    MetricKind.HISTOGRAM,
+    "Duration of each repeated call that ran.",
+    (),
+    "s",
+    (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+)
 
 #: Every metric the recorders export (DESIGN §7), declared once.
-METRICS: Final = (TOOL_CALLS, REPEATED_CALLS, DECISIONS, WASTED_SECONDS, RESCUES, SESSIONS,
-                  SESSIONS_EVICTED, INTERNAL_ERRORS, DECISION_REPEATS, REPEATED_CALL_SECONDS)
+METRICS: Final = (
+    TOOL_CALLS,
+    REPEATED_CALLS,
+    DECISIONS,
+    WASTED_SECONDS,
+    RESCUES,
+    SESSIONS,
+    SESSIONS_EVICTED,
+    INTERNAL_ERRORS,
+    DECISION_REPEATS,
+    REPEATED_CALL_SECONDS,
+)
 
 #: Label values known in advance; their series are created at zero.
 RULES: Final = tuple(rule.value for rule in Rule)
@@ -139,7 +181,15 @@ ACTIONS: Final = ("remind", "deny", "rescue", "stop")
 RESCUE_OUTCOMES: Final = ("advice", "cached", "failed", "budget", "cooldown")
 EVICTION_REASONS: Final = ("ttl", "capacity")
 #: Where the guard and the span processor catch exceptions.
-ERROR_PLACES: Final = ("before_tool", "after_tool", "user_message", "new_run", "span_start",
-                       "advisor_callback", "span_processor.on_start", "span_processor.on_end")
+ERROR_PLACES: Final = (
+    "before_tool",
+    "after_tool",
+    "user_message",
+    "new_run",
+    "span_start",
+    "advisor_callback",
+    "span_processor.on_start",
+    "span_processor.on_end",
+)
 NO_RULE: Final = "none"
 NO_AGENT: Final = "none"

@@ -51,8 +51,7 @@ class OpenTelemetryRecorder:
     collection. Labels are bounded the same way. Never raises from a recording method.
     """
 
-    def __init__(self, meter: Meter, *,
-                 max_label_values: int = DEFAULT_MAX_LABEL_VALUES) -> None:
+    def __init__(self, meter: Meter, *, max_label_values: int = DEFAULT_MAX_LABEL_VALUES) -> None:
         limit = check_max_label_values(max_label_values)
         if not hasattr(meter, "create_counter"):
             raise ValueError(f"meter: expected an OpenTelemetry Meter, got {type(meter).__name__}")
@@ -68,15 +67,20 @@ class OpenTelemetryRecorder:
         instruments: dict[str, Any] = {}
         for spec in METRICS:
             if spec.kind is MetricKind.COUNTER:
-                instruments[spec.name] = meter.create_counter(spec.name, spec.unit,
-                                                              spec.description)
+                instruments[spec.name] = meter.create_counter(
+                    spec.name, spec.unit, spec.description
+                )
             elif spec.kind is MetricKind.GAUGE:
                 instruments[spec.name] = meter.create_observable_gauge(
-                    spec.name, [observe], spec.unit, spec.description)
+                    spec.name, [observe], spec.unit, spec.description
+                )
             else:
                 instruments[spec.name] = meter.create_histogram(
-                    spec.name, spec.unit, spec.description,
-                    explicit_bucket_boundaries_advisory=list(spec.buckets))
+                    spec.name,
+                    spec.unit,
+                    spec.description,
+                    explicit_bucket_boundaries_advisory=list(spec.buckets),
+                )
         self._calls = instruments[TOOL_CALLS.name]
         self._repeated = instruments[REPEATED_CALLS.name]
         self._decisions = instruments[DECISIONS.name]
@@ -109,8 +113,7 @@ class OpenTelemetryRecorder:
     def declare_tools(self, tools: Iterable[str], agent: str | None = None) -> None:
         """Record zero now for ``agent`` with each of ``tools`` (calls, repeats, wasted seconds,
         every rule x action), before their first call, as
-        :meth:`PrometheusRecorder.declare_tools <otel_loopguard.metrics.PrometheusRecorder.declare_tools>`
-        does. Never raises."""
+        ``PrometheusRecorder.declare_tools`` does. Never raises."""
         try:
             for tool in tools:
                 self._pair(agent, tool)

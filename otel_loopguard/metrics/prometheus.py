@@ -91,10 +91,12 @@ class _CallCounts:
     def _families(pairs: list[_Pair]) -> list[Any]:
         from prometheus_client.core import CounterMetricFamily
 
-        calls = CounterMetricFamily(TOOL_CALLS.name, TOOL_CALLS.description,
-                                    labels=TOOL_CALLS.labels)
-        repeated = CounterMetricFamily(REPEATED_CALLS.name, REPEATED_CALLS.description,
-                                       labels=REPEATED_CALLS.labels)
+        calls = CounterMetricFamily(
+            TOOL_CALLS.name, TOOL_CALLS.description, labels=TOOL_CALLS.labels
+        )
+        repeated = CounterMetricFamily(
+            REPEATED_CALLS.name, REPEATED_CALLS.description, labels=REPEATED_CALLS.labels
+        )
         for pair in pairs:
             calls.add_metric([pair.agent, pair.tool], _count_value(pair.calls))
             repeated.add_metric([pair.agent, pair.tool], _count_value(pair.repeated))
@@ -120,8 +122,9 @@ class PrometheusRecorder:
     a call costs a dict lookup and one or two increments.
     """
 
-    def __init__(self, registry: Any = None, *,
-                 max_label_values: int = DEFAULT_MAX_LABEL_VALUES) -> None:
+    def __init__(
+        self, registry: Any = None, *, max_label_values: int = DEFAULT_MAX_LABEL_VALUES
+    ) -> None:
         limit = check_max_label_values(max_label_values)
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -138,14 +141,21 @@ class PrometheusRecorder:
             if spec in (TOOL_CALLS, REPEATED_CALLS):
                 continue  # counted per call without a lock: collected by _CallCounts
             if spec.kind is MetricKind.COUNTER:
-                metrics[spec.name] = Counter(spec.name, spec.description, spec.labels,
-                                             registry=self.registry)
+                metrics[spec.name] = Counter(
+                    spec.name, spec.description, spec.labels, registry=self.registry
+                )
             elif spec.kind is MetricKind.GAUGE:
-                metrics[spec.name] = Gauge(spec.name, spec.description, spec.labels,
-                                           registry=self.registry)
+                metrics[spec.name] = Gauge(
+                    spec.name, spec.description, spec.labels, registry=self.registry
+                )
             else:
-                metrics[spec.name] = Histogram(spec.name, spec.description, spec.labels,
-                                               registry=self.registry, buckets=spec.buckets)
+                metrics[spec.name] = Histogram(
+                    spec.name,
+                    spec.description,
+                    spec.labels,
+                    registry=self.registry,
+                    buckets=spec.buckets,
+                )
         metrics[SESSIONS.name].set_function(lambda: self._sessions())
         self.registry.register(_CallCounts(self._by_labels, self._lock))
         self._decisions = metrics[DECISIONS.name]
@@ -158,11 +168,13 @@ class PrometheusRecorder:
         self._outcomes = Bounded(0, RESCUE_OUTCOMES)
         self._reasons = Bounded(0, EVICTION_REASONS)
         self._places = Bounded(limit, ERROR_PLACES)
-        self._repeats = {action: metrics[DECISION_REPEATS.name].labels(action)
-                         for action in ACTIONS + (OTHER,)}
+        self._repeats = {
+            action: metrics[DECISION_REPEATS.name].labels(action) for action in ACTIONS + (OTHER,)
+        }
         self._rescues = {o: metrics[RESCUES.name].labels(o) for o in RESCUE_OUTCOMES + (OTHER,)}
-        self._evicted = {r: metrics[SESSIONS_EVICTED.name].labels(r)
-                         for r in EVICTION_REASONS + (OTHER,)}
+        self._evicted = {
+            r: metrics[SESSIONS_EVICTED.name].labels(r) for r in EVICTION_REASONS + (OTHER,)
+        }
         self._errors_metric = metrics[INTERNAL_ERRORS.name]
         self._errors = {p: self._errors_metric.labels(p) for p in ERROR_PLACES}
         self._decision_children: dict[tuple[object, ...], Any] = {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Protocol, Union
+from typing import Any, Final, Protocol
 
 from ..traces import BadSpan, CallDecidedAtStart, CallObserved, RunStarted
 
@@ -68,8 +68,7 @@ class UserPrompt:
     timestamp: float | None = None
 
 
-Event = Union[CallStarted, CallFinished, UserPrompt, CallDecidedAtStart, CallObserved,
-              RunStarted]
+Event = CallStarted | CallFinished | UserPrompt | CallDecidedAtStart | CallObserved | RunStarted
 
 
 # --------------------------------------------------------------------------------------------

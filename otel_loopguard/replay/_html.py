@@ -30,8 +30,12 @@ MAX_HTML_INDEX_ROWS: Final = 2_000
 CALLS_PER_ROW: Final = 50
 
 #: Non-allow actions, strongest last, with the word the report uses.
-_ACTIONS: Final = (("remind", "reminder"), ("deny", "denial"), ("rescue", "rescue"),
-                   ("stop", "stop"))
+_ACTIONS: Final = (
+    ("remind", "reminder"),
+    ("deny", "denial"),
+    ("rescue", "rescue"),
+    ("stop", "stop"),
+)
 
 _CONTROL: Final = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
@@ -78,8 +82,10 @@ def _seconds(report: SessionReport) -> str:
         return ""
     if report.blocked_timed == report.blocked:
         return f" ({report.blocked_seconds:,.1f} s)"
-    return (f" (at least {report.blocked_seconds:,.1f} s;"
-            f" {report.blocked - report.blocked_timed} without a duration)")
+    return (
+        f" (at least {report.blocked_seconds:,.1f} s;"
+        f" {report.blocked - report.blocked_timed} without a duration)"
+    )
 
 
 def _call_cell(call: TimelineCall) -> str:
@@ -107,8 +113,7 @@ def _call_cell(call: TimelineCall) -> str:
         marker = '<i class="m seen"></i>'
     else:
         marker = ""
-    return (f'<span class="{" ".join(classes)}"{style} title="{_text(title)}">'
-            f"<b></b>{marker}</span>")
+    return f'<span class="{" ".join(classes)}"{style} title="{_text(title)}"><b></b>{marker}</span>'
 
 
 def _timeline(timeline: Timeline) -> str:
@@ -125,14 +130,16 @@ def _timeline(timeline: Timeline) -> str:
             row_start = call.index
         for kind in marks.pop(call.index, ()):
             extra = " run" if kind == "new run" else ""
-            cells.append(f'<span class="ep{extra}" title="{_text(kind)}: a new progress epoch">'
-                         "</span>")
+            cells.append(
+                f'<span class="ep{extra}" title="{_text(kind)}: a new progress epoch"></span>'
+            )
         cells.append(_call_cell(call))
     for before_index in sorted(marks):  # after the last call drawn
         for kind in marks[before_index]:
             extra = " run" if kind == "new run" else ""
-            cells.append(f'<span class="ep{extra}" title="{_text(kind)}: a new progress epoch">'
-                         "</span>")
+            cells.append(
+                f'<span class="ep{extra}" title="{_text(kind)}: a new progress epoch"></span>'
+            )
     if cells:
         rows.append(_row(row_start, cells))
     return f'<div class="tl">{"".join(rows)}</div>'
@@ -149,7 +156,8 @@ def _actions_text(actions: dict[str, int]) -> str:
 
 def _summary(report: SessionReport) -> str:
     firsts = ", ".join(
-        f"first {action} at call {report.first_index[action]}" if action in report.first_index
+        f"first {action} at call {report.first_index[action]}"
+        if action in report.first_index
         else f"no {action}"
         for action in ("remind", "deny", "stop")
     )
@@ -175,8 +183,10 @@ def _signatures(timeline: Timeline, open_: bool) -> str:
         )
     other = ""
     if timeline.other_signature_calls:
-        other = (f'<p class="muted">{plural(timeline.other_signature_calls, "more call")} of'
-                 " further signatures not described.</p>")
+        other = (
+            f'<p class="muted">{plural(timeline.other_signature_calls, "more call")} of'
+            " further signatures not described.</p>"
+        )
     return (
         f"<details{' open' if open_ else ''}><summary>Calls by signature</summary><table><tr>"
         "<th>signature</th>"
@@ -212,8 +222,9 @@ def _index(reports: Sequence[SessionReport], anchors: dict[int, int]) -> str:
         label = _text(report.label)
         number = anchors.get(position)
         name = f'<a href="#s{number}">{label}</a>' if number is not None else label
-        counts = "".join(f'<td class="n">{report.actions.get(action, 0)}</td>'
-                         for action, _ in _ACTIONS)
+        counts = "".join(
+            f'<td class="n">{report.actions.get(action, 0)}</td>' for action, _ in _ACTIONS
+        )
         rows.append(
             f'<tr><td>{name}</td><td class="n">{report.calls}</td>'
             f'<td class="n">{report.repeated}</td>{counts}<td class="n">{report.blocked}</td>'
@@ -222,8 +233,11 @@ def _index(reports: Sequence[SessionReport], anchors: dict[int, int]) -> str:
     head = "".join(f'<th class="n">{word}s</th>' for _, word in _ACTIONS)
     cut = ""
     if len(reports) > MAX_HTML_INDEX_ROWS:
-        cut = (f'<p class="note">Index cut: {plural(len(reports) - MAX_HTML_INDEX_ROWS, "more session")}'
-               " not listed (the text report lists every session).</p>")
+        cut = (
+            '<p class="note">Index cut: '
+            f"{plural(len(reports) - MAX_HTML_INDEX_ROWS, 'more session')}"
+            " not listed (the text report lists every session).</p>"
+        )
     return (
         '<table class="index"><tr><th>session</th><th class="n">calls</th>'
         f'<th class="n">repeated</th>{head}<th class="n">calls saved</th>'
@@ -232,9 +246,17 @@ def _index(reports: Sequence[SessionReport], anchors: dict[int, int]) -> str:
 
 
 def _policy(policy: Policy) -> str:
-    fields = ("mode", "remind_thresholds", "no_progress_threshold", "deny_threshold",
-              "rescue_threshold", "poll_limit", "stop_after_denials", "stall_threshold",
-              "window_size")
+    fields = (
+        "mode",
+        "remind_thresholds",
+        "no_progress_threshold",
+        "deny_threshold",
+        "rescue_threshold",
+        "poll_limit",
+        "stop_after_denials",
+        "stall_threshold",
+        "window_size",
+    )
     items = []
     for name in fields:
         value = getattr(policy, name)
@@ -263,13 +285,14 @@ _LEGEND: Final = (
     " detected, allowed by the mode</span>"
     '<span><span class="sw" style="background:#1f77b4;width:3px"></span> user message</span>'
     '<span><span class="sw" style="background:#17becf;width:3px"></span> new run</span>'
-    "</p><p class=\"muted\">Hover a call for its index, tool, signature and decision. Epochs"
+    '</p><p class="muted">Hover a call for its index, tool, signature and decision. Epochs'
     " started by a mutating call are not marked.</p>"
 )
 
 
-def render_html(reports: Sequence[SessionReport], *, inputs: Sequence[str], policy: Policy,
-                bad_lines: int) -> str:
+def render_html(
+    reports: Sequence[SessionReport], *, inputs: Sequence[str], policy: Policy, bad_lines: int
+) -> str:
     """The whole HTML report of a replay: policy, totals, a session index, then a timeline per
     session that kept one (:attr:`SessionReport.timeline`)."""
     anchors: dict[int, int] = {}
@@ -281,8 +304,10 @@ def render_html(reports: Sequence[SessionReport], *, inputs: Sequence[str], poli
     undrawn = len(reports) - len(sections)
     cut = ""
     if undrawn:
-        cut = (f'<p class="note">Timelines cut: the first {plural(len(sections), "session")}'
-               f" are drawn, {plural(undrawn, 'more session')} only listed in the index.</p>")
+        cut = (
+            f'<p class="note">Timelines cut: the first {plural(len(sections), "session")}'
+            f" are drawn, {plural(undrawn, 'more session')} only listed in the index.</p>"
+        )
     names = ", ".join(_text("<stdin>" if name == "-" else name) for name in inputs)
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'

@@ -53,8 +53,13 @@ def _parse(line: bytes) -> object:
 class _Progress:
     """A one-line progress bar on a terminal's stderr; silent until the input proves large."""
 
-    def __init__(self, stream: TextIO, total_bytes: int | None, enabled: bool,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        stream: TextIO,
+        total_bytes: int | None,
+        enabled: bool,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._stream = stream
         self._total = total_bytes
         self._enabled = enabled
@@ -76,8 +81,9 @@ class _Progress:
         now = self._clock()
         if now < self._next_draw:
             return
-        if not (self._shown or self._lines > LARGE_INPUT_LINES
-                or (self._total or 0) > LARGE_INPUT_BYTES):
+        if not (
+            self._shown or self._lines > LARGE_INPUT_LINES or (self._total or 0) > LARGE_INPUT_BYTES
+        ):
             return
         self._next_draw = now + _PROGRESS_INTERVAL_SECONDS
         self._draw()

@@ -127,7 +127,8 @@ class Timeline:
                 self.other_signature_calls += 1
                 return
             summary = self.signatures[call.signature] = SignatureSummary(
-                call.tool, _preview(canonical))
+                call.tool, _preview(canonical)
+            )
         summary.calls += 1
         if call.repeated:
             summary.repeated += 1
@@ -207,8 +208,14 @@ class Replayer:
     index, after the call's own decision.
     """
 
-    def __init__(self, guard: LoopGuard, clock: ReplayClock, *, timeline_sessions: int = 0,
-                 timeline_calls: int = 0) -> None:
+    def __init__(
+        self,
+        guard: LoopGuard,
+        clock: ReplayClock,
+        *,
+        timeline_sessions: int = 0,
+        timeline_calls: int = 0,
+    ) -> None:
         self._guard = guard
         self._clock = clock
         self.reports: dict[tuple[str, str | None], SessionReport] = {}
@@ -257,12 +264,24 @@ class Replayer:
         observed = feed(self._guard, event)
         if observed is None:
             return None  # already counted when its span started: only the outcome was added
-        return self._count(event.session, event.agent, event.tool, event.arguments, observed,
-                           event.duration_seconds)
+        return self._count(
+            event.session,
+            event.agent,
+            event.tool,
+            event.arguments,
+            observed,
+            event.duration_seconds,
+        )
 
-    def _count(self, session: str, agent: str | None, tool: str, arguments: object,
-               decision: Decision, duration_seconds: float | None
-               ) -> tuple[SessionReport, int, Decision]:
+    def _count(
+        self,
+        session: str,
+        agent: str | None,
+        tool: str,
+        arguments: object,
+        decision: Decision,
+        duration_seconds: float | None,
+    ) -> tuple[SessionReport, int, Decision]:
         """Add one counted call and its decision to its session's report. A recorded duration
         of a blocked call (spans: known as soon as the call is) is what the block would save."""
         report = self._record(session, agent, tool, arguments, decision)
@@ -271,8 +290,9 @@ class Replayer:
             report.blocked_timed += 1
         return report, report.calls, decision
 
-    def _record(self, session: str, agent: str | None, tool: str, arguments: object,
-                decision: Decision) -> SessionReport:
+    def _record(
+        self, session: str, agent: str | None, tool: str, arguments: object, decision: Decision
+    ) -> SessionReport:
         report = self._report(session, agent)
         report.calls += 1
         if decision.repeated:
@@ -284,11 +304,19 @@ class Replayer:
             action = decision.action.value
             rule = decision.rule.value if decision.rule is not None else None
             signature, canonical = self._signature(tool, arguments, decision)
-            report.timeline.add_call(TimelineCall(
-                report.calls, tool, signature, action, decision.detected.value,
-                rule if action != "allow" or decision.detected.value != "allow" else None,
-                decision.count, decision.repeated,
-            ), canonical)
+            report.timeline.add_call(
+                TimelineCall(
+                    report.calls,
+                    tool,
+                    signature,
+                    action,
+                    decision.detected.value,
+                    rule if action != "allow" or decision.detected.value != "allow" else None,
+                    decision.count,
+                    decision.repeated,
+                ),
+                canonical,
+            )
         return report
 
     @staticmethod
@@ -303,8 +331,7 @@ class Replayer:
             if len(report.decisions) < MAX_LISTED_DECISIONS:
                 report.decisions.append(ListedDecision(index, tool, rule, action, decision.count))
 
-    def _signature(self, tool: str, arguments: object, decision: Decision
-                   ) -> tuple[str, object]:
+    def _signature(self, tool: str, arguments: object, decision: Decision) -> tuple[str, object]:
         """The call's signature (empty when the policy does not track it) and canonical
         arguments. A first, allowed call's decision carries no signature: derived as the guard
         derives it."""
@@ -320,19 +347,33 @@ class Replayer:
 
     def _start(self, source: int, event: CallStarted) -> tuple[SessionReport, int, Decision]:
         decision: Decision = self._guard.before_tool(
-            event.tool, event.arguments, session=event.session, agent=event.agent,
+            event.tool,
+            event.arguments,
+            session=event.session,
+            agent=event.agent,
             call_id=event.call_id,
         )
         report = self._record(event.session, event.agent, event.tool, event.arguments, decision)
         index = report.calls
-        _remember_open(self._open, (source, event.token), _Open(
-            report, event.session, event.agent, event.tool, event.arguments, event.call_id,
-            decision.blocks, index,
-        ))
+        _remember_open(
+            self._open,
+            (source, event.token),
+            _Open(
+                report,
+                event.session,
+                event.agent,
+                event.tool,
+                event.arguments,
+                event.call_id,
+                decision.blocks,
+                index,
+            ),
+        )
         return report, index, decision
 
-    def _finish(self, source: int, event: CallFinished
-                ) -> tuple[SessionReport, int, Decision] | None:
+    def _finish(
+        self, source: int, event: CallFinished
+    ) -> tuple[SessionReport, int, Decision] | None:
         call = self._open.pop((source, event.token), None)
         if call is None:
             return None
@@ -342,8 +383,13 @@ class Replayer:
         # Always reported, even when nothing is known (error and result None): it closes the
         # call the guard holds as pending, as a live hook's after_tool would.
         post = self._guard.after_tool(
-            call.tool, call.arguments, session=call.session, agent=call.agent,
-            call_id=call.call_id, error=event.error, result=event.result,
+            call.tool,
+            call.arguments,
+            session=call.session,
+            agent=call.agent,
+            call_id=call.call_id,
+            error=event.error,
+            result=event.result,
             duration_seconds=event.duration_seconds,
         )
         if post is None or post.action.value == "allow":

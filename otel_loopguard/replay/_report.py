@@ -21,8 +21,12 @@ def _json_line(report: SessionReport, index: int, tool: str, decision: Decision)
     acted = decision.action.value != "allow" and decision.rule is not None
     rule = decision.rule.value if acted and decision.rule is not None else None
     line = {
-        "session": report.label, "index": index, "tool": tool,
-        "action": decision.action.value, "rule": rule, "count": decision.count,
+        "session": report.label,
+        "index": index,
+        "tool": tool,
+        "action": decision.action.value,
+        "rule": rule,
+        "count": decision.count,
     }
     if decision.phase.value == "post":
         line["phase"] = "post"
@@ -58,7 +62,8 @@ def format_session(report: SessionReport) -> str:
         if hidden > 0:
             lines.append(f"  … and {plural(hidden, 'more decision')} not listed")
     firsts = ", ".join(
-        f"first {action} #{report.first_index[action]}" if action in report.first_index
+        f"first {action} #{report.first_index[action]}"
+        if action in report.first_index
         else f"no {action}"
         for action in ("remind", "deny", "stop")
     )
@@ -66,8 +71,7 @@ def format_session(report: SessionReport) -> str:
         f"a deny would have saved {plural(report.blocked, 'call')}"
         f"{_seconds(report.blocked_seconds, report.blocked_timed, report.blocked)}"
     )
-    lines.append(f"  {plural(report.calls, 'call')}, {report.repeated} repeated; {firsts};"
-                 f" {saved}")
+    lines.append(f"  {plural(report.calls, 'call')}, {report.repeated} repeated; {firsts}; {saved}")
     return "\n".join(lines) + "\n"
 
 

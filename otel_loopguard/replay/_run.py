@@ -126,17 +126,38 @@ def run_replay(
     policy = policy.replace(**changes)
     html_out = _open_html(html_path) if html_path is not None else None
     try:
-        return _replay(inputs, policy, json_output=json_output, fmt=fmt, source_in=source_in,
-                       out=out, err=err, progress=progress, keyed_by=keyed_by,
-                       html_out=html_out, html_path=html_path)
+        return _replay(
+            inputs,
+            policy,
+            json_output=json_output,
+            fmt=fmt,
+            source_in=source_in,
+            out=out,
+            err=err,
+            progress=progress,
+            keyed_by=keyed_by,
+            html_out=html_out,
+            html_path=html_path,
+        )
     finally:
         if html_out is not None:
             html_out.close()
 
 
-def _replay(inputs: list[str], policy: Policy, *, json_output: bool, fmt: InputFormat | None,
-            source_in: IO[bytes], out: TextIO, err: TextIO, progress: bool | None,
-            keyed_by: KeyBy, html_out: TextIO | None, html_path: str | None) -> int:
+def _replay(
+    inputs: list[str],
+    policy: Policy,
+    *,
+    json_output: bool,
+    fmt: InputFormat | None,
+    source_in: IO[bytes],
+    out: TextIO,
+    err: TextIO,
+    progress: bool | None,
+    keyed_by: KeyBy,
+    html_out: TextIO | None,
+    html_path: str | None,
+) -> int:
     """The replay itself, once the inputs and options are checked (see :func:`run_replay`)."""
     from otel_loopguard.guard import LoopGuard
 
@@ -144,7 +165,8 @@ def _replay(inputs: list[str], policy: Policy, *, json_output: bool, fmt: InputF
     # Timelines (per-session call lists) are kept only for the HTML report, bounded by it.
     timelines = html_out is not None
     replayer = Replayer(
-        LoopGuard(policy=policy, clock=clock), clock,
+        LoopGuard(policy=policy, clock=clock),
+        clock,
         timeline_sessions=_html.MAX_HTML_SESSIONS if timelines else 0,
         timeline_calls=_html.MAX_HTML_CALLS if timelines else 0,
     )
@@ -160,13 +182,13 @@ def _replay(inputs: list[str], policy: Policy, *, json_output: bool, fmt: InputF
             bad.unreadable(label, exc.strerror or str(exc))
             continue
         try:
-            for event in _reading(label, _read_events(label, handle, fmt, bad, bar, keyed_by),
-                                  bad):
+            for event in _reading(label, _read_events(label, handle, fmt, bad, bar, keyed_by), bad):
                 started = replayer.handle(source, event)
                 if started is not None and json_output:
                     report, index, decision = started
-                    assert isinstance(event, (CallStarted, CallFinished, CallDecidedAtStart,
-                                              CallObserved))
+                    assert isinstance(
+                        event, (CallStarted, CallFinished, CallDecidedAtStart, CallObserved)
+                    )
                     tool = decision.tool if isinstance(event, CallFinished) else event.tool
                     out.write(_json_line(report, index, tool, decision))
         finally:
@@ -177,8 +199,10 @@ def _replay(inputs: list[str], policy: Policy, *, json_output: bool, fmt: InputF
 
     reports = list(replayer.reports.values())
     if not json_output:
-        out.write(f"replay: {len(inputs)} input{'s' if len(inputs) != 1 else ''},"
-                  f" mode {policy.mode.value}\n\n")
+        out.write(
+            f"replay: {len(inputs)} input{'s' if len(inputs) != 1 else ''},"
+            f" mode {policy.mode.value}\n\n"
+        )
         for report in reports:
             out.write(format_session(report))
             out.write("\n")
@@ -186,8 +210,9 @@ def _replay(inputs: list[str], policy: Policy, *, json_output: bool, fmt: InputF
     out.flush()
     if html_out is not None:
         try:
-            html_out.write(_html.render_html(reports, inputs=inputs, policy=policy,
-                                             bad_lines=bad.total))
+            html_out.write(
+                _html.render_html(reports, inputs=inputs, policy=policy, bad_lines=bad.total)
+            )
             html_out.flush()
         except OSError as exc:
             raise UsageError(f"cannot write {html_path}: {exc.strerror or exc}") from None
@@ -197,9 +222,12 @@ def _replay(inputs: list[str], policy: Policy, *, json_output: bool, fmt: InputF
         if bad.total:
             parts.append(f"{bad.total} bad line{'s' if bad.total != 1 else ''} skipped")
         if bad.unreadable_files:
-            parts.append(f"{bad.unreadable_files} file{'s' if bad.unreadable_files != 1 else ''}"
-                         " unreadable")
-        err.write(f"otel-loopguard replay: {' and '.join(parts)}; not all input was read"
-                  " (exit status 1)\n")
+            parts.append(
+                f"{bad.unreadable_files} file{'s' if bad.unreadable_files != 1 else ''} unreadable"
+            )
+        err.write(
+            f"otel-loopguard replay: {' and '.join(parts)}; not all input was read"
+            " (exit status 1)\n"
+        )
         return 1
     return 0

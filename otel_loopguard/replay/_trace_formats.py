@@ -23,8 +23,9 @@ from ..traces import short_value as _short
 from ._events import BadRecord, Event, _get
 
 
-def _buffered(buffer: TraceBuffer, spans: Iterable[RecordedSpan], problems: list[str],
-              bad_spans: int = 0) -> list[Event]:
+def _buffered(
+    buffer: TraceBuffer, spans: Iterable[RecordedSpan], problems: list[str], bad_spans: int = 0
+) -> list[Event]:
     """Buffer the good spans of one record; return the events now ready, or raise
     :class:`BadRecord` carrying them when the record had bad spans or overflowed the buffer."""
     for span in spans:
@@ -75,8 +76,12 @@ def _dump_events(value: object) -> tuple[tuple[str, Mapping[str, object]], ...]:
         if not isinstance(event_name, str):
             raise BadRecord(f"events[{index}].name must be a string, got {_short(event_name)}")
         raw = event.get("attributes")
-        events.append((event_name, _sdk_attributes(raw, f"events[{index}].attributes")
-                       if raw is not None else {}))
+        events.append(
+            (
+                event_name,
+                _sdk_attributes(raw, f"events[{index}].attributes") if raw is not None else {},
+            )
+        )
     return tuple(events)
 
 
@@ -102,11 +107,21 @@ def _dump_span(record: Mapping[str, Any]) -> RecordedSpan:
     if start_name is not None and not isinstance(start_name, str):
         raise BadRecord(f"'name_at_start' must be a string, got {_short(start_name)}")
     raw_start = record.get("attributes_at_start")
-    start_attributes = (None if raw_start is None
-                        else _sdk_attributes(raw_start, "attributes_at_start"))
+    start_attributes = (
+        None if raw_start is None else _sdk_attributes(raw_start, "attributes_at_start")
+    )
     return RecordedSpan(
-        trace_id, span_id, parent_id, name, attributes, _dump_events(record.get("events")),
-        _dump_status_error(record.get("status")), start, end, start_name, start_attributes,
+        trace_id,
+        span_id,
+        parent_id,
+        name,
+        attributes,
+        _dump_events(record.get("events")),
+        _dump_status_error(record.get("status")),
+        start,
+        end,
+        start_name,
+        start_attributes,
     )
 
 
@@ -116,11 +131,12 @@ class _TraceDecoder:
 
     __slots__ = ("_buffer",)
 
-    def __init__(self, max_buffered_spans: int | None = None,
-                 key_by: KeyBy | str = KeyBy.TRACE) -> None:
+    def __init__(
+        self, max_buffered_spans: int | None = None, key_by: KeyBy | str = KeyBy.TRACE
+    ) -> None:
         self._buffer = TraceBuffer(
-            MAX_BUFFERED_SPANS if max_buffered_spans is None else max_buffered_spans,
-            key_by=key_by)
+            MAX_BUFFERED_SPANS if max_buffered_spans is None else max_buffered_spans, key_by=key_by
+        )
 
     def finish(self) -> Iterable[Event]:
         return self._buffer.finish()
@@ -150,8 +166,13 @@ class SpanDumpDecoder(_TraceDecoder):
 
 
 def _claims_span_dump(record: object) -> bool:
-    return (isinstance(record, dict) and "span_id" in record and "trace_id" in record
-            and "name" in record and "resourceSpans" not in record)
+    return (
+        isinstance(record, dict)
+        and "span_id" in record
+        and "trace_id" in record
+        and "name" in record
+        and "resourceSpans" not in record
+    )
 
 
 class OtlpJsonDecoder(_TraceDecoder):
@@ -180,8 +201,10 @@ class OtlpJsonDecoder(_TraceDecoder):
 
     def decode(self, record: object) -> Iterable[Event]:
         if not isinstance(record, dict):
-            raise BadRecord(f"expected a JSON object (an ExportTraceServiceRequest), got"
-                            f" {type(record).__name__}")
+            raise BadRecord(
+                f"expected a JSON object (an ExportTraceServiceRequest), got"
+                f" {type(record).__name__}"
+            )
         if "resourceSpans" not in record:
             if any(signal in record for signal in OTLP_SIGNALS):
                 return ()
@@ -192,4 +215,5 @@ class OtlpJsonDecoder(_TraceDecoder):
 
 def _claims_otlp_json(record: object) -> bool:
     return isinstance(record, dict) and any(
-        isinstance(record.get(signal), list) for signal in OTLP_SIGNALS)
+        isinstance(record.get(signal), list) for signal in OTLP_SIGNALS
+    )

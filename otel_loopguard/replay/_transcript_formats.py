@@ -66,7 +66,9 @@ def _timestamp(value: object) -> float | None:
             return None
         digits = len(rest) - len(rest.lstrip("0123456789"))
         try:
-            parsed = datetime.fromisoformat(f"{head}.{rest[:digits][:6].ljust(6, '0')}{rest[digits:]}")
+            parsed = datetime.fromisoformat(
+                f"{head}.{rest[:digits][:6].ljust(6, '0')}{rest[digits:]}"
+            )
         except ValueError:
             return None
     if parsed.tzinfo is None:
@@ -116,8 +118,13 @@ class TranscriptDecoder:
         self._next_token += 1
         return (
             CallStarted(
-                token, session, _optional_text(record, "agent"), tool, arguments,
-                _optional_text(record, "call_id"), timestamp,
+                token,
+                session,
+                _optional_text(record, "agent"),
+                tool,
+                arguments,
+                _optional_text(record, "call_id"),
+                timestamp,
             ),
             CallFinished(token, error, record.get("result"), duration, timestamp),
         )
@@ -133,8 +140,16 @@ def _claims_transcript(record: object) -> bool:
 
 
 _CLAUDE_CODE_TYPES: Final = frozenset(
-    {"user", "assistant", "system", "summary", "file-history-snapshot", "queue-operation",
-     "progress", "attachment"}
+    {
+        "user",
+        "assistant",
+        "system",
+        "summary",
+        "file-history-snapshot",
+        "queue-operation",
+        "progress",
+        "attachment",
+    }
 )
 
 
@@ -210,7 +225,9 @@ class ClaudeCodeDecoder:
         content = self._content(record)
         if not isinstance(content, list):
             return []
-        uses = [item for item in content if isinstance(item, dict) and item.get("type") == "tool_use"]
+        uses = [
+            item for item in content if isinstance(item, dict) and item.get("type") == "tool_use"
+        ]
         if not uses:
             return []
         session = _session_text(_get(record, "sessionId"), "sessionId")
@@ -232,7 +249,9 @@ class ClaudeCodeDecoder:
             self._next_token += 1
             _remember(self._pending, use_id, _PendingUse(token, timestamp))
             events.append(
-                CallStarted(token, session, agent, use["name"], use.get("input", {}), use_id, timestamp)
+                CallStarted(
+                    token, session, agent, use["name"], use.get("input", {}), use_id, timestamp
+                )
             )
         return events
 
@@ -254,15 +273,22 @@ class ClaudeCodeDecoder:
                     if timestamp is not None and pending.timestamp is not None:
                         duration = max(0.0, timestamp - pending.timestamp)
                     events.append(
-                        CallFinished(pending.token, item.get("is_error") is True,
-                                     item.get("content"), duration, timestamp)
+                        CallFinished(
+                            pending.token,
+                            item.get("is_error") is True,
+                            item.get("content"),
+                            duration,
+                            timestamp,
+                        )
                     )
                 elif item.get("type") in ("text", "image", "document"):
                     prompt = True
         elif not isinstance(content, str):
             raise BadRecord(f"'message.content' must be a string or a list, got {_short(content)}")
-        synthetic = any(record.get(flag) is True for flag in
-                        ("isMeta", "isCompactSummary", "isVisibleInTranscriptOnly"))
+        synthetic = any(
+            record.get(flag) is True
+            for flag in ("isMeta", "isCompactSummary", "isVisibleInTranscriptOnly")
+        )
         if prompt and not synthetic:
             session = _session_text(_get(record, "sessionId"), "sessionId")
             events.append(UserPrompt(session, self._agent(record), timestamp))

@@ -118,27 +118,44 @@ class DecisionAPI:
             hold = payload.get("hold_reminder", False)
             if not isinstance(hold, bool):
                 raise ValueError(f"'hold_reminder' must be true or false, got {hold!r}")
-            before = decide_before(guard, tool, arguments, session=session, agent=agent,
-                                   call_id=call_id,
-                                   held=self.held.of(session, agent) if hold else None)
+            before = decide_before(
+                guard,
+                tool,
+                arguments,
+                session=session,
+                agent=agent,
+                call_id=call_id,
+                held=self.held.of(session, agent) if hold else None,
+            )
             return {"decision": decision_json(before)}
         error = payload.get("error", False)
         if error is not None and not isinstance(error, bool):
             raise ValueError(f"'error' must be true, false or null, got {error!r}")
         duration = payload.get("duration_seconds")
-        if duration is not None and (isinstance(duration, bool)
-                                     or not isinstance(duration, (int, float))
-                                     or not 0 <= duration < float("inf")):
+        if duration is not None and (
+            isinstance(duration, bool)
+            or not isinstance(duration, (int, float))
+            or not 0 <= duration < float("inf")
+        ):
             raise ValueError(f"'duration_seconds' must be a number >= 0, got {duration!r}")
         decision, shown = decide_after(
-            guard, tool, arguments, session=session, agent=agent, call_id=call_id, error=error,
+            guard,
+            tool,
+            arguments,
+            session=session,
+            agent=agent,
+            call_id=call_id,
+            error=error,
             result=payload.get("result"),
             duration_seconds=None if duration is None else float(duration),
-            held=self.held.of(session, agent), policy=guard.policy)
+            held=self.held.of(session, agent),
+            policy=guard.policy,
+        )
         # Counted before it ran: the reminder that waited for this result, if any; counted only
         # now: what a hook shows for a call that already ran.
         answer: dict[str, object] = {
-            "decision": None if decision is None else decision_json(decision)}
+            "decision": None if decision is None else decision_json(decision)
+        }
         if shown.action is Action.REMIND:
             answer["reminder"] = shown.message
         return answer

@@ -41,17 +41,25 @@ class GrpcReceiver:
         options = service.options
         server = grpc.server(
             ThreadPoolExecutor(max_workers=GRPC_WORKERS, thread_name_prefix="loopguard-grpc"),
-            options=[("grpc.max_receive_message_length", options.max_body_bytes),
-                     ("grpc.so_reuseport", 0)],
+            options=[
+                ("grpc.max_receive_message_length", options.max_body_bytes),
+                ("grpc.so_reuseport", 0),
+            ],
             maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
         )
-        handler = grpc.method_handlers_generic_handler(_GRPC_SERVICE, {
-            # No deserializer: the handler gets the request bytes (see proto.proto_spans).
-            "Export": grpc.unary_unary_rpc_method_handler(self._export),
-        })
+        handler = grpc.method_handlers_generic_handler(
+            _GRPC_SERVICE,
+            {
+                # No deserializer: the handler gets the request bytes (see proto.proto_spans).
+                "Export": grpc.unary_unary_rpc_method_handler(self._export),
+            },
+        )
         server.add_generic_rpc_handlers((handler,))
-        host = options.host if ":" not in options.host.strip("[]") else (
-            f"[{options.host.strip('[]')}]")
+        host = (
+            options.host
+            if ":" not in options.host.strip("[]")
+            else (f"[{options.host.strip('[]')}]")
+        )
         port = server.add_insecure_port(f"{host}:{options.grpc_port}")
         if port == 0:
             raise OSError(f"cannot bind gRPC on {host}:{options.grpc_port}")
@@ -115,5 +123,7 @@ def _retry_metadata(message: str) -> tuple[tuple[str, bytes], ...]:
     detail = any_pb2.Any()
     detail.Pack(info)
     status = status_pb2.Status(code=RPC_RESOURCE_EXHAUSTED, message=message, details=[detail])
-    return (("google.rpc.retryinfo-bin", info.SerializeToString()),
-            ("grpc-status-details-bin", status.SerializeToString()))
+    return (
+        ("google.rpc.retryinfo-bin", info.SerializeToString()),
+        ("grpc-status-details-bin", status.SerializeToString()),
+    )

@@ -113,8 +113,12 @@ class HTTPReceiver(ThreadingHTTPServer):
 
     def serve_in_background(self) -> None:
         """Answer requests from a daemon thread until :meth:`stop`."""
-        thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.1},
-                                  name="loopguard-http", daemon=True)
+        thread = threading.Thread(
+            target=self.serve_forever,
+            kwargs={"poll_interval": 0.1},
+            name="loopguard-http",
+            daemon=True,
+        )
         self._serving_thread = thread
         thread.start()
 
@@ -132,8 +136,9 @@ class _HTTPReceiver6(HTTPReceiver):
 class _Reject(Exception):
     """Answer the request with ``status`` and stop reading it."""
 
-    def __init__(self, status: int, code: int, message: str, outcome: str,
-                 close: bool = False) -> None:
+    def __init__(
+        self, status: int, code: int, message: str, outcome: str, close: bool = False
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
@@ -167,8 +172,9 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         if path == "/healthz":
             status = 503 if service.closing else 200
-            self._send(status, orjson.dumps({"status": "draining" if status == 503 else "ok"}),
-                       _JSON)
+            self._send(
+                status, orjson.dumps({"status": "draining" if status == 503 else "ok"}), _JSON
+            )
             return
         if not service.authorized(self.headers.get("Authorization")):
             self._unauthorized(False)
@@ -190,8 +196,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self._decision(service, path[14:])
             else:
                 self.close_connection = True  # its body is left unread
-                self._send(404, orjson.dumps({"error": f"no such endpoint: POST {path}"}),
-                           _JSON)
+                self._send(404, orjson.dumps({"error": f"no such endpoint: POST {path}"}), _JSON)
         except Exception as exc:  # never let one request take the server down
             service.guard.report_internal_error("serve.http", exc)
             self.close_connection = True
@@ -209,8 +214,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _not_allowed(self) -> None:
         self.close_connection = True
-        self._send(405, orjson.dumps({"error": f"method {self.command} not allowed"}), _JSON,
-                   {"Allow": "GET, POST"})
+        self._send(
+            405,
+            orjson.dumps({"error": f"method {self.command} not allowed"}),
+            _JSON,
+            {"Allow": "GET, POST"},
+        )
 
     # -- OTLP/HTTP ---------------------------------------------------------------------------
 
@@ -231,9 +240,13 @@ class _Handler(BaseHTTPRequestHandler):
                 self._unauthorized(as_json)
                 return
             if kind not in (_PROTOBUF, _JSON):
-                raise _Reject(415, RPC_INVALID_ARGUMENT,
-                              f"unsupported Content-Type {kind or '(none)'!r}: send"
-                              f" {_PROTOBUF} or {_JSON}", "unsupported", close=True)
+                raise _Reject(
+                    415,
+                    RPC_INVALID_ARGUMENT,
+                    f"unsupported Content-Type {kind or '(none)'!r}: send {_PROTOBUF} or {_JSON}",
+                    "unsupported",
+                    close=True,
+                )
             body = self._read_body(service.options.max_body_bytes)
             body = self._decoded(body, service.options.max_body_bytes)
             read = self._spans(body, as_json)
@@ -242,15 +255,20 @@ class _Handler(BaseHTTPRequestHandler):
                 raise _Reject(400, RPC_INVALID_ARGUMENT, message, outcome)
             if outcome in ("throttled", "unavailable"):
                 throttled = outcome == "throttled"
-                raise _Reject(429 if throttled else 503,
-                              RPC_RESOURCE_EXHAUSTED if throttled else RPC_UNAVAILABLE,
-                              message, outcome)
+                raise _Reject(
+                    429 if throttled else 503,
+                    RPC_RESOURCE_EXHAUSTED if throttled else RPC_UNAVAILABLE,
+                    message,
+                    outcome,
+                )
             count(outcome)
             if as_json:
                 answer: dict[str, object] = {}
                 if read.bad_spans:
-                    answer["partialSuccess"] = {"rejectedSpans": str(read.bad_spans),
-                                                "errorMessage": message}
+                    answer["partialSuccess"] = {
+                        "rejectedSpans": str(read.bad_spans),
+                        "errorMessage": message,
+                    }
                 self._send(200, orjson.dumps(answer), _JSON)
             else:
                 self._send(200, response_bytes(read.bad_spans, message), _PROTOBUF)
@@ -261,38 +279,58 @@ class _Handler(BaseHTTPRequestHandler):
             headers = {}
             if reject.status in (429, 503):
                 headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
-            self._send(reject.status, _status_body(reject.code, reject.message, as_json),
-                       _JSON if as_json else _PROTOBUF, headers)
+            self._send(
+                reject.status,
+                _status_body(reject.code, reject.message, as_json),
+                _JSON if as_json else _PROTOBUF,
+                headers,
+            )
         finally:
             if not counted:
                 count(outcome)
 
     def _read_body(self, limit: int) -> bytes:
         if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
-            raise _Reject(411, RPC_INVALID_ARGUMENT, "chunked bodies are not accepted: send"
-                          " Content-Length", "bad_request", close=True)
+            raise _Reject(
+                411,
+                RPC_INVALID_ARGUMENT,
+                "chunked bodies are not accepted: send Content-Length",
+                "bad_request",
+                close=True,
+            )
         text = self.headers.get("Content-Length")
         if text is None:
-            raise _Reject(411, RPC_INVALID_ARGUMENT, "Content-Length is required", "bad_request",
-                          close=True)
+            raise _Reject(
+                411, RPC_INVALID_ARGUMENT, "Content-Length is required", "bad_request", close=True
+            )
         try:
             length = int(text)
             if length < 0:
                 raise ValueError
         except ValueError:
-            raise _Reject(400, RPC_INVALID_ARGUMENT, f"bad Content-Length {text!r}",
-                          "bad_request", close=True) from None
+            raise _Reject(
+                400, RPC_INVALID_ARGUMENT, f"bad Content-Length {text!r}", "bad_request", close=True
+            ) from None
         if length > limit:
             # Read a moderately oversized body away so the client can read the answer (a
             # client still sending when we close gets a reset, not our 413); hang up on a huge one.
             drained = length <= _DISCARD_FACTOR * limit and self._discard(length)
-            raise _Reject(413, RPC_INVALID_ARGUMENT,
-                          f"body of {length:,} bytes is larger than {limit:,}", "too_large",
-                          close=not drained)
+            raise _Reject(
+                413,
+                RPC_INVALID_ARGUMENT,
+                f"body of {length:,} bytes is larger than {limit:,}",
+                "too_large",
+                close=not drained,
+            )
         body = self.rfile.read(length)
         if len(body) != length:
-            raise _Reject(400, RPC_INVALID_ARGUMENT, "body shorter than Content-Length",
-                          "bad_request", close=True)
+            raise _Reject(
+                400,
+                RPC_INVALID_ARGUMENT,
+                "body shorter than Content-Length",
+                "bad_request",
+                close=True,
+            )
         return body
 
     def _discard(self, length: int) -> bool:
@@ -309,18 +347,26 @@ class _Handler(BaseHTTPRequestHandler):
         if encoding == "identity":
             return body
         if encoding != "gzip":
-            raise _Reject(415, RPC_INVALID_ARGUMENT,
-                          f"unsupported Content-Encoding {encoding!r}: send gzip or none",
-                          "unsupported")
+            raise _Reject(
+                415,
+                RPC_INVALID_ARGUMENT,
+                f"unsupported Content-Encoding {encoding!r}: send gzip or none",
+                "unsupported",
+            )
         inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
         try:
             out = inflater.decompress(body, limit + 1)
         except zlib.error as exc:
-            raise _Reject(400, RPC_INVALID_ARGUMENT, f"not valid gzip ({exc})",
-                          "bad_request") from None
+            raise _Reject(
+                400, RPC_INVALID_ARGUMENT, f"not valid gzip ({exc})", "bad_request"
+            ) from None
         if len(out) > limit:
-            raise _Reject(413, RPC_INVALID_ARGUMENT,
-                          f"body inflates to more than {limit:,} bytes", "too_large")
+            raise _Reject(
+                413,
+                RPC_INVALID_ARGUMENT,
+                f"body inflates to more than {limit:,} bytes",
+                "too_large",
+            )
         if not inflater.eof:
             raise _Reject(400, RPC_INVALID_ARGUMENT, "gzip body is truncated", "bad_request")
         return out
@@ -335,8 +381,10 @@ class _Handler(BaseHTTPRequestHandler):
             except orjson.JSONDecodeError as exc:
                 raise BadSpan(f"not valid JSON ({exc})") from None
             if not isinstance(record, dict):
-                raise BadSpan(f"expected a JSON object (an ExportTraceServiceRequest), got"
-                              f" {type(record).__name__}")
+                raise BadSpan(
+                    f"expected a JSON object (an ExportTraceServiceRequest), got"
+                    f" {type(record).__name__}"
+                )
             return otlp_json_spans(record)
         except BadSpan as exc:
             raise _Reject(400, RPC_INVALID_ARGUMENT, str(exc), "bad_request") from None
@@ -352,8 +400,9 @@ class _Handler(BaseHTTPRequestHandler):
             try:
                 payload = orjson.loads(body)
             except orjson.JSONDecodeError as exc:
-                raise _Reject(400, RPC_INVALID_ARGUMENT, f"not valid JSON ({exc})",
-                              "bad_request") from None
+                raise _Reject(
+                    400, RPC_INVALID_ARGUMENT, f"not valid JSON ({exc})", "bad_request"
+                ) from None
             try:
                 answer = service.decide(endpoint, payload)
             except ValueError as exc:
@@ -370,18 +419,25 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _unauthorized(self, as_json: bool) -> None:
         self.close_connection = True  # the body, if any, is left unread
-        self._send(401, _status_body(RPC_UNAUTHENTICATED, "missing or wrong bearer token", True),
-                   _JSON, {"WWW-Authenticate": 'Bearer realm="otel-loopguard"'})
+        self._send(
+            401,
+            _status_body(RPC_UNAUTHENTICATED, "missing or wrong bearer token", True),
+            _JSON,
+            {"WWW-Authenticate": 'Bearer realm="otel-loopguard"'},
+        )
 
-    def _send(self, status: int, body: bytes, content_type: str,
-              headers: Mapping[str, str] | None = None) -> None:
+    def _send(
+        self, status: int, body: bytes, content_type: str, headers: Mapping[str, str] | None = None
+    ) -> None:
         """The whole answer in one write (status line, headers and body)."""
         reason = self.responses.get(status, ("",))[0]
-        lines = [f"{self.protocol_version} {status} {reason}",
-                 f"Server: {self.version_string()}",
-                 f"Date: {self.date_time_string()}",
-                 f"Content-Type: {content_type}",
-                 f"Content-Length: {len(body)}"]
+        lines = [
+            f"{self.protocol_version} {status} {reason}",
+            f"Server: {self.version_string()}",
+            f"Date: {self.date_time_string()}",
+            f"Content-Type: {content_type}",
+            f"Content-Length: {len(body)}",
+        ]
         lines.extend(f"{name}: {value}" for name, value in (headers or {}).items())
         if self.close_connection:
             lines.append("Connection: close")

@@ -25,8 +25,9 @@ _TICK_SECONDS: Final = 0.25
 class Ingest:
     """The bounded queue of accepted spans and the one thread that feeds them to the guard."""
 
-    def __init__(self, guard: LoopGuard, buffer: TraceBuffer, max_queued: int,
-                 hold_seconds: float) -> None:
+    def __init__(
+        self, guard: LoopGuard, buffer: TraceBuffer, max_queued: int, hold_seconds: float
+    ) -> None:
         self._guard = guard
         self._buffer = buffer
         self._max = max_queued

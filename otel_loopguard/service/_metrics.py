@@ -22,30 +22,61 @@ __all__ = [
 ]
 
 OTLP_SPANS: Final = MetricSpec(
-    "loopguard_otlp_spans", MetricKind.COUNTER,
+    "loopguard_otlp_spans",
+    MetricKind.COUNTER,
     "Spans received over OTLP, by result: accepted, rejected (bad data), throttled (queue full).",
-    ("result",), "{span}")
+    ("result",),
+    "{span}",
+)
 OTLP_REQUESTS: Final = MetricSpec(
-    "loopguard_otlp_requests", MetricKind.COUNTER,
-    "OTLP export requests, by transport (http, grpc) and outcome.", ("transport", "outcome"),
-    "{request}")
+    "loopguard_otlp_requests",
+    MetricKind.COUNTER,
+    "OTLP export requests, by transport (http, grpc) and outcome.",
+    ("transport", "outcome"),
+    "{request}",
+)
 TRACE_FLUSHES_EARLY: Final = MetricSpec(
-    "loopguard_trace_flushes_early", MetricKind.COUNTER,
+    "loopguard_trace_flushes_early",
+    MetricKind.COUNTER,
     "Tool spans judged before their trace's root arrived, by reason: time (hold_seconds passed;"
-    " counted per trace flush) or capacity (max_buffered_spans; per trace).", ("reason",),
-    "{flush}")
+    " counted per trace flush) or capacity (max_buffered_spans; per trace).",
+    ("reason",),
+    "{flush}",
+)
 INGEST_QUEUE_SPANS: Final = MetricSpec(
-    "loopguard_ingest_queue_spans", MetricKind.GAUGE,
-    "Spans accepted and not yet fed to the guard.", (), "{span}")
+    "loopguard_ingest_queue_spans",
+    MetricKind.GAUGE,
+    "Spans accepted and not yet fed to the guard.",
+    (),
+    "{span}",
+)
 DECISION_REQUESTS: Final = MetricSpec(
-    "loopguard_decision_requests", MetricKind.COUNTER,
-    "Decision API requests answered 200, by endpoint.", ("endpoint",), "{request}")
+    "loopguard_decision_requests",
+    MetricKind.COUNTER,
+    "Decision API requests answered 200, by endpoint.",
+    ("endpoint",),
+    "{request}",
+)
 #: The service's own metrics, declared once; registered beside the guard's.
-SERVICE_METRICS: Final = (OTLP_SPANS, OTLP_REQUESTS, TRACE_FLUSHES_EARLY, INGEST_QUEUE_SPANS,
-                          DECISION_REQUESTS)
+SERVICE_METRICS: Final = (
+    OTLP_SPANS,
+    OTLP_REQUESTS,
+    TRACE_FLUSHES_EARLY,
+    INGEST_QUEUE_SPANS,
+    DECISION_REQUESTS,
+)
 #: The outcomes of an OTLP request (``loopguard_otlp_requests_total{outcome}``).
-OUTCOMES: Final = ("ok", "partial", "bad_request", "too_large", "throttled", "unauthorized",
-                   "unsupported", "unavailable", "error")
+OUTCOMES: Final = (
+    "ok",
+    "partial",
+    "bad_request",
+    "too_large",
+    "throttled",
+    "unauthorized",
+    "unsupported",
+    "unavailable",
+    "error",
+)
 
 
 class ServiceMetrics:
@@ -54,14 +85,24 @@ class ServiceMetrics:
     def __init__(self, registry: Any, queue_size: Callable[[], int]) -> None:
         from prometheus_client import Counter, Gauge
 
-        self.spans = Counter(OTLP_SPANS.name, OTLP_SPANS.description, OTLP_SPANS.labels,
-                             registry=registry)
-        self.requests = Counter(OTLP_REQUESTS.name, OTLP_REQUESTS.description,
-                                OTLP_REQUESTS.labels, registry=registry)
-        self.flushes = Counter(TRACE_FLUSHES_EARLY.name, TRACE_FLUSHES_EARLY.description,
-                               TRACE_FLUSHES_EARLY.labels, registry=registry)
-        self.decisions = Counter(DECISION_REQUESTS.name, DECISION_REQUESTS.description,
-                                 DECISION_REQUESTS.labels, registry=registry)
+        self.spans = Counter(
+            OTLP_SPANS.name, OTLP_SPANS.description, OTLP_SPANS.labels, registry=registry
+        )
+        self.requests = Counter(
+            OTLP_REQUESTS.name, OTLP_REQUESTS.description, OTLP_REQUESTS.labels, registry=registry
+        )
+        self.flushes = Counter(
+            TRACE_FLUSHES_EARLY.name,
+            TRACE_FLUSHES_EARLY.description,
+            TRACE_FLUSHES_EARLY.labels,
+            registry=registry,
+        )
+        self.decisions = Counter(
+            DECISION_REQUESTS.name,
+            DECISION_REQUESTS.description,
+            DECISION_REQUESTS.labels,
+            registry=registry,
+        )
         queue = Gauge(INGEST_QUEUE_SPANS.name, INGEST_QUEUE_SPANS.description, registry=registry)
         queue.set_function(queue_size)
         for result in ("accepted", "rejected", "throttled"):

@@ -48,8 +48,12 @@ def _is_loopback(host: str) -> bool:
 
 
 def _check_int(name: str, value: object, low: int, high: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low or (
-            high is not None and value > high):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < low
+        or (high is not None and value > high)
+    ):
         bound = f"from {low} to {high}" if high is not None else f">= {low}"
         raise ValueError(f"{name}: expected an integer {bound}, got {value!r}")
     return value
@@ -86,19 +90,26 @@ class ServeOptions:
         _check_int("http_port", self.http_port, 0, 65535)
         if self.grpc_port is not None:
             _check_int("grpc_port", self.grpc_port, 0, 65535)
-        if self.token is not None and (not isinstance(self.token, str) or not self.token
-                                       or any(c.isspace() for c in self.token)):
+        if self.token is not None and (
+            not isinstance(self.token, str)
+            or not self.token
+            or any(c.isspace() for c in self.token)
+        ):
             raise ValueError("token: expected a non-empty string without spaces")
         _check_int("max_body_bytes", self.max_body_bytes, 1024)
         _check_int("max_queued_spans", self.max_queued_spans, 1)
         _check_int("max_buffered_spans", self.max_buffered_spans, 1)
         for name in ("hold_seconds", "drain_timeout_seconds"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-                    0 <= value < float("inf")):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not (0 <= value < float("inf"))
+            ):
                 raise ValueError(f"{name}: expected a finite number >= 0, got {value!r}")
         if not _is_loopback(self.host) and self.token is None and not self.insecure:
             raise ValueError(
                 f"host: {self.host!r} is not a loopback address; binding it without a token"
                 f" would let anyone send spans and read decisions. Set a token (--token or"
-                f" {LOOPGUARD_SERVE_TOKEN}) or pass --insecure")
+                f" {LOOPGUARD_SERVE_TOKEN}) or pass --insecure"
+            )

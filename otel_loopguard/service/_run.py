@@ -17,8 +17,13 @@ from ._service import Service
 __all__ = ["run_serve"]
 
 
-def run_serve(options: ServeOptions, policy: Policy, *, stderr: TextIO | None = None,
-              ready: Callable[[Service], None] | None = None) -> int:
+def run_serve(
+    options: ServeOptions,
+    policy: Policy,
+    *,
+    stderr: TextIO | None = None,
+    ready: Callable[[Service], None] | None = None,
+) -> int:
     """Serve until SIGINT or SIGTERM, then drain and stop; return the exit status (0, or 1
     when draining did not finish in time). ``OSError`` when a port cannot be bound."""
     err = stderr if stderr is not None else sys.stderr
@@ -32,9 +37,11 @@ def run_serve(options: ServeOptions, policy: Policy, *, stderr: TextIO | None = 
             pass
     urls = service.urls
     grpc_text = f"; OTLP/gRPC on {urls['grpc']}" if "grpc" in urls else ""
-    err.write(f"otel-loopguard serve: OTLP/HTTP, decisions and /metrics on {urls['http']}"
-              f"{grpc_text}; mode {policy.mode.value}"
-              f"{'; bearer token required' if options.token else ''} (pid {os.getpid()})\n")
+    err.write(
+        f"otel-loopguard serve: OTLP/HTTP, decisions and /metrics on {urls['http']}"
+        f"{grpc_text}; mode {policy.mode.value}"
+        f"{'; bearer token required' if options.token else ''} (pid {os.getpid()})\n"
+    )
     err.flush()
     if ready is not None:
         ready(service)
@@ -47,6 +54,9 @@ def run_serve(options: ServeOptions, policy: Policy, *, stderr: TextIO | None = 
         drained = service.close()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    err.write("otel-loopguard serve: stopped\n" if drained else
-              "otel-loopguard serve: stopped before everything was drained\n")
+    err.write(
+        "otel-loopguard serve: stopped\n"
+        if drained
+        else "otel-loopguard serve: stopped before everything was drained\n"
+    )
     return 0 if drained else 1

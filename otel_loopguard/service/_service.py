@@ -60,9 +60,14 @@ class Service:
     :class:`~otel_loopguard.metrics.PrometheusRecorder`. ``clock`` drives the trace hold.
     """
 
-    def __init__(self, options: ServeOptions | None = None, *, guard: LoopGuard | None = None,
-                 policy: Policy | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        options: ServeOptions | None = None,
+        *,
+        guard: LoopGuard | None = None,
+        policy: Policy | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if options is not None and not isinstance(options, ServeOptions):
             raise ValueError(f"options: expected ServeOptions, got {type(options).__name__}")
         if guard is not None and not isinstance(guard, LoopGuard):
@@ -97,11 +102,13 @@ class Service:
         """Bind the ports and serve. Raises ``OSError`` when a port cannot be bound (nothing
         is left running then)."""
         options = self.options
-        buffer = TraceBuffer(options.max_buffered_spans, key_by=options.key_by,
-                             hold_seconds=options.hold_seconds,
-                             clock=self._clock)
-        self._ingest = Ingest(self.guard, buffer, options.max_queued_spans,
-                              options.hold_seconds)
+        buffer = TraceBuffer(
+            options.max_buffered_spans,
+            key_by=options.key_by,
+            hold_seconds=options.hold_seconds,
+            clock=self._clock,
+        )
+        self._ingest = Ingest(self.guard, buffer, options.max_queued_spans, options.hold_seconds)
         try:
             self._http = bind_http(self)
             self.http_port = self._http.port
@@ -188,9 +195,12 @@ class Service:
         if ingest is None:
             return
         with self._inflight_lock:
-            for index, (child, value) in enumerate((
+            for index, (child, value) in enumerate(
+                (
                     (self.metrics.flush_time, ingest.flushed_early_time),
-                    (self.metrics.flush_capacity, ingest.flushed_early_capacity))):
+                    (self.metrics.flush_capacity, ingest.flushed_early_capacity),
+                )
+            ):
                 if value > self._flushes_synced[index]:
                     child.inc(value - self._flushes_synced[index])
                     self._flushes_synced[index] = value
@@ -229,8 +239,10 @@ class Service:
                 return "unavailable", "shutting down"
             if not self._ingest.offer(read):
                 metrics.spans.labels("throttled").inc(read.accepted)
-                return "throttled", (f"ingest queue full ({self.options.max_queued_spans:,}"
-                                     f" spans); retry after {RETRY_AFTER_SECONDS} s")
+                return "throttled", (
+                    f"ingest queue full ({self.options.max_queued_spans:,}"
+                    f" spans); retry after {RETRY_AFTER_SECONDS} s"
+                )
             metrics.spans.labels("accepted").inc(read.accepted)
         return ("partial" if read.bad_spans else "ok"), message
 

@@ -81,14 +81,18 @@ def _lean_classes() -> tuple[Any, Any]:
     module docstring); field numbers are those of ``opentelemetry/proto/trace/v1/trace.proto``."""
     Field = descriptor_pb2.FieldDescriptorProto
     file = descriptor_pb2.FileDescriptorProto(
-        name="otel_loopguard/lean_trace.proto", package="otel_loopguard.lean", syntax="proto3")
+        name="otel_loopguard/lean_trace.proto", package="otel_loopguard.lean", syntax="proto3"
+    )
 
     def message(name: str, *fields: tuple[str, int, int, bool, str | None]) -> None:
         proto = file.message_type.add(name=name)
         for field_name, number, kind, repeated, type_name in fields:
             added = proto.field.add(
-                name=field_name, number=number, type=kind,
-                label=Field.LABEL_REPEATED if repeated else Field.LABEL_OPTIONAL)
+                name=field_name,
+                number=number,
+                type=kind,
+                label=Field.LABEL_REPEATED if repeated else Field.LABEL_OPTIONAL,
+            )
             if type_name is not None:
                 added.type_name = f".otel_loopguard.lean.{type_name}"
 
@@ -117,7 +121,8 @@ def _lean_classes() -> tuple[Any, Any]:
     return (
         message_factory.GetMessageClass(pool.FindMessageTypeByName("otel_loopguard.lean.Request")),
         message_factory.GetMessageClass(
-            pool.FindMessageTypeByName("otel_loopguard.lean.RawRequest")),
+            pool.FindMessageTypeByName("otel_loopguard.lean.RawRequest")
+        ),
     )
 
 
@@ -273,9 +278,17 @@ def proto_spans(body: bytes) -> OtlpSpans:
             for k, span in enumerate(scope.spans):
                 try:
                     raw_trace, raw_span, raw_parent = (
-                        span.trace_id, span.span_id, span.parent_span_id)
-                    if (len(raw_trace) == 16 and len(raw_span) == 8 and len(raw_parent) in (0, 8)
-                            and raw_trace != _ZERO_TRACE and raw_span != _ZERO_SPAN):
+                        span.trace_id,
+                        span.span_id,
+                        span.parent_span_id,
+                    )
+                    if (
+                        len(raw_trace) == 16
+                        and len(raw_span) == 8
+                        and len(raw_parent) in (0, 8)
+                        and raw_trace != _ZERO_TRACE
+                        and raw_span != _ZERO_SPAN
+                    ):
                         trace_id = from_bytes(raw_trace, "big")
                         span_id = from_bytes(raw_span, "big")
                         parent_id = from_bytes(raw_parent, "big") if raw_parent else None
@@ -289,22 +302,31 @@ def proto_spans(body: bytes) -> OtlpSpans:
                         links.append((trace_id, span_id, parent_id, remote))
                         continue
                     full = Span.FromString(encoding)
-                    spans.append(RecordedSpan(
-                        trace_id, span_id, parent_id, name, _attributes(full.attributes),
-                        _events(full.events), full.status.code == STATUS_CODE_ERROR,
-                        span.start_time_unix_nano, span.end_time_unix_nano,
-                        parent_remote=remote,
-                    ))
+                    spans.append(
+                        RecordedSpan(
+                            trace_id,
+                            span_id,
+                            parent_id,
+                            name,
+                            _attributes(full.attributes),
+                            _events(full.events),
+                            full.status.code == STATUS_CODE_ERROR,
+                            span.start_time_unix_nano,
+                            span.end_time_unix_nano,
+                            parent_remote=remote,
+                        )
+                    )
                 except BadSpan as exc:
                     bad += 1
                     if len(problems) < MAX_SPAN_PROBLEMS:
-                        problems.append(
-                            f"resource_spans[{i}].scope_spans[{j}].spans[{k}]: {exc}")
+                        problems.append(f"resource_spans[{i}].scope_spans[{j}].spans[{k}]: {exc}")
                 except (DecodeError, RuntimeError, ValueError) as exc:
                     bad += 1
                     if len(problems) < MAX_SPAN_PROBLEMS:
-                        problems.append(f"resource_spans[{i}].scope_spans[{j}].spans[{k}]:"
-                                        f" not a valid Span ({exc})")
+                        problems.append(
+                            f"resource_spans[{i}].scope_spans[{j}].spans[{k}]:"
+                            f" not a valid Span ({exc})"
+                        )
     return OtlpSpans(spans, problems, bad, links)
 
 

@@ -35,11 +35,14 @@ FRAMEWORKS = {
 }
 _SELECTED = os.environ.get("LOOPGUARD_FRAMEWORK_TESTS")
 SELECTED = {name.strip() for name in _SELECTED.split(",") if name.strip()} if _SELECTED else None
-if SELECTED is not None and not SELECTED <= set(FRAMEWORKS):
-    raise ValueError(f"LOOPGUARD_FRAMEWORK_TESTS: unknown names {sorted(SELECTED - set(FRAMEWORKS))}")
+if SELECTED is not None and not set(FRAMEWORKS) >= SELECTED:
+    raise ValueError(
+        f"LOOPGUARD_FRAMEWORK_TESTS: unknown names {sorted(SELECTED - set(FRAMEWORKS))}"
+    )
 
 collect_ignore = [
-    f"test_{name}.py" for name in FRAMEWORKS
+    f"test_{name}.py"
+    for name in FRAMEWORKS
     if (name not in SELECTED if SELECTED is not None else bool(os.environ.get("CI")))
 ]
 
@@ -83,7 +86,7 @@ def expected_decisions(attempts: int) -> list[Decision]:
 REFERENCE = expected_decisions(SAFETY_CAP)
 FIRST_DENY = next(n for n, d in enumerate(REFERENCE, 1) if d.action is Action.DENY)
 FIRST_STOP = next(n for n, d in enumerate(REFERENCE, 1) if d.action is Action.STOP)
-assert FIRST_DENY == POLICY.no_progress_threshold  # the configured repeat, not a copied number
+assert POLICY.no_progress_threshold == FIRST_DENY  # the configured repeat, not a copied number
 
 
 def expected_tool_results(attempts: int) -> list[str]:
@@ -147,8 +150,9 @@ def make_tracing(key_by: str = "trace", spans_only: bool = True) -> Tracing:
     exporter = InMemorySpanExporter()
     provider.add_span_processor(processor)
     if spans_only:
-        provider.add_span_processor(LoopGuardSpanProcessor(observer, key_by=key_by,
-                                                           tracer_provider=provider))
+        provider.add_span_processor(
+            LoopGuardSpanProcessor(observer, key_by=key_by, tracer_provider=provider)
+        )
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     return Tracing(provider, exporter, guard, processor, observer)
 
@@ -157,10 +161,15 @@ def decision_events(tracing: Tracing) -> list[tuple[str, int]]:
     """(action, count) of every ``loopguard.decision`` span event, in the order spans ended."""
     from otel_loopguard.processor import DECISION_EVENT
 
-    return [(str((event.attributes or {})["loopguard.action"]),
-             int((event.attributes or {})["loopguard.count"]))  # type: ignore[arg-type]
-            for span in tracing.exporter.get_finished_spans() for event in span.events
-            if event.name == DECISION_EVENT]
+    return [
+        (
+            str((event.attributes or {})["loopguard.action"]),
+            int((event.attributes or {})["loopguard.count"]),
+        )  # type: ignore[arg-type]
+        for span in tracing.exporter.get_finished_spans()
+        for event in span.events
+        if event.name == DECISION_EVENT
+    ]
 
 
 @pytest.fixture

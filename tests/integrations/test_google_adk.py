@@ -50,8 +50,9 @@ class ScriptedLlm(BaseLlm):
     model: str = "scripted"
     script: Any = None
 
-    async def generate_content_async(self, llm_request: LlmRequest,
-                                     stream: bool = False) -> AsyncGenerator[LlmResponse, None]:
+    async def generate_content_async(
+        self, llm_request: LlmRequest, stream: bool = False
+    ) -> AsyncGenerator[LlmResponse, None]:
         script: Script = self.script
         result = None
         for part in llm_request.contents[-1].parts or []:
@@ -60,8 +61,9 @@ class ScriptedLlm(BaseLlm):
                 result = str(response.get("result", response.get("error")))
         if script.next_call(result):
             call = types.FunctionCall(id=f"call_{script.calls}", name=TOOL, args=dict(ARGUMENTS))
-            yield LlmResponse(content=types.Content(role="model",
-                                                    parts=[types.Part(function_call=call)]))
+            yield LlmResponse(
+                content=types.Content(role="model", parts=[types.Part(function_call=call)])
+            )
         else:
             yield LlmResponse(content=types.Content(role="model", parts=[types.Part(text=FINAL)]))
 
@@ -71,17 +73,25 @@ def run(script: Script, callbacks: LoopGuardCallbacks) -> list[Event]:
         """Search the web."""
         return script.run_tool(query)
 
-    agent = LlmAgent(name="weather_agent", model=ScriptedLlm(script=script), tools=[search],
-                     before_tool_callback=callbacks.before_tool,
-                     after_tool_callback=callbacks.after_tool)
+    agent = LlmAgent(
+        name="weather_agent",
+        model=ScriptedLlm(script=script),
+        tools=[search],
+        before_tool_callback=callbacks.before_tool,
+        after_tool_callback=callbacks.after_tool,
+    )
 
     async def go() -> list[Event]:
         sessions = InMemorySessionService()
         runner = Runner(agent=agent, app_name="weather", session_service=sessions)
         await sessions.create_session(app_name="weather", user_id="u", session_id="conv-1")
         message = types.Content(role="user", parts=[types.Part(text="Weather in Paris?")])
-        return [event async for event in runner.run_async(user_id="u", session_id="conv-1",
-                                                          new_message=message)]
+        return [
+            event
+            async for event in runner.run_async(
+                user_id="u", session_id="conv-1", new_message=message
+            )
+        ]
 
     return asyncio.run(go())
 
@@ -119,8 +129,7 @@ def instrumented(tracing: Tracing, monkeypatch: pytest.MonkeyPatch) -> Iterator[
         _FORWARD.target = None
 
 
-def test_loop_is_denied_at_the_configured_repeat_then_the_run_stops(
-        instrumented: Tracing) -> None:
+def test_loop_is_denied_at_the_configured_repeat_then_the_run_stops(instrumented: Tracing) -> None:
     tracing = instrumented
     script = Script()
     events = run(script, LoopGuardCallbacks(processor=tracing.processor))
@@ -129,7 +138,8 @@ def test_loop_is_denied_at_the_configured_repeat_then_the_run_stops(
     assert last is not None and last.parts
     response = last.parts[0].function_response
     assert response is not None and response.response == {
-        "error": REFERENCE[FIRST_STOP - 1].message}
+        "error": REFERENCE[FIRST_STOP - 1].message
+    }
     assert script.calls == FIRST_STOP and script.tool_runs == FIRST_DENY - 1
     assert script.seen == expected_tool_results(FIRST_STOP - 1)
     # callbacks (inside the tool span) and spans count each attempt once; ADK emits a tool span

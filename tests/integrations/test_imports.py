@@ -20,8 +20,7 @@ ADAPTERS = {
 
 
 @pytest.mark.parametrize("adapter", sorted(ADAPTERS))
-def test_missing_framework_names_the_extra(adapter: str,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_framework_names_the_extra(adapter: str, monkeypatch: pytest.MonkeyPatch) -> None:
     hidden, extra = ADAPTERS[adapter]
     for name in list(sys.modules):
         if any(name == h or name.startswith(h + ".") for h in hidden):
@@ -36,19 +35,21 @@ def test_missing_framework_names_the_extra(adapter: str,
 
 
 def test_importing_the_package_loads_no_framework() -> None:
-    code = ("import sys, otel_loopguard, otel_loopguard.integrations; "
-            f"print(sorted(m for m in sys.modules if m.split('.')[0] in {sorted(ADAPTERS)!r} "
-            "or m.startswith(('langchain_core', 'google.adk'))))")
+    code = (
+        "import sys, otel_loopguard, otel_loopguard.integrations; "
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {sorted(ADAPTERS)!r} "
+        "or m.startswith(('langchain_core', 'google.adk'))))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
 
 def test_every_adapter_is_listed_in_pyproject_extras() -> None:
-    import tomllib
     from pathlib import Path
 
-    pyproject = tomllib.loads(
-        (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    import tomllib
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
     extras = pyproject["project"]["optional-dependencies"]
     assert {extra for _, extra in ADAPTERS.values()} <= set(extras)
 
@@ -64,6 +65,10 @@ def test_readme_snippets_import_what_the_adapters_export() -> None:
     assert {module for module, _ in imports} == set(ADAPTERS)
     for module, name in imports:
         tree = ast.parse((root / "otel_loopguard" / "integrations" / f"{module}.py").read_text())
-        exported = next(node for node in tree.body if isinstance(node, ast.Assign)
-                        and any(getattr(t, "id", None) == "__all__" for t in node.targets))
+        exported = next(
+            node
+            for node in tree.body
+            if isinstance(node, ast.Assign)
+            and any(getattr(t, "id", None) == "__all__" for t in node.targets)
+        )
         assert name in ast.literal_eval(exported.value), (module, name)

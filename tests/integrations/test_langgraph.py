@@ -53,14 +53,17 @@ class ScriptedChatModel(BaseChatModel):
     def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
         return self
 
-    def _generate(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None,
-                  **kwargs: Any) -> ChatResult:
+    def _generate(
+        self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kwargs: Any
+    ) -> ChatResult:
         last = messages[-1]
         result = str(last.content) if isinstance(last, ToolMessage) else None
         script = self.script
         if script.next_call(result):
-            message = AIMessage(content="", tool_calls=[
-                {"name": TOOL, "args": dict(ARGUMENTS), "id": f"call_{script.calls}"}])
+            message = AIMessage(
+                content="",
+                tool_calls=[{"name": TOOL, "args": dict(ARGUMENTS), "id": f"call_{script.calls}"}],
+            )
         else:
             message = AIMessage(content=FINAL)
         return ChatResult(generations=[ChatGeneration(message=message)])
@@ -79,8 +82,12 @@ def build(script: Script, wrapper: LoopGuardToolWrapper) -> Any:
 
     graph = StateGraph(MessagesState)
     graph.add_node("agent", agent)
-    graph.add_node("tools", ToolNode([search], wrap_tool_call=wrapper.wrap_tool_call,
-                                     awrap_tool_call=wrapper.awrap_tool_call))
+    graph.add_node(
+        "tools",
+        ToolNode(
+            [search], wrap_tool_call=wrapper.wrap_tool_call, awrap_tool_call=wrapper.awrap_tool_call
+        ),
+    )
     graph.add_edge(START, "agent")
     graph.add_conditional_edges("agent", tools_condition)
     graph.add_edge("tools", "agent")
@@ -107,7 +114,8 @@ def instrumented() -> Iterator[Tracing]:
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_loop_is_denied_at_the_configured_repeat_then_the_run_stops(
-        instrumented: Tracing, mode: str) -> None:
+    instrumented: Tracing, mode: str
+) -> None:
     tracing = instrumented
     script = Script()
     graph = build(script, LoopGuardToolWrapper(processor=tracing.processor))

@@ -56,20 +56,32 @@ class ScriptedModel(Model):
     def __init__(self, script: Script) -> None:
         self.script = script
 
-    async def get_response(self, system_instructions: Any, input: Any, *args: Any,
-                           **kwargs: Any) -> ModelResponse:
+    async def get_response(
+        self, system_instructions: Any, input: Any, *args: Any, **kwargs: Any
+    ) -> ModelResponse:
         last = input[-1] if isinstance(input, list) and input else None
-        result = last.get("output") if isinstance(last, dict) and last.get(
-            "type") == "function_call_output" else None
+        result = (
+            last.get("output")
+            if isinstance(last, dict) and last.get("type") == "function_call_output"
+            else None
+        )
         script = self.script
         if script.next_call(str(result) if result is not None else None):
             call = ResponseFunctionToolCall(
-                type="function_call", call_id=f"call_{script.calls}", name=TOOL,
-                arguments=json.dumps(ARGUMENTS), id=f"fc_{script.calls}")
+                type="function_call",
+                call_id=f"call_{script.calls}",
+                name=TOOL,
+                arguments=json.dumps(ARGUMENTS),
+                id=f"fc_{script.calls}",
+            )
             return ModelResponse(output=[call], usage=Usage(), response_id=None)
         message = ResponseOutputMessage(
-            id="msg", type="message", role="assistant", status="completed",
-            content=[ResponseOutputText(type="output_text", text=FINAL, annotations=[])])
+            id="msg",
+            type="message",
+            role="assistant",
+            status="completed",
+            content=[ResponseOutputText(type="output_text", text=FINAL, annotations=[])],
+        )
         return ModelResponse(output=[message], usage=Usage(), response_id=None)
 
     def stream_response(self, *args: Any, **kwargs: Any) -> Any:
@@ -100,18 +112,19 @@ def instrumented(tracing: Tracing) -> Iterator[Tracing]:
 def test_guardrails_go_on_every_function_tool() -> None:
     agent = guard_agent(build(Script()), LoopGuard(POLICY))
     tools = [tool for tool in agent.tools if isinstance(tool, FunctionTool)]
-    assert tools and all(tool.tool_input_guardrails and tool.tool_output_guardrails
-                         for tool in tools)
+    assert tools and all(
+        tool.tool_input_guardrails and tool.tool_output_guardrails for tool in tools
+    )
 
 
-def test_loop_is_denied_at_the_configured_repeat_then_the_run_stops(
-        instrumented: Tracing) -> None:
+def test_loop_is_denied_at_the_configured_repeat_then_the_run_stops(instrumented: Tracing) -> None:
     tracing = instrumented
     script = Script()
     agent = guard_agent(build(script), processor=tracing.processor)
     with pytest.raises(ToolInputGuardrailTripwireTriggered) as raised:
-        Runner.run_sync(agent, "What's the weather in Paris?",
-                        run_config=RunConfig(group_id="conv-1"))
+        Runner.run_sync(
+            agent, "What's the weather in Paris?", run_config=RunConfig(group_id="conv-1")
+        )
     decision = raised.value.output.output_info
     assert decision.action is Action.STOP
     assert decision.message == REFERENCE[FIRST_STOP - 1].message
@@ -128,8 +141,11 @@ def test_loop_is_denied_at_the_configured_repeat_then_the_run_stops(
 def test_the_run_goes_on_when_the_model_reads_the_denial() -> None:
     script = Script(listen=True)
     agent = guard_agent(build(script), LoopGuard(POLICY))
-    result = Runner.run_sync(agent, "What's the weather in Paris?",
-                             run_config=RunConfig(group_id="conv-2", tracing_disabled=True))
+    result = Runner.run_sync(
+        agent,
+        "What's the weather in Paris?",
+        run_config=RunConfig(group_id="conv-2", tracing_disabled=True),
+    )
     assert result.final_output == FINAL
     assert script.calls == FIRST_DENY and script.tool_runs == FIRST_DENY - 1
     assert script.seen == expected_tool_results(FIRST_DENY)

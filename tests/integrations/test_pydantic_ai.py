@@ -45,22 +45,30 @@ from pydantic_ai.models.instrumented import InstrumentationSettings  # noqa: E40
 from otel_loopguard.integrations.pydantic_ai import LoopGuardCapability  # noqa: E402
 
 
-def build(script: Script, capability: LoopGuardCapability, tracing: Tracing | None) -> Agent[Any, str]:
+def build(
+    script: Script, capability: LoopGuardCapability, tracing: Tracing | None
+) -> Agent[Any, str]:
     def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         last = messages[-1]
-        results = [part.content for part in last.parts if isinstance(part, ToolReturnPart)] \
-            if isinstance(last, ModelRequest) else []
+        results = (
+            [part.content for part in last.parts if isinstance(part, ToolReturnPart)]
+            if isinstance(last, ModelRequest)
+            else []
+        )
         if script.next_call(str(results[-1]) if results else None):
-            return ModelResponse(parts=[ToolCallPart(TOOL, dict(ARGUMENTS),
-                                                     tool_call_id=f"call_{script.calls}")])
+            return ModelResponse(
+                parts=[ToolCallPart(TOOL, dict(ARGUMENTS), tool_call_id=f"call_{script.calls}")]
+            )
         return ModelResponse(parts=[TextPart(FINAL)])
 
     capabilities: list[Any] = [capability]
     if tracing is not None:
-        capabilities.insert(0, Instrumentation(
-            settings=InstrumentationSettings(tracer_provider=tracing.provider)))
-    agent: Agent[Any, str] = Agent(FunctionModel(model), name="weather_agent",
-                                   capabilities=capabilities)
+        capabilities.insert(
+            0, Instrumentation(settings=InstrumentationSettings(tracer_provider=tracing.provider))
+        )
+    agent: Agent[Any, str] = Agent(
+        FunctionModel(model), name="weather_agent", capabilities=capabilities
+    )
 
     @agent.tool_plain
     def search(query: str) -> str:
@@ -85,8 +93,9 @@ def test_loop_is_denied_at_the_configured_repeat_then_the_run_stops() -> None:
     # each attempt counted once though both the capability and the span saw it: the processor
     # decided at span start (the arguments are there) and its events carry the same decisions
     assert calls_seen(tracing.guard) == FIRST_STOP == len(tool_spans(tracing))
-    assert decision_events(tracing) == [(d.action.value, d.count) for d in REFERENCE[:FIRST_STOP]
-                                        if d.action is not Action.ALLOW]
+    assert decision_events(tracing) == [
+        (d.action.value, d.count) for d in REFERENCE[:FIRST_STOP] if d.action is not Action.ALLOW
+    ]
 
 
 def test_the_run_goes_on_when_the_model_reads_the_denial() -> None:

@@ -52,8 +52,9 @@ class ScriptedModel(Model):
         raise NotImplementedError
         yield  # pragma: no cover
 
-    async def stream(self, messages: Any, tool_specs: Any = None, system_prompt: Any = None,
-                     **kwargs: Any) -> AsyncIterator[Any]:
+    async def stream(
+        self, messages: Any, tool_specs: Any = None, system_prompt: Any = None, **kwargs: Any
+    ) -> AsyncIterator[Any]:
         result = None
         for block in messages[-1]["content"]:
             if "toolResult" in block:
@@ -62,8 +63,11 @@ class ScriptedModel(Model):
         script = self.script
         yield {"messageStart": {"role": "assistant"}}
         if script.next_call(result):
-            yield {"contentBlockStart": {"start": {"toolUse": {
-                "toolUseId": f"call_{script.calls}", "name": TOOL}}}}
+            yield {
+                "contentBlockStart": {
+                    "start": {"toolUse": {"toolUseId": f"call_{script.calls}", "name": TOOL}}
+                }
+            }
             yield {"contentBlockDelta": {"delta": {"toolUse": {"input": json.dumps(ARGUMENTS)}}}}
             yield {"contentBlockStop": {}}
             yield {"messageStop": {"stopReason": "tool_use"}}
@@ -79,9 +83,14 @@ def build(script: Script, hooks: LoopGuardHooks) -> Agent:
         """Search the web."""
         return script.run_tool(query)
 
-    return Agent(model=ScriptedModel(script), tools=[search], hooks=[hooks],
-                 name="weather_agent", callback_handler=None,
-                 trace_attributes={"session.id": "conv-1"})
+    return Agent(
+        model=ScriptedModel(script),
+        tools=[search],
+        hooks=[hooks],
+        name="weather_agent",
+        callback_handler=None,
+        trace_attributes={"session.id": "conv-1"},
+    )
 
 
 @pytest.fixture
@@ -97,12 +106,12 @@ def instrumented(tracing: Tracing) -> Iterator[Tracing]:
         strands_tracer.tracer_provider, strands_tracer.tracer = saved
 
 
-def test_loop_is_denied_at_the_configured_repeat_then_the_run_stops(
-        instrumented: Tracing) -> None:
+def test_loop_is_denied_at_the_configured_repeat_then_the_run_stops(instrumented: Tracing) -> None:
     tracing = instrumented
     script = Script()
     result = build(script, LoopGuardHooks(processor=tracing.processor))(
-        "What's the weather in Paris?")
+        "What's the weather in Paris?"
+    )
     # the stop cancels the call and ends the invocation before the next model call
     assert result.stop_reason == "cancelled"
     assert str(result.message["content"][0]["text"]) == REFERENCE[FIRST_STOP - 1].message
