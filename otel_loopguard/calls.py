@@ -176,7 +176,10 @@ def canonical_arguments(arguments: object, ignored_args: Iterable[str] = ()) -> 
     """Return the canonical form of ``arguments`` (before serialisation).
 
     1. A JSON string is parsed (an unparsable one stays the raw string).
-    2. If the result is an object, the top-level keys in ``ignored_args`` are dropped.
+    2. If the result is an object, the top-level keys in ``ignored_args`` are dropped, unless
+       nothing else would be left: a field that narrates a call is cosmetic beside fields that
+       do something, but it is the whole call of a tool that takes only it (a ``think`` tool's
+       ``thought``), and two different thoughts are two different calls.
     Nested values are left as they are; :func:`canonical_json` sorts keys at every depth.
     """
     value = _parse_json_string(arguments) if isinstance(arguments, str) else arguments
@@ -184,7 +187,9 @@ def canonical_arguments(arguments: object, ignored_args: Iterable[str] = ()) -> 
     if (type(value) is dict or isinstance(value, Mapping)) and ignored_args:
         ignored = ignored_args if type(ignored_args) is frozenset else frozenset(ignored_args)
         if not ignored.isdisjoint(value):
-            value = {k: v for k, v in value.items() if k not in ignored}
+            kept = {k: v for k, v in value.items() if k not in ignored}
+            if kept:
+                value = kept
     return value
 
 

@@ -123,3 +123,13 @@ def test_outcome_key_normalises_results() -> None:
 @pytest.mark.parametrize("value", ["42", "true", " null"])
 def test_scalar_looking_strings_stay_strings(value: str) -> None:
     assert canonical_arguments(value) == value
+
+
+def test_a_cosmetic_field_is_kept_when_it_is_the_only_argument() -> None:
+    ignored = frozenset({"thought", "description"})
+    assert canonical_arguments({"thought": "plan A"}, ignored) == {"thought": "plan A"}
+    assert canonical_arguments({"thought": "a", "path": "x"}, ignored) == {"path": "x"}
+    assert canonical_arguments({"thought": "a", "description": "b"}, ignored) == {
+        "thought": "a",
+        "description": "b",
+    }

@@ -303,14 +303,10 @@ def test_openhands_loop_ignores_other_events() -> None:
     assert tracked[-1] == "D"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="`thought` is a cosmetic argument dropped from the key, so "
-    "every call of a `think` tool (OpenHands, Anthropic) is the same call",
-)
 def test_distinct_thoughts_are_distinct_calls() -> None:
-    """Found translating test_loop_ignores_other_events: under `default`, OpenHands' `think` tool
-    (sole argument `thought`) is denied on its 4th use in an epoch whatever it thinks."""
+    """Found translating test_loop_ignores_other_events: OpenHands' `think` tool (sole argument
+    `thought`) was denied on its 4th use in an epoch whatever it thought, because `thought` is a
+    cosmetic field. A cosmetic field is now kept when it is the call's only argument."""
     steps = [
         (
             "think",
