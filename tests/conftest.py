@@ -60,6 +60,12 @@ class Transcript:
         return sum(1 for d in self.decisions if d.action is action)
 
 
+def threshold(value: int | None) -> int:
+    """A preset's threshold that a test counts up to: set (None turns its rule off)."""
+    assert value is not None
+    return value
+
+
 def run(guard: LoopGuard, calls: Iterable[Call]) -> Transcript:
     """Drive the hook API as a framework adapter would: before, then after when it ran."""
     transcript = Transcript()

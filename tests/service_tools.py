@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from opentelemetry.sdk.trace import Tracer
-from opentelemetry.trace import Status, StatusCode
+from opentelemetry.trace import Status, StatusCode, Tracer
 
 from otel_loopguard.metrics import METRICS
 
@@ -236,7 +235,12 @@ def serve_process(
     assert process.stderr is not None
     lines: queue.Queue[str] = queue.Queue()
     stream = process.stderr
-    threading.Thread(target=lambda: [lines.put(line) for line in stream], daemon=True).start()
+
+    def pump() -> None:
+        for line in stream:
+            lines.put(line)
+
+    threading.Thread(target=pump, daemon=True).start()
     try:
         first = lines.get(timeout=timeout)
         assert " on http://" in first, first

@@ -8,8 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.sdk.trace import Tracer
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 
 from .conftest import SPAN_DUMPS as DUMPS_DIR
 

@@ -34,7 +34,7 @@ from otel_loopguard.engine import (
     SessionState,
 )
 
-from .conftest import Call, run
+from .conftest import Call, run, threshold
 
 #: Linux caps one argv element at 128 KiB (MAX_ARG_STRLEN).
 LINUX_ARG_MAX_BYTES = 128 * 1024
@@ -42,8 +42,7 @@ LINUX_ARG_MAX_BYTES = 128 * 1024
 POLICY = PRESETS["default"].replace(
     stop_after_denials=None, cooldown_seconds=0.0, advisor_timeout_seconds=10.0
 )
-RESCUE_AT = POLICY.rescue_threshold
-assert RESCUE_AT is not None
+RESCUE_AT = threshold(POLICY.rescue_threshold)
 
 
 def command(tmp_path: Path, body: str, name: str = "ask") -> Path:

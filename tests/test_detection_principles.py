@@ -6,6 +6,8 @@ post-call conclusion that ``after_tool`` returns.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,14 +16,15 @@ from otel_loopguard.calls import failure_text, outcome_key
 from otel_loopguard.engine import Classifier
 from otel_loopguard.policy import Phase
 
+from .conftest import threshold
+
 DEFAULT = PRESETS["default"]
-FAILURES = DEFAULT.failure_stop_threshold
-DENY = DEFAULT.deny_threshold
-assert FAILURES is not None and DENY is not None
+FAILURES = threshold(DEFAULT.failure_stop_threshold)
+DENY = threshold(DEFAULT.deny_threshold)
 
 
 def drive(
-    guard: LoopGuard, calls: list[tuple[str, object, object, bool]], session: str = "s"
+    guard: LoopGuard, calls: Sequence[tuple[str, object, object, bool | None]], session: str = "s"
 ) -> list[tuple[Action, Action | None]]:
     """(pre action, post action or None) per call; a blocked call is not run."""
     out: list[tuple[Action, Action | None]] = []

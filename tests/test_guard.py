@@ -10,13 +10,12 @@ import pytest
 
 from otel_loopguard import PRESETS, Action, LoopDetected, LoopGuard, Mode, Policy, Rule
 
-from .conftest import Call, run
+from .conftest import Call, run, threshold
 
 DEFAULT = PRESETS["default"]
-DENY = DEFAULT.deny_threshold
-STUCK = DEFAULT.no_progress_threshold
+DENY = threshold(DEFAULT.deny_threshold)
+STUCK = threshold(DEFAULT.no_progress_threshold)
 FIRST_REMIND = DEFAULT.remind_thresholds[0]
-assert DENY is not None and STUCK is not None
 
 
 def test_before_and_after_for_one_call_count_once() -> None:
@@ -265,7 +264,7 @@ class ExplodingRecorder:
 
 
 def test_internal_errors_fall_back_to_allow_logged_once(caplog: pytest.LogCaptureFixture) -> None:
-    guard = LoopGuard(DEFAULT, recorder=ExplodingRecorder())  # type: ignore[arg-type]
+    guard = LoopGuard(DEFAULT, recorder=ExplodingRecorder())
     with caplog.at_level(logging.ERROR, logger="otel_loopguard"):
         decisions = [guard.before_tool("ls", {}, session="s") for _ in range(5)]
         assert guard.after_tool("ls", {}, session="t") is None

@@ -146,7 +146,7 @@ def test_no_input_makes_the_hooks_raise(
             error=error,
             result=result,
             duration_seconds=result,
-        )  # type: ignore[arg-type]
+        )
         guard.user_message(session)
     assert guard.internal_errors == {}
 

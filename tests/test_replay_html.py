@@ -164,7 +164,7 @@ def test_every_session_is_drawn_with_one_cell_per_call(tmp_path: Path) -> None:
 def test_decision_markers_equal_the_json_decisions(tmp_path: Path) -> None:
     text, rows = replay_html(tmp_path, looping_sessions())
     page = Page(text)
-    expected = {session: Counter() for session in page.sessions}
+    expected: dict[str, Counter[str]] = {session: Counter() for session in page.sessions}
     for row in rows:
         if row["action"] != "allow":
             expected[row["session"]][row["action"]] += 1

@@ -15,18 +15,19 @@ from otel_loopguard import (
     PRESETS,
     Action,
     CommandAdvisor,
+    Decision,
     LoopGuard,
     Policy,
     Rule,
 )
 
-from .conftest import Call, FakeClock, run
+from .conftest import Call, FakeClock, run, threshold
 
 DEFAULT = PRESETS["default"]
-DENY = DEFAULT.deny_threshold  # blocks when outcomes are unknown
-STUCK = DEFAULT.no_progress_threshold  # blocks earlier when the same outcome keeps coming back
-POLL_LIMIT = DEFAULT.poll_limit
-assert DENY is not None and STUCK is not None and POLL_LIMIT is not None
+DENY = threshold(DEFAULT.deny_threshold)  # blocks when outcomes are unknown
+# blocks earlier when the same outcome keeps coming back
+STUCK = threshold(DEFAULT.no_progress_threshold)
+POLL_LIMIT = threshold(DEFAULT.poll_limit)
 assert STUCK < DENY
 
 
@@ -195,9 +196,9 @@ def test_g_sessions_do_not_cross_talk() -> None:
 
 def test_h_thresholds_are_sorted_gentle_first_then_detailed() -> None:
     policy = Policy(
-        remind_thresholds=[4, 2],
+        remind_thresholds=[4, 2],  # type: ignore[arg-type]  # a list, normalized to a sorted tuple
         deny_threshold=None,
-        rescue_threshold=None,  # type: ignore[arg-type]
+        rescue_threshold=None,
         poll_limit=None,
         no_progress_threshold=None,
     )
@@ -222,11 +223,10 @@ def _stub(tmp_path: Path, body: str) -> str:
 RESCUE_POLICY = DEFAULT.replace(
     stop_after_denials=None, cooldown_seconds=0.0, advisor_timeout_seconds=2.0
 )
-RESCUE_AT = RESCUE_POLICY.rescue_threshold
-assert RESCUE_AT is not None
+RESCUE_AT = threshold(RESCUE_POLICY.rescue_threshold)
 
 
-def _hammer(guard: LoopGuard, times: int, q: str = "x") -> list:
+def _hammer(guard: LoopGuard, times: int, q: str = "x") -> list[Decision]:
     return run(guard, [Call("search", {"q": q}, result="same")] * times).decisions
 
 

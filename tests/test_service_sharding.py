@@ -11,7 +11,7 @@ import zlib
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -166,7 +166,7 @@ def test_trace_id_sharding_detects_every_loop_as_one_instance(
     ):
         total = sum(
             sample(
-                shard.guard.recorder.registry,  # type: ignore[attr-defined]
+                cast(PrometheusRecorder, shard.guard.recorder).registry,
                 "loopguard_tool_calls_total",
                 agent=agent,
                 tool=tool,
@@ -176,7 +176,7 @@ def test_trace_id_sharding_detects_every_loop_as_one_instance(
         assert (
             total
             == sample(
-                single.guard.recorder.registry,  # type: ignore[attr-defined]
+                cast(PrometheusRecorder, single.guard.recorder).registry,
                 "loopguard_tool_calls_total",
                 agent=agent,
                 tool=tool,

@@ -26,12 +26,12 @@ def test_missing_framework_names_the_extra(adapter: str, monkeypatch: pytest.Mon
         if any(name == h or name.startswith(h + ".") for h in hidden):
             monkeypatch.delitem(sys.modules, name)
     for name in hidden:
-        monkeypatch.setitem(sys.modules, name, None)  # type: ignore[arg-type]
+        monkeypatch.setitem(sys.modules, name, None)
     module = f"otel_loopguard.integrations.{adapter}"
     monkeypatch.delitem(sys.modules, module, raising=False)
     with pytest.raises(ImportError) as raised:
         importlib.import_module(module)
-    assert f"pip install 'otel-loopguard[{extra}]'" in str(raised.value)
+    assert f"pip install '.[{extra}]'" in str(raised.value)
 
 
 def test_importing_the_package_loads_no_framework() -> None:
