@@ -14,7 +14,11 @@ Where detection runs: at ``on_start`` when the span already carries the argument
 so the decision is on the still-open tool span and code inside it can read it with
 :func:`current_decision`; else at ``on_end``, where the call has already run and the decision is
 recorded on the nearest still-recording ancestor (usually the agent span), or on a short
-``loopguard.decision`` span when none is open.
+``loopguard.decision`` span when none is open. At ``on_end`` the guard may also conclude from the
+call's result that the run is stuck now (``phase`` post, e.g. a stop at the third identical
+failure): recorded the same way, with ``loopguard.phase`` ``post``, and kept for a framework
+adapter whose own report of the call comes after the span's (:meth:`~LoopGuardSpanProcessor.
+take_concluded`).
 
 Bookkeeping per open span (bounded by ``max_tracked_spans``; spans never ended are forgotten
 after ``span_ttl_seconds``) lets a tool span find its agent among its ancestors.
@@ -42,7 +46,7 @@ from .conventions import (
     tool_call_from_span,
 )
 from .guard import LoopGuard
-from .policy import Action, Decision, arguments_preview
+from .policy import Action, Decision, Phase, arguments_preview
 from .spans import (
     START_NAME_PREFIXES,
     AgentFrame,
@@ -70,11 +74,17 @@ ATTR_COUNT: Final = "loopguard.count"
 ATTR_THRESHOLD: Final = "loopguard.threshold"
 ATTR_SIGNATURE: Final = "loopguard.signature"
 ATTR_MODE: Final = "loopguard.mode"
+#: ``pre`` (before the call ran, or what the guard would have said then) or ``post`` (concluded
+#: from the call's result: :class:`~otel_loopguard.Phase`).
+ATTR_PHASE: Final = "loopguard.phase"
 ATTR_ARGUMENTS: Final = "loopguard.arguments"
 ATTR_TOOL_NAME: Final = "gen_ai.tool.name"
 ATTR_TOOL_CALL_ID: Final = "gen_ai.tool.call.id"
 
 _MAX_CACHED_FRAMES: Final = 4096
+#: Post-call conclusions kept for framework adapters (:meth:`LoopGuardSpanProcessor.
+#: take_concluded`); the oldest is dropped beyond this (nobody took it: no adapter).
+_MAX_CONCLUDED: Final = 1024
 
 _NO_CALL: Final = SpanToolCall("", MISSING, None, None, None, None, None, None, "hook")
 
@@ -171,6 +181,10 @@ class LoopGuardSpanProcessor(SpanProcessor):
         # span under the same parent (an agent, an event-loop cycle) skips the walk. Span ids are
         # unique, so entries never go stale; the table is simply cleared when full.
         self._frames: dict[int, AgentFrame | None] = {}
+        # Post-call conclusions at span end, by (session, agent, signature), oldest first, until
+        # a framework adapter takes them (take_concluded).
+        self._concluded: dict[tuple[str, str | None, str], Decision] = {}
+        self._concluded_lock = threading.Lock()
         self.evicted_spans = 0
 
     # -- SpanProcessor ---------------------------------------------------------------------
@@ -213,6 +227,8 @@ class LoopGuardSpanProcessor(SpanProcessor):
         """Forget all bookkeeping and stop the guard's advisor worker."""
         self._open.clear()
         self._frames.clear()
+        with self._concluded_lock:
+            self._concluded.clear()
         for span_id in list(self._started):
             _START_DECISIONS.pop(span_id, None)
         self._started.clear()
@@ -230,6 +246,22 @@ class LoopGuardSpanProcessor(SpanProcessor):
         frame = nearest_agent(context.span_id, self._view)
         attributes = _attributes(span) if isinstance(span, ReadableSpan) else {}
         return session_for(_NO_CALL, context.trace_id, frame, self.key_by, attributes)
+
+    def take_concluded(self, session: str, agent: str | None, signature: str) -> Decision | None:
+        """The conclusion (``phase`` post, not allow) the guard drew at the end of a tool span
+        of the call with ``signature`` (:attr:`Decision.signature`) in ``session`` and ``agent``,
+        handed over once; ``None`` when there is none.
+
+        For framework adapters given ``processor=``: where the tool span ends before the
+        framework's after-call hook (LangGraph's and Strands' do), the span reports the call
+        first, so the guard hands its conclusion to the span, and the hook's own report of the
+        call gets ``None``; the hook takes it here and ends the run. An adapter takes (and drops)
+        it also before a new attempt of the same call, so a conclusion that no hook took never
+        reaches a later call. Called on the framework's thread; never blocks for long."""
+        if not self._concluded:
+            return None
+        with self._concluded_lock:
+            return self._concluded.pop((session, agent, signature), None)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         """Nothing is buffered: decisions are made on the calling thread. Returns True."""
@@ -355,6 +387,16 @@ class LoopGuardSpanProcessor(SpanProcessor):
         )
         if decision is not None and decision.detected is not Action.ALLOW:
             self._record_after(span, decision, call)
+            if decision.phase is Phase.POST and decision.action is not Action.ALLOW:
+                self._conclude(session, agent, decision)
+
+    def _conclude(self, session: str, agent: str | None, decision: Decision) -> None:
+        """Keep a post-call conclusion for the adapter whose report comes after the span's."""
+        with self._concluded_lock:
+            concluded = self._concluded
+            concluded[(session, agent, decision.signature)] = decision
+            while len(concluded) > _MAX_CONCLUDED:
+                del concluded[next(iter(concluded))]
 
     def _event_attributes(self, decision: Decision, call: SpanToolCall) -> dict[str, Any]:
         attributes: dict[str, Any] = {
@@ -364,6 +406,7 @@ class LoopGuardSpanProcessor(SpanProcessor):
             ATTR_THRESHOLD: decision.threshold,
             ATTR_SIGNATURE: decision.signature[:SIGNATURE_CHARS],
             ATTR_MODE: self.guard.policy.mode.value,
+            ATTR_PHASE: decision.phase.value,
             ATTR_TOOL_NAME: decision.tool,
         }
         if call.call_id:

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -24,11 +25,13 @@ from typing import Any
 
 import pytest
 
-from .service_tools import require_serve_prerequisites, serve_process
+from .service_tools import request, require_serve_prerequisites, serve_process
 
 require_serve_prerequisites()
 
+from otel_loopguard import PRESETS, Action, Phase  # noqa: E402
 from otel_loopguard.hooks import HOSTS, TOKEN_ENV  # noqa: E402
+from otel_loopguard.service._decisions import decision_json  # noqa: E402
 
 from .test_hooks import (  # noqa: E402
     BASH_RESULT,
@@ -37,6 +40,7 @@ from .test_hooks import (  # noqa: E402
     PRE_EVENTS,
     REMIND_AT,
     STOP_AT,
+    Mirror,
     Reply,
     claude,
     claude_post,
@@ -139,7 +143,9 @@ def claude_events(session: str) -> list[dict[str, Any]]:
 
 
 def gemini_events(session: str) -> list[dict[str, Any]]:
-    """No call ids: a reminder is matched to its result by the call's arguments."""
+    """No call ids: a reminder is matched to its result by the call's arguments. Results no
+    pre-tool event announced: the same answer (a denial worded as a reminder), then the same
+    failure (a stop at its third time)."""
     read = {"absolute_path": "/work/project/src/auth.py"}
     response = {"llmContent": "def login(user): ...", "returnDisplay": "Read 120 lines"}
     events = [gemini("BeforeAgent", session_id=session, prompt="why does login fail?")]
@@ -159,6 +165,18 @@ def gemini_events(session: str) -> list[dict[str, Any]]:
             )
     events.append(gemini("BeforeAgent", session_id=session, prompt="go on"))
     events.append(gemini("BeforeTool", session_id=session, tool_name="read_file", tool_input=read))
+    status = {"command": "git status", "description": "check the tree"}
+    clean = {"llmContent": "nothing to commit", "returnDisplay": ""}
+    for _ in range(DENY_AT):
+        events.append(
+            gemini(
+                "AfterTool",
+                session_id=session,
+                tool_name="run_shell_command",
+                tool_input=status,
+                tool_response=clean,
+            )
+        )
     shell = {"command": "npm test", "description": "run tests"}
     failed = {"llmContent": "", "returnDisplay": "", "error": {"message": "exit code 1"}}
     for _ in range(STOP_AT + 1):
@@ -534,3 +552,127 @@ def test_the_server_path_imports_no_grpc_protobuf_sdk_or_service(server: str) ->
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == {}
     assert proc.stderr.strip() == "[]"
+
+
+# -- a stop concluded after a call ran (phase post) -----------------------------------------------
+
+FAILED_RUN = "Exit code 1\nFAILED tests/test_api.py::test_login - assert 401 == 200"
+
+
+def test_after_answers_the_stop_at_the_third_identical_failure(server: str) -> None:
+    """``/v1/decisions/after`` of a call ``before`` counted: ``{"decision": null}`` until the
+    result shows the run is stuck, then the guard's conclusion, ``"phase": "post"``."""
+    port = urllib.parse.urlsplit(server).port
+    assert port is not None
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"}
+
+    def call(endpoint: str, **fields: Any) -> Any:
+        body = json.dumps(
+            {"session": "post-api", "tool": "Bash", "arguments": BASH_TESTS, **fields}
+        )
+        answer = request(port, "POST", f"/v1/decisions/{endpoint}", body.encode(), headers)
+        assert answer.status == 200, answer.body
+        return answer.json()
+
+    limit = PRESETS["default"].failure_stop_threshold
+    assert limit is not None
+    mirror = Mirror()
+    for n in range(1, limit + 1):
+        before = call("before", call_id=f"toolu_{n}", hold_reminder=True)["decision"]
+        expected = mirror.pre("Bash", BASH_TESTS, f"toolu_{n}", "post-api")
+        assert (before["action"], before["phase"]) == (expected.action.value, "pre")
+        after = call("after", call_id=f"toolu_{n}", error=True, result=FAILED_RUN)
+        post = mirror.post("Bash", BASH_TESTS, f"toolu_{n}", "post-api", FAILED_RUN, error=True)
+        if n < limit:
+            assert after == {"decision": None} and post is None
+            continue
+        # the reminder held for this call gives way to the stop
+        assert expected.action is Action.REMIND and post is not None
+        assert after == {"decision": decision_json(post)}
+        assert after["decision"]["action"] == "stop" and after["decision"]["phase"] == "post"
+        assert after["decision"]["blocks"] is True and after["decision"]["message"] == post.message
+    # the run stays stopped: the next attempt is refused before it runs
+    again = call("before", call_id=f"toolu_{limit + 1}")["decision"]
+    assert (again["action"], again["phase"]) == ("stop", "pre")
+
+
+GEMINI_SHELL = {"command": "npm test", "description": "run tests"}
+
+
+def failing_events(host: str, session: str) -> list[dict[str, Any]]:
+    """A prompt, then one call failing the same way, each attempt with its failure, until the
+    stop and once more."""
+    limit = PRESETS["default"].failure_stop_threshold
+    assert limit is not None
+    if host == "claude-code":
+        events = [claude("UserPromptSubmit", session, prompt="make the API tests pass")]
+        for n in range(1, limit + 2):
+            events.append(claude_pre("Bash", BASH_TESTS, f"toolu_{n}", session=session))
+            events.append(
+                claude(
+                    "PostToolUseFailure",
+                    session,
+                    tool_name="Bash",
+                    tool_input=BASH_TESTS,
+                    tool_use_id=f"toolu_{n}",
+                    error=FAILED_RUN,
+                )
+            )
+        return events
+    failed = {"llmContent": "", "returnDisplay": "", "error": {"message": FAILED_RUN}}
+    events = [gemini("BeforeAgent", session_id=session, prompt="make the tests pass")]
+    for _ in range(1, limit + 2):
+        shell = GEMINI_SHELL
+        events.append(
+            gemini(
+                "BeforeTool", session_id=session, tool_name="run_shell_command", tool_input=shell
+            )
+        )
+        events.append(
+            gemini(
+                "AfterTool",
+                session_id=session,
+                tool_name="run_shell_command",
+                tool_input=shell,
+                tool_response=failed,
+            )
+        )
+    return events
+
+
+@pytest.mark.parametrize("host", ["claude-code", "gemini-cli"])
+def test_the_stop_after_the_third_identical_failure_is_the_same_from_the_server(
+    server: str, tmp_path: Path, host: str
+) -> None:
+    session = f"{host}-post-stop"
+    events = failing_events(host, session)
+    store = tmp_path / "hooks.sqlite3"
+    local = [hook(host, event, store) for event in events]
+    served = [remote(host, event, server) for event in events]
+    for index, (event, mine, theirs) in enumerate(zip(events, local, served)):
+        assert theirs == mine, (index, event["hook_event_name"])
+        assert mine.code == 0 and mine.err == ""
+    # The words of the stop: the same events through a guard in this process.
+    limit = PRESETS["default"].failure_stop_threshold
+    assert limit is not None
+    mirror = Mirror()
+    post = None
+    for n in range(1, limit + 1):
+        if host == "claude-code":
+            mirror.pre("Bash", BASH_TESTS, f"toolu_{n}", session)
+            post = mirror.post("Bash", BASH_TESTS, f"toolu_{n}", session, FAILED_RUN, error=True)
+        else:
+            mirror.pre("run_shell_command", GEMINI_SHELL, None, session)
+            post = mirror.post(
+                "run_shell_command", GEMINI_SHELL, None, session, {"message": FAILED_RUN}, True
+            )
+    assert post is not None and (post.action, post.phase) == (Action.STOP, Phase.POST)
+    # Until then nothing to say (Claude Code and Gemini CLI would show the third attempt's
+    # reminder with its result); the result of the limit-th attempt stops the run (the call ran:
+    # nothing to deny); the next attempt is refused before it runs.
+    stop_at = 2 * limit  # the prompt, then a pre-tool and a post-tool event per attempt
+    assert [kind(host, reply.out) for reply in local[:stop_at]] == ["allow"] * stop_at
+    stopped = local[stop_at].out
+    assert kind(host, stopped) == "stop"
+    assert stopped["continue"] is False and stopped["stopReason"] == post.message
+    assert kind(host, local[stop_at + 1].out) == "stop"

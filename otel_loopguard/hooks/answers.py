@@ -12,8 +12,9 @@ get the same answers from each, so the rules are here, once:
 - :func:`answer_before`: what the host is told before the call (deny, rescue and stop block it;
   a reminder goes out only where the host takes context before a call).
 - :func:`decide_after`: report how a call ended; a call counted before it ran gets the reminder
-  that waited for it; a call counted only now gets :func:`after_the_fact` (it can only be
-  reminded about, or the run stopped).
+  that waited for it, or the stop the guard concludes from its result (``phase`` post); a call
+  counted only now gets :func:`after_the_fact` (it can only be reminded about, or the run
+  stopped).
 - :class:`Backend` and :class:`Unavailable`: the role of a backend of the command hooks, and how
   it says it cannot decide.
 
@@ -22,11 +23,12 @@ Pure: no I/O, no state store, no HTTP; neither the runner nor the remote backend
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
 from ..calls import SIGNATURE_CHARS, args_key, canonical_arguments, canonical_json, tool_name
 from ..config import Policy
-from ..policy import Action, Decision, Step, message_for
+from ..policy import Action, Decision, Phase, Step, message_for
 from .hosts import ALLOWED, Answer, HookEvent, Host
 
 if TYPE_CHECKING:
@@ -83,8 +85,16 @@ def decide_before(
 ) -> Decision:
     """Count a call before it runs and return the guard's decision. ``held``: where a reminder
     waits for the call's result when the caller shows text only then (``None``: the caller
-    shows it now)."""
+    shows it now). Every answer names the call (tool, session, signature), the first one too:
+    the guard's plain allow does not, to keep its hot path lean."""
     decision = guard.before_tool(tool, arguments, session=session, agent=agent, call_id=call_id)
+    if not decision.tool:
+        decision = replace(
+            decision,
+            tool=tool_name(tool),
+            session=session,
+            signature=call_signature(tool, arguments, guard.policy),
+        )
     if held is not None and decision.action is Action.REMIND:
         held.hold(reminder_ref(call_id, decision.signature), decision.message)
     return decision
@@ -104,9 +114,13 @@ def decide_after(
     held: Reminders,
     policy: Policy,
 ) -> tuple[Decision | None, Answer]:
-    """Report how a call ended: the guard's decision (``None`` when the call was counted before
-    it ran) and what to show with the result: the reminder that waited in ``held`` for it, or
-    for a call counted only now :func:`after_the_fact` (``policy``: the guard's)."""
+    """Report how a call ended: the guard's decision and what to show with the result.
+
+    For a call counted before it ran, the decision is ``None`` and the reminder that waited in
+    ``held`` is shown, unless the guard concludes from the result that the run is stuck now
+    (``phase`` post): then that decision, shown by :func:`after_the_fact` (a stop ends the run;
+    in advise mode a reminder). For a call counted only now, its decision (or that conclusion)
+    and :func:`after_the_fact` (``policy``: the guard's)."""
     decision = guard.after_tool(
         tool,
         arguments,
@@ -117,15 +131,16 @@ def decide_after(
         result=result,
         duration_seconds=duration_seconds,
     )
+    kept = None
+    if len(held) and (decision is None or decision.phase is Phase.POST):
+        # The reminder held for this call: shown now, or dropped for the post-call conclusion.
+        kept = held.take(
+            reminder_ref(
+                call_id, None if call_id is not None else call_signature(tool, arguments, policy)
+            )
+        )
     if decision is not None:
         return decision, after_the_fact(decision, arguments, policy)
-    if not len(held):
-        return None, ALLOWED
-    kept = held.take(
-        reminder_ref(
-            call_id, None if call_id is not None else call_signature(tool, arguments, policy)
-        )
-    )
     return None, (Answer(Action.REMIND, kept) if kept else ALLOWED)
 
 

@@ -11,7 +11,9 @@ Reminders that wait for a call's result (hosts that take no context before a cal
 the server too: the pre-tool request says ``"hold_reminder": true``, and the post-tool answer of
 the same call carries the reminder. The post-tool answer also carries the text for a call that
 only its result reported, phrased by the server (its policy's words), as the local backend
-phrases it with :func:`~.answers.after_the_fact`.
+phrases it with :func:`~.answers.after_the_fact`; and a stop the server concludes from a call's
+result (``"phase": "post"``, e.g. the third identical failure) becomes the host's stop, as the
+local backend's does.
 
 One request per invocation over the standard library's HTTP client (imported only here, when
 ``--server`` is given), with a connect and read timeout. No connection, no answer in time, a

@@ -26,6 +26,10 @@ hook and the span both report counts once), ``session`` (a string or a callable 
 used when no span gives the keys; default: the framework's own run, thread or conversation id),
 ``append_reminders`` (add reminder texts to the tool result the model reads) and ``on_stop``
 (``"end"``: end the run the framework's way; ``"message"``: answer a stop like a denial).
+
+A stop can also come after a call ran, from its result (``phase`` post: the same call failing
+the same way ``failure_stop_threshold`` times): the after-call hook then ends the run as a stop
+before a call does (with ``on_stop="message"``, the stop text is added to the result instead).
 """
 
 from __future__ import annotations

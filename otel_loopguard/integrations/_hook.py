@@ -13,10 +13,10 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, Literal
+from typing import TYPE_CHECKING, Final, Literal, TypeGuard
 
 from ..guard import LoopGuard
-from ..policy import Action, Decision
+from ..policy import Action, Decision, Phase
 
 if TYPE_CHECKING:
     from ..processor import LoopGuardSpanProcessor
@@ -37,7 +37,7 @@ def missing_framework(module: str, framework: str, extra: str) -> ImportError:
     """The error an adapter raises when its framework is not installed."""
     return ImportError(
         f"otel_loopguard.integrations.{module} needs {framework}: "
-        f"pip install 'otel-loopguard[{extra}]'"
+        f"pip install '.[{extra}]' from a checkout of the repository"
     )
 
 
@@ -160,15 +160,23 @@ class ToolHook:
             decision = self.guard.before_tool(
                 tool, arguments, session=session, agent=agent, call_id=call_id
             )
+        if self.processor is not None and decision.signature:
+            # A conclusion kept at the span end of an earlier attempt that no hook took.
+            self._concluded(session, agent, decision.signature)
         if decision.action is Action.STOP and self.on_stop == "message":
             decision = _as_deny(decision)
         return Ticket(tool, arguments, session, agent, call_id, decision, time.perf_counter())
 
-    def after(self, ticket: Ticket, *, result: object = None, error: bool | None = False) -> None:
-        """Report how a call that ran ended (never for a blocked call)."""
+    def after(
+        self, ticket: Ticket, *, result: object = None, error: bool | None = False
+    ) -> Decision | None:
+        """Report how a call that ran ended (never for a blocked call) and return what the guard
+        concluded from its result (``phase`` post) when there is something to act on: a stop
+        (:meth:`ends_run` says whether it ends the run) or, in advise mode, a reminder
+        (:meth:`reminder` adds it to the result); else ``None``."""
         if ticket.decision.blocks:
-            return
-        self.guard.after_tool(
+            return None
+        post = self.guard.after_tool(
             ticket.tool,
             ticket.arguments,
             session=ticket.session,
@@ -178,17 +186,46 @@ class ToolHook:
             result=result,
             duration_seconds=time.perf_counter() - ticket.started,
         )
+        if post is None and self.processor is not None and ticket.decision.signature:
+            # The call's span ended first and reported it (LangGraph, Strands): the guard handed
+            # its conclusion to the span. A conclusion needs repeats, so the call has a signature.
+            post = self._concluded(ticket.session, ticket.agent, ticket.decision.signature)
+        # A pre-phase answer here is the guard counting the call anew (keyed apart from the
+        # before hook): what it would have said before the call, already acted on.
+        if post is None or post.phase is not Phase.POST or post.action is Action.ALLOW:
+            return None
+        return post
 
-    def reminder(self, ticket: Ticket) -> str | None:
-        """The reminder to add to this call's result, if any."""
+    def _concluded(self, session: str, agent: str | None, signature: str) -> Decision | None:
+        """The processor's conclusion at the span end of this call, taken (never raises)."""
+        assert self.processor is not None
+        try:
+            return self.processor.take_concluded(session, agent, signature)
+        except Exception as exc:
+            self.guard.report_internal_error("integration.concluded", exc)
+            return None
+
+    def ends_run(self, post: Decision | None) -> TypeGuard[Decision]:
+        """Whether ``post`` (from :meth:`after`) ends the run: a stop, with ``on_stop="end"``.
+        The adapter then ends it as it ends a run on a stop before a call, with the stop text."""
+        return post is not None and post.action is Action.STOP and self.on_stop == "end"
+
+    def reminder(self, ticket: Ticket, post: Decision | None = None) -> str | None:
+        """The text to add to this call's result, if any: its reminder (with
+        ``append_reminders``), then the guard's conclusion after it when that does not end the
+        run (a stop answered as a message, ``on_stop="message"``; a reminder in advise mode)."""
+        texts = []
         decision = ticket.decision
         if self.append_reminders and decision.action is Action.REMIND and decision.message:
-            return decision.message
-        return None
+            texts.append(decision.message)
+        if post is not None and post.message and not self.ends_run(post):
+            if post.action is Action.STOP or self.append_reminders:
+                texts.append(post.message)
+        return "\n\n".join(texts) if texts else None
 
-    def with_reminder(self, ticket: Ticket, result: str) -> str:
-        """``result`` with the reminder appended (unchanged when there is none)."""
-        text = self.reminder(ticket)
+    def with_reminder(self, ticket: Ticket, result: str, post: Decision | None = None) -> str:
+        """``result`` with :meth:`reminder`'s text appended (unchanged when there is none)."""
+        text = self.reminder(ticket, post)
         return result if text is None else f"{result}\n\n{text}"
 
 

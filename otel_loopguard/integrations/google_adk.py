@@ -17,6 +17,14 @@ reports the result and adds a reminder (appended to a string result, or under th
 answered with the stop message and ``tool_context.actions.skip_summarization`` is set, so ADK
 does not call the model again and the invocation ends with that response.
 
+A stop the guard concludes from a call's result (``phase`` post, e.g. the same call failing the
+same way again) ends the invocation the same way, after the call: ``after_tool`` adds the stop
+text to the response (as a reminder is added), ``on_tool_error`` (the failure of a tool that
+raised) answers ``{"error": stop text}``, and both set ``skip_summarization``. ADK tells the
+callbacks of a failure only through ``on_tool_error_callback``: pass ``callbacks.on_tool_error``
+there, first in the list if you recover from tool errors with a callback of your own. With
+``on_stop="message"`` the model reads the stop text and the run goes on.
+
 With ``processor=`` (on the provider ADK's tracer writes to), the callbacks run inside the
 ``execute_tool`` span and ask with the processor's keys; each call counts once (ADK puts the
 arguments on that span only with ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY``;
@@ -104,21 +112,31 @@ class LoopGuardCallbacks:
         ticket = self._tickets.pop(call_id, None) if call_id is not None else None
         if ticket is None:
             return None  # blocked (the response is ours) or not seen before
-        self.hook.after(ticket, result=tool_response)
-        reminder = self.hook.reminder(ticket)
+        post = self.hook.after(ticket, result=tool_response)
+        if self.hook.ends_run(post):
+            tool_context.actions.skip_summarization = True
+            reminder: str | None = post.message
+        else:
+            reminder = self.hook.reminder(ticket, post)
         if reminder is None:
             return None
         if isinstance(tool_response, dict):
             return {**tool_response, REMINDER_KEY: reminder}
-        return {"result": self.hook.with_reminder(ticket, str(tool_response))}
+        return {"result": f"{tool_response}\n\n{reminder}"}
 
     def on_tool_error(
         self, tool: BaseTool, args: dict[str, Any], tool_context: ToolContext, error: Exception
     ) -> dict[str, Any] | None:
-        """For ``LlmAgent(on_tool_error_callback=...)``: reports the failure, keeps ADK's
-        handling (returns None)."""
+        """For ``LlmAgent(on_tool_error_callback=...)``: reports the failure and keeps ADK's
+        handling (returns None), unless the guard concludes a stop from it: then the call is
+        answered with ``{"error": stop text}`` (ending the invocation with ``on_stop="end"``)."""
         call_id = tool_context.function_call_id
         ticket = self._tickets.pop(call_id, None) if call_id is not None else None
-        if ticket is not None:
-            self.hook.after(ticket, result=repr(error), error=True)
-        return None
+        if ticket is None:
+            return None
+        post = self.hook.after(ticket, result=repr(error), error=True)
+        if post is None or post.action is not Action.STOP:
+            return None
+        if self.hook.ends_run(post):
+            tool_context.actions.skip_summarization = True
+        return {"error": post.message}

@@ -15,7 +15,11 @@ the message as the tool result. After a call it reports the result and appends a
 string ``ToolMessage`` content. A stop ends the run (``on_stop="end"``, default):
 :class:`~otel_loopguard.LoopDetected` is raised, and ``ToolNode`` (with its default
 ``handle_tool_errors``) lets it out of ``graph.invoke``; with ``handle_tool_errors=True`` it would
-turn it into an error message instead, so use ``on_stop="message"`` there.
+turn it into an error message instead, so use ``on_stop="message"`` there. A stop the guard
+concludes from a call's result (``phase`` post, e.g. the same call failing the same way again:
+a ``ToolMessage`` with ``status="error"``, or an exception from the tool) ends the run the same
+way, after the call: ``LoopDetected`` is raised (from the tool's exception, if any); with
+``on_stop="message"`` the stop text is added to a string ``ToolMessage`` instead.
 
 Session: the graph's ``thread_id`` (``config={"configurable": {"thread_id": ...}}``); a new user
 message in the thread (a new last ``HumanMessage``) starts a new progress epoch. OpenInference's
@@ -113,13 +117,25 @@ class LoopGuardToolWrapper:
 
     def _after(self, ticket: Ticket, result: Result) -> Result:
         if not isinstance(result, ToolMessage):
-            self.hook.after(ticket, result=None, error=None)  # a Command: outcome unknown
+            post = self.hook.after(ticket, result=None, error=None)  # a Command: outcome unknown
+            if self.hook.ends_run(post):
+                raise LoopDetected(post)
             return result
         content = result.content
-        self.hook.after(ticket, result=content, error=result.status == "error")
-        if isinstance(content, str) and self.hook.reminder(ticket) is not None:
-            return result.model_copy(update={"content": self.hook.with_reminder(ticket, content)})
+        post = self.hook.after(ticket, result=content, error=result.status == "error")
+        if self.hook.ends_run(post):
+            raise LoopDetected(post)
+        if isinstance(content, str) and self.hook.reminder(ticket, post) is not None:
+            return result.model_copy(
+                update={"content": self.hook.with_reminder(ticket, content, post)}
+            )
         return result
+
+    def _failed(self, ticket: Ticket, error: Exception) -> None:
+        """The tool raised ``error``: report it; a stop concluded from it ends the run."""
+        post = self.hook.after(ticket, result=repr(error), error=True)
+        if self.hook.ends_run(post):
+            raise LoopDetected(post) from error
 
     def wrap_tool_call(
         self, request: ToolCallRequest, execute: Callable[[ToolCallRequest], Result]
@@ -130,8 +146,8 @@ class LoopGuardToolWrapper:
             return blocked
         try:
             result = execute(request)
-        except Exception:
-            self.hook.after(ticket, error=True)
+        except Exception as error:
+            self._failed(ticket, error)
             raise
         return self._after(ticket, result)
 
@@ -144,7 +160,7 @@ class LoopGuardToolWrapper:
             return blocked
         try:
             result = await execute(request)
-        except Exception:
-            self.hook.after(ticket, error=True)
+        except Exception as error:
+            self._failed(ticket, error)
             raise
         return self._after(ticket, result)

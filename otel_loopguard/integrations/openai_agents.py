@@ -13,7 +13,13 @@ the message as its result. A tool output guardrail reports the result and, for a
 the model the result with the reminder appended. A stop ends the run (``on_stop="end"``,
 default): the input guardrail trips (``raise_exception``), so ``Runner.run`` raises
 ``ToolInputGuardrailTripwireTriggered`` whose ``output.output_info`` is the
-:class:`~otel_loopguard.Decision`.
+:class:`~otel_loopguard.Decision`. A stop the guard concludes from a call's result (``phase``
+post, e.g. the same call failing the same way again) trips the output guardrail the same way:
+``ToolOutputGuardrailTripwireTriggered``, the post :class:`~otel_loopguard.Decision` in
+``output.output_info``; with ``on_stop="message"`` the stop text is added to the result instead.
+The SDK hands a failed tool's error text to the output guardrail as its output; the guardrail
+tells it from a result by the error the SDK puts on the tool's function span (with the SDK's
+tracing disabled there is no span, and the outcome is reported as unknown).
 
 With ``processor=`` (on the provider that OpenInference's ``OpenAIAgentsInstrumentor`` writes
 to), the guardrails run inside the tool span and ask with the processor's keys; each call counts
@@ -41,7 +47,8 @@ try:
         ToolOutputGuardrail,
         ToolOutputGuardrailData,
     )
-    from agents.tracing import get_current_trace
+    from agents.tracing import FunctionSpanData, get_current_span, get_current_trace
+    from agents.tracing.spans import NoOpSpan
 except ImportError as exc:  # pragma: no cover - exercised by tests/integrations/test_imports.py
     raise missing_framework("openai_agents", "the OpenAI Agents SDK", "openai-agents") from exc
 
@@ -118,8 +125,10 @@ class LoopGuardGuardrails:
         ticket = self._tickets.pop(data.context.tool_call_id, None)
         if ticket is None:
             return ToolGuardrailFunctionOutput.allow()
-        self.hook.after(ticket, result=data.output)
-        reminder = self.hook.reminder(ticket)
+        post = self.hook.after(ticket, result=data.output, error=_failed())
+        if self.hook.ends_run(post):
+            return ToolGuardrailFunctionOutput.raise_exception(output_info=post)
+        reminder = self.hook.reminder(ticket, post)
         if reminder is None:
             return ToolGuardrailFunctionOutput.allow(output_info=ticket.decision)
         # reject_content hands the model this text instead of the output: the output itself,
@@ -127,6 +136,20 @@ class LoopGuardGuardrails:
         return ToolGuardrailFunctionOutput.reject_content(
             f"{data.output}\n\n{reminder}", output_info=ticket.decision
         )
+
+
+def _failed() -> bool | None:
+    """Whether the call whose output guardrails run now failed: the SDK turns a tool's exception
+    into the output text and puts the error on the call's function span, current here. ``None``
+    (unknown) without a span (the SDK's tracing disabled)."""
+    span = get_current_span()
+    if (
+        span is None
+        or isinstance(span, NoOpSpan)
+        or not isinstance(span.span_data, FunctionSpanData)
+    ):
+        return None
+    return span.error is not None
 
 
 def guard_agent(

@@ -13,6 +13,12 @@ reports the result and appends a reminder to a string result. A stop ends the ru
 (``on_stop="end"``, default): :class:`~otel_loopguard.LoopDetected` is raised out of
 ``agent.run``; with ``on_stop="message"`` the model reads the stop text instead.
 
+A stop the guard concludes from a call's result (``phase`` post, e.g. the same call failing the
+same way again) ends the run the same way, after the call: ``LoopDetected`` is raised from
+``after_tool_execute`` or, for a failure the model is told of (``ToolFailed``, ``ModelRetry``:
+they skip the other tool hooks), from ``wrap_tool_execute``; with ``on_stop="message"`` the model
+reads the stop text as the result (a ``ToolFailed`` for a failure).
+
 With ``processor=`` (the :class:`~otel_loopguard.processor.LoopGuardSpanProcessor` on the
 provider given to ``instrument=``), the decision the processor made when the tool span started
 (Pydantic AI puts the arguments there) is used as is, and each call counts once. Session
@@ -33,7 +39,8 @@ from ._hook import OnStop, Ticket, ToolHook, missing_framework
 
 try:
     from pydantic_ai import RunContext, SkipToolExecution
-    from pydantic_ai.capabilities import AbstractCapability
+    from pydantic_ai.capabilities import AbstractCapability, WrapToolExecuteHandler
+    from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, ToolFailed
     from pydantic_ai.messages import ToolCallPart
     from pydantic_ai.tools import ToolDefinition
 except ImportError as exc:  # pragma: no cover - exercised by tests/integrations/test_imports.py
@@ -123,9 +130,11 @@ class LoopGuardCapability(AbstractCapability[Any]):
         ticket = self._tickets.pop(call.tool_call_id, None)
         if ticket is None:
             return result
-        self._hook.after(ticket, result=result)
+        post = self._hook.after(ticket, result=result)
+        if self._hook.ends_run(post):
+            raise LoopDetected(post)
         if isinstance(result, str):
-            return self._hook.with_reminder(ticket, result)
+            return self._hook.with_reminder(ticket, result, post)
         return result
 
     async def on_tool_execute_error(
@@ -139,5 +148,35 @@ class LoopGuardCapability(AbstractCapability[Any]):
     ) -> Any:
         ticket = self._tickets.pop(call.tool_call_id, None)
         if ticket is not None:
-            self._hook.after(ticket, result=repr(error), error=True)
+            post = self._hook.after(ticket, result=repr(error), error=True)
+            if self._hook.ends_run(post):
+                raise LoopDetected(post) from error
         raise error
+
+    async def wrap_tool_execute(
+        self,
+        ctx: RunContext[Any],
+        *,
+        call: ToolCallPart,
+        tool_def: ToolDefinition,
+        args: Any,
+        handler: WrapToolExecuteHandler,
+    ) -> Any:
+        try:
+            return await handler(args)
+        except (CallDeferred, ApprovalRequired):
+            self._tickets.pop(call.tool_call_id, None)  # not ended: nothing to report yet
+            raise
+        except Exception as error:
+            # A failure the model is told of (ToolFailed, ModelRetry) skips after_tool_execute
+            # and on_tool_execute_error: the ticket is still here. Anything else has been
+            # reported already (or the call was blocked) and passes through.
+            ticket = self._tickets.pop(call.tool_call_id, None)
+            if ticket is None:
+                raise
+            post = self._hook.after(ticket, result=str(error), error=True)
+            if post is not None and post.action is Action.STOP:
+                if self._hook.ends_run(post):
+                    raise LoopDetected(post) from error
+                raise ToolFailed(post.message) from error  # on_stop="message"
+            raise

@@ -12,7 +12,10 @@ tool does not run and the model reads the message as an error tool result. After
 result is reported and a reminder is added to its content. A stop ends the run
 (``on_stop="end"``, default): the call is cancelled and ``agent.cancel(message=...,
 after_current_tools=True)`` ends the invocation before the next model call, with
-``stop_reason == "cancelled"`` and the stop text as the last message.
+``stop_reason == "cancelled"`` and the stop text as the last message. A stop the guard concludes
+from a call's result (``phase`` post, e.g. the same call failing the same way again) ends the
+invocation the same way from ``AfterToolCallEvent`` (the call's result stays as it is); with
+``on_stop="message"`` the stop text is added to the result instead.
 
 With ``processor=`` (on the provider Strands' tracer writes to), the hooks run inside the event
 loop cycle span and ask with the processor's keys; each call counts once (Strands emits no tool
@@ -122,11 +125,14 @@ class LoopGuardHooks(HookProvider):
         result = event.result
         content = result.get("content") or []
         text = "\n".join(block["text"] for block in content if "text" in block)
-        self.hook.after(
+        post = self.hook.after(
             ticket,
             result=text,
             error=event.exception is not None or result.get("status") == "error",
         )
-        reminder = self.hook.reminder(ticket)
+        if self.hook.ends_run(post):
+            event.agent.cancel(message=post.message, after_current_tools=True)
+            return
+        reminder = self.hook.reminder(ticket, post)
         if reminder is not None:
             event.result = {**result, "content": [*content, {"text": reminder}]}

@@ -151,8 +151,9 @@ class DecisionAPI:
             held=self.held.of(session, agent),
             policy=guard.policy,
         )
-        # Counted before it ran: the reminder that waited for this result, if any; counted only
-        # now: what a hook shows for a call that already ran.
+        # Counted before it ran: the reminder that waited for this result, if any, and the
+        # guard's conclusion from the result (phase post: a stop), if any; counted only now: what
+        # a hook shows for a call that already ran.
         answer: dict[str, object] = {
             "decision": None if decision is None else decision_json(decision)
         }
@@ -162,7 +163,8 @@ class DecisionAPI:
 
 
 def decision_json(decision: Decision) -> dict[str, object]:
-    """A decision as the decision API returns it."""
+    """A decision as the decision API returns it; ``phase`` is ``post`` for a conclusion drawn
+    from a call's result (``/after``), else ``pre``."""
     return {
         "action": decision.action.value,
         "blocks": decision.blocks,
@@ -175,6 +177,7 @@ def decision_json(decision: Decision) -> dict[str, object]:
         "session": decision.session,
         "repeated": decision.repeated,
         "detected": decision.detected.value,
+        "phase": decision.phase.value,
     }
 
 

@@ -16,6 +16,9 @@ from otel_loopguard import LoopGuard
 
 from .conftest import (
     ARGUMENTS,
+    FAILURE,
+    FAILURE_STOP,
+    FAILURE_STOP_DECISION,
     FINAL,
     FIRST_DENY,
     FIRST_STOP,
@@ -68,10 +71,21 @@ class ScriptedLlm(BaseLlm):
             yield LlmResponse(content=types.Content(role="model", parts=[types.Part(text=FINAL)]))
 
 
-def run(script: Script, callbacks: LoopGuardCallbacks) -> list[Event]:
+def _recover(tool: Any, args: Any, tool_context: Any, error: Exception) -> dict[str, Any]:
+    """The application's own recovery from tool errors: the model reads the error."""
+    return {"error": str(error)}
+
+
+def run(script: Script, callbacks: LoopGuardCallbacks, fail: bool = False) -> list[Event]:
+    """``fail``: the tool fails the same way every time (it raises; the application's
+    ``on_tool_error_callback``, after the guard's, hands the model the error)."""
+
     def search(query: str) -> str:
         """Search the web."""
-        return script.run_tool(query)
+        result = script.run_tool(query)
+        if fail:
+            raise RuntimeError(FAILURE)
+        return result
 
     agent = LlmAgent(
         name="weather_agent",
@@ -79,6 +93,7 @@ def run(script: Script, callbacks: LoopGuardCallbacks) -> list[Event]:
         tools=[search],
         before_tool_callback=callbacks.before_tool,
         after_tool_callback=callbacks.after_tool,
+        on_tool_error_callback=[callbacks.on_tool_error, _recover],
     )
 
     async def go() -> list[Event]:
@@ -155,3 +170,18 @@ def test_the_run_goes_on_when_the_model_reads_the_denial() -> None:
     assert last is not None and last.parts and last.parts[0].text == FINAL
     assert script.calls == FIRST_DENY and script.tool_runs == FIRST_DENY - 1
     assert script.seen == expected_tool_results(FIRST_DENY)
+
+
+def test_a_call_failing_the_same_way_ends_the_run_after_it_ran(instrumented: Tracing) -> None:
+    tracing = instrumented
+    script = Script()
+    events = run(script, LoopGuardCallbacks(processor=tracing.processor), fail=True)
+    # the third identical failure: the call ran and is answered with the stop text, and the
+    # invocation ends without another model call
+    last = events[-1].content
+    assert last is not None and last.parts
+    response = last.parts[0].function_response
+    assert response is not None and response.response == {"error": FAILURE_STOP_DECISION.message}
+    assert script.calls == script.tool_runs == FAILURE_STOP
+    assert script.seen == [FAILURE] * (FAILURE_STOP - 1)
+    assert calls_seen(tracing.guard) == FAILURE_STOP

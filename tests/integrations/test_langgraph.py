@@ -11,9 +11,13 @@ from typing import Any
 import pytest
 
 from otel_loopguard import Action, LoopDetected, LoopGuard
+from otel_loopguard.metrics import PrometheusRecorder
 
 from .conftest import (
     ARGUMENTS,
+    FAILURE,
+    FAILURE_STOP,
+    FAILURE_STOP_DECISION,
     FINAL,
     FIRST_DENY,
     FIRST_STOP,
@@ -34,7 +38,7 @@ require("langgraph")
 from langchain_core.language_models import BaseChatModel  # noqa: E402
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage  # noqa: E402
 from langchain_core.outputs import ChatGeneration, ChatResult  # noqa: E402
-from langchain_core.tools import tool  # noqa: E402
+from langchain_core.tools import ToolException, tool  # noqa: E402
 from langgraph.graph import START, MessagesState, StateGraph  # noqa: E402
 from langgraph.prebuilt import ToolNode, tools_condition  # noqa: E402
 
@@ -69,11 +73,19 @@ class ScriptedChatModel(BaseChatModel):
         return ChatResult(generations=[ChatGeneration(message=message)])
 
 
-def build(script: Script, wrapper: LoopGuardToolWrapper) -> Any:
+def build(script: Script, wrapper: LoopGuardToolWrapper, fail: bool = False) -> Any:
+    """``fail``: the tool fails the same way every time (a ``ToolException`` the tool turns
+    into a ``ToolMessage`` with ``status="error"``; the model reads it and may call again)."""
+
     @tool
     def search(query: str) -> str:
         """Search the web."""
-        return script.run_tool(query)
+        result = script.run_tool(query)
+        if fail:
+            raise ToolException(FAILURE)
+        return result
+
+    search.handle_tool_error = True
 
     model = ScriptedChatModel(script=script)
 
@@ -149,3 +161,33 @@ def test_the_run_goes_on_when_the_model_reads_the_denial(mode: str) -> None:
     assert len(denied) == 1 and denied[0].content == REFERENCE[FIRST_DENY - 1].message
     assert script.calls == FIRST_DENY and script.tool_runs == FIRST_DENY - 1
     assert script.seen == expected_tool_results(FIRST_DENY)
+
+
+@pytest.mark.parametrize("via", ["processor", "guard"])
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_call_failing_the_same_way_ends_the_run_after_it_ran(
+    instrumented: Tracing, mode: str, via: str
+) -> None:
+    tracing = instrumented
+    script = Script()
+    # With the processor, the tool span ends before the wrapper sees the result: the span
+    # reports the failure first and the wrapper takes the stop from the processor.
+    wrapper = (
+        LoopGuardToolWrapper(processor=tracing.processor)
+        if via == "processor"
+        else LoopGuardToolWrapper(LoopGuard(POLICY, recorder=PrometheusRecorder()))
+    )
+    graph = build(script, wrapper, fail=True)
+    inputs = {"messages": [("user", "What's the weather in Paris?")]}
+    config = {**CONFIG, "configurable": {"thread_id": f"failing-{mode}"}}
+    with pytest.raises(LoopDetected) as raised:
+        if mode == "sync":
+            graph.invoke(inputs, config)
+        else:
+            asyncio.run(graph.ainvoke(inputs, config))
+    # the third identical failure: the call ran, then the run ended before the next model turn
+    assert raised.value.code == Action.STOP.value
+    assert raised.value.message == FAILURE_STOP_DECISION.message
+    assert script.calls == script.tool_runs == FAILURE_STOP
+    assert script.seen == [FAILURE] * (FAILURE_STOP - 1)
+    assert calls_seen(wrapper.guard) == FAILURE_STOP

@@ -10,10 +10,13 @@ from typing import Any
 
 import pytest
 
-from otel_loopguard import Action, LoopGuard
+from otel_loopguard import Action, LoopGuard, Phase
 
 from .conftest import (
     ARGUMENTS,
+    FAILURE,
+    FAILURE_STOP,
+    FAILURE_STOP_DECISION,
     FINAL,
     FIRST_DENY,
     FIRST_STOP,
@@ -37,6 +40,7 @@ from agents import (  # noqa: E402
     RunConfig,
     Runner,
     ToolInputGuardrailTripwireTriggered,
+    ToolOutputGuardrailTripwireTriggered,
     Usage,
     function_tool,
 )
@@ -88,11 +92,17 @@ class ScriptedModel(Model):
         raise NotImplementedError
 
 
-def build(script: Script) -> Agent[Any]:
-    @function_tool
+def build(script: Script, fail: bool = False) -> Agent[Any]:
+    """``fail``: the tool fails the same way every time (the SDK hands the model its error
+    text and the run goes on)."""
+
+    @function_tool(failure_error_function=lambda _, error: f"Error: {error}")
     def search(query: str) -> str:
         """Search the web."""
-        return script.run_tool(query)
+        result = script.run_tool(query)
+        if fail:
+            raise RuntimeError(FAILURE)
+        return result
 
     return Agent(name="weather_agent", tools=[search], model=ScriptedModel(script))
 
@@ -149,3 +159,20 @@ def test_the_run_goes_on_when_the_model_reads_the_denial() -> None:
     assert result.final_output == FINAL
     assert script.calls == FIRST_DENY and script.tool_runs == FIRST_DENY - 1
     assert script.seen == expected_tool_results(FIRST_DENY)
+
+
+def test_a_call_failing_the_same_way_ends_the_run_after_it_ran(instrumented: Tracing) -> None:
+    tracing = instrumented
+    script = Script()
+    agent = guard_agent(build(script, fail=True), processor=tracing.processor)
+    with pytest.raises(ToolOutputGuardrailTripwireTriggered) as raised:
+        Runner.run_sync(
+            agent, "What's the weather in Paris?", run_config=RunConfig(group_id="conv-3")
+        )
+    # the third identical failure: the call ran, then its output guardrail tripped
+    decision = raised.value.output.output_info
+    assert (decision.action, decision.phase) == (Action.STOP, Phase.POST)
+    assert decision.message == FAILURE_STOP_DECISION.message
+    assert script.calls == script.tool_runs == FAILURE_STOP
+    assert script.seen == [f"Error: {FAILURE}"] * (FAILURE_STOP - 1)
+    assert calls_seen(tracing.guard) == FAILURE_STOP

@@ -11,6 +11,9 @@ from otel_loopguard import Action, LoopDetected, LoopGuard
 
 from .conftest import (
     ARGUMENTS,
+    FAILURE,
+    FAILURE_STOP,
+    FAILURE_STOP_DECISION,
     FINAL,
     FIRST_DENY,
     FIRST_STOP,
@@ -31,6 +34,7 @@ require("pydantic_ai")
 
 from pydantic_ai import Agent  # noqa: E402
 from pydantic_ai.capabilities import Instrumentation  # noqa: E402
+from pydantic_ai.exceptions import ToolFailed  # noqa: E402
 from pydantic_ai.messages import (  # noqa: E402
     ModelMessage,
     ModelRequest,
@@ -46,8 +50,11 @@ from otel_loopguard.integrations.pydantic_ai import LoopGuardCapability  # noqa:
 
 
 def build(
-    script: Script, capability: LoopGuardCapability, tracing: Tracing | None
+    script: Script, capability: LoopGuardCapability, tracing: Tracing | None, fail: bool = False
 ) -> Agent[Any, str]:
+    """``fail``: the tool fails the same way every time (``ToolFailed``: the model reads the
+    failure and may call again)."""
+
     def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         last = messages[-1]
         results = (
@@ -72,7 +79,10 @@ def build(
 
     @agent.tool_plain
     def search(query: str) -> str:
-        return script.run_tool(query)
+        result = script.run_tool(query)
+        if fail:
+            raise ToolFailed(FAILURE)
+        return result
 
     return agent
 
@@ -118,3 +128,19 @@ def test_a_stop_can_be_answered_as_a_message() -> None:
     agent.run_sync("What's the weather in Paris?")  # the model is never stopped: it hits the cap
     assert script.seen[FIRST_STOP - 1] == REFERENCE[FIRST_STOP - 1].message
     assert script.tool_runs == FIRST_DENY - 1
+
+
+def test_a_call_failing_the_same_way_ends_the_run_after_it_ran() -> None:
+    tracing = make_tracing(spans_only=False)
+    script = Script()
+    agent = build(script, LoopGuardCapability(processor=tracing.processor), tracing, fail=True)
+    with pytest.raises(LoopDetected) as raised:
+        agent.run_sync("What's the weather in Paris?")
+    # the third identical failure: the call ran, then the run ended before the next model turn
+    assert raised.value.code == Action.STOP.value
+    assert raised.value.message == FAILURE_STOP_DECISION.message
+    assert isinstance(raised.value.__cause__, Exception)  # raised from the tool's failure
+    assert script.calls == script.tool_runs == FAILURE_STOP
+    assert len(script.seen) == FAILURE_STOP - 1 and all(FAILURE in text for text in script.seen)
+    # each call counted once though the capability and the span both reported it
+    assert calls_seen(tracing.guard) == FAILURE_STOP == len(tool_spans(tracing))

@@ -10,9 +10,13 @@ from typing import Any
 import pytest
 
 from otel_loopguard import LoopGuard
+from otel_loopguard.metrics import PrometheusRecorder
 
 from .conftest import (
     ARGUMENTS,
+    FAILURE,
+    FAILURE_STOP,
+    FAILURE_STOP_DECISION,
     FINAL,
     FIRST_DENY,
     FIRST_STOP,
@@ -77,11 +81,17 @@ class ScriptedModel(Model):
             yield {"messageStop": {"stopReason": "end_turn"}}
 
 
-def build(script: Script, hooks: LoopGuardHooks) -> Agent:
+def build(script: Script, hooks: LoopGuardHooks, fail: bool = False) -> Agent:
+    """``fail``: the tool fails the same way every time (Strands hands the model an error
+    result and the loop goes on)."""
+
     @tool
     def search(query: str) -> str:
         """Search the web."""
-        return script.run_tool(query)
+        result = script.run_tool(query)
+        if fail:
+            raise RuntimeError(FAILURE)
+        return result
 
     return Agent(
         model=ScriptedModel(script),
@@ -135,3 +145,26 @@ def test_the_run_goes_on_when_the_model_reads_the_denial() -> None:
     script.calls, script.seen = 0, []
     agent("And now?")
     assert script.seen == expected_tool_results(FIRST_DENY)
+
+
+@pytest.mark.parametrize("via", ["processor", "guard"])
+def test_a_call_failing_the_same_way_ends_the_run_after_it_ran(
+    instrumented: Tracing, via: str
+) -> None:
+    tracing = instrumented
+    script = Script()
+    # With the processor, the tool span ends before AfterToolCallEvent: the span reports the
+    # failure first and the hooks take the stop from the processor.
+    hooks = (
+        LoopGuardHooks(processor=tracing.processor)
+        if via == "processor"
+        else LoopGuardHooks(LoopGuard(POLICY, recorder=PrometheusRecorder()))
+    )
+    result = build(script, hooks, fail=True)("What's the weather in Paris?")
+    # the third identical failure: the call ran, then the invocation ended before the next
+    # model call, with the stop text as its last message
+    assert result.stop_reason == "cancelled"
+    assert str(result.message["content"][0]["text"]) == FAILURE_STOP_DECISION.message
+    assert script.calls == script.tool_runs == FAILURE_STOP
+    assert len(script.seen) == FAILURE_STOP - 1 and all(FAILURE in text for text in script.seen)
+    assert calls_seen(hooks.guard) == FAILURE_STOP
