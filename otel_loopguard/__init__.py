@@ -13,6 +13,7 @@ from .guard import LoopGuard
 from .policy import Action, Decision, LoopDetected, Phase
 
 if _TYPE_CHECKING:
+    from .exporter import LoopGuardSpanExporter
     from .processor import LoopGuardSpanProcessor, current_decision
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "Decision",
     "LoopDetected",
     "LoopGuard",
+    "LoopGuardSpanExporter",
     "LoopGuardSpanProcessor",
     "Mode",
     "PRESETS",
@@ -37,9 +39,13 @@ __all__ = [
     "load_policy",
 ]
 
-# The span processor needs opentelemetry-sdk; it is imported on first use so that
+# The span processor and exporter need opentelemetry-sdk; they are imported on first use so that
 # `import otel_loopguard` stays light for command hooks that start a process per call.
-_LAZY = {"LoopGuardSpanProcessor": "processor", "current_decision": "processor"}
+_LAZY = {
+    "LoopGuardSpanExporter": "exporter",
+    "LoopGuardSpanProcessor": "processor",
+    "current_decision": "processor",
+}
 
 
 def __getattr__(name: str) -> _Any:

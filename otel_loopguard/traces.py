@@ -58,6 +58,7 @@ __all__ = [
     "RecordedSpan",
     "START_NAME_PREFIXES",
     "SpanLink",
+    "SpanRef",
     "STATUS_CODE_ERROR",
     "TraceBuffer",
     "TraceEvent",
@@ -89,11 +90,24 @@ def _required(record: Mapping[str, Any], name: str) -> Any:
 
 
 @dataclass(frozen=True, slots=True)
+class SpanRef:
+    """Where a call's tool span is in its trace: its ids, its parent's id (``None`` for a root)
+    and whether that parent is in another process. What an entrance needs to put something
+    beside the tool span (the exporter's ``loopguard.decision`` span)."""
+
+    trace_id: int
+    span_id: int
+    parent_id: int | None
+    parent_remote: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class CallDecidedAtStart:
     """A tool call decided when its span started, because the span carried the arguments then
     (Pydantic AI). Fed to the guard's span-start decision, which counts it; the span's end comes
     as a :class:`CallObserved` with the same session, agent and call id, which then only adds
-    the outcome. ``duration_seconds`` is the recorded span duration (what a deny would save)."""
+    the outcome. ``duration_seconds`` is the recorded span duration (what a deny would save).
+    ``span``: the tool span, when the event came from a :class:`TraceBuffer`."""
 
     session: str
     agent: str | None
@@ -102,6 +116,7 @@ class CallDecidedAtStart:
     call_id: str | None = None
     duration_seconds: float | None = None
     timestamp: float | None = None
+    span: SpanRef | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +125,10 @@ class CallObserved:
 
     The guard counts it then, and the decision it returns is the call's; or, when a call
     decided at start is pending under the same call id (or arguments), it only adds the outcome
-    and returns nothing: the call was already counted.
+    and returns nothing: the call was already counted. ``span``: the tool span, when the event
+    came from a :class:`TraceBuffer`. ``without_arguments``: the span was recognised but carried
+    no arguments (``arguments`` is then ``{}``); :func:`feed` counts it only when the guard's
+    policy says ``count_calls_without_arguments``.
     """
 
     session: str
@@ -122,6 +140,8 @@ class CallObserved:
     result: object = None
     duration_seconds: float | None = None
     timestamp: float | None = None
+    span: SpanRef | None = None
+    without_arguments: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,14 +162,18 @@ def feed(guard: LoopGuard, event: TraceEvent) -> Decision | None:
     """Feed one event to ``guard`` as ``LoopGuardSpanProcessor`` does: a call decided at its
     span's start goes to the span-start decision (which counts it and never waits for an
     advisor), a tool span at its end to ``after_tool``. Returns the call's decision, or ``None``
-    when the end only added the outcome of a call already counted at its start. Never raises
-    (the guard's hook contract)."""
+    when the end only added the outcome of a call already counted at its start, or when the
+    span carried no arguments and the policy does not ``count_calls_without_arguments`` (the
+    call is then skipped, as the span processor skips it). Never raises (the guard's hook
+    contract)."""
     if isinstance(event, CallDecidedAtStart):
         return guard.decide_at_span_start(
             event.tool, event.arguments, event.session, event.agent, event.call_id
         )
     if isinstance(event, RunStarted):
         guard.new_run(event.session, agent=event.agent)
+        return None
+    if event.without_arguments and not guard.policy.count_calls_without_arguments:
         return None
     return guard.after_tool(
         event.tool,
@@ -219,11 +243,12 @@ class _ToolSpan:
     parent_id: int | None  # local parent: None for a root or a remote parent
     start_call: SpanToolCall | None  # set when the processor would decide at start
     start_attributes: Mapping[str, object]
-    end_call: SpanToolCall | None  # None: the processor would not report it at end
+    end_call: SpanToolCall | None  # None: not a tool span at its end; MISSING arguments: none
     attributes: Mapping[str, object]
     start_ns: int
     end_ns: int
     order: int
+    ref: SpanRef
 
 
 @dataclass(slots=True)
@@ -244,6 +269,9 @@ class _Trace:
     given_until_ns: int = 0
     tools: list[_ToolSpan] = field(default_factory=list)
     resolved: dict[int | None, AgentFrame | None] = field(default_factory=dict)
+    # Parents of tool spans flushed early without an agent: an agent span arriving above one
+    # of them later is a run that lost its agent (TraceBuffer.agents_lost).
+    agentless: set[int] = field(default_factory=set)
     due: float | None = None
     seen: float = 0.0
 
@@ -265,6 +293,18 @@ class _Trace:
         parent = None if span_id in self.remote else self.parents[span_id]
         return SpanView("", _NO_ATTRIBUTES, parent)
 
+    def under(self, span_id: int, ancestor: int) -> bool:
+        """Whether ``ancestor`` is ``span_id`` or one of its ancestors, as far as the parent
+        links received so far go (cycles and depth bounded)."""
+        current: int | None = span_id
+        seen: set[int] = set()
+        while current is not None and current not in seen and len(seen) < _MAX_DEPTH:
+            if current == ancestor:
+                return True
+            seen.add(current)
+            current = None if current in self.remote else self.parents.get(current)
+        return False
+
     def depth(self, span_id: int) -> int:
         """Ancestors of ``span_id`` present in the trace (cycles and depth bounded)."""
         depth = 0
@@ -282,8 +322,6 @@ class _Trace:
 def _tool_span(span: RecordedSpan, local_parent: int | None, order: int) -> _ToolSpan | None:
     """The calls the span processor would find in ``span`` at start and at end, or ``None``."""
     end_call = tool_call_from_span(span.name, span.attributes, span.events, span.status_error)
-    if end_call is not None and end_call.arguments is MISSING:
-        end_call = None
     start_name = span.name if span.start_name is None else span.start_name
     start_attributes = span.attributes if span.start_attributes is None else span.start_attributes
     start_call = None
@@ -318,6 +356,7 @@ def _tool_span(span: RecordedSpan, local_parent: int | None, order: int) -> _Too
         span.start_ns,
         span.end_ns,
         order,
+        SpanRef(span.trace_id, span.span_id, span.parent_id, span.parent_remote),
     )
 
 
@@ -347,7 +386,9 @@ class TraceBuffer:
     flushes the tool spans of a trace that have waited that long (measured by ``clock``, seconds)
     with the ancestors known so far, and keeps the trace's parent links for its later spans
     (:attr:`flushed_early` counts such flushes). Children sent before their parents, within
-    ``hold_seconds``, still find their agent. Each parent span, once it has been resolved to an
+    ``hold_seconds``, still find their agent; an agent span that arrives later above tool spans
+    already flushed without one is a run that lost its agent (:attr:`agents_lost` counts them:
+    the exporters batch for longer than the hold). Each parent span, once it has been resolved to an
     agent (or to none) for a flushed tool span, keeps that answer for the rest of the trace, so
     the tool spans of one run stay in one chain even when the run's agent span arrives after some
     of them were flushed. A trace that has held no tool span for ``trace_ttl_seconds`` is
@@ -370,6 +411,7 @@ class TraceBuffer:
         "_spans",
         "_traces",
         "_ttl",
+        "agents_lost",
         "flushed_early",
         "replayed_early",
     )
@@ -413,6 +455,7 @@ class TraceBuffer:
         self._order = 0
         self.replayed_early = 0
         self.flushed_early = 0
+        self.agents_lost = 0
 
     @property
     def buffered_spans(self) -> int:
@@ -443,6 +486,11 @@ class TraceBuffer:
             local_parent = None
         if agent_from_span(span.name, span.attributes) is not None:
             trace.agents[span.span_id] = SpanView(span.name, span.attributes, local_parent)
+            if trace.agentless:
+                lost = [p for p in trace.agentless if trace.under(p, span.span_id)]
+                if lost:
+                    self.agents_lost += 1
+                    trace.agentless.difference_update(lost)
             if self._key_by is KeyBy.CONVERSATION:
                 trace.runs[span.span_id] = (span.start_ns, self._order)
         tool = _tool_span(span, local_parent, self._order)
@@ -546,6 +594,8 @@ class TraceBuffer:
         for tool in trace.tools:
             depth = trace.depth(tool.span_id)
             frame = trace.agent_of(tool.parent_id)
+            if keep and frame is None and tool.parent_id is not None:
+                trace.agentless.add(tool.parent_id)
             duration = max(0.0, (tool.end_ns - tool.start_ns) / 1e9)
             started: tuple[str, str | None, str | None] | None = None
             call = tool.start_call
@@ -563,6 +613,7 @@ class TraceBuffer:
                             call.call_id,
                             duration,
                             tool.start_ns / 1e9,
+                            tool.ref,
                         ),
                     )
                 )
@@ -573,6 +624,9 @@ class TraceBuffer:
                 else:
                     session, agent = session_for(call, trace_id, frame, key_by, tool.attributes)
                     call_id = call.call_id
+                # No arguments on the span: a call of the tool without arguments, which feed()
+                # counts only when the policy says so (count_calls_without_arguments).
+                without_arguments = call.arguments is MISSING
                 steps.append(
                     (
                         (tool.end_ns, 1, -depth, tool.order),
@@ -580,12 +634,14 @@ class TraceBuffer:
                             session,
                             agent,
                             call.tool,
-                            call.arguments,
+                            {} if without_arguments else call.arguments,
                             call_id,
                             call.is_error,
                             call.result,
                             duration,
                             tool.end_ns / 1e9,
+                            tool.ref,
+                            without_arguments,
                         ),
                     )
                 )

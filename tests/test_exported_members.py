@@ -24,6 +24,7 @@ PUBLIC_MODULES = {
     "otel_loopguard.demo",
     "otel_loopguard.engine",
     "otel_loopguard.env",
+    "otel_loopguard.exporter",
     "otel_loopguard.guard",
     "otel_loopguard.hooks",
     "otel_loopguard.hooks.answers",
@@ -53,7 +54,7 @@ PUBLIC_MODULES = {
 }
 
 #: Names in __all__ that are loaded on first use (they need opentelemetry-sdk).
-LAZY = {"LoopGuardSpanProcessor", "current_decision"}
+LAZY = {"LoopGuardSpanExporter", "LoopGuardSpanProcessor", "current_decision"}
 
 
 def _fresh_vars() -> list[str]:

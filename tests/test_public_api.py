@@ -17,6 +17,7 @@ def test_all_is_pinned_and_sorted() -> None:
         "Decision",
         "LoopDetected",
         "LoopGuard",
+        "LoopGuardSpanExporter",
         "LoopGuardSpanProcessor",
         "Mode",
         "PRESETS",
@@ -57,6 +58,7 @@ def test_import_stays_light() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
-    from otel_loopguard import LoopGuardSpanProcessor
+    from otel_loopguard import LoopGuardSpanExporter, LoopGuardSpanProcessor
 
     assert LoopGuardSpanProcessor.__name__ == "LoopGuardSpanProcessor"
+    assert LoopGuardSpanExporter.__name__ == "LoopGuardSpanExporter"

@@ -1,0 +1,444 @@
+"""LoopGuardSpanExporter: loop detection on the SDK's batch worker, nothing on the application's
+thread.
+
+Put it in the ``BatchSpanProcessor`` you already run::
+
+    provider.add_span_processor(BatchSpanProcessor(LoopGuardSpanExporter()))
+
+or chain it in front of your real exporter, which then gets every batch unchanged plus the
+decision spans::
+
+    provider.add_span_processor(
+        BatchSpanProcessor(LoopGuardSpanExporter(next=OTLPSpanExporter(...)))
+    )
+
+The application's thread only enqueues the finished span (the ``BatchSpanProcessor``'s own
+cost); this exporter runs on the processor's worker thread. It feeds the finished spans through
+the same conventions (:mod:`otel_loopguard.conventions`), session keys
+(:mod:`otel_loopguard.spans`), ordered trace buffer (:class:`~otel_loopguard.traces.TraceBuffer`)
+and guard calls (:func:`~otel_loopguard.traces.feed`) as ``otel-loopguard serve`` and ``replay``,
+so its decisions and the guard's metrics are theirs.
+
+Ordering. A batch carries spans in the order they ended: children before their parents, the
+agent span after its tools. Spans are held per trace until the trace's local root (no parent, or
+a parent in another process) is exported, then judged in the order the span processor would have
+seen them. A trace whose root has not come is judged at the first export (or flush) after its
+tool spans waited ``hold_seconds``, with the ancestors seen so far: an agent run longer than that
+is keyed by its trace alone until its agent span ends (as ``serve`` does). ``force_flush`` and
+``shutdown`` judge every trace still held. The ``BatchSpanProcessor``'s own ``force_flush`` does
+not call its exporter's, so ``provider.force_flush()`` only empties the queue into this exporter;
+call ``exporter.force_flush()`` to have the traces still held judged too.
+
+Decisions. Each decision other than allow becomes a ``loopguard.decision`` span: a sibling of the
+tool span (a child of its parent; of the tool span itself when it has no local parent), zero
+length, at the moment the processor would have decided (the tool span's start for calls whose
+arguments are there at start, else its end), with the processor's event attributes on the span
+and on one ``loopguard.decision`` event. Chained (``next``), they are built here as
+``ReadableSpan`` objects and exported through ``next`` with the batch they came from: they never
+enter the application's pipeline, so they cannot loop back. Unchained, they are started with
+``tracer_provider``'s tracer (default: the global provider), so they reach the exporters of that
+provider, this one included: it recognises its own decision spans and skips them.
+
+Threading contract: ``export``, ``force_flush`` and ``shutdown`` may be called from any thread
+(the worker, a thread flushing); one lock serialises them. While it judges a batch, ``export``
+hands the GIL over about every :data:`YIELD_EVERY_NS` of work, so an application thread waits
+about that long for it, not the interpreter's 5 ms switch interval. An application that never
+lets go of the GIL thereby defers the judging, and if it makes spans faster than the worker's
+share allows, the ``BatchSpanProcessor``'s queue fills and drops spans. ``export`` never raises:
+an error is counted in ``guard.internal_errors`` (``where="exporter.export"``, one log line per
+kind) and the batch is still forwarded; it returns ``next``'s result when chained, else
+``SUCCESS`` (``FAILURE`` once shut down). Memory: at most ``max_buffered_spans`` spans are held
+(parent links included); past it the oldest traces are judged early.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import NonRecordingSpan, SpanContext, StatusCode, TraceFlags
+
+from .calls import SIGNATURE_CHARS, canonical_arguments, canonical_json
+from .conventions import agent_from_span, may_be_tool_span
+from .guard import LoopGuard
+from .policy import Action, Decision, arguments_preview
+from .processor import (
+    ATTR_ACTION,
+    ATTR_ARGUMENTS,
+    ATTR_COUNT,
+    ATTR_MODE,
+    ATTR_PHASE,
+    ATTR_RULE,
+    ATTR_SIGNATURE,
+    ATTR_THRESHOLD,
+    ATTR_TOOL_CALL_ID,
+    ATTR_TOOL_NAME,
+    DECISION_EVENT,
+)
+from .spans import KeyBy
+from .traces import (
+    MAX_BUFFERED_SPANS,
+    CallDecidedAtStart,
+    CallObserved,
+    RecordedSpan,
+    SpanRef,
+    TraceBuffer,
+    TraceEvent,
+    feed,
+)
+
+__all__ = [
+    "DEFAULT_HOLD_SECONDS",
+    "SCOPE_NAME",
+    "YIELD_EVERY_NS",
+    "LoopGuardSpanExporter",
+]
+
+#: Seconds a trace's tool spans wait for its root before they are judged with the ancestors seen
+#: so far (as ``serve``'s ``--hold-seconds``). They are judged at the first export or flush after
+#: that, so with the ``BatchSpanProcessor``'s 5 s schedule a tool span waits about one batch.
+DEFAULT_HOLD_SECONDS: Final = 2.0
+
+#: The instrumentation scope of the decision spans; with their name, how the exporter knows its
+#: own spans when they come back through the provider.
+SCOPE_NAME: Final = "otel_loopguard"
+
+#: Nanoseconds of work after which ``export`` hands the GIL to other threads (``time.sleep(0)``),
+#: so an application thread waiting for it while a batch is judged waits about this long, not the
+#: interpreter's switch interval (5 ms).
+YIELD_EVERY_NS: Final = 500_000
+
+_SAMPLED: Final = TraceFlags(TraceFlags.SAMPLED)
+_NO_ATTRIBUTES: Final[Mapping[str, object]] = {}
+
+
+def _plain(attributes: Any) -> Mapping[str, Any]:
+    """The SDK's ``BoundedAttributes`` as its inner dict (read only; every missing-key lookup
+    through the wrapper raises and catches a KeyError), or the mapping as it is."""
+    inner = getattr(attributes, "_dict", None)
+    if type(inner) is dict:
+        return inner
+    return attributes if attributes is not None else _NO_ATTRIBUTES
+
+
+def _span_attributes(span: ReadableSpan) -> Mapping[str, Any]:
+    """A finished span's attributes, without the read-only proxy of the public property."""
+    inner = _plain(getattr(span, "_attributes", None))
+    return inner if inner else (span.attributes or _NO_ATTRIBUTES)
+
+
+@dataclass(frozen=True, slots=True)
+class _Decided:
+    """A decision to show in the trace: beside which span, when, with what attributes."""
+
+    ref: SpanRef
+    time_ns: int
+    attributes: dict[str, Any]
+
+
+class LoopGuardSpanExporter(SpanExporter):
+    """Feeds the tool spans of each exported batch to a :class:`LoopGuard`, in trace order, and
+    shows its decisions as ``loopguard.decision`` spans (see the module docstring).
+
+    ``guard``: share one with the hook API (a call reported by both counts once); default: a new
+    guard with the ``default`` preset and ``LOOPGUARD_*`` overrides. ``shutdown`` closes it.
+    ``next``: the exporter to forward every batch to, unchanged, with the decision spans; its
+    result is ``export``'s.
+    ``key_by``: ``"trace"`` (trace + agent; default) or ``"conversation"``.
+    ``capture_arguments``: add the canonical arguments (cut to the policy's preview length) to
+    the decision spans; off by default, since arguments may hold secrets.
+    ``hold_seconds``: how long a trace's tool spans wait for its root (``None``: until the root
+    comes, a flush, or the capacity bound); default :data:`DEFAULT_HOLD_SECONDS`.
+    ``max_buffered_spans``: spans held at most, across traces.
+    ``tracer_provider``: unchained only, where decision spans are started (default: the global
+    provider); chained they go to ``next``, so passing both is an error.
+    ``clock``: seconds, for the hold (tests inject one).
+    """
+
+    def __init__(
+        self,
+        guard: LoopGuard | None = None,
+        *,
+        next: SpanExporter | None = None,
+        key_by: KeyBy | str = KeyBy.TRACE,
+        capture_arguments: bool = False,
+        hold_seconds: float | None = DEFAULT_HOLD_SECONDS,
+        max_buffered_spans: int = MAX_BUFFERED_SPANS,
+        tracer_provider: trace.TracerProvider | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if guard is not None and not isinstance(guard, LoopGuard):
+            raise ValueError(f"guard: expected a LoopGuard, got {type(guard).__name__}")
+        if next is not None and not callable(getattr(next, "export", None)):
+            raise ValueError(f"next: expected a SpanExporter, got {type(next).__name__}")
+        if next is not None and tracer_provider is not None:
+            raise ValueError(
+                "tracer_provider: decision spans go to next when it is given; pass one or the other"
+            )
+        if (
+            isinstance(max_buffered_spans, bool)
+            or not isinstance(max_buffered_spans, int)
+            or max_buffered_spans < 1
+        ):
+            raise ValueError(
+                f"max_buffered_spans: expected a positive integer, got {max_buffered_spans!r}"
+            )
+        self._buffer = TraceBuffer(
+            max_buffered_spans, hold_seconds=hold_seconds, key_by=key_by, clock=clock
+        )
+        self.key_by = KeyBy(key_by)
+        self.guard = guard if guard is not None else LoopGuard()
+        self.capture_arguments = bool(capture_arguments)
+        self._next = next
+        self._tracer_provider = tracer_provider
+        self._tracer: trace.Tracer | None = None
+        self._ids = RandomIdGenerator()
+        self._scope = InstrumentationScope(SCOPE_NAME)
+        self._resource: Resource = Resource.get_empty()
+        self._lock = threading.Lock()
+        self._shutdown = False
+
+    # -- what it holds ---------------------------------------------------------------------
+
+    @property
+    def buffered_spans(self) -> int:
+        """Spans held now, waiting for their trace's root (parent links included)."""
+        return self._buffer.buffered_spans
+
+    @property
+    def flushed_early_time(self) -> int:
+        """Trace flushes after ``hold_seconds``, before the trace's root came."""
+        return self._buffer.flushed_early
+
+    @property
+    def flushed_early_capacity(self) -> int:
+        """Traces judged before their root came because ``max_buffered_spans`` was reached."""
+        return self._buffer.replayed_early
+
+    # -- SpanExporter ----------------------------------------------------------------------
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        """Called on the ``BatchSpanProcessor``'s worker (or whichever thread flushes it) with
+        finished spans in the order they ended. Holds the lock while the batch is judged; never
+        raises. Returns ``next``'s result when chained, else ``SUCCESS`` (``FAILURE`` once shut
+        down)."""
+        decided: list[_Decided] = []
+        try:
+            with self._lock:
+                if self._shutdown:
+                    return SpanExportResult.FAILURE
+                self._add(spans)
+                buffer = self._buffer
+                decided = self._feed(buffer.take_ready())
+                decided += self._feed(buffer.take_due())
+        except Exception as exc:  # never raise into the SDK's worker
+            self.guard.report_internal_error("exporter.export", exc)
+        return self._forward(spans, decided)
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """Judge every trace still held (their roots have not come), export the decision spans,
+        then flush ``next``. Any thread; never raises. False once shut down."""
+        try:
+            with self._lock:
+                if self._shutdown:
+                    return False
+                decided = self._feed(self._buffer.finish())
+        except Exception as exc:
+            self.guard.report_internal_error("exporter.export", exc)
+            decided = []
+        self._forward((), decided)
+        if self._next is None:
+            return True
+        try:
+            return bool(self._next.force_flush(timeout_millis))
+        except Exception as exc:
+            self.guard.report_internal_error("exporter.next", exc)
+            return False
+
+    def shutdown(self) -> None:
+        """Judge every trace still held, export the decision spans, shut ``next`` down and close
+        the guard (its advisor worker). Later exports return ``FAILURE``. Never raises."""
+        try:
+            with self._lock:
+                if self._shutdown:
+                    return
+                self._shutdown = True
+                decided = self._feed(self._buffer.finish())
+        except Exception as exc:
+            self.guard.report_internal_error("exporter.export", exc)
+            decided = []
+        self._forward((), decided)
+        if self._next is not None:
+            try:
+                self._next.shutdown()
+            except Exception as exc:
+                self.guard.report_internal_error("exporter.next", exc)
+        try:
+            self.guard.close()
+        except Exception as exc:
+            self.guard.report_internal_error("exporter.export", exc)
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _add(self, spans: Sequence[ReadableSpan]) -> None:
+        """Buffer a batch: tool and agent spans in full, every other span as a parent link."""
+        buffer = self._buffer
+        add, add_link = buffer.add, buffer.add_link
+        clock = time.perf_counter_ns
+        due = clock() + YIELD_EVERY_NS
+        for span in spans:
+            if clock() >= due:
+                time.sleep(0)  # let the application's threads have the GIL
+                due = clock() + YIELD_EVERY_NS
+            try:
+                context = span.context
+                if context is None:
+                    continue
+                name = span.name
+                if name == DECISION_EVENT and (
+                    span.instrumentation_scope is not None
+                    and span.instrumentation_scope.name == SCOPE_NAME
+                ):
+                    continue  # ours, back through the provider
+                parent = span.parent
+                # In-process, a span whose parent is in another process is its trace's local
+                # root: it ends after every span under it, so its trace is complete here.
+                parent_id = parent.span_id if parent is not None and not parent.is_remote else None
+                attributes = _span_attributes(span)
+                if not may_be_tool_span(name, attributes) and (
+                    agent_from_span(name, attributes) is None
+                ):
+                    add_link(context.trace_id, context.span_id, parent_id)
+                    continue
+                status = span.status
+                add(
+                    RecordedSpan(
+                        context.trace_id,
+                        context.span_id,
+                        parent_id,
+                        name,
+                        attributes,
+                        tuple((event.name, _plain(event.attributes)) for event in span.events),
+                        status is not None and status.status_code is StatusCode.ERROR,
+                        span.start_time or 0,
+                        span.end_time or 0,
+                    )
+                )
+                self._resource = span.resource
+            except Exception as exc:  # one bad span does not lose the batch
+                self.guard.report_internal_error("exporter.export", exc)
+
+    def _feed(self, events: list[TraceEvent]) -> list[_Decided]:
+        """Feed events to the guard in order; the decisions to show in the trace."""
+        guard = self.guard
+        decided: list[_Decided] = []
+        clock = time.perf_counter_ns
+        due = clock() + YIELD_EVERY_NS
+        for event in events:
+            if clock() >= due:
+                time.sleep(0)
+                due = clock() + YIELD_EVERY_NS
+            decision = feed(guard, event)
+            if decision is None or decision.detected is Action.ALLOW:
+                continue
+            if not isinstance(event, (CallDecidedAtStart, CallObserved)) or event.span is None:
+                continue
+            time_ns = int(event.timestamp * 1e9) if event.timestamp is not None else time.time_ns()
+            decided.append(_Decided(event.span, time_ns, self._attributes(decision, event)))
+        return decided
+
+    def _attributes(
+        self, decision: Decision, event: CallDecidedAtStart | CallObserved
+    ) -> dict[str, Any]:
+        """The span processor's ``loopguard.decision`` event attributes (the tests compare them
+        with the processor's, attribute for attribute)."""
+        policy = self.guard.policy
+        attributes: dict[str, Any] = {
+            ATTR_ACTION: decision.detected.value,
+            ATTR_RULE: decision.rule.value if decision.rule else "none",
+            ATTR_COUNT: decision.count,
+            ATTR_THRESHOLD: decision.threshold,
+            ATTR_SIGNATURE: decision.signature[:SIGNATURE_CHARS],
+            ATTR_MODE: policy.mode.value,
+            ATTR_PHASE: decision.phase.value,
+            ATTR_TOOL_NAME: decision.tool,
+        }
+        if event.call_id:
+            attributes[ATTR_TOOL_CALL_ID] = event.call_id
+        if self.capture_arguments:
+            canonical = canonical_json(canonical_arguments(event.arguments, policy.ignored_args))
+            attributes[ATTR_ARGUMENTS] = arguments_preview(
+                canonical, policy.arguments_preview_chars
+            )
+        return attributes
+
+    def _forward(self, spans: Sequence[ReadableSpan], decided: list[_Decided]) -> SpanExportResult:
+        """Hand the batch and the decision spans on; outside the lock (a tracer's processors may
+        call back into ``export``)."""
+        following = self._next
+        if following is None:
+            if decided:
+                self._start_decision_spans(decided)
+            return SpanExportResult.SUCCESS
+        batch: Sequence[ReadableSpan] = spans
+        if decided:
+            try:
+                batch = [*spans, *(self._decision_span(item) for item in decided)]
+            except Exception as exc:
+                self.guard.report_internal_error("exporter.export", exc)
+        if not batch:
+            return SpanExportResult.SUCCESS
+        try:
+            return following.export(batch)
+        except Exception as exc:
+            self.guard.report_internal_error("exporter.next", exc)
+            return SpanExportResult.FAILURE
+
+    def _parent(self, ref: SpanRef) -> SpanContext:
+        parent_id = ref.span_id if ref.parent_id is None else ref.parent_id
+        return SpanContext(ref.trace_id, parent_id, ref.parent_remote, _SAMPLED)
+
+    def _decision_span(self, item: _Decided) -> ReadableSpan:
+        """A finished decision span built here, for ``next``."""
+        ref = item.ref
+        context = SpanContext(ref.trace_id, self._ids.generate_span_id(), False, _SAMPLED)
+        return ReadableSpan(
+            name=DECISION_EVENT,
+            context=context,
+            parent=self._parent(ref),
+            resource=self._resource,
+            attributes=item.attributes,
+            events=(Event(DECISION_EVENT, item.attributes, item.time_ns),),
+            instrumentation_scope=self._scope,
+            start_time=item.time_ns,
+            end_time=item.time_ns,
+        )
+
+    def _start_decision_spans(self, decided: list[_Decided]) -> None:
+        """Unchained: decision spans through ``tracer_provider``'s tracer. Never raises."""
+        try:
+            tracer = self._tracer
+            if tracer is None:
+                provider = self._tracer_provider or trace.get_tracer_provider()
+                tracer = self._tracer = provider.get_tracer(SCOPE_NAME)
+            for item in decided:
+                parent = trace.set_span_in_context(NonRecordingSpan(self._parent(item.ref)))
+                span = tracer.start_span(
+                    DECISION_EVENT,
+                    context=parent,
+                    attributes=item.attributes,
+                    start_time=item.time_ns,
+                )
+                span.add_event(DECISION_EVENT, item.attributes, timestamp=item.time_ns)
+                span.end(end_time=item.time_ns)
+        except Exception as exc:
+            self.guard.report_internal_error("exporter.export", exc)
