@@ -62,3 +62,18 @@ def test_readme_links_resolve_inside_the_repository() -> None:
             if "://" in target:
                 continue
             assert (doc.parent / target).exists(), f"{doc.relative_to(ROOT)}: {target}"
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to dashes."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_the_table_of_contents_lists_every_section_in_order() -> None:
+    toc = README.split("<!-- toc:start -->\n", 1)[1].split("<!-- toc:end -->")[0]
+    listed = re.findall(r"^- \[(.+)\]\(#(.+)\)$", toc, re.M)
+    sections = [
+        h for h in re.findall(r"^## (.+)$", README, re.M) if h not in ("Quickstart", "Contents")
+    ]
+    assert [title for title, _ in listed] == sections
+    assert all(anchor == _slug(title) for title, anchor in listed)
