@@ -14,7 +14,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
@@ -32,6 +32,13 @@ FRAMEWORKS = {
     "langgraph": ("langgraph", "langgraph"),
     "strands": ("strands", "strands"),
     "google_adk": ("google.adk", "google-adk"),
+    "smolagents": ("smolagents", "smolagents"),
+    "llama_index": ("llama_index.core.agent.workflow", "llama-index"),
+    "haystack": ("haystack.components.agents", "haystack"),
+    "mcp": ("mcp.server.mcpserver", "mcp"),
+    "crewai": ("crewai", "crewai"),
+    "semantic_kernel": ("semantic_kernel", "semantic-kernel"),
+    "agno": ("agno", "agno"),
 }
 _SELECTED = os.environ.get("LOOPGUARD_FRAMEWORK_TESTS")
 SELECTED = {name.strip() for name in _SELECTED.split(",") if name.strip()} if _SELECTED else None
@@ -87,6 +94,30 @@ REFERENCE = expected_decisions(SAFETY_CAP)
 FIRST_DENY = next(n for n, d in enumerate(REFERENCE, 1) if d.action is Action.DENY)
 FIRST_STOP = next(n for n, d in enumerate(REFERENCE, 1) if d.action is Action.STOP)
 assert POLICY.no_progress_threshold == FIRST_DENY  # the configured repeat, not a copied number
+
+
+#: What the failing tool of the failure tests reports, the same way every time.
+FAILURE = "search backend unavailable"
+
+
+def expected_failure_stop() -> tuple[int, Decision]:
+    """The call after which the guard stops a model that repeats a call failing the same way
+    every time, and that stop (``phase`` post), through the plain hook API."""
+    guard = LoopGuard(POLICY)
+    for n in range(1, SAFETY_CAP + 1):
+        decision = guard.before_tool(TOOL, ARGUMENTS, session="reference", call_id=str(n))
+        assert not decision.blocks
+        post = guard.after_tool(
+            TOOL, ARGUMENTS, session="reference", call_id=str(n), error=True, result=FAILURE
+        )
+        if post is not None:
+            return n, post
+    raise AssertionError("the reference guard never stopped the failing call")
+
+
+FAILURE_STOP, FAILURE_STOP_DECISION = expected_failure_stop()
+assert POLICY.failure_stop_threshold == FAILURE_STOP < FIRST_DENY  # the configured threshold
+assert FAILURE_STOP_DECISION.action is Action.STOP
 
 
 def expected_tool_results(attempts: int) -> list[str]:
@@ -164,8 +195,8 @@ def decision_events(tracing: Tracing) -> list[tuple[str, int]]:
     return [
         (
             str((event.attributes or {})["loopguard.action"]),
-            int((event.attributes or {})["loopguard.count"]),
-        )  # type: ignore[arg-type]
+            int(cast(int, (event.attributes or {})["loopguard.count"])),
+        )
         for span in tracing.exporter.get_finished_spans()
         for event in span.events
         if event.name == DECISION_EVENT

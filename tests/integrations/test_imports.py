@@ -16,6 +16,10 @@ ADAPTERS = {
     "langgraph": (["langgraph", "langchain_core"], "langgraph"),
     "strands": (["strands"], "strands"),
     "google_adk": (["google.adk"], "google-adk"),
+    "smolagents": (["smolagents"], "smolagents"),
+    "llama_index": (["llama_index"], "llama-index"),
+    "haystack": (["haystack"], "haystack"),
+    "mcp": (["mcp", "mcp_types"], "mcp"),
 }
 
 
