@@ -49,6 +49,7 @@ from otel_loopguard.metrics import (
     RESCUES,
     SESSIONS,
     SESSIONS_EVICTED,
+    STOPPED_RUNS,
     TOOL_CALLS,
     WASTED_SECONDS,
 )
@@ -72,6 +73,7 @@ CALLS = TOOL_CALLS.prometheus_name
 REPEATS = REPEATED_CALLS.prometheus_name
 DECIDED = DECISIONS.prometheus_name
 WASTED = WASTED_SECONDS.prometheus_name
+STOPPED = STOPPED_RUNS.prometheus_name
 
 
 def _filtered(extra: str = "") -> str:
@@ -207,7 +209,6 @@ def _repeat_count(quantile: str) -> str:
 def panels() -> list[Builder]:
     """Every panel, top to bottom; each query reads series of the metrics' one declaration."""
     blocked = _filtered(BLOCKING)
-    stops = _filtered('action="stop"')
     durations = REPEATED_CALL_SECONDS.name
     return [
         stat_panel(
@@ -238,9 +239,10 @@ def panels() -> list[Builder]:
             decimals=0,
         ),
         stat_panel(
-            "Stops",
-            "Stop decisions in the time range: runs that should have ended.",
-            Query(f"sum(increase({DECIDED}{stops}[$__range]))", instant=True),
+            "Stopped runs",
+            "Runs stopped in the time range, each counted once (in observe mode every later"
+            " call of a stopped run is another stop decision; this counts the run).",
+            Query(f"sum(increase({STOPPED}{FILTER}[$__range]))", instant=True),
             (12, 0, 4, 4),
             decimals=0,
         ),

@@ -349,7 +349,8 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             " (POST /v1/decisions/before, /after, /user_message, /new_run). Also serves"
             " /metrics and /healthz. Binds 127.0.0.1 unless told otherwise; a non-loopback"
             " address needs a token (or --insecure). Stops on SIGINT/SIGTERM after feeding every"
-            " accepted span. Needs the serve extra: pip install 'otel-loopguard[serve]'."
+            " accepted span. Logs one line per decision (--log-level, --log-format). Needs the"
+            " serve extra: pip install '.[serve]' from a checkout of the repository."
         ),
     )
     parser.add_argument(
@@ -392,9 +393,10 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--hold-seconds",
         metavar="SECONDS",
         type=_non_negative_seconds,
-        default=2.0,
+        default=11.0,  # service.DEFAULT_HOLD_SECONDS (a test keeps them equal)
         help="how long a tool span waits for its trace's root span before it is judged with"
-        " the ancestors known so far (default: %(default)s)",
+        " the ancestors known so far; above the exporters' batch delay (5 s by default),"
+        " else runs lose their agent (default: %(default)s)",
     )
     parser.add_argument(
         "--key-by",
@@ -419,6 +421,20 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=20 * 1024 * 1024,
         help="largest request body, after gzip (default: %(default)s)",
     )
+    parser.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        default="info",
+        help="info: one line per decision where something was detected (reminder, denial,"
+        " rescue, stop, also in observe mode); debug: every decision and request too"
+        " (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="json: one JSON object per line, a decision's fields as keys (default: %(default)s)",
+    )
     parser.set_defaults(handler=_run_serve)
 
 
@@ -427,7 +443,8 @@ def _run_serve(args: argparse.Namespace) -> int:
         from otel_loopguard.service import TOKEN_ENV, ServeOptions, run_serve
     except ImportError as exc:
         raise _UsageError(
-            f"serve needs the serve extra (pip install 'otel-loopguard[serve]'): {exc}"
+            "serve needs the serve extra: from a checkout of the repository,"
+            f" pip install '.[serve]' ({exc})"
         ) from None
     from otel_loopguard.config import Mode
 
@@ -450,9 +467,9 @@ def _run_serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise _UsageError(str(exc)) from None
     try:
-        return run_serve(options, policy)
-    except OSError as exc:
-        raise _UsageError(f"cannot listen on {args.host}: {exc.strerror or exc}") from None
+        return run_serve(options, policy, log_level=args.log_level, log_format=args.log_format)
+    except OSError as exc:  # the message names the address and port
+        raise _UsageError(str(exc.strerror or exc)) from None
 
 
 # -- main --------------------------------------------------------------------------------------

@@ -82,7 +82,10 @@ class _Call:
     seconds: float = 0.5
 
 
-_RUN_TESTS: Final = _Call("run_tests", {"path": _TEST_PATH}, _FAILURE, error=True, seconds=2.7)
+# The test runner itself works: its output reports a failing test (the call did not fail). A
+# call that fails the same way three times would stop the run at once (failure_stop_threshold),
+# without the reminder, the denials and the stop this story shows.
+_RUN_TESTS: Final = _Call("run_tests", {"path": _TEST_PATH}, _FAILURE, seconds=2.7)
 
 _WARMUP: Final = (
     _Call(
@@ -161,6 +164,7 @@ class _Tally:
     counts: dict[str, int] = field(default_factory=dict)
     saved_seconds: float = 0.0
     stopped_at: int | None = None
+    refused: int = 0  # calls denied (or rescued) in the current progress epoch
     finished_ok: bool = False
 
 
@@ -183,13 +187,26 @@ def _call_text(call: _Call) -> str:
 
 def _ladder(policy: Policy) -> str:
     """A one-line description of the policy's ladder, read from the policy itself."""
+    from otel_loopguard.config import Rule
+
     parts = [f"mode {policy.mode.value}"]
     if policy.remind_thresholds:
         parts.append("remind at " + ", ".join(str(t) for t in policy.remind_thresholds))
+    stuck = policy.no_progress_threshold if Rule.NO_PROGRESS in policy.rules else None
     if policy.deny_threshold is not None:
-        parts.append(f"deny from {policy.deny_threshold}")
+        deny = f"deny from {policy.deny_threshold}"
+        if stuck is not None and stuck < policy.deny_threshold:
+            deny += f" ({stuck} when the result repeats)"
+        parts.append(deny)
+    elif stuck is not None:
+        parts.append(f"deny from {stuck} when the result repeats")
+    stops = []
     if policy.stop_after_denials is not None:
-        parts.append(f"stop after {policy.stop_after_denials} denials")
+        stops.append(f"{policy.stop_after_denials} denials")
+    if policy.failure_stop_threshold is not None:
+        stops.append(f"{policy.failure_stop_threshold} identical failures")
+    if stops:
+        parts.append("stop after " + " or ".join(stops))
     parts.append("rules " + ", ".join(sorted(rule.value for rule in policy.rules)))
     return "; ".join(parts)
 
@@ -348,14 +365,16 @@ def _play(
             rule = decision.rule.value if decision.rule is not None else "none"
             verdict += f"  rule {rule}, count {decision.count}"
             if action == "stop" and decision.rule is not Rule.STALL:
-                # A stop's threshold is the number of denials the agent retried past.
-                if decision.threshold:
-                    verdict += f" ({decision.threshold} calls refused before)"
+                # What really came before the stop (its threshold is the policy's, not a count).
+                refused = tally.refused
+                verdict += f" ({refused} call{'s' if refused != 1 else ''} refused before)"
             elif decision.threshold:
                 verdict += f" (threshold {decision.threshold})"
         if decision.blocks:
             verdict += " - the tool does not run"
         screen.line(f"       guard: {verdict}")
+        if action in ("deny", "rescue"):
+            tally.refused += 1
         if decision.blocks:
             tally.saved_seconds += call.seconds
             if action == "stop":
@@ -394,6 +413,7 @@ def _play(
             sleep(pause)
         screen.line(f"user: {_USER_PROMPT}")
         guard.user_message(_SESSION, agent=DEMO_AGENT)
+        tally.refused = 0  # a new progress epoch
         screen.line(
             style(
                 "dim", "       (a real user message starts a new progress epoch and lifts a stop)"

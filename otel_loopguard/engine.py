@@ -106,7 +106,8 @@ class Classifier:
         self._include = (
             None if "*" in policy.include or not policy.include else wildcard_union(policy.include)
         )
-        self._exclude = wildcard_union(policy.exclude)
+        # A final-answer tool is never tracked: a user's exclude list adds to them.
+        self._exclude = wildcard_union((*policy.exclude, *policy.final_answer_tools))
         self._shell = wildcard_union(policy.shell_tools)
         self._mutating = wildcard_union(policy.mutating_tools)
         self._read_operations = wildcard_union(policy.read_operations)
@@ -719,6 +720,11 @@ def _optional_text(value: object, name: str) -> str | None:
 class SessionStore:
     """Sessions by key, bounded by count (LRU) and idle time (TTL), on an injected clock.
 
+    A key that is a ``(session, agent)`` pair is also listed under its session
+    (:meth:`agent_keys`), so that what happens to a whole session (a user message) can reach
+    each of its agents. The index holds only kept keys: an evicted key leaves it at once, so it
+    is bounded as the store is.
+
     Not thread-safe: the owner locks around every call.
     """
 
@@ -730,6 +736,8 @@ class SessionStore:
         on_evict: Callable[[str], None] | None = None,
     ) -> None:
         self._sessions: OrderedDict[object, SessionState] = OrderedDict()
+        # session -> its (session, agent) keys kept now, in the order they were added.
+        self._agents: dict[object, dict[object, None]] = {}
         self._max = max_sessions
         self._ttl = ttl_seconds
         self._next_expiry = float("-inf")
@@ -754,10 +762,9 @@ class SessionStore:
                 return None
             state = SessionState(now)
             sessions[key] = state
+            self._index(key)
             if len(sessions) > self._max:
-                sessions.popitem(last=False)
-                if self._on_evict is not None:
-                    self._on_evict("capacity")
+                self._drop_oldest("capacity")
         else:
             sessions.move_to_end(key)
             state.last_seen = now
@@ -772,16 +779,40 @@ class SessionStore:
         ``max_sessions`` are evicted.
         """
         sessions = self._sessions
-        sessions.pop(key, None)
+        if sessions.pop(key, None) is not None:
+            self._unindex(key)
         if self.clock() - state.last_seen >= self._ttl:
             if self._on_evict is not None:
                 self._on_evict("ttl")
             return
         sessions[key] = state
+        self._index(key)
         while len(sessions) > self._max:
-            sessions.popitem(last=False)
-            if self._on_evict is not None:
-                self._on_evict("capacity")
+            self._drop_oldest("capacity")
+
+    def agent_keys(self, session: object) -> list[object]:
+        """The ``(session, agent)`` keys of ``session`` kept now, oldest first (not the
+        session's own key; not marked used)."""
+        keys = self._agents.get(session)
+        return list(keys) if keys else []
+
+    def _index(self, key: object) -> None:
+        if type(key) is tuple and len(key) == 2:
+            self._agents.setdefault(key[0], {})[key] = None
+
+    def _unindex(self, key: object) -> None:
+        if type(key) is tuple and len(key) == 2:
+            keys = self._agents.get(key[0])
+            if keys is not None:
+                keys.pop(key, None)
+                if not keys:
+                    del self._agents[key[0]]
+
+    def _drop_oldest(self, reason: str) -> None:
+        key, _ = self._sessions.popitem(last=False)
+        self._unindex(key)
+        if self._on_evict is not None:
+            self._on_evict(reason)
 
     def _expire(self, now: float) -> None:
         # Sweeping at most once per second keeps TTL eviction off the per-call cost; a session
@@ -795,9 +826,7 @@ class SessionStore:
             oldest = next(iter(sessions.values()))
             if oldest.last_seen > deadline:
                 return
-            sessions.popitem(last=False)
-            if self._on_evict is not None:
-                self._on_evict("ttl")
+            self._drop_oldest("ttl")
 
     def expire(self) -> None:
         """Drop sessions idle for longer than the TTL now (``get`` does so at most once a

@@ -300,7 +300,9 @@ class LoopGuard:
     def user_message(
         self, session: str, *, agent: str | None = None, text: str | None = None
     ) -> None:
-        """A real user message arrived: start a new progress epoch and lift a stop.
+        """A real user message arrived: start a new progress epoch and lift a stop, for
+        ``agent`` when one is named, else for the session and every agent in it (each
+        ``(session, agent)`` the guard keeps from calls made with ``agent=``).
 
         ``text``, the message, is what an advisor is told the agent's task is (the session's
         first message; a later one as the latest message), cut to
@@ -309,7 +311,9 @@ class LoopGuard:
         self._reset(session, agent, "user_message", text, task=False)
 
     def new_run(self, session: str, *, agent: str | None = None, task: str | None = None) -> None:
-        """A new agent run started in this session: start a new progress epoch and lift a stop.
+        """A new agent run started in this session: start a new progress epoch and lift a stop,
+        for ``agent`` when one is named, else for the session and every agent in it (as
+        :meth:`user_message`).
 
         ``task``, the run's prompt, becomes what an advisor is told the task is (as
         :meth:`user_message`'s ``text``). Never raises."""
@@ -663,6 +667,9 @@ class LoopGuard:
                     policy=policy,
                     stuck=stuck,
                 )
+            # The first stop of a run (counted once in loopguard_stopped_runs_total; later calls
+            # are decided stop again, and in observe mode they keep coming).
+            newly_stopped = step.action is Action.STOP and not state.stopped
             detected_block = step.action in BLOCKING_ACTIONS
             enforced_block = detected_block and policy.mode is Mode.ENFORCE and ran is None
             repeated = state.record_attempt(
@@ -701,6 +708,8 @@ class LoopGuard:
             for reason in evictions:
                 recorder.evicted(reason)
         recorder.tool_call(aid, name, repeated)
+        if newly_stopped:
+            recorder.stopped_run(aid, name, step.rule.value if step.rule else "none")
         if ran is not None and repeated and ran.duration_seconds:
             recorder.wasted(aid, name, ran.duration_seconds)
 
@@ -849,6 +858,12 @@ class LoopGuard:
                             self._settled.settle(store_key, ref, pending.args_key)
                     if pending is None and known_key is not None:
                         pending = state.take_pending(known_key)
+                        if pending is not None and ref is None:
+                            # Reported without an id: a second report of it (the span's, or the
+                            # hook's) is matched by its arguments and adds nothing.
+                            if store_key is None:
+                                store_key = self._store_key(*self._ids(session, agent))
+                            self._settled.settle(store_key, known_key, known_key)
                 post = None
                 if pending is not None:
                     post = self._apply_outcome(state, pending, outcome, error, output)  # type: ignore[arg-type]
@@ -873,7 +888,11 @@ class LoopGuard:
                 # The hook may have counted this call without an id (pending under its args key),
                 # or under an id this report does not carry: match it by session and arguments.
                 pending = state.take_pending(key)
-                if pending is None and state.pending:
+                if pending is not None and ref is None:
+                    # Counted without an id, reported without one: remember it, so that the
+                    # other report of the same call (hook or span, either order) adds nothing.
+                    self._settled.settle(store_key, key, key)
+                elif pending is None and state.pending:
                     pending = self._settled.take_pending_by_args(state, store_key, key)
             post = None
             if pending is not None:
@@ -944,6 +963,8 @@ class LoopGuard:
         policy = self.policy
         rule = step.rule.value if step.rule else None
         self._recorder.decision(aid, name, rule or "none", step.action.value, step.count)
+        if step.action is Action.STOP:  # _ran concludes a stop only for a run not stopped yet
+            self._recorder.stopped_run(aid, name, rule or "none")
         if self.trip_log is not None:
             self.trip_log.write(
                 session=sid,
@@ -1117,21 +1138,29 @@ class LoopGuard:
     def _reset(
         self, session: object, agent: object, where: str, text: object = None, *, task: bool = False
     ) -> None:
+        """A new progress epoch, with the stop lifted, for ``session`` and ``agent``; with no
+        agent named, for the session and every agent kept in it (a user speaks to the whole
+        session; calls made with ``agent=`` are kept per agent)."""
         try:
+            keep_text = self._keep_trail and isinstance(text, str) and text.strip()
             with self._lock:
-                store_key = self._store_key(*self._ids(session, agent))
-                state = self._store.get(store_key)
-                if state is not None:
-                    state.new_epoch(clear_stop=True)
-                    if self._keep_trail and isinstance(text, str) and text.strip():
-                        trail = state.trail
-                        if trail is None:
-                            trail = state.trail = Trail()
-                        if task:
-                            trail.new_task(text)
-                        else:
-                            trail.user_message(text)
-                self._settled.forget(store_key)  # a new run may reuse call ids
+                sid, aid = self._ids(session, agent)
+                store_key = self._store_key(sid, aid)
+                store = self._store
+                keys = [store_key] if aid is not None else [store_key, *store.agent_keys(sid)]
+                for key in keys:
+                    state = store.get(key, create=key is store_key)
+                    if state is not None:
+                        state.new_epoch(clear_stop=True)
+                        if keep_text:
+                            trail = state.trail
+                            if trail is None:
+                                trail = state.trail = Trail()
+                            if task:
+                                trail.new_task(cast(str, text))
+                            else:
+                                trail.user_message(cast(str, text))
+                    self._settled.forget(key)  # a new run may reuse call ids
                 evictions = self._take_evictions()
             for reason in evictions:
                 self._recorder.evicted(reason)

@@ -272,7 +272,12 @@ def test_demo_metrics_port_as_a_command() -> None:
     lines: queue.Queue[str] = queue.Queue()
     assert process.stdout is not None
     stdout = process.stdout
-    threading.Thread(target=lambda: [lines.put(line) for line in stdout], daemon=True).start()
+
+    def pump() -> None:
+        for line in stdout:
+            lines.put(line)
+
+    threading.Thread(target=pump, daemon=True).start()
     try:
         url = None
         while url is None:
@@ -306,3 +311,24 @@ def test_demo_metrics_port_taken_or_bad_is_a_usage_error(
     assert f"cannot serve metrics on 127.0.0.1:{port}" in capsys.readouterr().err
     assert main(["demo", "--metrics-port", "70000"]) == 2
     assert "argument --metrics-port" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("stop_after", [1, 2, 3])
+def test_the_policy_line_and_the_stop_state_the_real_counts(stop_after: int) -> None:
+    policy = PRESETS["default"].replace(stop_after_denials=stop_after)
+    out = io.StringIO()
+    run_demo(policy, out=out)
+    text = out.getvalue()
+    assert policy.no_progress_threshold is not None and policy.deny_threshold is not None
+    assert (
+        f"deny from {policy.deny_threshold} ({policy.no_progress_threshold} when the result"
+        f" repeats); stop after {stop_after} denials or {policy.failure_stop_threshold}"
+        " identical failures;" in text
+    )
+    denials = _step_lines(text, "DENY")
+    assert len(denials) == stop_after
+    (stop,) = _step_lines(text, "STOP")
+    assert stop.endswith(
+        f"({stop_after} call{'s' if stop_after != 1 else ''} refused before)"
+        " - the tool does not run"
+    )

@@ -259,3 +259,27 @@ def test_command_patterns_with_inline_flags_still_combine() -> None:
     assert classifier.classify("bash", {"command": "kubectl get pods"}) == (False, False)
     assert classifier.classify("bash", {"command": "MAKE INSTALL"}) == (True, True)
     assert classifier.classify("bash", {"command": "ls"}) == (True, False)
+
+
+def test_store_lists_a_sessions_agent_keys_and_forgets_evicted_ones(clock: FakeClock) -> None:
+    evicted: list[str] = []
+    store = SessionStore(max_sessions=3, ttl_seconds=60, clock=clock, on_evict=evicted.append)
+    store.get(("s", "coder"))
+    store.get(("s", "reviewer"))
+    store.get("s")  # the session's own key is not an agent key
+    assert store.agent_keys("s") == [("s", "coder"), ("s", "reviewer")]
+    assert store.agent_keys("other") == []
+    store.get(("t", "coder"))  # capacity: ("s", "coder") is the least recently used
+    assert evicted == ["capacity"]
+    assert store.agent_keys("s") == [("s", "reviewer")]
+    clock.advance(61)
+    store.expire()  # ttl: everything goes, and the index with it
+    assert store.agent_keys("s") == store.agent_keys("t") == [] and len(store) == 0
+    store.put(("s", "coder"), SessionState(clock.now))
+    assert store.agent_keys("s") == [("s", "coder")]
+    store.put(("s", "coder"), SessionState(clock.now - 61))  # replaced by a stale state: gone
+    assert store.agent_keys("s") == []
+    # Bounded as the store is: never more agent keys listed than sessions kept.
+    for n in range(10):
+        store.get(("u", f"agent{n}"))
+    assert len(store.agent_keys("u")) == len(store) == 3

@@ -357,3 +357,61 @@ def test_idle_sessions_are_expired_when_counted_and_on_request() -> None:
     assert guard.expire_idle_sessions() == 1
     assert guard.expire_idle_sessions() == 0
     assert guard.session_count == 0
+
+
+def _stop(guard: LoopGuard, session: str, agent: str | None) -> None:
+    """Repeat one call until the guard stops the run (``agent`` as named)."""
+    for _ in range(30):
+        decision = guard.before_tool("grep", {"q": "TODO"}, session=session, agent=agent)
+        if decision.action is Action.STOP:
+            return
+        if not decision.blocks:
+            guard.after_tool("grep", {"q": "TODO"}, session=session, agent=agent, result="none")
+    raise AssertionError("the guard never stopped the run")
+
+
+def _next(guard: LoopGuard, session: str, agent: str | None) -> Action:
+    return guard.before_tool("grep", {"q": "TODO"}, session=session, agent=agent).action
+
+
+def test_a_user_message_to_the_session_lifts_every_agents_stop() -> None:
+    # The README's example: calls with agent="coder", then guard.user_message(conversation_id).
+    guard = LoopGuard(DEFAULT)
+    for agent in ("coder", "reviewer", None):
+        _stop(guard, "conversation", agent)
+    _stop(guard, "other", "coder")
+    guard.user_message("conversation")
+    for agent in ("coder", "reviewer", None):
+        assert _next(guard, "conversation", agent) is Action.ALLOW, agent
+    assert _next(guard, "other", "coder") is Action.STOP  # another session is untouched
+
+
+def test_a_user_message_naming_an_agent_lifts_only_that_agents_stop() -> None:
+    guard = LoopGuard(DEFAULT)
+    for agent in ("coder", "reviewer", None):
+        _stop(guard, "conversation", agent)
+    guard.user_message("conversation", agent="coder")
+    assert _next(guard, "conversation", "coder") is Action.ALLOW
+    assert _next(guard, "conversation", "reviewer") is Action.STOP
+    assert _next(guard, "conversation", None) is Action.STOP
+
+
+def test_a_new_run_without_an_agent_starts_every_agents_epoch() -> None:
+    guard = LoopGuard(DEFAULT)
+    for agent in ("coder", "reviewer"):
+        _stop(guard, "conversation", agent)
+    guard.new_run("conversation", agent="reviewer")
+    assert _next(guard, "conversation", "coder") is Action.STOP
+    assert _next(guard, "conversation", "reviewer") is Action.ALLOW
+    guard.new_run("conversation")
+    assert _next(guard, "conversation", "coder") is Action.ALLOW
+
+
+def test_a_user_message_after_an_agents_session_was_evicted_is_harmless() -> None:
+    guard = LoopGuard(DEFAULT.replace(max_sessions=2))
+    _stop(guard, "conversation", "coder")
+    for n in range(3):  # push ("conversation", "coder") out
+        guard.before_tool("grep", {"q": n}, session=f"s{n}")
+    guard.user_message("conversation")
+    assert guard.internal_errors == {}
+    assert _next(guard, "conversation", "coder") is Action.ALLOW  # a fresh session

@@ -321,14 +321,22 @@ def test_claude_code_failures_sub_agents_and_sessions_have_their_own_chains(tmp_
             assert post.out == {}
 
 
-def test_claude_code_events_it_does_not_act_on_are_answered_empty(tmp_path: Path) -> None:
+def test_claude_code_events_it_does_not_act_on_are_answered_empty_with_a_note(
+    tmp_path: Path,
+) -> None:
     store = tmp_path / "hooks.sqlite3"
-    for event in (
-        claude("Stop", stop_hook_active=False),
-        claude("SessionStart", source="startup"),
-        claude("Notification", message="waiting"),
+    for name, fields in (
+        ("Stop", {"stop_hook_active": False}),
+        ("SessionStart", {"source": "startup"}),
+        ("Notification", {"message": "waiting"}),
     ):
-        assert hook("claude-code", event, store) == Reply(0, {}, "")
+        reply = hook("claude-code", claude(name, **fields), store)
+        assert (reply.code, reply.out) == (0, {})
+        # One line on stderr naming the event and the events the hook does decide.
+        assert reply.err == (
+            f"otel-loopguard hook claude-code: event {name!r} is not one this hook decides"
+            f" ({', '.join(HOSTS['claude-code'].events)}); nothing to do\n"
+        )
     assert not store.exists()  # nothing to decide: the store is not even opened
 
 

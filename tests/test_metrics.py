@@ -485,6 +485,8 @@ def test_opentelemetry_recorder_records_the_same_names() -> None:
         p.value for p in points["loopguard_decisions"] if p.attributes["action"] in ("deny", "stop")
     )
     assert blocked == sum(1 for d in decisions if d.detected in (Action.DENY, Action.STOP))
+    stopped = sum(p.value for p in points["loopguard_stopped_runs"])
+    assert stopped == 1 and any(d.detected is Action.STOP for d in decisions)
     assert [p.value for p in points["loopguard_sessions"]] == [2]
     histogram = {spec.name: spec for spec in METRICS}["loopguard_decision_repeats"]
     assert histogram.kind is MetricKind.HISTOGRAM
@@ -527,3 +529,78 @@ def test_promtool_accepts_our_exposition(promtool: str) -> None:
         [promtool, "check", "metrics"], input=recorder.exposition(), capture_output=True, timeout=60
     )
     assert result.returncode == 0, (result.stdout + result.stderr).decode()
+
+
+def stopped_runs(recorder: PrometheusRecorder, agent: str = "none", tool: str = "grep") -> float:
+    return sum(
+        sample(recorder, "loopguard_stopped_runs_total", agent=agent, tool=tool, rule=rule)
+        for rule in RULES
+    )
+
+
+def stop_decisions(recorder: PrometheusRecorder, agent: str = "none", tool: str = "grep") -> float:
+    return sum(
+        sample(
+            recorder, "loopguard_decisions_total", agent=agent, tool=tool, rule=rule, action="stop"
+        )
+        for rule in (*RULES, "none")
+    )
+
+
+def test_a_stopped_run_counts_once_however_many_calls_follow_the_stop() -> None:
+    from otel_loopguard import Mode
+
+    # Watch-only mode: every call after the stop is decided stop again (and still runs).
+    recorder = PrometheusRecorder()
+    guard = LoopGuard(DEFAULT.replace(mode=Mode.OBSERVE), recorder=recorder)
+    loop = [Call("grep", {"pattern": "TODO"}, result="nothing") for _ in range(20)]
+    decisions = run(guard, loop).decisions
+    stops = sum(1 for d in decisions if d.detected is Action.STOP)
+    assert stops >= 10 and stop_decisions(recorder) == stops
+    assert stopped_runs(recorder) == 1
+    # A run ends at a user message, at a new run, or with its session: each next stop counts.
+    guard.user_message("s")
+    run(guard, loop)
+    assert stopped_runs(recorder) == 2
+    guard.new_run("s")
+    run(guard, loop)
+    assert stopped_runs(recorder) == 3
+    run(
+        guard, [Call("grep", {"pattern": "TODO"}, result="nothing", session="t") for _ in range(20)]
+    )
+    assert stopped_runs(recorder) == 4
+    assert (
+        sample(
+            recorder, "loopguard_stopped_runs_total", agent="none", tool="grep", rule="no_progress"
+        )
+        == 4
+    )
+
+
+def test_a_run_stopped_after_a_call_counts_once_with_the_stops_after_it() -> None:
+    # The third identical failure stops the run after the call (a post-call stop decision); the
+    # next attempt is stopped before it runs (another stop decision): one stopped run.
+    recorder = PrometheusRecorder()
+    guard = LoopGuard(DEFAULT, recorder=recorder)
+    assert DEFAULT.failure_stop_threshold is not None
+    failing = Call("run_tests", {"path": "t.py"}, result="FAILED", error=True)
+    run(guard, [failing] * (DEFAULT.failure_stop_threshold + 2))
+    assert stop_decisions(recorder, tool="run_tests") >= 2
+    assert stopped_runs(recorder, tool="run_tests") == 1
+
+
+def test_stopped_runs_exist_at_zero_from_a_tools_first_call_and_per_agent() -> None:
+    recorder = PrometheusRecorder()
+    guard = LoopGuard(DEFAULT, recorder=recorder)
+    guard.before_tool("grep", {"q": 1}, session="s", agent="coder")
+    for rule in RULES:
+        assert (
+            recorder.registry.get_sample_value(
+                "loopguard_stopped_runs_total", {"agent": "coder", "tool": "grep", "rule": rule}
+            )
+            == 0
+        )
+    for agent in ("coder", "reviewer"):
+        for _ in range(12):
+            guard.before_tool("grep", {"q": 2}, session="s", agent=agent)
+    assert stopped_runs(recorder, "coder") == stopped_runs(recorder, "reviewer") == 1

@@ -94,6 +94,9 @@ class CallCounter:
     def decision(self, agent: str | None, tool: str, rule: str, action: str, count: int) -> None:
         pass
 
+    def stopped_run(self, agent: str | None, tool: str, rule: str) -> None:
+        pass
+
     def rescue(self, outcome: str) -> None:
         pass
 

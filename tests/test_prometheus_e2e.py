@@ -101,8 +101,10 @@ def substitute(expr: str) -> str:
 @pytest.fixture
 def target() -> Iterator[tuple[LoopGuard, PrometheusRecorder, str]]:
     recorder = PrometheusRecorder()
+    # The rescue preset never stops by itself: stop after six refusals, so every panel (stopped
+    # runs too) has something to show.
     policy = PRESETS["rescue"].replace(
-        remind_thresholds=(2,), stall_threshold=10, max_sessions=MAX_SESSIONS
+        remind_thresholds=(2,), stall_threshold=10, max_sessions=MAX_SESSIONS, stop_after_denials=6
     )
     guard = LoopGuard(policy, recorder=recorder, advisor=lambda request: "read the error first")
     server = guard.serve_metrics(0)
@@ -378,7 +380,12 @@ def test_the_readme_demo_fills_the_dashboard(tmp_path: Path) -> None:
     lines: queue.Queue[str] = queue.Queue()
     assert demo.stdout is not None
     stdout = demo.stdout
-    threading.Thread(target=lambda: [lines.put(line) for line in stdout], daemon=True).start()
+
+    def pump() -> None:
+        for line in stdout:
+            lines.put(line)
+
+    threading.Thread(target=pump, daemon=True).start()
     url = f"http://127.0.0.1:{port}/metrics"
     try:
         with running_prometheus(tmp_path, f"127.0.0.1:{port}") as prometheus:
@@ -387,7 +394,8 @@ def test_the_readme_demo_fills_the_dashboard(tmp_path: Path) -> None:
             while "Ctrl-C" not in lines.get(timeout=max(1.0, deadline - time.monotonic())):
                 pass
             calls = _scrape_sum(url, "loopguard_tool_calls_total")
-            stops = _scrape_sum(url, "loopguard_decisions_total", action="stop")
+            # One run stopped (its stop decisions: after the failing result, and the call after).
+            stops = _scrape_sum(url, "loopguard_stopped_runs_total")
             assert calls > 0 and stops == 1
             wait_for(
                 "the first play to be scraped",
@@ -405,7 +413,7 @@ def test_the_readme_demo_fills_the_dashboard(tmp_path: Path) -> None:
                 shown.setdefault(title, []).extend(panel(expr))
             # Nothing of the first play is lost to the first scrape: increase() sees every call.
             assert shown["Tool calls"] and shown["Tool calls"][0] >= calls
-            assert shown["Stops"] and shown["Stops"][0] >= 1
+            assert shown["Stopped runs"] and shown["Stopped runs"][0] >= 1
             # The panels the README lists, filled by the demo (it has no advisor, evicts no
             # session and raises nothing: those panels show zeros).
             for title in (

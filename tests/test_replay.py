@@ -868,3 +868,41 @@ def test_replay_does_not_ask_the_advisor(tmp_path: Path) -> None:
     )
     assert not marker.exists()
     assert "deny" in {r["action"] for r in json_lines(out.getvalue())}
+
+
+def test_a_user_message_line_without_an_agent_lifts_every_agents_stop(tmp_path: Path) -> None:
+    # The documented {"type": "user_message", "session": ...} line, after calls with an agent.
+    loop = [call(agent="coder"), call(agent="reviewer")] * 12
+    lines = [*loop, user(), call(agent="coder"), call(agent="reviewer")]
+    out = io.StringIO()
+    run_replay(
+        [str(write(tmp_path, lines))],
+        PRESETS["default"],
+        json_output=True,
+        stdout=out,
+        stderr=io.StringIO(),
+    )
+    rows = json_lines(out.getvalue())
+    for session in ("s1/coder", "s1/reviewer"):
+        actions = [r["action"] for r in rows if r["session"] == session]
+        assert actions[11] == "stop", actions  # stopped before the user spoke...
+        assert actions[12] == "allow", actions  # ... and lifted by the message to the session
+
+
+def test_a_user_message_without_an_agent_marks_every_agents_timeline() -> None:
+    from otel_loopguard.guard import LoopGuard
+    from otel_loopguard.traces import CallObserved
+
+    replayer = replay.Replayer(
+        LoopGuard(PRESETS["default"]), replay.ReplayClock(), timeline_sessions=4, timeline_calls=8
+    )
+    for agent in ("coder", "reviewer"):
+        replayer.handle(0, CallObserved("s1", agent, "grep", {"q": 1}))
+    replayer.handle(0, replay.UserPrompt("s1", None))
+    replayer.handle(0, replay.UserPrompt("s1", "coder"))
+    marks = {
+        key[1]: [m.kind for m in report.timeline.marks]
+        for key, report in replayer.reports.items()
+        if report.timeline is not None
+    }
+    assert marks == {"coder": ["user message", "user message"], "reviewer": ["user message"]}

@@ -234,9 +234,11 @@ def test_children_before_parents_resolve_their_agent_within_the_hold(tmp_path: P
         assert wait_for(
             lambda: sample(reg, "loopguard_tool_calls_total", agent="none", tool="search") == 4, 5
         )
+        assert sample(reg, "loopguard_trace_agents_lost_total") == 0  # trace 1 kept its agent
         request(port, "POST", "/v1/traces", _json_request(_agent(2, 0xB, 0xF, "late")), JSON)
         assert service.wait_idle(5)
         assert sample(reg, "loopguard_tool_calls_total", agent="late", tool="search") == 0
+        assert sample(reg, "loopguard_trace_agents_lost_total") == 1  # trace 2's run lost it
         trips = trip_lines(tmp_path / "serve.trips.jsonl")
         by_agent = {(line["agent"], line["action"]) for line in trips}
         assert ("planner", "deny") in by_agent and (None, "deny") in by_agent
@@ -797,11 +799,16 @@ def test_shutdown_drains_what_was_accepted(tmp_path: Path) -> None:
         request(port, "GET", "/healthz", timeout=2)
 
 
-def test_a_taken_port_is_an_error_and_leaves_nothing_running(tmp_path: Path) -> None:
+def test_a_taken_port_is_an_error_naming_it_and_leaves_nothing_running(tmp_path: Path) -> None:
     first = start(tmp_path, "first")
     try:
-        with pytest.raises(OSError):
+        taken = rf"cannot listen on 127\.0\.0\.1:{first.http_port} \(OTLP/HTTP\): .*--http-port"
+        with pytest.raises(OSError, match=taken):
             start(tmp_path, "second", http_port=first.http_port)
+        # grpcio says RuntimeError; serve says OSError naming the port all the same.
+        taken = rf"cannot listen on 127\.0\.0\.1:{first.grpc_port} \(OTLP/gRPC\): .*--grpc-port"
+        with pytest.raises(OSError, match=taken):
+            start(tmp_path, "third", grpc_port=first.grpc_port)
     finally:
         first.close(timeout=10)
 
@@ -839,10 +846,13 @@ def test_cli_serve_reads_the_toml_policy_and_stops_on_sigterm(tmp_path: Path) ->
     )
     lines: queue.Queue[str] = queue.Queue()
     assert process.stderr is not None
-    threading.Thread(
-        target=lambda: [lines.put(line) for line in process.stderr],  # type: ignore[union-attr]
-        daemon=True,
-    ).start()
+    stderr = process.stderr
+
+    def pump() -> None:
+        for line in stderr:
+            lines.put(line)
+
+    threading.Thread(target=pump, daemon=True).start()
     try:
         first = lines.get(timeout=30)
         assert "mode observe" in first, first
@@ -980,3 +990,221 @@ def test_keyed_by_conversation_serve_decides_as_the_processor(tmp_path: Path) ->
 def test_bad_key_by_is_refused_by_serve() -> None:
     with pytest.raises(ValueError, match="key_by"):
         ServeOptions(key_by="tenant")
+
+
+# -- a user's first hour: user messages, first answers, logs, defaults -------------------------
+
+
+def _stop_over_api(port: int, session: str, agent: str | None) -> None:
+    """Repeat one call through the decision API until the guard stops the run."""
+    ids: dict[str, Any] = {"session": session} | ({"agent": agent} if agent else {})
+    for n in range(30):
+        got = _call(port, "before", tool="grep", arguments={"q": 1}, call_id=f"{agent}{n}", **ids)
+        if got["decision"]["action"] == "stop":
+            return
+        if not got["decision"]["blocks"]:
+            _call(port, "after", tool="grep", arguments={"q": 1}, call_id=f"{agent}{n}", **ids)
+    raise AssertionError("never stopped")
+
+
+def test_decision_api_user_message_to_a_session_lifts_every_agents_stop(service: Service) -> None:
+    port = service.http_port
+    for agent in ("coder", "reviewer"):
+        _stop_over_api(port, "conv", agent)
+
+    def action(agent: str) -> str:
+        answer = _call(port, "before", tool="grep", arguments={"q": 1}, session="conv", agent=agent)
+        return str(answer["decision"]["action"])
+
+    assert _call(port, "user_message", session="conv", agent="coder") == {}
+    assert (action("coder"), action("reviewer")) == ("allow", "stop")  # named: that agent only
+    _stop_over_api(port, "conv", "coder")
+    assert _call(port, "user_message", session="conv") == {}  # no agent: every agent
+    assert (action("coder"), action("reviewer")) == ("allow", "allow")
+
+
+def test_the_first_decision_answer_names_the_call_like_the_later_ones(service: Service) -> None:
+    port = service.http_port
+    answers = [
+        _call(port, "before", tool="grep", arguments={"q": 1}, session="s", call_id=f"c{n}")[
+            "decision"
+        ]
+        for n in range(2)
+    ]
+    first, second = answers
+    assert first["repeated"] is False and second["repeated"] is True
+    for answer in answers:
+        assert (answer["tool"], answer["session"]) == ("grep", "s")
+    assert first["signature"] == second["signature"] and len(first["signature"]) == 12
+    # An untracked first call is named too.
+    untracked = LoopGuard(DEFAULT.replace(exclude=("ls",)), recorder=PrometheusRecorder())
+    with Service(ServeOptions(http_port=0, grpc_port=None), guard=untracked) as other:
+        answer = _call(other.http_port, "before", tool="ls", arguments={}, session="t")
+        assert (answer["decision"]["tool"], answer["decision"]["session"]) == ("ls", "t")
+
+
+def test_one_log_line_per_decision_at_info_allows_at_debug(
+    service: Service, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    port = service.http_port
+    with caplog.at_level(logging.INFO, logger="otel_loopguard"):
+        decisions = [
+            _call(port, "before", tool="grep", arguments={"q": 1}, session="s", agent="coder")[
+                "decision"
+            ]
+            for _ in range(5)
+        ]
+    lines = [r for r in caplog.records if r.name == "otel_loopguard.serve"]
+    detected = [d for d in decisions if d["detected"] != "allow"]
+    assert detected and len(lines) == len(detected)  # plain allows are not logged at info
+    for record, decision in zip(lines, detected, strict=True):
+        assert record.levelno == logging.INFO
+        fields = record.loopguard  # type: ignore[attr-defined]
+        assert fields["source"] == "api" and fields["agent"] == "coder"
+        assert {k: fields[k] for k in ("session", "tool", "action", "rule", "count")} == {
+            k: decision[k] for k in ("session", "tool", "action", "rule", "count")
+        }
+        message = record.getMessage()
+        assert message.startswith(f"api decision: {decision['action']} ")
+        assert "session=s agent=coder tool=grep" in message and "arguments" not in message
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="otel_loopguard"):
+        _call(port, "before", tool="read", arguments={"p": 1}, session="s")
+    allows = [r for r in caplog.records if r.name == "otel_loopguard.serve"]
+    assert [(r.levelno, r.loopguard["action"]) for r in allows] == [  # type: ignore[attr-defined]
+        (logging.DEBUG, "allow")
+    ]
+
+
+def test_spans_decisions_are_logged_too(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    service = start(tmp_path)
+    try:
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(_exporter("http", service)))
+        with caplog.at_level(logging.INFO, logger="otel_loopguard"):
+            run_agent(provider.get_tracer("agent"), looping("coder"))
+            assert service.wait_idle(10)
+        provider.shutdown()
+    finally:
+        service.close(timeout=10)
+    fields = [
+        r.loopguard  # type: ignore[attr-defined]
+        for r in caplog.records
+        if r.name == "otel_loopguard.serve"
+    ]
+    assert fields and {f["source"] for f in fields} == {"span"}
+    assert {(f["agent"], f["tool"]) for f in fields} == {("coder", "grep")}
+    assert {"remind", "deny"} <= {f["detected"] for f in fields}
+
+
+def test_json_log_lines_are_one_object_each_with_the_decisions_fields() -> None:
+    import logging
+
+    from otel_loopguard.service._logs import JsonFormatter
+
+    record = logging.LogRecord(
+        "otel_loopguard.serve", logging.INFO, __file__, 1, "m %s", ("x",), None
+    )
+    record.loopguard = {"action": "deny", "count": 4, "message": "not this one"}
+    line = JsonFormatter().format(record)
+    assert "\n" not in line
+    entry = json.loads(line)
+    assert entry["level"] == "info" and entry["logger"] == "otel_loopguard.serve"
+    assert entry["message"] == "m x" and entry["action"] == "deny" and entry["count"] == 4
+    assert entry["time"].endswith("Z") and "T" in entry["time"]
+
+
+def test_cli_serve_logs_json_lines_and_names_a_taken_port(tmp_path: Path) -> None:
+    import queue
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    command = [sys.executable, "-m", "otel_loopguard", "serve", "--http-port", "0", "--no-grpc"]
+    process = subprocess.Popen(
+        [*command, "--log-format", "json"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    assert process.stderr is not None
+    stderr = process.stderr
+
+    def pump() -> None:
+        for line in stderr:
+            lines.put(line)
+
+    threading.Thread(target=pump, daemon=True).start()
+    try:
+        started = json.loads(lines.get(timeout=30))
+        assert started["event"] == "started" and started["level"] == "info"
+        assert started["hold_seconds"] == ServeOptions().hold_seconds
+        port = int(started["http"].rsplit(":", 1)[1])
+        for n in range(5):
+            _call(port, "before", tool="grep", arguments={"q": 1}, session="s", call_id=f"c{n}")
+        # The same port again: exit 2, one line naming it.
+        taken = subprocess.run(
+            [*command[:4], "--http-port", str(port), "--no-grpc"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert taken.returncode == 2
+        assert f"cannot listen on 127.0.0.1:{port} (OTLP/HTTP)" in taken.stderr
+        assert "--http-port" in taken.stderr and "Traceback" not in taken.stderr
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+        entries = []
+        while not lines.empty():
+            entries.append(json.loads(lines.get()))
+        decided = [e for e in entries if e.get("source") == "api"]
+        assert decided and all(e["detected"] != "allow" for e in decided)
+        assert {e["tool"] for e in decided} == {"grep"}
+        assert entries[-1]["event"] == "stopped"
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=10)
+
+
+def test_cli_serve_defaults_are_the_services() -> None:
+    import argparse
+
+    from otel_loopguard.cli import build_parser
+    from otel_loopguard.service._logs import LOG_FORMATS, LOG_LEVELS
+
+    args = build_parser().parse_args(["serve"])
+    defaults = ServeOptions()
+    assert args.hold_seconds == defaults.hold_seconds
+    assert (args.http_port, args.grpc_port) == (defaults.http_port, defaults.grpc_port)
+    assert (args.max_queued_spans, args.max_body_bytes) == (
+        defaults.max_queued_spans,
+        defaults.max_body_bytes,
+    )
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    choices = {a.dest: tuple(a.choices or ()) for a in commands.choices["serve"]._actions}
+    assert choices["log_level"] == LOG_LEVELS and choices["log_format"] == LOG_FORMATS
+
+
+def test_the_default_hold_outlasts_two_of_the_exporters_batch_delays(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The OpenTelemetry SDK's BatchSpanProcessor exports every 5 s by default: a run's agent span
+    # arrives one or two batches after its first tool spans (benchmarks/serve_hold.py).
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    monkeypatch.delenv("OTEL_BSP_SCHEDULE_DELAY", raising=False)
+    processor = BatchSpanProcessor(InMemorySpanExporter())
+    try:
+        delay_seconds = processor._batch_processor._schedule_delay  # the SDK's own default
+    finally:
+        processor.shutdown()  # type: ignore[no-untyped-call]
+    assert ServeOptions().hold_seconds > 2 * delay_seconds

@@ -91,7 +91,7 @@ def test_children_before_parents_find_their_agent_within_the_hold() -> None:
     events = buffer.take_due()
     assert sessions(events) == [WITH_AGENT] * 3
     assert [e.timestamp for e in events] == sorted(e.timestamp or 0 for e in events)
-    assert buffer.flushed_early == 1
+    assert buffer.flushed_early == 1 and buffer.agents_lost == 0
 
 
 def test_a_root_flushes_at_once() -> None:
@@ -131,6 +131,7 @@ def test_after_the_hold_a_run_stays_in_one_chain() -> None:
     got += buffer.take_due()
     assert sessions(got) == [BARE] * 5
     assert buffer.flushed_early == 5
+    assert buffer.agents_lost == 1  # the agent span came after its tools were judged: one run
     guard = LoopGuard(PRESETS["default"])
     decisions = [feed(guard, event) for event in got]
     assert [d.detected for d in decisions if d is not None][3] is Action.DENY
@@ -173,6 +174,37 @@ def test_feed_is_what_the_processor_calls() -> None:
     event = CallObserved("s", None, "search", {"q": 1}, result="same")
     decisions = [feed(guard, event) for _ in range(4)]
     assert [d.action if d else None for d in decisions][-1] is Action.DENY
+
+
+def test_a_tool_span_without_arguments_is_fed_only_when_the_policy_counts_it() -> None:
+    # The MCP SDK's server span: the tool's name and nothing of the call.
+    span = RecordedSpan(
+        TRACE,
+        0xB1,
+        None,
+        "tools/call search",
+        {
+            "mcp.method.name": "tools/call",
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": "search",
+        },
+        (),
+        False,
+        1,
+        2,
+    )
+    buffer = TraceBuffer()
+    buffer.add(span)
+    (event,) = buffer.take_ready()
+    assert isinstance(event, CallObserved)
+    assert (event.tool, event.arguments, event.without_arguments) == ("search", {}, True)
+    skipping = LoopGuard(PRESETS["default"])
+    assert [feed(skipping, event) for _ in range(8)] == [None] * 8
+    counting = LoopGuard(PRESETS["default"].replace(count_calls_without_arguments=True))
+    decisions = [feed(counting, event) for _ in range(PRESETS["default"].deny_threshold or 6)]
+    assert all(d is not None for d in decisions)
+    assert decisions[-1] is not None and decisions[-1].action is Action.DENY
+    assert decisions[-1].tool == "search"
 
 
 # -- keyed by conversation -----------------------------------------------------------------
@@ -282,3 +314,20 @@ def test_trace_keying_keeps_runs_apart_and_gives_no_run_events() -> None:
 def test_bad_key_by_is_refused() -> None:
     with pytest.raises(ValueError, match="key_by"):
         TraceBuffer(key_by="tenant")
+
+
+def test_an_agent_lost_counts_once_per_run_and_only_above_flushed_tools() -> None:
+    clock = FakeClock()
+    buffer = TraceBuffer(hold_seconds=HOLD, clock=clock)
+    # A tool span under a step span (not an agent) flushed early, without its agent...
+    buffer.add(tool_span(40, parent=0xB1))
+    clock.advance(HOLD)
+    assert sessions(buffer.take_due()) == [BARE]
+    # ... an agent span elsewhere in the trace (not its ancestor) lost nothing ...
+    buffer.add(agent_span(span_id=0xA2, parent=0xF00, name="other"))
+    assert buffer.agents_lost == 0
+    # ... its step span then its agent span arrive: that run lost its agent, once.
+    buffer.add(RecordedSpan(TRACE, 0xB1, AGENT, "step", {}, (), False, 0, 5))
+    buffer.add(agent_span())
+    buffer.add(agent_span(span_id=0xA3, parent=AGENT, name="sub"))  # below: not its agent
+    assert buffer.agents_lost == 1

@@ -7,6 +7,8 @@ It never raises and always exits 0 with a JSON object on stdout: the hosts treat
 timeout or another exit status as "allow" anyway, and an answer they cannot read is lost.
 
 - Stdin that is not JSON, or not an event this host sends: a note on stderr, ``{}`` (allow).
+- An event of the host that the guard does not decide (the hook installed for another event):
+  a note on stderr naming the events it does decide, ``{}``.
 - The policy (``--preset``, ``--config``, ``LOOPGUARD_*``) or the state store cannot be used,
   or with ``--server`` the server does not answer a decision (down, too slow, a wrong token, an
   error status, not its JSON): a note on stderr, then allow (fail-open) or, with
@@ -267,6 +269,11 @@ def _answer_json(
         note(f"stdin is not a {host_name} hook event ({exc}); allowing the call")
         return {}
     if event.kind is EventKind.OTHER:
+        # Installed for an event it does not decide: harmless, but the user should know.
+        note(
+            f"event {event.name!r} is not one this hook decides"
+            f" ({', '.join(host.events)}); nothing to do"
+        )
         return {}
     try:
         if problem is not None:

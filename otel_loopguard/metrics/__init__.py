@@ -55,6 +55,7 @@ from ._spec import REPEATED_CALLS as REPEATED_CALLS
 from ._spec import RESCUES as RESCUES
 from ._spec import SESSIONS as SESSIONS
 from ._spec import SESSIONS_EVICTED as SESSIONS_EVICTED
+from ._spec import STOPPED_RUNS as STOPPED_RUNS
 from ._spec import TOOL_CALLS as TOOL_CALLS
 from ._spec import WASTED_SECONDS as WASTED_SECONDS
 from .otel import OpenTelemetryRecorder

@@ -26,6 +26,11 @@ class Recorder(Protocol):
     def decision(self, agent: str | None, tool: str, rule: str, action: str, count: int) -> None:
         """A non-allow decision was made (``action`` as detected, before the mode softened it)."""
 
+    def stopped_run(self, agent: str | None, tool: str, rule: str) -> None:
+        """A run was stopped: the first stop since the session's last user message or new run
+        (or since it began), at a call of ``tool``, reached by ``rule``. Called once per run,
+        also in ``observe`` mode, where later calls keep being decided stop."""
+
     def rescue(self, outcome: str) -> None:
         """A rescue was attempted: advice, cached, failed, budget or cooldown."""
 
@@ -46,6 +51,9 @@ class NoopRecorder:
         pass
 
     def decision(self, agent: str | None, tool: str, rule: str, action: str, count: int) -> None:
+        pass
+
+    def stopped_run(self, agent: str | None, tool: str, rule: str) -> None:
         pass
 
     def rescue(self, outcome: str) -> None:
@@ -107,6 +115,15 @@ DECISIONS: Final = MetricSpec(
     ("agent", "tool", "rule", "action"),
     "{decision}",
 )
+STOPPED_RUNS: Final = MetricSpec(
+    "loopguard_stopped_runs",
+    MetricKind.COUNTER,
+    "Runs stopped, counted once per run (a run ends at a user message, a new run, or when its"
+    " session is forgotten), by the tool and rule that stopped it; also in observe mode, where"
+    " every later call of the run is another stop decision.",
+    ("agent", "tool", "rule"),
+    "{run}",
+)
 WASTED_SECONDS: Final = MetricSpec(
     "loopguard_wasted_seconds",
     MetricKind.COUNTER,
@@ -164,6 +181,7 @@ METRICS: Final = (
     TOOL_CALLS,
     REPEATED_CALLS,
     DECISIONS,
+    STOPPED_RUNS,
     WASTED_SECONDS,
     RESCUES,
     SESSIONS,
@@ -180,7 +198,8 @@ RULES: Final = tuple(rule.value for rule in Rule)
 ACTIONS: Final = ("remind", "deny", "rescue", "stop")
 RESCUE_OUTCOMES: Final = ("advice", "cached", "failed", "budget", "cooldown")
 EVICTION_REASONS: Final = ("ttl", "capacity")
-#: Where the guard and the span processor catch exceptions.
+#: Where the guard, the span processor and the span exporter catch exceptions
+#: (``exporter.next``: the exporter chained after it raised).
 ERROR_PLACES: Final = (
     "before_tool",
     "after_tool",
@@ -190,6 +209,8 @@ ERROR_PLACES: Final = (
     "advisor_callback",
     "span_processor.on_start",
     "span_processor.on_end",
+    "exporter.export",
+    "exporter.next",
 )
 NO_RULE: Final = "none"
 NO_AGENT: Final = "none"

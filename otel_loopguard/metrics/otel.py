@@ -30,6 +30,7 @@ from ._spec import (
     RESCUES,
     RULES,
     SESSIONS_EVICTED,
+    STOPPED_RUNS,
     TOOL_CALLS,
     WASTED_SECONDS,
     MetricKind,
@@ -84,6 +85,7 @@ class OpenTelemetryRecorder:
         self._calls = instruments[TOOL_CALLS.name]
         self._repeated = instruments[REPEATED_CALLS.name]
         self._decisions = instruments[DECISIONS.name]
+        self._stopped_runs = instruments[STOPPED_RUNS.name]
         self._wasted = instruments[WASTED_SECONDS.name]
         self._wasted_hist = instruments[REPEATED_CALL_SECONDS.name]
         self._repeats = instruments[DECISION_REPEATS.name]
@@ -148,6 +150,13 @@ class OpenTelemetryRecorder:
         except Exception as exc:
             self.failures("decision", exc)
 
+    def stopped_run(self, agent: str | None, tool: str, rule: str) -> None:
+        try:
+            pair = self._pairs.get((agent, tool)) or self._pair(agent, tool)
+            self._stopped_runs.add(1, {**pair, "rule": self._rules(rule)})
+        except Exception as exc:
+            self.failures("stopped_run", exc)
+
     def rescue(self, outcome: str) -> None:
         try:
             self._rescues.add(1, {"outcome": self._outcomes(outcome)})
@@ -175,6 +184,7 @@ class OpenTelemetryRecorder:
             for rule in RULES:
                 for action in ACTIONS:
                     self._decisions.add(0, {**attributes, "rule": rule, "action": action})
+                self._stopped_runs.add(0, {**attributes, "rule": rule})
             self._decisions.add(0, {**attributes, "rule": NO_RULE, "action": "stop"})
             self._calls.add(0, attributes)
             self._repeated.add(0, attributes)

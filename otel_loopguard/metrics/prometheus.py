@@ -39,6 +39,7 @@ from ._spec import (
     RULES,
     SESSIONS,
     SESSIONS_EVICTED,
+    STOPPED_RUNS,
     TOOL_CALLS,
     WASTED_SECONDS,
     MetricKind,
@@ -159,6 +160,7 @@ class PrometheusRecorder:
         metrics[SESSIONS.name].set_function(lambda: self._sessions())
         self.registry.register(_CallCounts(self._by_labels, self._lock))
         self._decisions = metrics[DECISIONS.name]
+        self._stopped_runs = metrics[STOPPED_RUNS.name]
         self._wasted = metrics[WASTED_SECONDS.name]
         self._wasted_hist = metrics[REPEATED_CALL_SECONDS.name]
         self._agents = Bounded(limit, none=NO_AGENT)
@@ -236,6 +238,13 @@ class PrometheusRecorder:
         except Exception as exc:
             self.failures("decision", exc)
 
+    def stopped_run(self, agent: str | None, tool: str, rule: str) -> None:
+        try:
+            pair = self._pairs.get((agent, tool)) or self._pair(agent, tool)
+            self._stopped_runs.labels(pair.agent, pair.tool, self._rules(rule)).inc()
+        except Exception as exc:
+            self.failures("stopped_run", exc)
+
     def rescue(self, outcome: str) -> None:
         try:
             self._rescues[self._outcomes(outcome)].inc()
@@ -292,6 +301,7 @@ class PrometheusRecorder:
                 for rule in RULES:
                     for action in ACTIONS:
                         self._decisions.labels(agent_label, tool_label, rule, action)
+                    self._stopped_runs.labels(agent_label, tool_label, rule)
                 self._decisions.labels(agent_label, tool_label, NO_RULE, "stop")
                 self._by_labels[(agent_label, tool_label)] = pair
             if len(self._pairs) < MAX_CACHED_PAIRS:

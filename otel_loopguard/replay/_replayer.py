@@ -223,6 +223,7 @@ class Replayer:
         self._timeline_sessions = timeline_sessions
         self._timeline_calls = timeline_calls
         self._timelines = 0
+        self._timeline_keys: list[tuple[str, str | None]] = []  # at most timeline_sessions
         self._classifier = Classifier(guard.policy) if timeline_sessions > 0 else None
 
     def _report(self, session: str, agent: str | None) -> SessionReport:
@@ -234,14 +235,20 @@ class Replayer:
             if self._timelines < self._timeline_sessions:
                 self._timelines += 1
                 report.timeline = Timeline(self._timeline_calls)
+                self._timeline_keys.append(key)
         return report
 
     def _mark(self, session: str, agent: str | None, kind: str) -> None:
         # A session's first prompt comes before its first call: its report does not exist yet,
-        # and the start of a timeline needs no mark.
-        report = self.reports.get((session, agent))
-        if report is not None and report.timeline is not None:
-            report.timeline.add_mark(report.calls + 1, kind)
+        # and the start of a timeline needs no mark. With no agent named, the mark is every
+        # agent's of the session, as the guard's new epoch is.
+        if agent is None:
+            reports = [self.reports[key] for key in self._timeline_keys if key[0] == session]
+        else:
+            reports = [report] if (report := self.reports.get((session, agent))) else []
+        for report in reports:
+            if report.timeline is not None:
+                report.timeline.add_mark(report.calls + 1, kind)
 
     def handle(self, source: int, event: Event) -> tuple[SessionReport, int, Decision] | None:
         """Feed one event from input ``source``; for a call it counts (a started, decided or

@@ -3,7 +3,8 @@ the :class:`~otel_loopguard.traces.TraceBuffer` and feeds the guard.
 
 The ingest thread adds each batch, takes the traces whose root arrived (and, on a short tick,
 the tool spans that waited ``hold_seconds``), and feeds their events to the guard with
-:func:`~otel_loopguard.traces.feed`, as the in-process span processor calls it.
+:func:`~otel_loopguard.traces.feed`, as the in-process span processor calls it; each decision
+is logged (:func:`~._logs.log_decision`).
 """
 
 from __future__ import annotations
@@ -11,10 +12,13 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import Any, Final
+from typing import Final
 
 from otel_loopguard.guard import LoopGuard
-from otel_loopguard.traces import OtlpSpans, TraceBuffer, feed
+from otel_loopguard.policy import Action
+from otel_loopguard.traces import OtlpSpans, RunStarted, TraceBuffer, TraceEvent, feed
+
+from ._logs import decision_fields, log_decision, wants_allow_lines
 
 __all__ = ["Ingest"]
 
@@ -38,6 +42,7 @@ class Ingest:
         self.processed = 0
         self.flushed_early_time = 0
         self.flushed_early_capacity = 0
+        self.agents_lost = 0
         self._tick = min(_TICK_SECONDS, hold_seconds / 4) if hold_seconds > 0 else _TICK_SECONDS
         self._thread = threading.Thread(target=self._run, name="loopguard-ingest", daemon=True)
         self._thread.start()
@@ -88,6 +93,7 @@ class Ingest:
                     self._add(batch)
                 self._feed(buffer.take_due())
                 self.flushed_early_time = buffer.flushed_early
+                self.agents_lost = buffer.agents_lost
             except Exception as exc:  # the ingest thread must outlive any span
                 self._guard.report_internal_error("serve.ingest", exc)
             finally:
@@ -112,7 +118,16 @@ class Ingest:
         self._feed(buffer.take_ready())
         self.flushed_early_capacity = buffer.replayed_early
 
-    def _feed(self, events: list[Any]) -> None:
+    def _feed(self, events: list[TraceEvent]) -> None:
         guard = self._guard
+        allows = wants_allow_lines()
         for event in events:
-            feed(guard, event)
+            decision = feed(guard, event)
+            if (
+                decision is not None
+                and (allows or decision.detected is not Action.ALLOW)
+                and not isinstance(event, RunStarted)
+            ):
+                log_decision(
+                    decision_fields("span", decision, event.session, event.agent, event.tool)
+                )

@@ -17,6 +17,7 @@ __all__ = [
     "OTLP_SPANS",
     "OUTCOMES",
     "SERVICE_METRICS",
+    "TRACE_AGENTS_LOST",
     "TRACE_FLUSHES_EARLY",
     "ServiceMetrics",
 ]
@@ -43,6 +44,14 @@ TRACE_FLUSHES_EARLY: Final = MetricSpec(
     ("reason",),
     "{flush}",
 )
+TRACE_AGENTS_LOST: Final = MetricSpec(
+    "loopguard_trace_agents_lost",
+    MetricKind.COUNTER,
+    "Agent runs whose tool spans were judged before the agent span arrived (they count under"
+    ' agent="none"): the exporters batch for longer than hold_seconds.',
+    (),
+    "{run}",
+)
 INGEST_QUEUE_SPANS: Final = MetricSpec(
     "loopguard_ingest_queue_spans",
     MetricKind.GAUGE,
@@ -62,6 +71,7 @@ SERVICE_METRICS: Final = (
     OTLP_SPANS,
     OTLP_REQUESTS,
     TRACE_FLUSHES_EARLY,
+    TRACE_AGENTS_LOST,
     INGEST_QUEUE_SPANS,
     DECISION_REQUESTS,
 )
@@ -96,6 +106,9 @@ class ServiceMetrics:
             TRACE_FLUSHES_EARLY.description,
             TRACE_FLUSHES_EARLY.labels,
             registry=registry,
+        )
+        self.agents_lost = Counter(
+            TRACE_AGENTS_LOST.name, TRACE_AGENTS_LOST.description, registry=registry
         )
         self.decisions = Counter(
             DECISION_REQUESTS.name,

@@ -30,8 +30,12 @@ DEFAULT_GRPC_PORT: Final = 4317
 DEFAULT_MAX_BODY_BYTES: Final = 20 * 1024 * 1024
 #: Spans accepted but not yet fed to the guard; past it requests get 429 / RESOURCE_EXHAUSTED.
 DEFAULT_MAX_QUEUED_SPANS: Final = 100_000
-#: Seconds a tool span waits for its ancestors when its trace's root has not arrived.
-DEFAULT_HOLD_SECONDS: Final = 2.0
+#: Seconds a tool span waits for its ancestors when its trace's root has not arrived. The
+#: common exporters batch spans for 5 s (the OpenTelemetry SDKs' BatchSpanProcessor default,
+#: OTEL_BSP_SCHEDULE_DELAY), so a run's agent span arrives one or two batches after its first
+#: tool spans: two batch delays and a second cover every run shorter than about 10 s
+#: (benchmarks/serve_hold.py measures it with the real OTLP exporters).
+DEFAULT_HOLD_SECONDS: Final = 11.0
 #: Seconds ``close`` waits for requests under way and the queue to drain.
 DEFAULT_DRAIN_TIMEOUT_SECONDS: Final = 30.0
 #: Seconds a throttled or draining client is told to wait (``Retry-After``, gRPC RetryInfo).

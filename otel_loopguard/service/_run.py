@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -11,10 +12,13 @@ from typing import Any, TextIO
 
 from otel_loopguard.config import Policy
 
+from ._logs import DECISION_LOGGER, FIELDS, install, uninstall
 from ._options import ServeOptions
 from ._service import Service
 
 __all__ = ["run_serve"]
+
+_log = logging.getLogger(DECISION_LOGGER)
 
 
 def run_serve(
@@ -23,10 +27,22 @@ def run_serve(
     *,
     stderr: TextIO | None = None,
     ready: Callable[[Service], None] | None = None,
+    log_level: str = "info",
+    log_format: str = "text",
 ) -> int:
     """Serve until SIGINT or SIGTERM, then drain and stop; return the exit status (0, or 1
-    when draining did not finish in time). ``OSError`` when a port cannot be bound."""
-    err = stderr if stderr is not None else sys.stderr
+    when draining did not finish in time). Logs go to ``stderr`` at ``log_level`` as
+    ``log_format`` says (:mod:`._logs`: one line per decision). ``OSError`` when a port cannot
+    be bound (its message names the address and port); ``ValueError`` naming a bad log level or
+    format."""
+    handler = install(log_level, log_format, stderr if stderr is not None else sys.stderr)
+    try:
+        return _serve(options, policy, ready)
+    finally:
+        uninstall(handler)
+
+
+def _serve(options: ServeOptions, policy: Policy, ready: Callable[[Service], None] | None) -> int:
     stop = threading.Event()
     service = Service(options, policy=policy).start()
     previous: dict[signal.Signals, Any] = {}
@@ -37,26 +53,39 @@ def run_serve(
             pass
     urls = service.urls
     grpc_text = f"; OTLP/gRPC on {urls['grpc']}" if "grpc" in urls else ""
-    err.write(
-        f"otel-loopguard serve: OTLP/HTTP, decisions and /metrics on {urls['http']}"
-        f"{grpc_text}; mode {policy.mode.value}"
-        f"{'; bearer token required' if options.token else ''} (pid {os.getpid()})\n"
+    _log.info(
+        "OTLP/HTTP, decisions and /metrics on %s%s; mode %s%s; hold %gs (pid %d)",
+        urls["http"],
+        grpc_text,
+        policy.mode.value,
+        "; bearer token required" if options.token else "",
+        options.hold_seconds,
+        os.getpid(),
+        extra={
+            FIELDS: {
+                "event": "started",
+                "http": urls["http"],
+                "grpc": urls.get("grpc"),
+                "mode": policy.mode.value,
+                "token_required": options.token is not None,
+                "hold_seconds": options.hold_seconds,
+                "key_by": options.key_by,
+                "pid": os.getpid(),
+            }
+        },
     )
-    err.flush()
     if ready is not None:
         ready(service)
     try:
         while not stop.wait(0.5):
             pass
     finally:
-        err.write("otel-loopguard serve: stopping; draining accepted spans\n")
-        err.flush()
+        _log.info("stopping; draining accepted spans", extra={FIELDS: {"event": "stopping"}})
         drained = service.close()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    err.write(
-        "otel-loopguard serve: stopped\n"
-        if drained
-        else "otel-loopguard serve: stopped before everything was drained\n"
-    )
+    if drained:
+        _log.info("stopped", extra={FIELDS: {"event": "stopped"}})
+    else:
+        _log.warning("stopped before everything was drained", extra={FIELDS: {"event": "stopped"}})
     return 0 if drained else 1

@@ -45,6 +45,7 @@ from ._decisions import DecisionAPI
 from ._grpc import GrpcReceiver
 from ._http import HTTPReceiver, bind_http
 from ._ingest import Ingest
+from ._logs import answer_fields, log_decision, wants_allow_lines
 from ._metrics import ServiceMetrics
 from ._options import RETRY_AFTER_SECONDS, ServeOptions
 
@@ -93,14 +94,15 @@ class Service:
         self.http_port = 0
         self.grpc_port: int | None = None
         self.metrics = ServiceMetrics(recorder.registry, lambda: self.queued_spans)
-        self._flushes_synced = [0, 0]
+        self._flushes_synced = [0, 0, 0]
         self._decisions = DecisionAPI(guard)
 
     # -- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> Service:
-        """Bind the ports and serve. Raises ``OSError`` when a port cannot be bound (nothing
-        is left running then)."""
+        """Bind the ports and serve. Raises ``OSError`` when a port cannot be bound, its
+        message naming the address, the port and what it was for (nothing is left running
+        then)."""
         options = self.options
         buffer = TraceBuffer(
             options.max_buffered_spans,
@@ -109,16 +111,29 @@ class Service:
             clock=self._clock,
         )
         self._ingest = Ingest(self.guard, buffer, options.max_queued_spans, options.hold_seconds)
+        port: tuple[str, int | None] = ("OTLP/HTTP", options.http_port)
         try:
             self._http = bind_http(self)
             self.http_port = self._http.port
             if options.grpc_port is not None:
+                port = ("OTLP/gRPC", options.grpc_port)
                 self._grpc = GrpcReceiver(self)
                 self.grpc_port = self._grpc.port
                 self._grpc.start()
-        except BaseException:
+        except BaseException as exc:
             self._stop_listeners(0)
             self._ingest.close(5)
+            # grpcio says RuntimeError("Failed to bind ..."); both say which port it was.
+            if isinstance(exc, (OSError, RuntimeError)):
+                host = options.host.strip("[]")
+                shown = f"[{host}]" if ":" in host else host
+                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+                what = "--http-port" if port[0] == "OTLP/HTTP" else "--grpc-port"
+                raise OSError(
+                    getattr(exc, "errno", None) or 0,
+                    f"cannot listen on {shown}:{port[1]} ({port[0]}): {reason}"
+                    f" (another port with {what})",
+                ) from exc
             raise
         self._http.serve_in_background()
         return self
@@ -190,7 +205,8 @@ class Service:
         return urls
 
     def _sync_flush_metrics(self) -> None:
-        """Bring the early-flush counters up to the ingest thread's counts (read at scrape)."""
+        """Bring the early-flush and lost-agent counters up to the ingest thread's counts (read
+        at scrape)."""
         ingest = self._ingest
         if ingest is None:
             return
@@ -199,6 +215,7 @@ class Service:
                 (
                     (self.metrics.flush_time, ingest.flushed_early_time),
                     (self.metrics.flush_capacity, ingest.flushed_early_capacity),
+                    (self.metrics.agents_lost, ingest.agents_lost),
                 )
             ):
                 if value > self._flushes_synced[index]:
@@ -247,9 +264,16 @@ class Service:
         return ("partial" if read.bad_spans else "ok"), message
 
     def decide(self, endpoint: str, payload: object) -> dict[str, object]:
-        """One decision API call (:class:`~._decisions.DecisionAPI`); raises ``ValueError``
-        naming a bad field."""
-        return self._decisions.decide(endpoint, payload)
+        """One decision API call (:class:`~._decisions.DecisionAPI`), its decision logged
+        (:func:`~._logs.log_decision`); raises ``ValueError`` naming a bad field."""
+        answer = self._decisions.decide(endpoint, payload)
+        decision = answer.get("decision")
+        if isinstance(decision, dict) and (
+            decision.get("detected") != "allow" or wants_allow_lines()
+        ):
+            agent = payload.get("agent") if isinstance(payload, dict) else None
+            log_decision(answer_fields(decision, agent if isinstance(agent, str) else None))
+        return answer
 
     def enter_request(self) -> None:
         with self._inflight_lock:
