@@ -27,6 +27,7 @@ from .env import LOOPGUARD_PRESET, POLICY_PREFIX
 
 __all__ = [
     "AdvisorInput",
+    "DEFAULT_FINAL_ANSWER_TOOLS",
     "DEFAULT_IGNORED_ARGS",
     "DEFAULT_MUTATING_COMMANDS",
     "DEFAULT_MUTATING_OPERATIONS",
@@ -88,6 +89,11 @@ class Rule(str, Enum):
 DEFAULT_IGNORED_ARGS: Final = frozenset(
     {"description", "explanation", "reasoning", "thought", "comment", "task_progress"}
 )
+
+#: Tools that hand the run's final answer back (``*`` wildcards, case-insensitive): never tracked,
+#: so that a stopped agent can still answer. smolagents' ``final_answer`` (its ToolCallingAgent
+#: ends only through it, and it is traced as a tool), Pydantic AI's output tool ``final_result``.
+DEFAULT_FINAL_ANSWER_TOOLS: Final = ("final_answer", "final_result")
 
 #: File and code editing tools (the first part of DEFAULT_MUTATING_TOOLS).
 _SEED_MUTATING_TOOLS: Final = (
@@ -350,7 +356,29 @@ class Policy:
     )
     exclude: tuple[str, ...] = field(
         default=(),
-        metadata=_doc("tool-name patterns that are never tracked (* wildcard)", _Kind.PATTERNS),
+        metadata=_doc(
+            "tool-name patterns that are never tracked (* wildcard), besides final_answer_tools",
+            _Kind.PATTERNS,
+        ),
+    )
+    final_answer_tools: tuple[str, ...] = field(
+        default=DEFAULT_FINAL_ANSWER_TOOLS,
+        metadata=_doc(
+            "tool-name patterns of the tools that give the run's final answer (smolagents'"
+            " final_answer, Pydantic AI's final_result): never tracked, whatever exclude says,"
+            " so a stopped agent can still answer (empty: tracked like any tool)",
+            _Kind.PATTERNS,
+        ),
+    )
+    count_calls_without_arguments: bool = field(
+        default=False,
+        metadata=_doc(
+            "count a recognised tool span that carries no arguments (content capture off, or an"
+            " instrumentation that publishes none: AutoGen, the MCP SDK's server spans) as a"
+            " call of its tool without arguments, so repeats are counted by tool name (false:"
+            " such spans are skipped)",
+            _Kind.FLAG,
+        ),
     )
     exclude_commands: tuple[str, ...] = field(
         default=(),

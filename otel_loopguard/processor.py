@@ -26,6 +26,7 @@ after ``span_ttl_seconds``) lets a tool span find its agent among its ancestors.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -365,8 +366,15 @@ class LoopGuardSpanProcessor(SpanProcessor):
         status = span.status
         error = status is not None and status.status_code is StatusCode.ERROR
         call = tool_call_from_span(name, attributes, events, error)
-        if call is None or call.arguments is MISSING:
+        if call is None:
             return
+        if call.arguments is MISSING:
+            # Recognised, but no arguments on the span (content capture off, or an
+            # instrumentation that publishes none): a call of the tool without arguments when
+            # the policy counts those, else skipped (as replay, serve and the exporter do).
+            if not self.guard.policy.count_calls_without_arguments:
+                return
+            call = dataclasses.replace(call, arguments={})
         if started is not None:
             session, agent, call_id = started
         else:

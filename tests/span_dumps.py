@@ -18,6 +18,70 @@ def dump_paths() -> list[Path]:
     return sorted(DUMPS_DIR.glob("*/*.jsonl"))
 
 
+#: A dump with the whole loop and call ids (LangGraph + OpenInference), for tests that need one.
+REFERENCE_DUMP = DUMPS_DIR / "langgraph" / "spans.jsonl"
+
+
+def dump_id(path: Path) -> str:
+    """``<framework>/<file>``, as tests/data/spans/README.md names a dump."""
+    return f"{path.parent.name}/{path.name}"
+
+
+# What the dumps are, beside the scripted sequence of tests/data/spans/README.md (by dump_id).
+
+#: Tool spans without arguments (nor results): counted only with count_calls_without_arguments.
+WITHOUT_ARGUMENTS = frozenset(
+    {
+        "autogen/spans.jsonl",
+        "autogen/spans_blocked.jsonl",
+        "mcp/spans.jsonl",
+        "mcp/spans_blocked.jsonl",
+        "semantic_kernel/spans_default.jsonl",
+    }
+)
+#: Blocked runs whose blocked calls still have their tool span (the framework's hook runs
+#: inside it; the result is the block message, which numbers each block). In the other blocked
+#: runs only calls 1, 2 and 7 (get_weather) have one.
+BLOCKED_CALLS_TRACED = frozenset(
+    {
+        "pydantic_ai/spans_blocked.jsonl",
+        "agno/spans_blocked.jsonl",
+        "crewai/spans_events_blocked.jsonl",
+        "mcp/spans_blocked.jsonl",
+        "mcp_openllmetry/spans_blocked.jsonl",
+    }
+)
+#: Runs whose search result changes at every call: CrewAI stops a run itself at the fifth call
+#: with an identical result, so its capture's search numbers them ("(#3)").
+CHANGING_RESULTS = frozenset(
+    {
+        "crewai/spans.jsonl",
+        "crewai/spans_blocked.jsonl",
+        "crewai/spans_events.jsonl",
+        "crewai/spans_events_blocked.jsonl",
+    }
+)
+#: Semantic Kernel names a tool "<plugin>-<function>" on its spans (and to the model).
+TOOL_PREFIXES = {"semantic_kernel": "tools-"}
+
+
+def bare_tool(path: Path, tool: str) -> str:
+    """The scripted tool's name, without the plugin prefix of the dump's framework."""
+    return tool.removeprefix(TOOL_PREFIXES.get(path.parent.name, ""))
+
+
+def loop_actions(path: Path) -> set[str]:
+    """Actions the ``default`` preset takes somewhere in the dump's run, so that comparing two
+    entrances' decisions is not comparing two empty reports: remind, deny and stop on the
+    identical searches; only reminders when each result differs (polling); nothing in a blocked
+    run (the framework's own hook kept the loop short) or without arguments (skipped)."""
+    if "blocked" in path.name or dump_id(path) in WITHOUT_ARGUMENTS:
+        return set()
+    if dump_id(path) in CHANGING_RESULTS:
+        return {"remind"}
+    return {"remind", "deny", "stop"}
+
+
 def load(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 

@@ -7,8 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from otel_loopguard import PRESETS, Mode, Policy, Rule, load_policy
-from otel_loopguard.config import env_var, policy_from_env, wildcard_regex
+from otel_loopguard import PRESETS, Action, LoopGuard, Mode, Policy, Rule, load_policy
+from otel_loopguard.config import (
+    DEFAULT_FINAL_ANSWER_TOOLS,
+    env_var,
+    policy_from_env,
+    wildcard_regex,
+)
+from otel_loopguard.engine import Classifier
 
 
 def test_policy_is_frozen() -> None:
@@ -38,6 +44,8 @@ def test_policy_is_frozen() -> None:
         ({"stall_threshold": 1}, "stall_threshold", "1"),
         ({"remind_past_thresholds": "no"}, "remind_past_thresholds", "'no'"),
         ({"rescue_on_stall": 1}, "rescue_on_stall", "1"),
+        ({"final_answer_tools": "final_answer"}, "final_answer_tools", "'final_answer'"),
+        ({"count_calls_without_arguments": "yes"}, "count_calls_without_arguments", "'yes'"),
         ({"advisor_input": "stdin"}, "advisor_input", "'stdin'"),
         ({"advisor_model": ""}, "advisor_model", "''"),
         ({"advisor_model": 3}, "advisor_model", "3"),
@@ -228,3 +236,54 @@ def test_wildcard_union_matches_when_any_pattern_does() -> None:
 
     check()
     assert wildcard_union([]) is None
+
+
+# -- final-answer tools, calls without arguments ----------------------------------------------
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_final_answer_tools_are_never_tracked_and_exclude_adds_to_them(preset: str) -> None:
+    policy = PRESETS[preset]
+    assert policy.final_answer_tools == DEFAULT_FINAL_ANSWER_TOOLS
+    assert "final_answer" in DEFAULT_FINAL_ANSWER_TOOLS  # smolagents
+    own = policy.replace(exclude=(*policy.exclude, "todo_*"))
+    for tool in DEFAULT_FINAL_ANSWER_TOOLS:
+        assert Classifier(policy).tool_kind(tool)[0] is False
+        assert Classifier(own).tool_kind(tool)[0] is False  # a user's exclude adds to them
+    assert Classifier(own).tool_kind("todo_write")[0] is False
+    assert Classifier(own).tool_kind("search")[0] is True
+    tracked = policy.replace(final_answer_tools=())
+    assert Classifier(tracked).tool_kind("final_answer")[0] is True
+
+
+def test_a_stopped_agent_can_still_give_its_final_answer() -> None:
+    guard = LoopGuard(PRESETS["default"])
+    decisions = [
+        guard.after_tool("search", {"query": "weather in Paris"}, session="s", result="nothing")
+        for _ in range(8)
+    ]
+    assert decisions[-1] is not None and decisions[-1].action is Action.STOP
+    refused = guard.before_tool("search", {"query": "elsewhere"}, session="s")
+    assert refused.action is Action.STOP  # the run is stopped for every tracked tool
+    for _ in range(3):
+        answer = guard.before_tool("final_answer", {"answer": "It is sunny."}, session="s")
+        assert answer.action is Action.ALLOW
+    tracking = LoopGuard(PRESETS["default"].replace(final_answer_tools=()))
+    for _ in range(8):
+        tracking.after_tool("search", {"query": "weather in Paris"}, session="s", result="x")
+    assert tracking.before_tool("final_answer", {"answer": "a"}, session="s").blocks
+
+
+def test_count_calls_without_arguments_from_env_and_toml(tmp_path: Path) -> None:
+    assert PRESETS["default"].count_calls_without_arguments is False
+    env = {
+        env_var("count_calls_without_arguments"): "true",
+        env_var("final_answer_tools"): "final_answer,done_*",
+    }
+    policy = policy_from_env(environ=env)
+    assert policy.count_calls_without_arguments is True
+    assert policy.final_answer_tools == ("final_answer", "done_*")
+    path = tmp_path / "loopguard.toml"
+    path.write_text("count_calls_without_arguments = true\nfinal_answer_tools = []\n")
+    policy = load_policy(config_path=path, environ={})
+    assert policy.count_calls_without_arguments and policy.final_answer_tools == ()

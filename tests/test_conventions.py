@@ -39,17 +39,24 @@ SEARCH_ARGS = {"query": "weather in Paris"}
 WEATHER_ARGS = {"city": "Paris", "unit": "C"}
 SEARCH_RESULT = "results for 'weather in Paris': nothing useful"
 WEATHER_RESULT = "Paris: sunny, 21C"
+# Agno, CrewAI and Semantic Kernel were captured with another get_weather text.
+CLOUDY = "Paris: 18 C, cloudy"
 BLOCKED_PREFIX = "BLOCKED by loop guard:"
 CONVERSATION = "conv-123"
 AGENT = "weather_agent"
+ROLE = "Weather researcher"  # CrewAI's agent is its role
+ANSWER = "It is sunny in Paris."
 
-# The scripted run (fixtures/spans/README.md): search x6, get_weather, search.
+# The scripted run (tests/data/spans/README.md): search x6, get_weather, search.
 FULL_RUN = ["search"] * 6 + ["get_weather", "search"]
-FULL_IDS = [f"call_{i}" for i in range(8)]
-# Strands and LangGraph emit no tool span for a call their pre-tool hook blocked (3rd and later
+FULL_IDS: list[str | None] = [f"call_{i}" for i in range(8)]
+NO_IDS: list[str | None] = [None] * 8
+# Most frameworks emit no tool span for a call their pre-tool hook blocked (3rd and later
 # identical search), so only calls 0, 1 and 6 leave a span.
 BLOCKED_RUN = ["search", "search", "get_weather"]
-BLOCKED_IDS = ["call_0", "call_1", "call_6"]
+BLOCKED_IDS: list[str | None] = ["call_0", "call_1", "call_6"]
+# smolagents' ToolCallingAgent answers through its final_answer tool, traced as a tool call.
+FINAL_ANSWER = "final_answer"
 
 
 @dataclass(frozen=True)
@@ -59,12 +66,28 @@ class Dump:
     path: str
     convention: str
     tools: list[str]
-    call_ids: list[str]
+    call_ids: list[str | None]
     search_args: object = None  # None: SEARCH_ARGS
     tool_span_agent: str | None = None  # agent name carried on the tool span itself
-    agent_spans: tuple[str, ...] = ()  # span names that must be recognised as agent AGENT
+    agent_spans: tuple[str, ...] = ()  # span names that must be recognised as agent spans
+    agent_name: str | None = AGENT  # the name those agent spans give
+    agent_conversation: str | None = CONVERSATION  # the conversation those agent spans give
+    conversation: str | None = CONVERSATION  # the conversation the tool spans give
     at_start: bool = False
     blocked_results: bool = False  # blocked calls still emit a span, result = block message
+    blocked_errors: bool = False  # ... and that span reports a failure
+    arguments: bool = True  # False: the spans carry no arguments (nor results)
+    weather_result: str = WEATHER_RESULT
+    counted_results: bool = False  # CrewAI: the nth search returns "... (#n): ..."
+    tool_prefix: str = ""  # Semantic Kernel names tools "<plugin>-<function>"
+
+    def tool(self, call: SpanToolCall) -> str:
+        """The tool's name without the dump's prefix."""
+        return call.tool.removeprefix(self.tool_prefix)
+
+
+def _named(prefix: str, tools: list[str]) -> list[str]:
+    return [prefix + tool for tool in tools]
 
 
 DUMPS = [
@@ -156,6 +179,201 @@ DUMPS = [
         BLOCKED_IDS,
         agent_spans=("invoke_agent weather_agent",),
     ),
+    # smolagents + OpenInference: {"args", "sanitize_inputs_outputs", "kwargs"} unwrapped; the
+    # agent span "weather_agent.run" names the agent; the final answer is a tool span too.
+    Dump(
+        "smolagents/spans.jsonl",
+        "openinference",
+        [*FULL_RUN, FINAL_ANSWER],
+        [*NO_IDS, None],
+        agent_spans=("weather_agent.run",),
+    ),
+    Dump(
+        "smolagents/spans_blocked.jsonl",
+        "openinference",
+        [*BLOCKED_RUN, FINAL_ANSWER],
+        [None] * 4,
+        agent_spans=("weather_agent.run",),
+    ),
+    # LlamaIndex + OpenInference: {"kwargs": ...} unwrapped, the ToolOutput's raw_output read;
+    # no AGENT span (the workflow's root is a CHAIN).
+    Dump("llamaindex/spans.jsonl", "openinference", FULL_RUN, NO_IDS),
+    Dump("llamaindex/spans_blocked.jsonl", "openinference", BLOCKED_RUN, [None] * 3),
+    # Haystack's own tracing (content tracing on): its Agent has no name.
+    Dump(
+        "haystack/spans.jsonl",
+        "haystack",
+        FULL_RUN,
+        NO_IDS,
+        agent_spans=("haystack.agent.run",),
+        agent_name=None,
+        agent_conversation=None,
+        conversation=None,
+    ),
+    Dump(
+        "haystack/spans_blocked.jsonl",
+        "haystack",
+        BLOCKED_RUN,
+        [None] * 3,
+        agent_spans=("haystack.agent.run",),
+        agent_name=None,
+        agent_conversation=None,
+        conversation=None,
+    ),
+    # The MCP SDK's own server spans: tool name and failure only. Its middleware blocks inside
+    # the span: a blocked call's span is there, as a failure.
+    Dump("mcp/spans.jsonl", "mcp", FULL_RUN, NO_IDS, conversation=None, arguments=False),
+    Dump(
+        "mcp/spans_blocked.jsonl",
+        "mcp",
+        FULL_RUN,
+        NO_IDS,
+        conversation=None,
+        arguments=False,
+        blocked_results=True,
+        blocked_errors=True,
+    ),
+    # OpenLLMetry's MCP instrumentation (mcp 1.x, client spans): {"tool_name", "arguments"} and
+    # {"result", "is_error"}; the server's blocks come back as error results.
+    Dump("mcp_openllmetry/spans.jsonl", "openllmetry_tool", FULL_RUN, NO_IDS, conversation=None),
+    Dump(
+        "mcp_openllmetry/spans_blocked.jsonl",
+        "openllmetry_tool",
+        FULL_RUN,
+        NO_IDS,
+        conversation=None,
+        blocked_results=True,
+        blocked_errors=True,
+    ),
+    # AutoGen's own tracing: arguments only in its log records.
+    Dump(
+        "autogen/spans.jsonl",
+        "autogen",
+        FULL_RUN,
+        FULL_IDS,
+        agent_spans=("invoke_agent weather_agent",),
+        agent_conversation=None,
+        conversation=None,
+        arguments=False,
+    ),
+    Dump(
+        "autogen/spans_blocked.jsonl",
+        "autogen",
+        BLOCKED_RUN,
+        BLOCKED_IDS,
+        agent_spans=("invoke_agent weather_agent",),
+        agent_conversation=None,
+        conversation=None,
+        arguments=False,
+    ),
+    # Agno + OpenInference: everything at start (decided at end all the same: the span is named
+    # after the tool); its hook blocks inside the tool span, whose result is the block message.
+    Dump(
+        "agno/spans.jsonl",
+        "openinference",
+        FULL_RUN,
+        NO_IDS,
+        agent_spans=("weather_agent.run",),
+        conversation=None,
+        weather_result=CLOUDY,
+    ),
+    Dump(
+        "agno/spans_blocked.jsonl",
+        "openinference",
+        FULL_RUN,
+        NO_IDS,
+        agent_spans=("weather_agent.run",),
+        conversation=None,
+        weather_result=CLOUDY,
+        blocked_results=True,
+    ),
+    # CrewAI + OpenInference, wrapper mode: the role is the agent span's graph.node.id.
+    Dump(
+        "crewai/spans.jsonl",
+        "openinference",
+        FULL_RUN,
+        NO_IDS,
+        agent_spans=("Weather researcher._execute_core",),
+        agent_name=ROLE,
+        agent_conversation=None,
+        conversation=None,
+        weather_result=CLOUDY,
+        counted_results=True,
+    ),
+    Dump(
+        "crewai/spans_blocked.jsonl",
+        "openinference",
+        BLOCKED_RUN,
+        [None] * 3,
+        agent_spans=("Weather researcher._execute_core",),
+        agent_name=ROLE,
+        agent_conversation=None,
+        conversation=None,
+        weather_result=CLOUDY,
+        counted_results=True,
+    ),
+    # CrewAI + OpenInference, event-listener mode: the role on the tool span too; a blocked
+    # call still has its tool span.
+    Dump(
+        "crewai/spans_events.jsonl",
+        "openinference",
+        FULL_RUN,
+        NO_IDS,
+        tool_span_agent=ROLE,
+        agent_spans=("Weather researcher.What's the weather in Paris?.execute",),
+        agent_name=ROLE,
+        agent_conversation=None,
+        conversation=None,
+        weather_result=CLOUDY,
+        counted_results=True,
+    ),
+    Dump(
+        "crewai/spans_events_blocked.jsonl",
+        "openinference",
+        FULL_RUN,
+        NO_IDS,
+        tool_span_agent=ROLE,
+        agent_spans=("Weather researcher.What's the weather in Paris?.execute",),
+        agent_name=ROLE,
+        agent_conversation=None,
+        conversation=None,
+        weather_result=CLOUDY,
+        counted_results=True,
+        blocked_results=True,
+    ),
+    # Semantic Kernel with its sensitive-data setting (spans.jsonl, spans_blocked.jsonl) and
+    # without any setting (spans_default.jsonl: no arguments, no agent span).
+    Dump(
+        "semantic_kernel/spans.jsonl",
+        "genai",
+        _named("tools-", FULL_RUN),
+        FULL_IDS,
+        agent_spans=("invoke_agent weather_agent",),
+        agent_conversation=None,
+        conversation=None,
+        weather_result=CLOUDY,
+        tool_prefix="tools-",
+    ),
+    Dump(
+        "semantic_kernel/spans_blocked.jsonl",
+        "genai",
+        _named("tools-", BLOCKED_RUN),
+        BLOCKED_IDS,
+        agent_spans=("invoke_agent weather_agent",),
+        agent_conversation=None,
+        conversation=None,
+        weather_result=CLOUDY,
+        tool_prefix="tools-",
+    ),
+    Dump(
+        "semantic_kernel/spans_default.jsonl",
+        "genai",
+        _named("tools-", FULL_RUN),
+        FULL_IDS,
+        conversation=None,
+        arguments=False,
+        tool_prefix="tools-",
+    ),
 ]
 
 
@@ -215,22 +433,42 @@ def test_tool_spans_are_found_in_order_with_their_convention(dump: Dump) -> None
     assert {c.convention for c in calls} == {dump.convention}
 
 
+def _searches_before(dump: Dump, calls: list[SpanToolCall], index: int) -> int:
+    return sum(1 for call in calls[:index] if dump.tool(call) == "search")
+
+
 @dump_cases
 def test_arguments_decode_to_the_same_values(dump: Dump) -> None:
     expected_search = SEARCH_ARGS if dump.search_args is None else dump.search_args
     for _, call in _tool_spans(dump):
-        expected = WEATHER_ARGS if call.tool == "get_weather" else expected_search
+        tool = dump.tool(call)
+        if not dump.arguments:
+            expected: object = MISSING
+        elif tool == FINAL_ANSWER:
+            expected = {"answer": ANSWER}
+        else:
+            expected = WEATHER_ARGS if tool == "get_weather" else expected_search
         assert call.arguments == expected, call
 
 
 @dump_cases
 def test_results_decode_to_the_plain_tool_output(dump: Dump) -> None:
-    for _, call in _tool_spans(dump):
+    calls = [call for _, call in _tool_spans(dump)]
+    for index, call in enumerate(calls):
+        tool = dump.tool(call)
+        searches = _searches_before(dump, calls, index)  # searches before this call
+        if not dump.arguments:
+            assert call.result is None  # nothing of the call's content is published
+            continue
         assert isinstance(call.result, str)
-        if call.tool == "get_weather":
-            assert call.result == WEATHER_RESULT
-        elif dump.blocked_results and call.call_id not in ("call_0", "call_1"):
+        if tool == FINAL_ANSWER:
+            assert call.result == ANSWER
+        elif tool == "get_weather":
+            assert call.result == dump.weather_result
+        elif dump.blocked_results and searches >= 2:
             assert call.result.startswith(BLOCKED_PREFIX)
+        elif dump.counted_results:
+            assert call.result == SEARCH_RESULT.replace(":", f" (#{searches + 1}):", 1)
         else:
             assert call.result == SEARCH_RESULT
 
@@ -240,8 +478,13 @@ def test_call_ids_status_and_conversation_are_found(dump: Dump) -> None:
     calls = [call for _, call in _tool_spans(dump)]
     assert [c.call_id for c in calls] == dump.call_ids
     # No dump has a failing tool; every instrumentation gives success evidence or an end status.
-    assert all(c.is_error is False for c in calls)
-    assert all(c.conversation_id == CONVERSATION for c in calls)
+    # Where a blocked call still has its span, the block may come back as a failure.
+    errors = [
+        dump.blocked_errors and dump.tool(c) == "search" and _searches_before(dump, calls, i) >= 2
+        for i, c in enumerate(calls)
+    ]
+    assert [c.is_error for c in calls] == errors
+    assert all(c.conversation_id == dump.conversation for c in calls)
     assert all(c.agent_name == dump.tool_span_agent for c in calls)
 
 
@@ -252,8 +495,8 @@ def test_agent_spans_are_recognised_with_the_agent_name(dump: Dump) -> None:
     for span_name in dump.agent_spans:
         agent = agents[span_name]
         assert agent is not None, span_name
-        assert agent.agent_name == AGENT
-        assert agent.conversation_id == CONVERSATION
+        assert agent.agent_name == dump.agent_name
+        assert agent.conversation_id == dump.agent_conversation
     # Tool spans are not agent spans, and agent spans are not tool calls.
     for span in spans:
         if span.tool_call() is not None:
@@ -286,19 +529,46 @@ def test_non_tool_spans_are_not_tool_calls_at_start_either(dump: Dump) -> None:
             assert not arguments_available_at_start(span.name_at_start, span.attributes_at_start)
 
 
+@pytest.mark.parametrize(
+    ("path", "agent_spans"),
+    [
+        ("autogen/spans.jsonl", {"invoke_agent weather_agent"}),  # not its create_agent span
+        ("llamaindex/spans.jsonl", set()),  # the workflow's root is a CHAIN
+        ("mcp/spans.jsonl", set()),  # MCP has no agent; the host's span is no agent either
+        ("semantic_kernel/spans_default.jsonl", set()),  # its agent span needs diagnostics on
+    ],
+)
+def test_only_agent_runs_are_agent_spans(path: str, agent_spans: set[str]) -> None:
+    dump = next(d for d in DUMPS if d.path == path)
+    found = {s.name for s in _load(dump) if agent_from_span(s.name, s.attributes) is not None}
+    assert found == agent_spans
+
+
 def test_the_same_call_decodes_identically_across_instrumentations() -> None:
-    """One signature per (tool, arguments, result) across every dump with parameter names."""
-    signatures: dict[str, set[str]] = {}
+    """One signature per (tool, arguments) across every dump with parameter names, and per
+    (tool, arguments, result) across those whose tools returned the scripted texts."""
+    arguments: dict[str, set[str]] = {}
+    outcomes: dict[str, set[str]] = {}
     for dump in DUMPS:
-        if dump.search_args is not None or dump.blocked_results:
+        if dump.search_args is not None or not dump.arguments:
             continue
+        same_results = not (
+            dump.blocked_results or dump.counted_results or dump.weather_result != WEATHER_RESULT
+        )
         for _, call in _tool_spans(dump):
-            key = orjson.dumps([call.arguments, call.result], option=orjson.OPT_SORT_KEYS)
-            signatures.setdefault(call.tool, set()).add(key.decode())
-    assert {tool: len(found) for tool, found in signatures.items()} == {
-        "search": 1,
-        "get_weather": 1,
-    }
+            tool = dump.tool(call)
+            key = orjson.dumps(call.arguments, option=orjson.OPT_SORT_KEYS).decode()
+            arguments.setdefault(tool, set()).add(key)
+            if same_results:
+                outcome = orjson.dumps([call.arguments, call.result], option=orjson.OPT_SORT_KEYS)
+                outcomes.setdefault(tool, set()).add(outcome.decode())
+    for found in (arguments, outcomes):
+        assert {tool: len(keys) for tool, keys in found.items()} == {
+            "search": 1,
+            "get_weather": 1,
+            FINAL_ANSWER: 1,
+        }
+    assert arguments["search"] == {'{"query":"weather in Paris"}'}
 
 
 # --- Hand-written spans for instrumentations without a dump ------------------------------------
@@ -412,6 +682,202 @@ def test_openinference_error_tool_message_and_metadata_thread_id() -> None:
         True,
         "thread-7",
     )
+
+
+OPENINFERENCE_TOOL = {"openinference.span.kind": "TOOL", "tool.name": "search"}
+
+
+@pytest.mark.parametrize(
+    ("bound", "expected"),
+    [
+        # smolagents' ToolCallingAgent, CodeAgent; LlamaIndex
+        ({"args": [], "sanitize_inputs_outputs": True, "kwargs": SEARCH_ARGS}, SEARCH_ARGS),
+        ({"args": [], "kwargs": SEARCH_ARGS}, SEARCH_ARGS),
+        ({"kwargs": SEARCH_ARGS}, SEARCH_ARGS),
+        # smolagents accepts the arguments as one positional dict
+        ({"args": [SEARCH_ARGS], "sanitize_inputs_outputs": True, "kwargs": {}}, SEARCH_ARGS),
+        ({"args": ["weather in Paris"], "kwargs": {}}, ["weather in Paris"]),
+        ({"args": [], "kwargs": {}}, {}),
+        # not a bound call: kept as the arguments
+        ({"kwargs": SEARCH_ARGS, "query": "x"}, {"kwargs": SEARCH_ARGS, "query": "x"}),
+        ({"args": "x", "kwargs": SEARCH_ARGS}, {"args": "x", "kwargs": SEARCH_ARGS}),
+        ({"kwargs": "weather in Paris"}, {"kwargs": "weather in Paris"}),
+    ],
+)
+def test_openinference_bound_call_envelopes(bound: dict[str, Any], expected: object) -> None:
+    call = tool_call_from_span(
+        "SimpleTool", {**OPENINFERENCE_TOOL, "input.value": json.dumps(bound)}
+    )
+    assert call is not None and call.arguments == expected
+
+
+def test_llamaindex_tool_output_gives_the_raw_output_and_is_error() -> None:
+    def output(raw: object, is_error: bool, blocks: object = None) -> str:
+        return json.dumps(
+            {
+                "blocks": blocks if blocks is not None else [{"text": str(raw)}],
+                "tool_name": "search",
+                "raw_input": {"args": [], "kwargs": SEARCH_ARGS},
+                "raw_output": raw,
+                "is_error": is_error,
+            },
+            separators=(",", ":"),
+        )
+
+    attributes = {**OPENINFERENCE_TOOL, "input.value": json.dumps({"kwargs": SEARCH_ARGS})}
+    failed = tool_call_from_span(
+        "FunctionTool.acall", {**attributes, "output.value": output("backend down", True)}
+    )
+    assert failed is not None
+    assert (failed.arguments, failed.result, failed.is_error) == (
+        SEARCH_ARGS,
+        "backend down",
+        True,
+    )
+    structured = tool_call_from_span(
+        "FunctionTool.call", {**attributes, "output.value": output({"temp": 21}, False)}
+    )
+    assert structured is not None and (structured.result, structured.is_error) == (
+        {"temp": 21},
+        False,
+    )
+    no_raw = tool_call_from_span(
+        "FunctionTool.call",
+        {**attributes, "output.value": output(None, False, [{"text": "a"}, {"text": "b"}])},
+    )
+    assert no_raw is not None and no_raw.result == "a\nb"
+    # A tool that raised: status ERROR, an exception event, no output at all.
+    raised = tool_call_from_span(
+        "FunctionTool.acall", attributes, [("exception", {"exception.type": "ValueError"})], True
+    )
+    assert raised is not None and (raised.result, raised.is_error) == (None, True)
+
+
+HAYSTACK_TOOL = {"haystack.tool.name": "boom", "haystack.tool.description": "Always fails."}
+
+
+@pytest.mark.parametrize("flag", [True, "True", "true"])
+def test_haystack_tool_error_flag_marks_a_failure(flag: object) -> None:
+    # Haystack never sets an error status: the flag is the only failure signal. Without
+    # HAYSTACK_CONTENT_TRACING_ENABLED the span has neither arguments nor output.
+    call = tool_call_from_span(
+        "haystack.agent.step.tool", {**HAYSTACK_TOOL, "haystack.tool.error": flag}, (), False
+    )
+    assert call is not None
+    assert (call.convention, call.tool, call.arguments, call.result, call.is_error) == (
+        "haystack",
+        "boom",
+        MISSING,
+        None,
+        True,
+    )
+    with_content = tool_call_from_span(
+        "haystack.agent.step.tool",
+        {
+            **HAYSTACK_TOOL,
+            "haystack.tool.error": flag,
+            "haystack.agent.step.tool.input": '{"query": "x"}',
+            "haystack.agent.step.tool.output": '{"error": "Failed to invoke Tool `boom`"}',
+        },
+        (),
+        False,
+    )
+    assert with_content is not None
+    assert (with_content.arguments, with_content.result, with_content.is_error) == (
+        {"query": "x"},
+        {"error": "Failed to invoke Tool `boom`"},
+        True,
+    )
+
+
+def test_haystack_tool_error_false_is_success_and_absent_is_the_status() -> None:
+    base = {**HAYSTACK_TOOL, "haystack.agent.step.tool.input": "{}"}
+    call = tool_call_from_span("haystack.agent.step.tool", {**base, "haystack.tool.error": False})
+    assert call is not None and call.is_error is False
+    call = tool_call_from_span("haystack.agent.step.tool", base)
+    assert call is not None and call.is_error is None
+    assert tool_call_from_span("haystack.agent.step.llm", base) is None
+    agent = agent_from_span("haystack.agent.run", {})
+    assert agent == SpanAgent(None, None, None)
+
+
+def test_mcp_sdk_server_span_failure_without_arguments() -> None:
+    attributes = {
+        "mcp.method.name": "tools/call",
+        "jsonrpc.request.id": "2",
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": "boom",
+        "error.type": "tool_error",
+    }
+    call = tool_call_from_span("tools/call boom", attributes, (), True)
+    assert call is not None
+    # The JSON-RPC id is the wire's, reused by every client session: no call id.
+    assert (call.convention, call.arguments, call.result, call.is_error, call.call_id) == (
+        "mcp",
+        MISSING,
+        None,
+        True,
+        None,
+    )
+    # A server middleware may put the call's content on the span (GenAI opt-in keys).
+    content = {
+        **attributes,
+        "gen_ai.tool.call.arguments": json.dumps(SEARCH_ARGS),
+        "gen_ai.tool.call.result": "no such city",
+    }
+    call = tool_call_from_span("tools/call boom", content, (), True)
+    assert call is not None and (call.arguments, call.result) == (SEARCH_ARGS, "no such city")
+    # Its client span names the tool only in the span name: not a tool span.
+    client = {"mcp.method.name": "tools/call", "jsonrpc.request.id": "2"}
+    assert tool_call_from_span("MCP send tools/call boom", client) is None
+
+
+def test_openllmetry_mcp_envelopes() -> None:
+    base = {"traceloop.span.kind": "tool", "traceloop.entity.name": "search"}
+    call = tool_call_from_span(
+        "search.tool",
+        {
+            **base,
+            "traceloop.entity.input": json.dumps({"tool_name": "search", "arguments": None}),
+            "traceloop.entity.output": json.dumps({"result": "no such city", "is_error": True}),
+        },
+        (),
+        None,
+    )
+    assert call is not None
+    assert (call.arguments, call.result, call.is_error) == ({}, "no such city", True)
+    # A @tool function whose parameters have those names is recorded in its own envelope.
+    decorated = {"args": [], "kwargs": {"tool_name": "search", "arguments": {"q": 1}}}
+    call = tool_call_from_span(
+        "search.tool", {**base, "traceloop.entity.input": json.dumps(decorated)}
+    )
+    assert call is not None and call.arguments == decorated["kwargs"]
+
+
+def test_autogen_tool_span_has_the_call_id_and_no_arguments() -> None:
+    attributes = {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.system": "autogen",
+        "gen_ai.tool.name": "search",
+        "gen_ai.tool.call.id": "call_0",
+    }
+    call = tool_call_from_span("execute_tool search", attributes, (), False)
+    assert call is not None
+    assert (call.convention, call.arguments, call.call_id, call.is_error) == (
+        "autogen",
+        MISSING,
+        "call_0",
+        False,
+    )
+    assert not arguments_available_at_start("execute_tool search", attributes)
+
+
+def test_openinference_tool_spans_started_with_arguments_are_decided_at_end() -> None:
+    # Agno starts its tool spans with everything set, but a span named after its tool may be
+    # named anything ("execute_sql"): every entrance decides it at its end.
+    attributes = {**OPENINFERENCE_TOOL, "tool.name": "execute_sql", "input.value": '{"q": 1}'}
+    assert tool_call_from_span("execute_sql", attributes) is not None
+    assert not arguments_available_at_start("execute_sql", attributes)
 
 
 ADK_BASE = {
@@ -639,6 +1105,37 @@ def test_openinference_agent_name_attribute_wins_over_span_name() -> None:
     assert agent is not None and agent.agent_name == "Triage"
 
 
+@pytest.mark.parametrize(
+    ("name", "attributes", "expected"),
+    [
+        # CrewAI: the role (graph.node.id), not the span name nor the agent's uuid
+        (
+            "Weather researcher._execute_core",
+            {"graph.node.id": ROLE, "crew_key": "9fcc", "crew_id": "68f2-uuid"},
+            ROLE,
+        ),
+        (
+            "Weather researcher.Find it.execute",
+            {"graph.node.id": ROLE, "agent_key": "ad85", "agent_id": "44a1-uuid"},
+            ROLE,
+        ),
+        # CrewAI's agent span before its attributes (wrapper mode): the span name
+        ("Weather researcher._execute_core", {}, "Weather researcher._execute_core"),
+        # smolagents: "<name>.run", the class name for an unnamed agent
+        ("weather_agent.run", {"smolagents.tools_names": "['search']"}, AGENT),
+        ("ToolCallingAgent.run", {"smolagents.max_steps": "20"}, "ToolCallingAgent"),
+        # Agno: agent.name (its graph.node.id is a hash)
+        ("weather_agent.run", {"agent.name": AGENT, "graph.node.id": "2765"}, AGENT),
+    ],
+)
+def test_openinference_agent_labels_are_the_role_or_name(
+    name: str, attributes: dict[str, object], expected: str
+) -> None:
+    agent = agent_from_span(name, {"openinference.span.kind": "AGENT", **attributes})
+    assert agent is not None and agent.agent_name == expected
+    assert agent.agent_id is None
+
+
 STRANDS_BASE = {
     "gen_ai.operation.name": "execute_tool",
     "gen_ai.system": "strands-agents",
@@ -821,7 +1318,13 @@ KNOWN_KEYS = sorted(
     {
         key
         for entry in TOOL_CONVENTIONS
-        for key in (*entry.tool_keys, *entry.argument_keys, *entry.result_keys, *entry.call_id_keys)
+        for key in (
+            *entry.tool_keys,
+            *entry.argument_keys,
+            *entry.result_keys,
+            *entry.call_id_keys,
+            *entry.error_keys,
+        )
     }
     | {
         key
@@ -878,6 +1381,12 @@ odd_values = (
             '[{"text": 1}]',
             '{"output": {"lc": 1, "kwargs": 5}}',
             '{"properties": {"x": 1}}',
+            '{"args": [{"a": 1}], "kwargs": {}, "sanitize_inputs_outputs": true}',
+            '{"kwargs": {"a": 1}, "args": 3}',
+            '{"tool_name": "t", "arguments": 5}',
+            '{"result": [{"text": "a"}], "is_error": "yes"}',
+            '{"tool_name": "t", "raw_input": 1, "raw_output": null, "is_error": 1}',
+            '{"tool_name": "t", "raw_input": 1, "raw_output": null, "content": [{"text": 2}]}',
         ]
     )
 )
@@ -892,6 +1401,8 @@ span_names = st.sampled_from(
         "search.tool",
         "invoke_agent x",
         "execute_tool ",
+        "haystack.agent.step.tool",
+        "haystack.agent.run",
         "",
     ]
 ) | st.text(max_size=20)
@@ -1072,7 +1583,9 @@ def _span_meeting(
     conditions: tuple[conventions.Condition, ...],
 ) -> tuple[str, dict[str, object], list[tuple[str, dict[str, object]]]]:
     """A span (name, attributes, events) meeting every one of ``conditions``."""
-    name, attributes, span_events = "some span", {}, []
+    name = "some span"
+    attributes: dict[str, object] = {}
+    span_events: list[tuple[str, dict[str, object]]] = []
     for condition in conditions:
         first = condition.keys[0]
         if condition.on is conventions.On.ATTRIBUTE:

@@ -133,6 +133,30 @@ def test_every_dump_finds_the_loop(path: Path) -> None:
     assert processor.guard.internal_errors == {}
 
 
+@pytest.mark.parametrize(
+    "path", [p for p in dump_paths() if dump_id(p) in WITHOUT_ARGUMENTS], ids=dump_id
+)
+def test_spans_without_arguments_count_by_tool_name_when_the_policy_says_so(path: Path) -> None:
+    policy = DEFAULT.replace(count_calls_without_arguments=True)
+    recording, exporter, processor = run_dump(path, LoopGuard(policy), capture_arguments=True)
+    calls = [(bare_tool(path, tool), d) for tool, d in recording.decisions]
+    blocked_spans = "blocked" in path.name and dump_id(path) not in BLOCKED_CALLS_TRACED
+    expected = ["search", "search", "get_weather"] if blocked_spans else ["search"] * 6
+    assert [tool for tool, _ in calls][: len(expected)] == expected
+    searches = [d for tool, d in calls if tool == "search"]
+    # one signature: the tool without arguments
+    assert len({d.signature for d in searches[1:]}) == 1 and searches[1].repeated
+    events = decision_events(exporter)
+    assert all(e["loopguard.arguments"] == "{}" for e in events)
+    assert bool(events) is not blocked_spans  # two searches alone are not reminded
+    if "blocked" not in path.name:
+        deny = DEFAULT.deny_threshold  # no result on the span either: an unknown outcome
+        assert deny is not None
+        assert [d.detected for d in searches[: deny - 1]].count(Action.DENY) == 0
+        assert searches[deny - 1].detected is Action.DENY
+    assert processor.guard.internal_errors == {}
+
+
 def test_pydantic_decides_at_start_on_the_tool_span() -> None:
     path = next(
         p for p in dump_paths() if p.parent.name == "pydantic_ai" and p.name == "spans.jsonl"

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from opentelemetry.sdk.trace import Tracer, TracerProvider
 
 from otel_loopguard import replay, traces
-from otel_loopguard.config import PRESETS
+from otel_loopguard.config import PRESETS, Policy
 from otel_loopguard.conventions import (
     ARGUMENTS_AT_START_CONVENTIONS,
     arguments_available_at_start,
@@ -38,7 +38,14 @@ from otel_loopguard.replay import (
     run_replay,
 )
 
-from .span_dumps import dump_paths, load, rebuild
+from .span_dumps import (
+    WITHOUT_ARGUMENTS,
+    bare_tool,
+    dump_paths,
+    load,
+    loop_actions,
+    rebuild,
+)
 
 DEFAULT = PRESETS["default"]
 DATA = Path(__file__).parent / "data"
@@ -58,10 +65,10 @@ def _row(tool: str, decision: Decision) -> Row:
 # -- the span processor's decisions ------------------------------------------------------------
 
 
-def processor_sessions(records: list[dict[str, Any]]) -> Sessions:
+def processor_sessions(records: list[dict[str, Any]], policy: Policy = DEFAULT) -> Sessions:
     """Rebuild ``records`` through a real TracerProvider with the processor attached and record
     every decision the processor got from the guard, by session label as replay names it."""
-    guard = LoopGuard(DEFAULT)
+    guard = LoopGuard(policy)
     sessions: Sessions = defaultdict(list)
     after, decide = guard.after_tool, guard.decide_at_span_start
 
@@ -101,10 +108,12 @@ def group(rows: Iterable[dict[str, Any]]) -> Sessions:
     return dict(sessions)
 
 
-def replay_sessions(path: Path, format_name: str | None = None) -> Sessions:
+def replay_sessions(
+    path: Path, format_name: str | None = None, policy: Policy = DEFAULT
+) -> Sessions:
     out, err = io.StringIO(), io.StringIO()
     status = run_replay(
-        [str(path)], DEFAULT, json_output=True, format_name=format_name, stdout=out, stderr=err
+        [str(path)], policy, json_output=True, format_name=format_name, stdout=out, stderr=err
     )
     assert (status, err.getvalue()) == (0, "")
     return group(json.loads(line) for line in out.getvalue().splitlines())
@@ -266,9 +275,9 @@ def test_span_dump_replay_gives_the_processors_decisions(path: Path) -> None:
     assert detect_format(records).name == "span-dump"
     # The loop is there to be found (the comparison is not between two empty reports).
     calls = [row for rows in got.values() for row in rows]
-    assert [tool for tool, *_ in calls].count("get_weather") == 1
-    if "blocked" not in path.name:
-        assert {"remind", "deny", "stop"} <= {action for _, action, _, _ in calls}
+    tools = [bare_tool(path, tool) for tool, *_ in calls]
+    assert tools.count("get_weather") == (0 if dump_id(path) in WITHOUT_ARGUMENTS else 1)
+    assert loop_actions(path) <= {action for _, action, _, _ in calls}
     if path.parent.name == "pydantic_ai":
         # The same agent frames too. Elsewhere the processor sees no agent frame while the tools
         # run: OpenInference marks the LangGraph agent span an agent only when it ends, and the
@@ -292,6 +301,42 @@ def test_otlp_replay_gives_the_processors_decisions(path: Path, tmp_path: Path) 
     # one span per request, the format forced
     single = write_lines(tmp_path / "single.jsonl", to_otlp(records, batch=1))
     assert replay_sessions(single, "otlp-json") == got
+
+
+@pytest.mark.parametrize(
+    "path", [p for p in dump_paths() if dump_id(p) in WITHOUT_ARGUMENTS], ids=dump_id
+)
+def test_tool_spans_without_arguments_count_by_tool_name_when_the_policy_says_so(
+    path: Path, tmp_path: Path
+) -> None:
+    # AutoGen, the MCP SDK's server spans, Semantic Kernel without its sensitive setting: the
+    # calls are skipped by default (the test above) and counted as calls without arguments with
+    # count_calls_without_arguments, so the identical searches are one signature.
+    policy = DEFAULT.replace(count_calls_without_arguments=True)
+    got = replay_sessions(path, policy=policy)
+    otlp = write_lines(tmp_path / "traces.jsonl", to_otlp(load(path)))
+    assert replay_sessions(otlp, policy=policy) == got
+    same_chains(processor_sessions(load(path), policy), got)
+    (rows,) = got.values()
+    tools = [bare_tool(path, tool) for tool, *_ in rows]
+    if dump_id(path) == "autogen/spans_blocked.jsonl":  # the blocked calls left no span
+        assert tools == ["search", "search", "get_weather"]
+        return
+    assert tools == ["search"] * 6 + ["get_weather", "search"]
+    searches = [(action, rule, count) for tool, action, rule, count in rows if "search" in tool]
+    if "blocked" in path.name:
+        # The MCP middleware's blocks are error results without text on the span: identical
+        # failures, so the run is stopped after the third (and stays stopped).
+        assert [action for action, *_ in searches[:3]] == ["allow", "allow", "remind"]
+        assert ("stop", "no_progress", DEFAULT.failure_stop_threshold) in searches
+        assert searches[-1][0] == "stop"
+        return
+    assert [count for _, _, count in searches] == [0, 2, 3, 4, 5, 6, 7]
+    # No result on the span either: a repeat without a known result is denied at deny_threshold.
+    deny = DEFAULT.deny_threshold
+    assert deny is not None
+    assert "deny" not in [action for action, *_ in searches[: deny - 1]]
+    assert searches[deny - 1][0] == "deny"
 
 
 def test_processor_and_replay_agree_on_which_spans_decide_at_start() -> None:

@@ -17,6 +17,7 @@ from ._keys import (
     _CALL_ID_PLACEHOLDERS,
     _CONVERSATION_ID_KEYS,
     _ERROR_STATUS_VALUES,
+    _FLAG_VALUES,
     _METADATA_CONVERSATION_KEYS,
     OPENINFERENCE_METADATA,
     OPENINFERENCE_TOOL_JSON_SCHEMA,
@@ -150,6 +151,22 @@ def _first_present(attributes: Mapping[str, object], keys: Sequence[str]) -> obj
         value = attributes.get(key)
         if value is not None:
             return value
+    return None
+
+
+def _flag(attributes: Mapping[str, object], keys: Sequence[str]) -> bool | None:
+    """The first of ``keys`` holding a boolean flag (``True``/``False``, or its text: ``true``,
+    ``1``, ``false``, ``0``, any case), else ``None``."""
+    for key in keys:
+        value = attributes.get(key)
+        if value is None:
+            continue
+        if value is True or value is False:
+            return value
+        if isinstance(value, str):
+            flag = _FLAG_VALUES.get(value.strip().lower())
+            if flag is not None:
+                return flag
     return None
 
 
@@ -287,6 +304,14 @@ def json_arguments(raw: object, attributes: Mapping[str, object]) -> _Unwrapped:
 
 
 _ENVELOPE_KEYS: Final = frozenset({"args", "kwargs"})
+_MCP_CALL_KEYS: Final = frozenset({"tool_name", "arguments"})
+_MCP_RESULT_KEYS: Final = frozenset({"result", "is_error"})
+_BOUND_CALL_KEYS: Final = frozenset({"args", "kwargs", "sanitize_inputs_outputs"})
+"""The bound parameters of a wrapped ``(*args, **kwargs)`` method as OpenInference records them:
+smolagents' ``Tool.__call__`` (with its own ``sanitize_inputs_outputs`` flag, which is no tool
+argument), LlamaIndex's ``FunctionTool.call``/``acall``."""
+_TOOL_OUTPUT_KEYS: Final = frozenset({"tool_name", "raw_input", "raw_output"})
+"""Keys every LlamaIndex ``ToolOutput`` serialises (beside ``blocks``/``content``, ``is_error``)."""
 _OUTPUT_ENVELOPE_KEYS: Final = frozenset({"output", "kwargs"})
 
 
@@ -298,10 +323,17 @@ def openllmetry_envelope_arguments(raw: object, attributes: Mapping[str, object]
       (``input_str`` only when ``inputs`` is absent), the call id is ``kwargs.tool_call_id``.
     * ``@tool`` decorator: ``{"args": [...], "kwargs": {...}}``: keyword arguments when there
       are any, else the positional list (the parameter names are not recorded).
+    * MCP (``opentelemetry-instrumentation-mcp``, client ``<tool>.tool`` spans):
+      ``{"tool_name": "search", "arguments": {...}}``: the arguments (``null``: none, ``{}``).
+      A ``@tool`` function with parameters of those names is recorded in the envelope above,
+      so the two never meet.
     """
     value = decode_json(raw)
     if not isinstance(value, dict):
         return _Unwrapped(value)
+    if value.keys() == _MCP_CALL_KEYS:
+        arguments = value["arguments"]
+        return _Unwrapped({} if arguments is None else arguments)
     kwargs = value.get("kwargs")
     if "inputs" in value or "input_str" in value:
         call_id = _call_id(kwargs.get("tool_call_id")) if isinstance(kwargs, dict) else None
@@ -328,6 +360,9 @@ def openinference_arguments(raw: object, attributes: Mapping[str, object]) -> _U
     * JSON object (OpenAI Agents SDK's raw model string, LangChain multi-argument tools).
     * Python repr of a dict (older LangChain paths): parsed with ``ast.literal_eval``.
     * A LangChain ``ToolCall`` dict (``{"name", "args", "id", "type": "tool_call"}``).
+    * The bound parameters of the wrapped call method (:func:`_bound_call`): smolagents'
+      ``{"args": [], "sanitize_inputs_outputs": true, "kwargs": {...}}``, LlamaIndex's
+      ``{"kwargs": {...}}``: the keyword arguments, as the framework passes them to the tool.
     * A bare scalar (LangChain one-argument tools): mapped to ``{name: value}`` when
       ``tool.parameters``/``tool.json_schema`` declares exactly one property; else kept as is,
       because the parameter name is not on the span.
@@ -339,6 +374,10 @@ def openinference_arguments(raw: object, attributes: Mapping[str, object]) -> _U
         args = value.get("args")
         if value.get("type") == "tool_call" and isinstance(args, dict):
             return _Unwrapped(args, _call_id(value.get("id")))
+        if "kwargs" in value:
+            bound = _bound_call(value)
+            if bound is not None:
+                return _Unwrapped(bound)
         return _Unwrapped(value)
     if isinstance(value, str):
         parameter = _single_parameter(attributes)
@@ -346,6 +385,28 @@ def openinference_arguments(raw: object, attributes: Mapping[str, object]) -> _U
             name, json_type = parameter
             return _Unwrapped({name: _coerce_scalar(value, json_type)})
     return _Unwrapped(value)
+
+
+def _bound_call(value: dict[str, object]) -> object:
+    """The arguments in a bound-call envelope (:data:`_BOUND_CALL_KEYS`), or ``None`` when
+    ``value`` is no such envelope.
+
+    The keyword arguments when there are any, or when there are no positional ones either
+    (``{}``); else one positional dict (smolagents calls ``tool({...})`` with the arguments as
+    one dict), else the positional list (the parameter names are not recorded). A tool whose
+    only parameter is named ``kwargs`` is read as this envelope: the names cannot tell them apart.
+    """
+    kwargs = value.get("kwargs")
+    args = value.get("args", [])
+    if not isinstance(kwargs, dict) or not isinstance(args, list):
+        return None
+    if not value.keys() <= _BOUND_CALL_KEYS:
+        return None
+    if kwargs or not args:
+        return kwargs
+    if len(args) == 1 and isinstance(args[0], dict):
+        return args[0]
+    return args
 
 
 def _single_parameter(attributes: Mapping[str, object]) -> tuple[str, str | None] | None:
@@ -411,7 +472,11 @@ def langchain_message_result(raw: object) -> _Unwrapped:
     The result is the message ``content``; its ``tool_call_id`` and ``status`` are reported.
     Any other value (the OpenAI Agents SDK's plain output) is decoded like :func:`text_result`.
     """
-    value = decode_json(raw)
+    return _message_result(decode_json(raw))
+
+
+def _message_result(value: object) -> _Unwrapped:
+    """:func:`langchain_message_result` of a decoded value."""
     if isinstance(value, dict) and "output" in value and value.keys() <= _OUTPUT_ENVELOPE_KEYS:
         value = value["output"]
     message: object = None
@@ -431,6 +496,44 @@ def langchain_message_result(raw: object) -> _Unwrapped:
         _call_id(message.get("tool_call_id")),
         is_error,
     )
+
+
+def openinference_result(raw: object) -> _Unwrapped:
+    """OpenInference ``output.value``: a LlamaIndex ``ToolOutput``, else as
+    :func:`langchain_message_result`.
+
+    LlamaIndex records the whole ``ToolOutput``: ``{"blocks": [{"text": ...}], "tool_name",
+    "raw_input", "raw_output", "is_error"}``. The result is ``raw_output`` (what the tool
+    returned; decoded like :func:`text_result`), else the text of ``blocks`` (``content`` in
+    older releases); ``is_error`` says whether the call failed.
+    """
+    value = decode_json(raw)
+    if isinstance(value, dict) and value.keys() >= _TOOL_OUTPUT_KEYS:
+        result = value["raw_output"]
+        if result is None:
+            result = value.get("blocks", value.get("content"))
+        is_error = value.get("is_error")
+        return _Unwrapped(
+            _join_text_blocks(decode_json(result)),
+            None,
+            is_error if isinstance(is_error, bool) else None,
+        )
+    return _message_result(value)
+
+
+def openllmetry_tool_result(raw: object) -> _Unwrapped:
+    """OpenLLMetry ``traceloop.entity.output`` of a tool span: the MCP instrumentation's
+    ``{"result": <first text content>}`` (plus ``"is_error": true`` for an error result)
+    unwrapped, anything else as :func:`langchain_message_result`."""
+    value = decode_json(raw)
+    if isinstance(value, dict) and "result" in value and value.keys() <= _MCP_RESULT_KEYS:
+        is_error = value.get("is_error")
+        return _Unwrapped(
+            _join_text_blocks(decode_json(value["result"])),
+            None,
+            is_error if isinstance(is_error, bool) else None,
+        )
+    return _message_result(value)
 
 
 def adk_result(raw: object) -> _Unwrapped:

@@ -23,6 +23,7 @@ from ._decoders import (
     _Events,
     _first_present,
     _first_text,
+    _flag,
     _is_mapping,
     _is_str,
     _join_text_blocks,
@@ -41,6 +42,7 @@ from ._keys import (
 from ._results import MISSING, SpanAgent, SpanToolCall
 from ._tables import (
     AGENT_CONVENTIONS,
+    ARGUMENTS_AT_START_CONVENTIONS,
     TOOL_CONVENTIONS,
     AgentConvention,
     Condition,
@@ -467,6 +469,11 @@ def _read_tool_call(
                 unwrapped.is_error,
             )
 
+    if convention.error_keys:
+        flagged = _flag(attributes, convention.error_keys)
+        if flagged is not None and result_error is not True:
+            result_error = flagged
+
     call_id = None
     for key in convention.call_id_keys:
         value = attributes.get(key)
@@ -519,18 +526,23 @@ def _is_error(
 
 
 def arguments_available_at_start(name: str, attributes: Mapping[str, object]) -> bool:
-    """Whether the attributes seen by ``SpanProcessor.on_start`` already carry the arguments.
+    """Whether a tool span is decided at its start: the attributes seen by
+    ``SpanProcessor.on_start`` already carry the arguments, and its convention is one of
+    :data:`ARGUMENTS_AT_START_CONVENTIONS`.
 
     True for Pydantic AI (current and legacy), whose tool spans are started with their
     arguments, so detection (and a trip event on the still-open tool span) can run at start.
-    False for every instrumentation that sets arguments later, and for non-tool spans.
+    False for every instrumentation that sets arguments later, for those whose tool spans are
+    named after the tool (OpenInference: Agno, smolagents and CrewAI's event listener start
+    them with the arguments too, but a name tells nothing before the attributes are read, so
+    every entrance decides them at their end), and for non-tool spans.
     Same cost as rejecting a span in :func:`tool_call_from_span`. Never raises.
     """
     bits = _TOOLS.gate_bits(name, attributes)
     if not bits:
         return False
     convention = _TOOLS.match(bits, name, attributes, ())
-    if convention is None:
+    if convention is None or convention.name not in ARGUMENTS_AT_START_CONVENTIONS:
         return False
     return _first_present(attributes, convention.argument_keys) is not None
 

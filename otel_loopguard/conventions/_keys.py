@@ -44,6 +44,16 @@ OPENINFERENCE_INPUT_VALUE: Final = "input.value"
 OPENINFERENCE_OUTPUT_VALUE: Final = "output.value"
 OPENINFERENCE_METADATA: Final = "metadata"
 OPENINFERENCE_AGENT_NAME: Final = "agent.name"
+OPENINFERENCE_GRAPH_NODE_ID: Final = "graph.node.id"
+
+# CrewAI under OpenInference (openinference-instrumentation-crewai): the agent span's
+# graph.node.id is the agent's role; the event-listener mode puts the role on the tool span too.
+CREWAI_TOOL_AGENT_ROLE: Final = "tool.agent_role"
+CREWAI_AGENT_MARKERS: Final = ("crew_key", "agent_key")
+
+# smolagents under OpenInference: its agent span ("<name>.run") carries the agent's tool names.
+SMOLAGENTS_AGENT_MARKERS: Final = ("smolagents.tools_names", "smolagents.max_steps")
+SMOLAGENTS_RUN_SUFFIX: Final = ".run"
 
 # OpenLLMetry (traceloop).
 TRACELOOP_SPAN_KIND: Final = "traceloop.span.kind"
@@ -68,6 +78,22 @@ ADK_EVENT_ID: Final = "gcp.vertex.agent.event_id"
 ADK_SESSION_ID: Final = "gcp.vertex.agent.session_id"
 ADK_MERGED_TOOLS: Final = "(merged tools)"
 
+# Haystack's own tracing (haystack-ai 3.x with opentelemetry-haystack): constant span names;
+# arguments and output only with HAYSTACK_CONTENT_TRACING_ENABLED=true.
+HAYSTACK_TOOL_SPAN: Final = "haystack.agent.step.tool"
+HAYSTACK_AGENT_SPAN: Final = "haystack.agent.run"
+HAYSTACK_TOOL_NAME: Final = "haystack.tool.name"
+HAYSTACK_TOOL_INPUT: Final = "haystack.agent.step.tool.input"
+HAYSTACK_TOOL_OUTPUT: Final = "haystack.agent.step.tool.output"
+HAYSTACK_TOOL_ERROR: Final = "haystack.tool.error"
+
+# The MCP Python SDK's own server spans ("tools/call <tool>"); they publish no arguments.
+MCP_METHOD_NAME: Final = "mcp.method.name"
+
+# AutoGen (autogen-core): execute_tool spans without arguments (they are only in the
+# autogen_core.events log records).
+AUTOGEN_SYSTEM: Final = "autogen"
+
 # OpenLIT before it adopted gen_ai.tool.call.arguments.
 OPENLIT_TOOL_ARGS: Final = "gen_ai.tool.args"
 
@@ -78,6 +104,8 @@ _CALL_ID_PLACEHOLDERS: Final = frozenset({"<not specified>", "N/A"})
 
 _ERROR_STATUS_KEYS: Final = (GEN_AI_TOOL_STATUS, TRACELOOP_TASK_STATUS)
 _ERROR_STATUS_VALUES: Final = frozenset({"error", "failure", "failed"})
+_FLAG_VALUES: Final = {"true": True, "1": True, "false": False, "0": False}
+"""Text forms of a boolean flag, lower case (a bool attribute may arrive as text)."""
 _SUCCESS_STATUS_VALUES: Final = frozenset({"success", "ok"})
 
 _CONVERSATION_ID_KEYS: Final = (

@@ -24,7 +24,9 @@ from ._decoders import (
     json_arguments,
     langchain_message_result,
     openinference_arguments,
+    openinference_result,
     openllmetry_envelope_arguments,
+    openllmetry_tool_result,
     text_result,
 )
 from ._keys import (
@@ -32,6 +34,9 @@ from ._keys import (
     ADK_MERGED_TOOLS,
     ADK_TOOL_CALL_ARGS,
     ADK_TOOL_RESPONSE,
+    AUTOGEN_SYSTEM,
+    CREWAI_AGENT_MARKERS,
+    CREWAI_TOOL_AGENT_ROLE,
     EXECUTE_TOOL_SPAN_PREFIX,
     GEN_AI_AGENT_ID,
     GEN_AI_AGENT_NAME,
@@ -43,9 +48,17 @@ from ._keys import (
     GEN_AI_TOOL_CALL_RESULT,
     GEN_AI_TOOL_NAME,
     GEN_AI_TOOL_TYPE,
+    HAYSTACK_AGENT_SPAN,
+    HAYSTACK_TOOL_ERROR,
+    HAYSTACK_TOOL_INPUT,
+    HAYSTACK_TOOL_NAME,
+    HAYSTACK_TOOL_OUTPUT,
+    HAYSTACK_TOOL_SPAN,
     INVOKE_AGENT_SPAN_PREFIX,
     LOGFIRE_MSG,
+    MCP_METHOD_NAME,
     OPENINFERENCE_AGENT_NAME,
+    OPENINFERENCE_GRAPH_NODE_ID,
     OPENINFERENCE_INPUT_VALUE,
     OPENINFERENCE_OUTPUT_VALUE,
     OPENINFERENCE_SPAN_KIND,
@@ -57,6 +70,8 @@ from ._keys import (
     PYDANTIC_AI_LEGACY_AGENT_NAME,
     PYDANTIC_AI_LEGACY_ARGUMENTS,
     PYDANTIC_AI_LEGACY_RESULT,
+    SMOLAGENTS_AGENT_MARKERS,
+    SMOLAGENTS_RUN_SUFFIX,
     STRANDS_CHOICE_EVENT,
     STRANDS_PROVIDER,
     STRANDS_TOOL_MESSAGE_EVENT,
@@ -171,6 +186,13 @@ def _whole_name(name: str) -> str | None:
     return name or None
 
 
+def _without_suffix(suffix: str) -> Callable[[str], str | None]:
+    def name_from_span_name(name: str) -> str | None:
+        return (name[: -len(suffix)] if name.endswith(suffix) else name) or None
+
+    return name_from_span_name
+
+
 def _no_name(name: str) -> str | None:
     return None
 
@@ -185,7 +207,13 @@ class ToolConvention:
     Keys are tried in order; the first present one wins. ``argument_event`` and
     ``result_event`` are ``(event name, attribute key)`` pairs read when no attribute key is
     present (Strands' default semconv). ``tool_from_span_name`` derives the tool name from the
-    span name when no ``tool_keys`` attribute is present.
+    span name when no ``tool_keys`` attribute is present. ``error_keys``: boolean attributes
+    that say whether the call failed (Haystack's ``haystack.tool.error``), beside the span
+    status and the generic error attributes every entry reads.
+
+    An entry whose instrumentation publishes no arguments (or only behind a setting) still
+    recognises the span: its call then has :data:`MISSING` arguments, and the caller decides
+    (``Policy.count_calls_without_arguments``).
     """
 
     name: str
@@ -201,6 +229,7 @@ class ToolConvention:
     call_id_keys: tuple[str, ...] = (GEN_AI_TOOL_CALL_ID,)
     agent_id_keys: tuple[str, ...] = (GEN_AI_AGENT_ID,)
     agent_name_keys: tuple[str, ...] = (GEN_AI_AGENT_NAME,)
+    error_keys: tuple[str, ...] = ()
     skip_tools: frozenset[str] = field(default_factory=frozenset)
     """Tool names that mark an aggregate span rather than one call (ADK "(merged tools)")."""
 
@@ -265,7 +294,9 @@ TOOL_CONVENTIONS: Final[tuple[ToolConvention, ...]] = (
         result_keys=(GEN_AI_TOOL_CALL_RESULT, TRACELOOP_ENTITY_OUTPUT),
         result_shape=langchain_message_result,
     ),
-    # OpenLLMetry's @tool decorator: span "<name>.tool", {"args": [...], "kwargs": {...}}.
+    # OpenLLMetry's @tool decorator: span "<name>.tool", {"args": [...], "kwargs": {...}}; its
+    # MCP instrumentation's client spans: "<tool>.tool", {"tool_name", "arguments"} and
+    # {"result", "is_error"}.
     ToolConvention(
         name="openllmetry_tool",
         when=(attribute_is(TRACELOOP_SPAN_KIND, "tool"),),
@@ -274,9 +305,12 @@ TOOL_CONVENTIONS: Final[tuple[ToolConvention, ...]] = (
         argument_keys=(TRACELOOP_ENTITY_INPUT, GEN_AI_TOOL_CALL_ARGUMENTS),
         arguments_shape=openllmetry_envelope_arguments,
         result_keys=(TRACELOOP_ENTITY_OUTPUT, GEN_AI_TOOL_CALL_RESULT),
-        result_shape=langchain_message_result,
+        result_shape=openllmetry_tool_result,
     ),
-    # OpenInference (LangChain/LangGraph, OpenAI Agents SDK, ...): span named after the tool.
+    # OpenInference (LangChain/LangGraph, OpenAI Agents SDK, smolagents, LlamaIndex, Agno,
+    # CrewAI): span named after the tool (LlamaIndex: "FunctionTool.acall"; smolagents: the
+    # tool's class), tool.name on it. smolagents and LlamaIndex wrap the arguments in the bound
+    # call ({"args", "kwargs"}), LlamaIndex the result in a ToolOutput (with is_error).
     ToolConvention(
         name="openinference",
         when=(attribute_is(OPENINFERENCE_SPAN_KIND, "TOOL"),),
@@ -285,8 +319,23 @@ TOOL_CONVENTIONS: Final[tuple[ToolConvention, ...]] = (
         argument_keys=(OPENINFERENCE_INPUT_VALUE,),
         arguments_shape=openinference_arguments,
         result_keys=(OPENINFERENCE_OUTPUT_VALUE,),
-        result_shape=langchain_message_result,
+        result_shape=openinference_result,
         call_id_keys=(OPENINFERENCE_TOOL_CALL_ID, GEN_AI_TOOL_CALL_ID),
+        agent_name_keys=(GEN_AI_AGENT_NAME, CREWAI_TOOL_AGENT_ROLE),
+    ),
+    # Haystack's own tracing: one constant span name; arguments and output only with
+    # HAYSTACK_CONTENT_TRACING_ENABLED=true; a failure is haystack.tool.error (status unset).
+    ToolConvention(
+        name="haystack",
+        when=(span_name_is(HAYSTACK_TOOL_SPAN),),
+        tool_keys=(HAYSTACK_TOOL_NAME,),
+        tool_from_span_name=_no_name,
+        argument_keys=(HAYSTACK_TOOL_INPUT,),
+        result_keys=(HAYSTACK_TOOL_OUTPUT,),
+        call_id_keys=(),
+        agent_id_keys=(),
+        agent_name_keys=(),
+        error_keys=(HAYSTACK_TOOL_ERROR,),
     ),
     # Strands default: arguments and result in span events.
     ToolConvention(
@@ -337,16 +386,37 @@ TOOL_CONVENTIONS: Final[tuple[ToolConvention, ...]] = (
         when=(_EXECUTE_TOOL, attribute_present(OPENLIT_TOOL_ARGS)),
         argument_keys=(GEN_AI_TOOL_CALL_ARGUMENTS, OPENLIT_TOOL_ARGS),
     ),
-    # GenAI semantic conventions: util-genai, OpenLIT, ADK 2.x, anything conformant.
+    # The MCP Python SDK's own server spans ("tools/call <tool>", 2.x): tool name and error
+    # (error.type) only; no arguments, no result, no call id (jsonrpc.request.id is the wire id,
+    # reused by every client session: no tool-call id).
+    ToolConvention(name="mcp", when=(_EXECUTE_TOOL, attribute_present(MCP_METHOD_NAME))),
+    # AutoGen (autogen-core's trace_tool_span): tool name and call id; the arguments and the
+    # result are only in its autogen_core.events log records, never on a span.
+    ToolConvention(
+        name="autogen",
+        when=(
+            _EXECUTE_TOOL,
+            Condition(
+                On.ATTRIBUTE, (GEN_AI_PROVIDER_NAME, GEN_AI_SYSTEM), frozenset({AUTOGEN_SYSTEM})
+            ),
+        ),
+    ),
+    # GenAI semantic conventions: util-genai, OpenLIT, ADK 2.x, Semantic Kernel (arguments and
+    # result only with its sensitive-data setting; tools named "<plugin>-<function>"), anything
+    # conformant.
     ToolConvention(name="genai", when=(_EXECUTE_TOOL,)),
     # A conformant span name before its attributes arrive (ADK sets them at the end).
     ToolConvention(name="genai", when=(span_name_starts(EXECUTE_TOOL_SPAN_PREFIX),)),
 )
 """Tool-span conventions, most specific first; the first entry whose conditions hold wins."""
 
-#: Conventions whose instrumentation starts tool spans with the arguments already set (Pydantic
-#: AI): a recording that does not say what a span carried at start (OTLP) can only have been
-#: decided at start for these. A test checks it against every fixture dump with
+#: Conventions whose tool spans are decided at their start: the instrumentation starts them with
+#: the arguments already set, under a name the span processor's start gate looks at
+#: (:data:`otel_loopguard.spans.START_NAME_PREFIXES`): Pydantic AI. Others that also start tool
+#: spans with the arguments (OpenInference for Agno, smolagents, CrewAI's event listener) name
+#: them after the tool, so they are decided at their end, wherever they are read. A recording
+#: that does not say what a span carried at start (OTLP) can only have been decided at start
+#: for these. A test checks it against every fixture dump with
 #: :func:`arguments_available_at_start`.
 ARGUMENTS_AT_START_CONVENTIONS: Final = frozenset({"pydantic_ai", "pydantic_ai_legacy"})
 
@@ -358,7 +428,31 @@ AGENT_CONVENTIONS: Final[tuple[AgentConvention, ...]] = (
         when=(attribute_is(GEN_AI_OPERATION_NAME, OPERATION_INVOKE_AGENT),),
         name_keys=(GEN_AI_AGENT_NAME, PYDANTIC_AI_LEGACY_AGENT_NAME),
     ),
-    # OpenInference AGENT spans are named after the agent (LangGraph graph, Agents SDK agent).
+    # CrewAI under OpenInference: the agent span ("<role>._execute_core", or
+    # "<role>.<task>.execute" with the event listener) has the role as graph.node.id.
+    AgentConvention(
+        name="openinference_crewai",
+        when=(
+            attribute_is(OPENINFERENCE_SPAN_KIND, "AGENT"),
+            attribute_present(*CREWAI_AGENT_MARKERS),
+        ),
+        id_keys=(),
+        name_keys=(OPENINFERENCE_GRAPH_NODE_ID, OPENINFERENCE_AGENT_NAME),
+        name_from_span_name=_whole_name,
+    ),
+    # smolagents under OpenInference: the agent span is "<agent name>.run", no name attribute.
+    AgentConvention(
+        name="openinference_smolagents",
+        when=(
+            attribute_is(OPENINFERENCE_SPAN_KIND, "AGENT"),
+            attribute_present(*SMOLAGENTS_AGENT_MARKERS),
+        ),
+        id_keys=(),
+        name_keys=(OPENINFERENCE_AGENT_NAME,),
+        name_from_span_name=_without_suffix(SMOLAGENTS_RUN_SUFFIX),
+    ),
+    # OpenInference AGENT spans are named after the agent (LangGraph graph, Agents SDK agent);
+    # Agno's carry agent.name.
     AgentConvention(
         name="openinference",
         when=(attribute_is(OPENINFERENCE_SPAN_KIND, "AGENT"),),
@@ -371,6 +465,15 @@ AGENT_CONVENTIONS: Final[tuple[AgentConvention, ...]] = (
         name="openllmetry",
         when=(attribute_is(TRACELOOP_SPAN_KIND, "agent", "workflow"),),
         name_keys=(GEN_AI_AGENT_NAME, TRACELOOP_ENTITY_NAME, TRACELOOP_WORKFLOW_NAME),
+        name_from_span_name=_no_name,
+    ),
+    # Haystack's Agent run: the agent has no name of its own (its pipeline component's name is
+    # on the parent span), so the run is keyed by its span alone.
+    AgentConvention(
+        name="haystack",
+        when=(span_name_is(HAYSTACK_AGENT_SPAN),),
+        id_keys=(),
+        name_keys=(),
         name_from_span_name=_no_name,
     ),
 )
