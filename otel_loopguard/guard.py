@@ -500,7 +500,10 @@ class LoopGuard:
         decision raises :class:`LoopDetected` (``on_block="raise"``) or returns the message for
         the model instead of running the tool (``on_block="return"``). After the call,
         ``after_tool`` gets the result or the error and the duration. With ``append_reminders``,
-        a reminder is appended to a string result so the model sees it.
+        a reminder is appended to a string result so the model sees it. A conclusion drawn from
+        the result (a stop after the third identical failure) ends the run as a block does: it
+        raises :class:`LoopDetected` (chained to the tool's own exception when it raised), or with
+        ``on_block="return"`` returns the stop's message instead of the result.
         ``session`` is a string or a callable returning one per call.
         """
         if on_block not in ("raise", "return"):
@@ -540,20 +543,24 @@ class LoopGuard:
                 raise LoopDetected(decision)
             return decision.message
 
-        def failed(arguments: object, sid: str, started: float) -> None:
-            self.after_tool(
+        def failed(arguments: object, sid: str, started: float, exc: BaseException) -> None:
+            post = self.after_tool(
                 name,
                 arguments,
                 session=sid,
                 agent=agent,
                 error=True,
+                result=repr(exc),
                 duration_seconds=time.perf_counter() - started,
             )
+            if post is not None and post.blocks and on_block == "raise":
+                # The third identical failure: the run should end, not just see the error.
+                raise LoopDetected(post) from exc
 
         def finish(
             decision: Decision, arguments: object, sid: str, started: float, result: Any
         ) -> Any:
-            self.after_tool(
+            post = self.after_tool(
                 name,
                 arguments,
                 session=sid,
@@ -561,6 +568,12 @@ class LoopGuard:
                 result=result,
                 duration_seconds=time.perf_counter() - started,
             )
+            if post is not None and post.blocks:
+                # Concluded from this result (a stop after the call ran): the call ran, but the
+                # run ends here, as a blocked call would end it.
+                return blocked(post)
+            if post is not None and post.action is Action.REMIND:
+                decision = post
             if append_reminders and decision.action is Action.REMIND and isinstance(result, str):
                 return f"{result}\n\n{decision.message}"
             return result
@@ -578,8 +591,8 @@ class LoopGuard:
                 started = time.perf_counter()
                 try:
                     result = await async_fn(*args, **kwargs)
-                except BaseException:
-                    failed(arguments, sid, started)
+                except BaseException as exc:
+                    failed(arguments, sid, started, exc)
                     raise
                 return finish(decision, arguments, sid, started, result)
 
@@ -595,8 +608,8 @@ class LoopGuard:
             started = time.perf_counter()
             try:
                 result = fn(*args, **kwargs)
-            except BaseException:
-                failed(arguments, sid, started)
+            except BaseException as exc:
+                failed(arguments, sid, started, exc)
                 raise
             return finish(decision, arguments, sid, started, result)
 

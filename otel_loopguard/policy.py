@@ -372,8 +372,9 @@ def message_for(
             " what you found, and what is blocking you. They can continue by sending a new"
             " message."
         )
-    preview = arguments_preview(canonical, policy.arguments_preview_chars)
-    arguments = f"\n{_ARGUMENTS_LABEL}{preview}"
+    # No arguments line when they are not at hand (a conclusion drawn after the call ran).
+    preview = arguments_preview(canonical, policy.arguments_preview_chars) if canonical else ""
+    arguments = f"\n{_ARGUMENTS_LABEL}{preview}" if canonical else ""
     if shown in BLOCKING_ACTIONS:
         if step.rule is Rule.STALL:
             text = (

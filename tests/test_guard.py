@@ -243,11 +243,14 @@ def test_wrap_reports_errors_as_outcomes() -> None:
     def flaky() -> None:
         raise ConnectionError("down")
 
-    for _ in range(STUCK - 1):  # the same error each time: no progress
+    # the same error each time: no progress, and the last identical failure ends the run
+    failures = threshold(DEFAULT.failure_stop_threshold)
+    for _ in range(failures - 1):
         with pytest.raises(ConnectionError):
             flaky()
-    with pytest.raises(LoopDetected):
+    with pytest.raises(LoopDetected) as stopped:
         flaky()
+    assert (stopped.value.code, stopped.value.count) == ("stop", failures)
 
 
 def test_wrap_rejects_bad_options() -> None:
@@ -415,3 +418,36 @@ def test_a_user_message_after_an_agents_session_was_evicted_is_harmless() -> Non
     guard.user_message("conversation")
     assert guard.internal_errors == {}
     assert _next(guard, "conversation", "coder") is Action.ALLOW  # a fresh session
+
+
+def test_a_wrapped_tool_failing_the_same_way_three_times_ends_the_run() -> None:
+    guard = LoopGuard(PRESETS["default"])
+    threshold_ = PRESETS["default"].failure_stop_threshold
+    assert threshold_ == 3
+
+    @guard.wrap(session="s")
+    def build(target: str) -> str:
+        raise RuntimeError(f"cannot build {target}")
+
+    for _ in range(threshold_ - 1):
+        with pytest.raises(RuntimeError):
+            build("app")
+    with pytest.raises(LoopDetected) as stopped:
+        build("app")
+    assert (stopped.value.code, stopped.value.count) == ("stop", threshold_)
+    assert isinstance(stopped.value.__cause__, RuntimeError)
+    with pytest.raises(LoopDetected):  # the run stays stopped until the next user message
+        build("other")
+    guard.user_message("s")
+    with pytest.raises(RuntimeError):
+        build("app")
+
+
+def test_a_post_call_reminder_has_no_empty_arguments_line() -> None:
+    guard = LoopGuard(PRESETS["default"].replace(mode=Mode.ADVISE))
+    post = None
+    for _ in range(3):
+        guard.before_tool("build", {"target": "app"}, session="s")
+        post = guard.after_tool("build", {"target": "app"}, session="s", error=True, result="boom")
+    assert post is not None and post.action is Action.REMIND and post.phase.value == "post"
+    assert "Arguments:" not in post.message
