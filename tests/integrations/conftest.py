@@ -39,6 +39,7 @@ FRAMEWORKS = {
     "crewai": ("crewai", "crewai"),
     "semantic_kernel": ("semantic_kernel", "semantic-kernel"),
     "agno": ("agno", "agno"),
+    "autogen": ("autogen_agentchat", "autogen"),
 }
 _SELECTED = os.environ.get("LOOPGUARD_FRAMEWORK_TESTS")
 SELECTED = {name.strip() for name in _SELECTED.split(",") if name.strip()} if _SELECTED else None

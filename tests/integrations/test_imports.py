@@ -20,6 +20,10 @@ ADAPTERS = {
     "llama_index": (["llama_index"], "llama-index"),
     "haystack": (["haystack"], "haystack"),
     "mcp": (["mcp", "mcp_types"], "mcp"),
+    "crewai": (["crewai"], "crewai"),
+    "semantic_kernel": (["semantic_kernel"], "semantic-kernel"),
+    "agno": (["agno"], "agno"),
+    "autogen": (["autogen_core", "autogen_agentchat"], "autogen"),
 }
 
 

@@ -1,0 +1,166 @@
+"""AutoGen AgentChat: a workbench that asks the guard before each tool call.
+
+::
+
+    from autogen_agentchat.agents import AssistantAgent
+    from otel_loopguard.integrations.autogen import LoopGuardWorkbench
+
+    agent = AssistantAgent("researcher", model_client=client, max_tool_iterations=10,
+                           workbench=LoopGuardWorkbench([search], guard))
+
+AgentChat has no before-tool callback; every call an ``AssistantAgent`` makes goes through its
+workbench's ``call_tool``, which sees the model's call id. :class:`LoopGuardWorkbench` is a
+``StaticWorkbench`` (pass it as ``workbench=`` instead of ``tools=``) that asks the guard; a
+blocked call is answered with a ``ToolResult`` holding the guard's message (``is_error``), the
+tool not run: the model reads it as the tool's error. After a call it reports the result and
+appends a reminder to it. A stop ends the run (``on_stop="end"``, default): the call is answered
+with the stop text and the run's cancellation token is cancelled once no call of the model's
+turn is still running, so the next model call is cancelled and ``agent.run`` raises
+``asyncio.CancelledError`` (AutoGen's own way to end a run; raising from a workbench would hang
+AgentChat 0.7); a call still to come in that turn is answered with the stop text, not run.
+:attr:`~LoopGuardWorkbench.stopped` holds the stop. A stop the guard concludes from a call's
+result (``phase`` post, e.g. the same call failing the same way again) ends the run the same
+way, its text added to the result; with ``on_stop="message"`` the model reads the stop text and
+the run goes on.
+
+With ``processor=`` (on the provider AutoGen's tracer writes to: the global one), the workbench
+runs inside the ``invoke_agent`` span and asks with the processor's keys. AutoGen's
+``execute_tool`` spans carry the call id but never the arguments: the processor skips them
+unless the policy says ``count_calls_without_arguments``, and then the call id makes each call
+count once. Session otherwise: ``session=``, else one for the workbench; the agent label is
+``agent=``. Each run (a new cancellation token) starts a new progress epoch. The workbench runs
+on the agent's event loop, concurrently for the calls of one model turn, and never raises.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+from ..guard import LoopGuard
+from ..policy import Action, Decision
+from ._hook import OnStop, ToolHook, missing_framework
+
+try:
+    from autogen_core import CancellationToken
+    from autogen_core.tools import BaseTool, StaticWorkbench, TextResultContent, ToolResult
+except ImportError as exc:  # pragma: no cover - exercised by tests/integrations/test_imports.py
+    raise missing_framework("autogen", "AutoGen AgentChat", "autogen") from exc
+
+if TYPE_CHECKING:
+    from ..processor import LoopGuardSpanProcessor
+
+__all__ = ["LoopGuardWorkbench"]
+
+#: Runs (cancellation tokens) with a pending or sent stop, remembered at most.
+_MAX_RUNS: Final = 1024
+
+
+class _Run:
+    """A run's calls in flight and its stop, if any."""
+
+    __slots__ = ("in_flight", "stop")
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.stop: Decision | None = None
+
+
+class LoopGuardWorkbench(StaticWorkbench):
+    """A ``StaticWorkbench`` over ``tools`` that enforces the guard's decisions.
+    ``tool_overrides`` as for ``StaticWorkbench``; the other options as in
+    :mod:`otel_loopguard.integrations`."""
+
+    def __init__(
+        self,
+        tools: Sequence[BaseTool[Any, Any]],
+        guard: LoopGuard | None = None,
+        *,
+        processor: LoopGuardSpanProcessor | None = None,
+        session: str | Callable[[], str] | None = None,
+        agent: str | None = None,
+        append_reminders: bool = True,
+        on_stop: OnStop = "end",
+        tool_overrides: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(list(tools), dict(tool_overrides) if tool_overrides else None)
+        self.hook = ToolHook(
+            guard,
+            processor=processor,
+            session=session,
+            agent=agent,
+            append_reminders=append_reminders,
+            on_stop=on_stop,
+        )
+        self.guard = self.hook.guard
+        #: The last stop that ended a run of this workbench (``None`` before any).
+        self.stopped: Decision | None = None
+        self._workbench_session = f"autogen:{id(self)}"
+        self._runs: OrderedDict[object, _Run] = OrderedDict()
+
+    async def call_tool(
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | None = None,
+        cancellation_token: CancellationToken | None = None,
+        call_id: str | None = None,
+    ) -> ToolResult:
+        run = self._run(cancellation_token)
+        if run is not None and run.stop is not None:
+            return _answer(name, run.stop.message)  # the turn of a stopped run: not run
+        keys = self.hook.keys(self._workbench_session)
+        self.hook.run_marker(keys, cancellation_token)
+        ticket = self.hook.before(name, dict(arguments or {}), call_id, keys)
+        decision = ticket.decision
+        if decision.blocks:
+            if decision.action is Action.STOP:
+                self._stop(run, cancellation_token, decision)
+            return _answer(name, decision.message)
+        if run is not None:
+            run.in_flight += 1
+        try:
+            result = await super().call_tool(name, arguments, cancellation_token, call_id)
+        finally:
+            if run is not None:
+                run.in_flight -= 1
+        text = result.to_text()
+        post = self.hook.after(ticket, result=text, error=result.is_error)
+        if self.hook.ends_run(post):
+            self._stop(run, cancellation_token, post)
+            return _answer(name, f"{text}\n\n{post.message}", error=result.is_error)
+        reminder = self.hook.reminder(ticket, post)
+        if reminder is not None:
+            result = _answer(name, f"{text}\n\n{reminder}", error=result.is_error)
+        if run is not None:
+            self._cancel_if_stopped(run, cancellation_token)  # another call of the turn stopped
+        return result
+
+    def _run(self, token: CancellationToken | None) -> _Run | None:
+        if token is None:
+            return None
+        run = self._runs.get(token)
+        if run is None:
+            run = self._runs[token] = _Run()
+            if len(self._runs) > _MAX_RUNS:
+                self._runs.popitem(last=False)
+        return run
+
+    def _stop(self, run: _Run | None, token: CancellationToken | None, decision: Decision) -> None:
+        """End the run: at once when no other call of this turn is running (cancelling a token
+        cancels the calls linked to it, which AgentChat does not survive), else when the last
+        one ends."""
+        self.stopped = decision
+        if run is None or token is None:
+            return
+        run.stop = decision
+        self._cancel_if_stopped(run, token)
+
+    @staticmethod
+    def _cancel_if_stopped(run: _Run, token: CancellationToken | None) -> None:
+        if run.stop is not None and run.in_flight == 0 and token is not None:
+            token.cancel()
+
+
+def _answer(name: str, text: str, error: bool = True) -> ToolResult:
+    return ToolResult(name=name, result=[TextResultContent(content=text)], is_error=error)

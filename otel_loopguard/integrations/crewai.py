@@ -1,0 +1,225 @@
+"""CrewAI: before- and after-tool-call hooks, and a before-LLM-call hook that ends a stopped run.
+
+::
+
+    from crewai import Agent, Crew, Task
+    from otel_loopguard.integrations.crewai import LoopGuardHooks
+
+    hooks = LoopGuardHooks(guard).register()  # before the crew's first kickoff
+    Crew(agents=[agent], tasks=[task]).kickoff()
+
+CrewAI's tool hooks are global (``register_before_tool_call_hook`` and friends, which
+:meth:`LoopGuardHooks.register` calls; :meth:`~LoopGuardHooks.unregister`, or ``with
+LoopGuardHooks(guard).register():``, removes them). Register them before other hooks that rewrite
+tool results, and before the crew's first kickoff: an agent takes a snapshot of the LLM hooks
+when it first runs.
+
+Before each call the guard is asked; a blocked call is refused (the before hook returns
+``False``, so the tool does not run) and the after hook, which CrewAI runs for a refused call
+too, replaces CrewAI's fixed "Tool execution blocked by hook" text with the guard's message: the
+model reads it as the tool result. After a call that ran, the result is reported and a reminder
+is appended to it. A stop ends the run (``on_stop="end"``, default): the call is refused with the
+stop text as its result, and the next model call of that agent raises :class:`LoopStopped` (a
+:class:`~otel_loopguard.LoopDetected` and a CrewAI ``HookAborted``, the one exception CrewAI lets
+out of a hook) out of ``kickoff()``. A stop the guard concludes from a call's result (``phase``
+post, e.g. the same call failing the same way again) ends the run the same way; with
+``on_stop="message"`` the stop text is added to the result instead. A failure is a tool that
+raised (CrewAI hands the model ``"Error executing tool: ..."``) or returned a ``ToolFailure``.
+
+CrewAI's hooks see no call id: a call is matched to its result by its arguments (the after hook
+gets the same argument dict as the before hook). With ``processor=`` (on the provider that
+OpenInference's CrewAI instrumentation writes to, in its default wrapper mode), the hooks run
+inside the agent span and ask with the processor's keys; each call counts once (the tool span
+ends before the after hook; a refused call has no tool span). Session otherwise: the crew's id,
+else the agent's; the agent label is its role. Each task an agent starts (its first model call)
+starts a new progress epoch.
+
+CrewAI stops a run by itself on the fifth identical (tool, arguments, result) call; the guard's
+reminders and denials change the result text, and it denies and stops earlier with the default
+policy. Hooks run on the crew's threads and never raise except to end a run on stop.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final
+
+from ..guard import LoopGuard
+from ..policy import Action, Decision, LoopDetected
+from ._hook import OnStop, Ticket, ToolHook, missing_framework
+
+try:
+    from crewai.hooks import (
+        HookAborted,
+        LLMCallHookContext,
+        ToolCallHookContext,
+        register_after_tool_call_hook,
+        register_before_llm_call_hook,
+        register_before_tool_call_hook,
+        unregister_after_tool_call_hook,
+        unregister_before_llm_call_hook,
+        unregister_before_tool_call_hook,
+    )
+    from crewai.tools.tool_failure import ToolFailure
+except ImportError as exc:  # pragma: no cover - exercised by tests/integrations/test_imports.py
+    raise missing_framework("crewai", "CrewAI", "crewai") from exc
+
+if TYPE_CHECKING:
+    from ..processor import LoopGuardSpanProcessor
+
+__all__ = ["LoopGuardHooks", "LoopStopped"]
+
+#: The text CrewAI gives the model for a call a before hook refused (``... Tool: <name>``).
+_BLOCKED_PREFIX: Final = "Tool execution blocked by hook."
+#: The text CrewAI gives the model for a tool that raised.
+_ERROR_PREFIX: Final = "Error executing tool:"
+#: Calls between their before and after hooks, and stops waiting for the next model call,
+#: remembered at most (oldest forgotten first): a hook CrewAI never pairs must not leak.
+_MAX_PENDING: Final = 4096
+
+
+class LoopStopped(LoopDetected, HookAborted):
+    """The guard stopped the run: raised by the before-LLM-call hook, so CrewAI lets it out of
+    ``kickoff()`` (it swallows any other exception a hook raises). A
+    :class:`~otel_loopguard.LoopDetected`: ``code`` is ``"stop"``, ``message`` the stop text."""
+
+    def __init__(self, decision: Decision) -> None:
+        LoopDetected.__init__(self, decision)
+        self.reason = self.message
+        self.source: Any = None
+
+
+def _framework_keys(crew: Any, agent: Any) -> tuple[str | None, str | None]:
+    owner = crew if getattr(crew, "id", None) is not None else agent
+    owner_id = getattr(owner, "id", None)
+    role = getattr(agent, "role", None)
+    return (
+        f"crewai:{owner_id}" if owner_id is not None else None,
+        role if isinstance(role, str) else None,
+    )
+
+
+def _failed(raw: object, text: object) -> bool:
+    """Whether a call that ran failed: it returned a ``ToolFailure``, or raised (CrewAI then
+    gives the model ``"Error executing tool: ..."`` as both the raw and the shown result)."""
+    if isinstance(raw, ToolFailure):
+        return True
+    return isinstance(raw, str) and raw == text and raw.startswith(_ERROR_PREFIX)
+
+
+class LoopGuardHooks:
+    """CrewAI hooks that enforce the guard's decisions on every tool call.
+    Options as in :mod:`otel_loopguard.integrations`."""
+
+    def __init__(
+        self,
+        guard: LoopGuard | None = None,
+        *,
+        processor: LoopGuardSpanProcessor | None = None,
+        session: str | Callable[[], str] | None = None,
+        agent: str | None = None,
+        append_reminders: bool = True,
+        on_stop: OnStop = "end",
+    ) -> None:
+        self.hook = ToolHook(
+            guard,
+            processor=processor,
+            session=session,
+            agent=agent,
+            append_reminders=append_reminders,
+            on_stop=on_stop,
+        )
+        self.guard = self.hook.guard
+        # id(tool_input) -> (the dict, its ticket): CrewAI hands both hooks of a call the same
+        # argument dict and nothing else that ties them together.
+        self._tickets: OrderedDict[int, tuple[object, Ticket]] = OrderedDict()
+        # keys -> a stop to raise at that agent's next model call
+        self._stops: OrderedDict[tuple[str, str | None], Decision] = OrderedDict()
+
+    # -- registration ------------------------------------------------------------------------
+
+    def register(self) -> LoopGuardHooks:
+        """Register the three hooks globally (CrewAI's tool and LLM hooks are process-wide);
+        returns ``self``, a context manager that unregisters them."""
+        register_before_tool_call_hook(self.before_tool_call)
+        register_after_tool_call_hook(self.after_tool_call)
+        register_before_llm_call_hook(self.before_llm_call)
+        return self
+
+    def unregister(self) -> None:
+        """Remove the hooks :meth:`register` added (agents that already ran keep their snapshot
+        of the LLM hooks)."""
+        unregister_before_tool_call_hook(self.before_tool_call)
+        unregister_after_tool_call_hook(self.after_tool_call)
+        unregister_before_llm_call_hook(self.before_llm_call)
+
+    def __enter__(self) -> LoopGuardHooks:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.unregister()
+
+    # -- the hooks ---------------------------------------------------------------------------
+
+    def _keys(self, context: ToolCallHookContext | LLMCallHookContext) -> tuple[str, str | None]:
+        return self.hook.keys(*_framework_keys(context.crew, context.agent))
+
+    def before_llm_call(self, context: LLMCallHookContext) -> None:
+        """For ``register_before_llm_call_hook``: raises :class:`LoopStopped` for a stop decided
+        at this agent's last tool calls; the first model call of a task starts a new epoch."""
+        keys = self._keys(context)
+        if context.iterations == 0:
+            task = getattr(context.task, "description", None)
+            self.hook.run_marker(keys, object(), task if isinstance(task, str) else None)
+        stop = self._stops.pop(keys, None)
+        if stop is not None:
+            raise LoopStopped(stop)
+
+    def before_tool_call(self, context: ToolCallHookContext) -> bool | None:
+        """For ``register_before_tool_call_hook``: ``False`` refuses the call."""
+        arguments = context.tool_input
+        ticket = self.hook.before(context.tool_name, arguments, None, self._keys(context))
+        self._remember(arguments, ticket)
+        decision = ticket.decision
+        if not decision.blocks:
+            return None
+        if decision.action is Action.STOP:
+            self._stop((ticket.session, ticket.agent), decision)
+        return False
+
+    def after_tool_call(self, context: ToolCallHookContext) -> str | None:
+        """For ``register_after_tool_call_hook``: the result the model reads, or ``None`` to
+        keep CrewAI's."""
+        pending = self._tickets.pop(id(context.tool_input), None)
+        if pending is None or pending[0] is not context.tool_input:
+            return None
+        ticket = pending[1]
+        if ticket.decision.blocks:
+            return ticket.decision.message
+        result = context.tool_result
+        if isinstance(result, str) and result.startswith(_BLOCKED_PREFIX):
+            return None  # another hook refused it: it did not run
+        raw = context.raw_tool_result
+        post = self.hook.after(ticket, result=result, error=_failed(raw, result))
+        if self.hook.ends_run(post):
+            self._stop((ticket.session, ticket.agent), post)
+            return post.message
+        if isinstance(result, str):
+            return self.hook.with_reminder(ticket, result, post)
+        return None
+
+    # -- bookkeeping -------------------------------------------------------------------------
+
+    def _remember(self, arguments: object, ticket: Ticket) -> None:
+        tickets = self._tickets
+        tickets[id(arguments)] = (arguments, ticket)
+        if len(tickets) > _MAX_PENDING:
+            tickets.popitem(last=False)
+
+    def _stop(self, keys: tuple[str, str | None], decision: Decision) -> None:
+        """End the run at this agent's next model call (a stop only reaches here with
+        ``on_stop="end"``)."""
+        self._stops[keys] = decision
+        if len(self._stops) > _MAX_PENDING:
+            self._stops.popitem(last=False)

@@ -1,0 +1,281 @@
+"""CrewAI, driven for real offline: a BaseLLM that loops, the LoopGuardHooks (CrewAI's global
+tool and LLM hooks), and OpenInference's CrewAI instrumentation (wrapper mode: the tool span ends
+before the after hook) writing spans to the processor's provider. CrewAI's hooks see no call id,
+nor do its spans."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+
+from otel_loopguard import Action, LoopGuard
+from otel_loopguard.metrics import PrometheusRecorder
+
+from .conftest import (
+    ARGUMENTS,
+    FAILURE,
+    FAILURE_STOP,
+    FAILURE_STOP_DECISION,
+    FINAL,
+    FIRST_DENY,
+    FIRST_STOP,
+    POLICY,
+    REFERENCE,
+    SAFETY_CAP,
+    TOOL,
+    Script,
+    Tracing,
+    calls_seen,
+    expected_tool_results,
+    make_tracing,
+    require,
+    tool_spans,
+)
+from .scripted import DETOUR_CALLS, OTHER_RESULTS, OTHER_TOOL, Detour, Forward
+
+# CrewAI's own telemetry and tracing off (offline; they would export to CrewAI's servers)
+os.environ.setdefault("CREWAI_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("CREWAI_TRACING_ENABLED", "false")
+
+require("crewai")
+
+from crewai import Agent, Crew, Task  # noqa: E402
+from crewai.events.types.llm_events import LLMCallType  # noqa: E402
+from crewai.llms.base_llm import BaseLLM, llm_call_context  # noqa: E402
+from crewai.tools import tool  # noqa: E402
+
+from otel_loopguard.integrations.crewai import LoopGuardHooks, LoopStopped  # noqa: E402
+
+#: The model's next call, or None to answer, from the last tool result it read.
+Plan = Callable[[str | None], "tuple[str, dict[str, str]] | None"]
+
+
+def looping(script: Script) -> Plan:
+    return lambda last: (TOOL, dict(ARGUMENTS)) if script.next_call(last) else None
+
+
+class ScriptedLLM(BaseLLM):
+    """A model with native function calling that asks for the plan's next call, or answers;
+    it emits CrewAI's LLM events as CrewAI's own providers do."""
+
+    plan: Any = None
+    turns: int = 0
+
+    def supports_function_calling(self) -> bool:
+        return True
+
+    def call(self, messages: Any, tools: Any = None, callbacks: Any = None, **kwargs: Any) -> Any:
+        from_task, from_agent = kwargs.get("from_task"), kwargs.get("from_agent")
+        with llm_call_context():
+            self._emit_call_started_event(
+                messages=messages, tools=tools, from_task=from_task, from_agent=from_agent
+            )
+            last = messages[-1]
+            result = str(last["content"]) if last.get("role") == "tool" else None
+            self.turns += 1
+            call = self.plan(result)
+            if call is None:
+                response: Any = FINAL
+                call_type = LLMCallType.LLM_CALL
+            else:
+                name, arguments = call
+                response = [
+                    {
+                        "id": f"call_{self.turns}",
+                        "type": "function",
+                        "function": {"name": name, "arguments": json.dumps(arguments)},
+                    }
+                ]
+                call_type = LLMCallType.TOOL_CALL
+            self._emit_call_completed_event(
+                response=response,
+                call_type=call_type,
+                from_task=from_task,
+                from_agent=from_agent,
+                messages=messages,
+            )
+            return response
+
+
+def kickoff(plan: Plan, script: Script | Detour, fail: bool = False) -> str:
+    """One crew, one agent, one task; ``fail``: ``search`` fails the same way every time (it
+    raises; CrewAI hands the model the error and the loop goes on)."""
+
+    @tool("search")
+    def search(query: str) -> str:
+        """Search the web."""
+        result = script.run_tool(query)
+        if fail:
+            raise RuntimeError(FAILURE)
+        return result
+
+    @tool(OTHER_TOOL)
+    def get_weather(city: str) -> str:
+        """Get the weather for a city."""
+        assert isinstance(script, Detour)
+        return script.run_other(city)
+
+    agent = Agent(
+        role="Weather researcher",
+        goal="Answer weather questions",
+        backstory="You look things up.",
+        llm=ScriptedLLM(model="scripted", plan=plan),
+        tools=[search, get_weather],
+        max_iter=2 * SAFETY_TURNS,
+    )
+    task = Task(
+        description="What's the weather in Paris?", expected_output="A short answer.", agent=agent
+    )
+    return str(Crew(agents=[agent], tasks=[task]).kickoff().raw)
+
+
+SAFETY_TURNS = 50
+
+
+FAILURE_TEXT_RACE = (
+    "guard: a span report without the result that comes first settles the call; the hook's "
+    "failure text is dropped"
+)
+
+#: The conversation the runs are in (OpenInference's ``using_session``, the hooks' ``session``).
+CONVERSATION = "conv-1"
+
+
+@dataclass
+class Instrumented:
+    tracing: Tracing
+    events: bool  # OpenInference's event-listener mode (else its default wrapper mode)
+
+
+@pytest.fixture(scope="module", params=["events", "wrapper"])
+def mode(request: pytest.FixtureRequest) -> Iterator[tuple[Forward, bool]]:
+    """OpenInference instrumented once per mode (in this order: its event-listener mode records
+    nothing once its wrapper mode was instrumented and removed in the same process)."""
+    from openinference.instrumentation.crewai import CrewAIInstrumentor
+
+    events = request.param == "events"
+    forward = Forward()
+    provider = TracerProvider()
+    provider.add_span_processor(forward)
+    instrumentor = CrewAIInstrumentor()
+    instrumentor.instrument(tracer_provider=provider, use_event_listener=events)
+    try:
+        yield forward, events
+    finally:
+        instrumentor.uninstrument()
+
+
+@pytest.fixture
+def instrumented(mode: tuple[Forward, bool]) -> Iterator[Instrumented]:
+    """OpenInference's two modes. Wrapper: the hooks run inside the agent span, the tool span
+    ends before the after hook, a refused call has no tool span; the processor keys by trace
+    (and agent). Event listener: spans come from CrewAI's events on the event bus's threads and
+    are never current, the tool span ends after the after hook, a refused call has a tool span
+    (its result the guard's message); the processor keys by conversation (``using_session``)."""
+    forward, events = mode
+    tracing = make_tracing(key_by="conversation" if events else "trace")
+    try:
+        with forward.to(tracing.provider):
+            yield Instrumented(tracing, events)
+    finally:
+        tracing.provider.shutdown()
+
+
+def run(plan: Plan, script: Script | Detour, fail: bool = False) -> str:
+    """:func:`kickoff` in the conversation, then wait for the event bus's handlers (the
+    event-listener spans end there)."""
+    from crewai.events.event_bus import crewai_event_bus
+    from openinference.instrumentation import using_session
+
+    try:
+        with using_session(CONVERSATION):
+            return kickoff(plan, script, fail)
+    finally:
+        crewai_event_bus.flush()
+
+
+def test_loop_is_denied_at_the_configured_repeat_then_the_run_stops(
+    instrumented: Instrumented,
+) -> None:
+    tracing = instrumented.tracing
+    script = Script()
+    with (
+        LoopGuardHooks(processor=tracing.processor, session=CONVERSATION).register(),
+        pytest.raises(LoopStopped) as raised,
+    ):
+        run(looping(script), script)
+    # the stop refuses the call and ends the run at the next model call
+    assert raised.value.code == Action.STOP.value
+    assert raised.value.message == REFERENCE[FIRST_STOP - 1].message
+    assert script.calls == FIRST_STOP and script.tool_runs == FIRST_DENY - 1
+    assert script.seen == expected_tool_results(FIRST_STOP - 1)
+    # hook and tool spans (neither has a call id; in either order) count each attempt once; in
+    # wrapper mode a refused call has no tool span, so the spans alone see only those that ran
+    assert calls_seen(tracing.guard) == FIRST_STOP
+    spans = FIRST_STOP if instrumented.events else FIRST_DENY - 1
+    assert len(tool_spans(tracing)) == calls_seen(tracing.spans_only) == spans
+
+
+@pytest.mark.parametrize("via", ["processor", "guard"])
+def test_after_the_denial_another_tool_is_never_blocked(
+    instrumented: Instrumented, via: str
+) -> None:
+    tracing = instrumented.tracing
+    script = Detour()
+    hooks = (
+        LoopGuardHooks(processor=tracing.processor, session=CONVERSATION)
+        if via == "processor"
+        else LoopGuardHooks(LoopGuard(POLICY, recorder=PrometheusRecorder()))
+    )
+    with hooks.register():
+        answer = run(script.next_call, script)
+    assert answer == FINAL
+    assert script.calls == FIRST_DENY and script.tool_runs == FIRST_DENY - 1
+    assert script.seen == expected_tool_results(FIRST_DENY) + OTHER_RESULTS
+    assert script.other_runs == DETOUR_CALLS
+    assert calls_seen(hooks.guard) == FIRST_DENY
+    assert calls_seen(hooks.guard, OTHER_TOOL) == DETOUR_CALLS
+
+
+def test_a_stop_can_be_answered_as_a_message() -> None:
+    script = Script()
+    with LoopGuardHooks(LoopGuard(POLICY), on_stop="message").register():
+        answer = kickoff(looping(script), script)
+    # the model reads every refusal, the stop texts too, until its own cap, then answers
+    assert answer == FINAL
+    assert script.calls == SAFETY_CAP and script.tool_runs == FIRST_DENY - 1
+    assert script.seen == expected_tool_results(SAFETY_CAP)
+
+
+@pytest.mark.parametrize("via", ["processor", "guard"])
+def test_a_call_failing_the_same_way_ends_the_run_after_it_ran(
+    instrumented: Instrumented, via: str, request: pytest.FixtureRequest
+) -> None:
+    tracing = instrumented.tracing
+    if instrumented.events and via == "processor":
+        # The event-listener tool span of a failed call ends on CrewAI's error event, on the bus's
+        # thread, racing the after hook. It has no result (only its error status): when it comes
+        # first the guard settles the call with no failure text and drops the hook's, so that
+        # failure does not match the others and the stop can come later.
+        request.applymarker(pytest.mark.xfail(strict=False, reason=FAILURE_TEXT_RACE))
+    script = Script()
+    # With the processor in wrapper mode, the tool span (status error) ends before the after
+    # hook: the span reports the failure first and the hook takes the stop from the processor.
+    hooks = (
+        LoopGuardHooks(processor=tracing.processor, session=CONVERSATION)
+        if via == "processor"
+        else LoopGuardHooks(LoopGuard(POLICY, recorder=PrometheusRecorder()))
+    )
+    with hooks.register(), pytest.raises(LoopStopped) as raised:
+        run(looping(script), script, fail=True)
+    # the third identical failure: the call ran, then the run ended at the next model call
+    assert raised.value.message == FAILURE_STOP_DECISION.message
+    assert script.calls == script.tool_runs == FAILURE_STOP
+    assert len(script.seen) == FAILURE_STOP - 1 and all(FAILURE in text for text in script.seen)
+    assert calls_seen(hooks.guard) == FAILURE_STOP
