@@ -25,11 +25,13 @@ from xxhash import xxh3_128_hexdigest
 
 __all__ = [
     "MAX_DEPTH",
+    "MAX_ID_CHARS",
     "MAX_PARSE_CHARS",
     "MAX_TOOL_NAME_CHARS",
     "SIGNATURE_CHARS",
     "ToolCall",
     "args_key",
+    "bounded_id",
     "canonical_arguments",
     "canonical_json",
     "failure_text",
@@ -43,6 +45,11 @@ MAX_DEPTH: Final = 64
 MAX_PARSE_CHARS: Final = 1 << 20
 #: Tool names are cut to this many characters (a hostile name must not grow keys or labels).
 MAX_TOOL_NAME_CHARS: Final = 256
+#: Session ids and agent names longer than this are kept in their :func:`bounded_id` form (a
+#: hostile id must not grow the guard's keys, logs or labels).
+MAX_ID_CHARS: Final = 256
+#: Characters of a long id kept in front of its hash, so that it stays recognisable.
+_ID_PREFIX_CHARS: Final = 64
 #: Length of the display prefix of a key (hex characters), e.g. in decision events.
 SIGNATURE_CHARS: Final = 12
 
@@ -82,6 +89,17 @@ def failure_text(text: str) -> str:
     for pattern, replacement in _VOLATILE:
         head = pattern.sub(replacement, head)
     return head + tail
+
+
+def bounded_id(text: str) -> str:
+    """A session id or agent name as the guard keeps it: ``text`` itself up to
+    :data:`MAX_ID_CHARS` characters; a longer one as its first 64 characters, ``…#`` and the
+    128-bit xxh3 hash of all of it in hex (98 characters: distinct long ids stay distinct, and
+    the same id always gives the same form, in every process)."""
+    if len(text) <= MAX_ID_CHARS:
+        return text
+    digest = xxh3_128_hexdigest(text.encode("utf-8", "surrogatepass"))
+    return f"{text[:_ID_PREFIX_CHARS]}…#{digest}"
 
 
 def tool_name(tool: object) -> str:

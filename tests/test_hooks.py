@@ -543,17 +543,44 @@ def fail_closed_denial(host: str, reason_part: str, out: dict[str, Any]) -> str:
 
 
 @pytest.mark.parametrize("host", list(HOSTS))
-def test_a_corrupt_store_fails_open_or_closed(tmp_path: Path, host: str) -> None:
+def test_a_corrupt_store_is_moved_aside_and_rebuilt(tmp_path: Path, host: str) -> None:
     store = tmp_path / "hooks.sqlite3"
     garbage = b"this is not a database, just bytes\x00\xff" * 200
     store.write_bytes(garbage)
-    reply = hook(host, PRE_EVENTS[host], store)
-    assert reply.code == 0 and reply.out == {}
-    assert "file is not a database" in reply.err and "allowing the call (fail-open)" in reply.err
-    closed = hook(host, PRE_EVENTS[host], store, "--fail-closed")
-    assert closed.code == 0 and "denying the call (--fail-closed)" in closed.err
-    fail_closed_denial(host, "file is not a database", closed.out)
-    assert store.read_bytes() == garbage  # never overwritten
+    reply = hook(host, PRE_EVENTS[host], store, "--fail-closed")
+    assert reply.code == 0 and "denying" not in reply.err and "fail-open" not in reply.err
+    lines = [line for line in reply.err.splitlines() if "moved it to" in line]
+    assert len(lines) == 1 and "file is not a database" in lines[0]
+    (aside,) = tmp_path.glob("hooks.sqlite3.corrupt-*")
+    assert aside.read_bytes() == garbage  # kept for a post-mortem, never overwritten
+    again = hook(host, PRE_EVENTS[host], store, "--fail-closed")
+    assert again.code == 0 and again.out == reply.out and "moved it to" not in again.err
+
+
+def test_a_store_still_corrupt_after_the_rebuild_is_an_error(tmp_path: Path) -> None:
+    from otel_loopguard.hooks.store import HookStore, StoreError
+
+    path = tmp_path / "hooks.sqlite3"
+    path.write_bytes(b"garbage" * 100)
+    store = HookStore(path)
+    with store.session("s", now=1.0, ttl_seconds=60, max_sessions=10) as row:
+        assert row.state is None
+        row.save = b"state"
+    with store.session("s", now=2.0, ttl_seconds=60, max_sessions=10) as row:
+        assert row.state == b"state"
+    original = store._connect
+
+    def always_corrupt() -> Any:
+        path.write_bytes(b"garbage" * 100)
+        return original()
+
+    store._connect = always_corrupt  # type: ignore[method-assign]
+    with (
+        pytest.raises(StoreError, match="not a database"),
+        store.session("s", now=3.0, ttl_seconds=60, max_sessions=10),
+    ):
+        pass
+    assert len(list(tmp_path.glob("hooks.sqlite3.corrupt-*"))) == 2
 
 
 def test_an_unwritable_store_path_fails_open_or_closed(tmp_path: Path) -> None:

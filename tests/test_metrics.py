@@ -604,3 +604,51 @@ def test_stopped_runs_exist_at_zero_from_a_tools_first_call_and_per_agent() -> N
         for _ in range(12):
             guard.before_tool("grep", {"q": 2}, session="s", agent=agent)
     assert stopped_runs(recorder, "coder") == stopped_runs(recorder, "reviewer") == 1
+
+
+def test_a_global_series_budget_holds_for_150_agents_by_150_tools() -> None:
+    from otel_loopguard.metrics import DEFAULT_MAX_SERIES, OTHER
+    from otel_loopguard.metrics.prometheus import SERIES_PER_PAIR
+
+    recorder = PrometheusRecorder(max_label_values=200)
+    for a in range(150):
+        for t in range(150):
+            recorder.tool_call(f"agent{a}", f"tool{t}", False)
+    pair_metrics = {
+        "loopguard_tool_calls",
+        "loopguard_repeated_calls",
+        "loopguard_wasted_seconds",
+        "loopguard_decisions",
+        "loopguard_stopped_runs",
+    }
+    series = [
+        s
+        for family in recorder.registry.collect()
+        if family.name in pair_metrics
+        for s in family.samples
+        if not s.name.endswith("_created")
+    ]
+    assert DEFAULT_MAX_SERIES - SERIES_PER_PAIR < len(series) <= DEFAULT_MAX_SERIES
+    assert len(recorder.exposition()) < 2_000_000
+    calls = {
+        (s.labels["agent"], s.labels["tool"]): s.value
+        for s in series
+        if s.name == "loopguard_tool_calls_total"
+    }
+    assert sum(calls.values()) == 150 * 150  # every call counted, the overflow as other
+    assert calls[(OTHER, OTHER)] == 150 * 150 - (len(calls) - 1)
+
+
+def test_the_series_budget_boundary() -> None:
+    from otel_loopguard.metrics import OTHER
+    from otel_loopguard.metrics.prometheus import SERIES_PER_PAIR
+
+    recorder = PrometheusRecorder(max_series=3 * SERIES_PER_PAIR)  # two named pairs + overflow
+    for tool in ("a", "b", "c", "d"):
+        recorder.tool_call("x", tool, False)
+    reg = recorder.registry
+    assert reg.get_sample_value("loopguard_tool_calls_total", {"agent": "x", "tool": "b"}) == 1
+    assert reg.get_sample_value("loopguard_tool_calls_total", {"agent": "x", "tool": "c"}) is None
+    assert reg.get_sample_value("loopguard_tool_calls_total", {"agent": OTHER, "tool": OTHER}) == 2
+    with pytest.raises(ValueError, match="max_series"):
+        PrometheusRecorder(max_series=2 * SERIES_PER_PAIR - 1)

@@ -8,6 +8,7 @@ from otel_loopguard.config import PRESETS
 from otel_loopguard.guard import LoopGuard
 from otel_loopguard.policy import Action
 from otel_loopguard.traces import (
+    MAX_BUFFERED_SPANS,
     CallObserved,
     RecordedSpan,
     TraceBuffer,
@@ -161,6 +162,53 @@ def test_a_retried_span_counts_once_after_a_partial_flush() -> None:
     buffer.add(tool_span(1))  # the exporter sent the same batch again
     clock.advance(HOLD)
     assert buffer.take_due() == []
+
+
+def test_a_retried_batch_counts_once_after_its_trace_was_flushed_and_forgotten() -> None:
+    buffer = TraceBuffer()
+    batch = [tool_span(1), tool_span(2), agent_span(parent=None)]
+    for span in batch:
+        buffer.add(span)
+    assert len(buffer.take_ready()) == 2 and buffer.buffered_traces == 0
+    for span in batch:  # the exporter lost the 200 and sent the batch again
+        buffer.add(span)
+    buffer.add_link(TRACE, 0xF00, None)  # a new span of the same trace still counts
+    assert buffer.take_ready() == [] and buffer.finish() == []
+    assert buffer.duplicate_spans == 3
+
+
+def test_remembered_span_ids_are_bounded_to_the_most_recent() -> None:
+    buffer = TraceBuffer(max_seen_spans=4)
+    for trace_id in range(1, 11):
+        buffer.add_link(trace_id, 1, None)
+        buffer.take_ready()
+    buffer.add_link(10, 1, None)  # recent: dropped
+    buffer.add_link(1, 1, None)  # long forgotten: counted again
+    assert buffer.duplicate_spans == 1 and buffer.buffered_spans == 1
+
+
+@pytest.mark.parametrize("bad", [1, 0, True, "4"])
+def test_bad_max_seen_spans_is_refused(bad: object) -> None:
+    with pytest.raises(ValueError, match="max_seen_spans"):
+        TraceBuffer(max_seen_spans=bad)  # type: ignore[arg-type]
+
+
+def test_a_million_distinct_trace_ids_stay_within_the_bounds() -> None:
+    clock = FakeClock()
+    buffer = TraceBuffer(hold_seconds=HOLD, clock=clock)
+    add_link = buffer.add_link
+    most = 0
+    for trace_id in range(1, 1_000_001):
+        add_link(trace_id, 1, 2)  # no root: only the span cap flushes them
+        if trace_id % 1000 == 0:
+            buffer.take_ready()
+            most = max(most, buffer.buffered_spans)
+    assert most <= MAX_BUFFERED_SPANS and buffer.buffered_traces <= MAX_BUFFERED_SPANS
+    assert buffer.replayed_early >= 1_000_000 - MAX_BUFFERED_SPANS
+    assert len(buffer._seen) + len(buffer._seen_before) <= buffer._seen_max * 2
+    clock.advance(301)
+    buffer.take_due()
+    assert buffer.buffered_traces == 0
 
 
 @pytest.mark.parametrize("bad", [-1.0, float("inf"), True, "2"])

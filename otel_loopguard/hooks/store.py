@@ -12,14 +12,20 @@ WAL, so a commit is one append and readers never wait.
 Bounds: rows idle longer than the policy's ``session_ttl_seconds`` are deleted, and the least
 recently updated beyond ``max_sessions``, whenever a new session is stored.
 
-Any problem with the file (cannot be created, not a database, unwritable, locked past the busy
-timeout, written by a newer schema) is raised as :class:`StoreError`, naming the file.
+A corrupt file (not a database, or a damaged one) is moved aside to
+``<file>.corrupt-<UTC timestamp>`` (with its ``-wal``/``-shm`` files) and a fresh one is made,
+with one line on stderr: the counts it held are lost, but the hooks work again instead of
+failing open (or, with ``--fail-closed``, denying) on every call forever. Any other problem with
+the file (cannot be created, unwritable, locked past the busy timeout, written by a newer
+schema), or a file still corrupt after that, is raised as :class:`StoreError`, naming the file.
 """
 
 from __future__ import annotations
 
 import os
 import sqlite3
+import sys
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -57,6 +63,25 @@ _FILE_NAME: Final = "hooks.sqlite3"
 
 class StoreError(Exception):
     """The state file cannot be used; the message names the file and what went wrong."""
+
+
+class _CorruptFile(StoreError):
+    """The state file is not a database, or a damaged one (moved aside and rebuilt once)."""
+
+
+def _is_corrupt(exc: sqlite3.Error) -> bool:
+    text = str(exc)
+    return isinstance(exc, sqlite3.DatabaseError) and (
+        "not a database" in text or "malformed" in text
+    )
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return (stat.st_dev, stat.st_ino)
 
 
 def default_store_path(environ: Mapping[str, str] | None = None) -> Path:
@@ -118,16 +143,8 @@ class HookStore:
         """One transaction on the row of ``key``: yields it as read; on a normal exit writes
         :attr:`Row.save` (if set) with ``now`` as its time, and commits. An exception from the
         body rolls back and propagates; a problem with the file raises :class:`StoreError`."""
-        connection = self._connect()
+        connection, found = self._begin(key)
         try:
-            try:
-                connection.execute("BEGIN IMMEDIATE")
-                self._ensure_schema(connection)
-                found = connection.execute(
-                    "SELECT state, notes FROM sessions WHERE key = ?", (key,)
-                ).fetchone()
-            except sqlite3.Error as exc:
-                raise self._error(exc) from None
             row = _decode(found)
             yield row
             try:
@@ -149,6 +166,60 @@ class HookStore:
             except sqlite3.Error:
                 pass  # closing below discards the transaction anyway
             connection.close()
+
+    def _begin(self, key: str) -> tuple[sqlite3.Connection, tuple[object, object] | None]:
+        """Open the file, begin the transaction and read the row of ``key``; a corrupt file is
+        moved aside and rebuilt once."""
+        healed = False
+        while True:
+            identity = _identity(self.path)
+            connection: sqlite3.Connection | None = None
+            try:
+                connection = self._connect()
+                try:
+                    connection.execute("BEGIN IMMEDIATE")
+                    self._ensure_schema(connection)
+                    found = connection.execute(
+                        "SELECT state, notes FROM sessions WHERE key = ?", (key,)
+                    ).fetchone()
+                except sqlite3.Error as exc:
+                    raise self._error(exc) from None
+                return connection, found
+            except _CorruptFile as exc:
+                if connection is not None:
+                    connection.close()
+                if healed:
+                    raise
+                self._move_aside(identity, exc)
+                healed = True
+            except BaseException:
+                if connection is not None:
+                    connection.close()
+                raise
+
+    def _move_aside(self, identity: tuple[int, int] | None, problem: StoreError) -> None:
+        """Move the corrupt file (and its WAL files) aside, unless another hook process did
+        already (the file at the path is then another one); one line on stderr."""
+        path = self.path
+        if identity is None or _identity(path) != identity:
+            return
+        now = time.time()
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now)) + f".{int(now % 1 * 1e6):06d}Z"
+        aside = path.with_name(f"{path.name}.corrupt-{stamp}")
+        try:
+            os.replace(path, aside)
+            for suffix in ("-wal", "-shm"):
+                try:
+                    os.replace(f"{path}{suffix}", f"{aside}{suffix}")
+                except FileNotFoundError:
+                    pass
+        except OSError as exc:
+            raise StoreError(f"{problem}; could not move it aside: {exc.strerror or exc}") from None
+        print(
+            f"otel-loopguard: {problem}: moved it to {str(aside)!r} and started a new one"
+            " (its sessions' counts are lost)",
+            file=sys.stderr,
+        )
 
     def _connect(self) -> sqlite3.Connection:
         path = self.path
@@ -206,10 +277,8 @@ class HookStore:
         )
 
     def _error(self, exc: sqlite3.Error) -> StoreError:
-        text = str(exc)
-        if isinstance(exc, sqlite3.DatabaseError) and "not a database" in text:
-            text += " (move the file aside to start afresh)"
-        return StoreError(f"state file {str(self.path)!r}: {text}")
+        kind = _CorruptFile if _is_corrupt(exc) else StoreError
+        return kind(f"state file {str(self.path)!r}: {exc}")
 
 
 def _decode(found: tuple[object, object] | None) -> Row:

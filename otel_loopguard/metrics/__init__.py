@@ -32,7 +32,7 @@ Everything public is importable from here. Modules (imports point down the list 
 from __future__ import annotations
 
 from ._exposition import MetricsServer
-from ._labels import DEFAULT_MAX_LABEL_VALUES, MAX_LABEL_CHARS, OTHER
+from ._labels import DEFAULT_MAX_LABEL_VALUES, DEFAULT_MAX_SERIES, MAX_LABEL_CHARS, OTHER
 from ._spec import (
     ACTIONS,
     ERROR_PLACES,
@@ -64,6 +64,7 @@ from .prometheus import PrometheusRecorder
 __all__ = [
     "ACTIONS",
     "DEFAULT_MAX_LABEL_VALUES",
+    "DEFAULT_MAX_SERIES",
     "ERROR_PLACES",
     "EVICTION_REASONS",
     "MAX_LABEL_CHARS",

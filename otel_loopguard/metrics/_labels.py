@@ -17,6 +17,9 @@ from typing import Final
 OTHER: Final = "other"
 #: Default bound on distinct agents (and, separately, tools) reported by name.
 DEFAULT_MAX_LABEL_VALUES: Final = 100
+#: Default bound on the series of all (agent, tool) pairs together: past it a new pair reports as
+#: (``other``, ``other``). 10,000 series is a /metrics page of about 1 MB.
+DEFAULT_MAX_SERIES: Final = 10_000
 #: Label values longer than this report as ``other``: names are short, payloads are not.
 MAX_LABEL_CHARS: Final = 128
 #: Raw (agent, tool) pairs whose label children are cached; beyond it they are looked up per call.

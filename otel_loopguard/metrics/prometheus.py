@@ -10,13 +10,14 @@ import itertools
 import math
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Final
 
 from . import _exposition
 from ._exposition import MetricsServer
 from ._failsafe import Failures, session_reader
 from ._labels import (
     DEFAULT_MAX_LABEL_VALUES,
+    DEFAULT_MAX_SERIES,
     MAX_CACHED_PAIRS,
     OTHER,
     Bounded,
@@ -45,7 +46,12 @@ from ._spec import (
     MetricKind,
 )
 
-__all__ = ["PrometheusRecorder"]
+__all__ = ["PrometheusRecorder", "SERIES_PER_PAIR"]
+
+#: Series one (agent, tool) label pair has: calls, repeats, wasted seconds, a decision series
+#: for every rule x action and for a stop without a rule, and stopped runs by rule.
+SERIES_PER_PAIR: Final = 3 + len(RULES) * len(ACTIONS) + 1 + len(RULES)
+_OVERFLOW: Final = (OTHER, OTHER)
 
 
 class _Pair:
@@ -110,7 +116,9 @@ class PrometheusRecorder:
     ``registry``: where to register (default: a new private one, :attr:`registry`; pass your own
     to expose them beside other metrics; registering twice in one registry raises ``ValueError``).
     ``max_label_values``: distinct agents, and separately tools, reported by name; the rest as
-    ``other``.
+    ``other``. ``max_series``: the series of all (agent, tool) pairs together
+    (:data:`SERIES_PER_PAIR` each) stay within it: once a new pair would pass it, the pair
+    reports as (``other``, ``other``), room for which is kept. At least two pairs' worth.
 
     Series that exist at zero before anything happens: rescues by outcome, evictions by reason,
     internal errors by place, the repeat-count histogram by action; and, from the first call of
@@ -124,13 +132,28 @@ class PrometheusRecorder:
     """
 
     def __init__(
-        self, registry: Any = None, *, max_label_values: int = DEFAULT_MAX_LABEL_VALUES
+        self,
+        registry: Any = None,
+        *,
+        max_label_values: int = DEFAULT_MAX_LABEL_VALUES,
+        max_series: int = DEFAULT_MAX_SERIES,
     ) -> None:
         limit = check_max_label_values(max_label_values)
+        if (
+            isinstance(max_series, bool)
+            or not isinstance(max_series, int)
+            or max_series < 2 * SERIES_PER_PAIR
+        ):
+            raise ValueError(
+                f"max_series: expected an integer >= {2 * SERIES_PER_PAIR}, got {max_series!r}"
+            )
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry: Any = registry if registry is not None else CollectorRegistry()
         self.max_label_values = limit
+        self.max_series = max_series
+        # Pairs admitted by name, keeping room for the overflow pair.
+        self._max_named_pairs = max_series // SERIES_PER_PAIR - 1
         self.failures = Failures()
         self._sessions: Callable[[], int] = lambda: 0
         metrics: dict[str, Any] = {}
@@ -296,6 +319,10 @@ class PrometheusRecorder:
         agent_label, tool_label = self._agents(agent), self._tools(tool)
         with self._lock:
             pair = self._pairs.get((agent, tool)) or self._by_labels.get((agent_label, tool_label))
+            if pair is None and len(self._by_labels) >= self._max_named_pairs:
+                # The global series budget: every further pair is the overflow pair.
+                agent_label, tool_label = _OVERFLOW
+                pair = self._by_labels.get(_OVERFLOW)
             if pair is None:
                 pair = _Pair(agent_label, tool_label, self._wasted.labels(agent_label, tool_label))
                 for rule in RULES:
