@@ -29,8 +29,10 @@ from .advice import (
     CommandAdvisor,
 )
 from .calls import (
+    MAX_ID_CHARS,
     MAX_TOOL_NAME_CHARS,
     args_key,
+    bounded_id,
     canonical_arguments,
     canonical_json,
     outcome_key,
@@ -619,10 +621,13 @@ class LoopGuard:
 
     @staticmethod
     def _ids(session: object, agent: object) -> tuple[str, str | None]:
-        return (
-            session if type(session) is str else _text(session),
-            agent if agent is None or type(agent) is str else _text(agent),
-        )
+        sid = session if type(session) is str else _text(session)
+        aid = agent if agent is None or type(agent) is str else _text(agent)
+        if len(sid) > MAX_ID_CHARS:
+            sid = bounded_id(sid)
+        if aid is not None and len(aid) > MAX_ID_CHARS:
+            aid = bounded_id(aid)
+        return sid, aid
 
     @staticmethod
     def _store_key(sid: str, aid: str | None) -> object:
@@ -655,7 +660,7 @@ class LoopGuard:
         keep_trail = self._keep_trail
         trail_arguments = _cut_utf8(canonical, MAX_TRAIL_ARGUMENT_CHARS) if keep_trail else ""
         store_key: object
-        if type(session) is str and agent is None:
+        if type(session) is str and agent is None and len(session) <= MAX_ID_CHARS:
             sid, aid, store_key = session, None, session  # the common case, without the calls
         else:
             sid, aid = self._ids(session, agent)
@@ -666,7 +671,8 @@ class LoopGuard:
         with self._lock:
             state: SessionState = self._store.get(store_key)  # type: ignore[assignment]
             if ran is None:
-                self._last.call = (arguments, tool, session, agent, key, state)
+                # The kept ids (bounded), not the caller's: a long id only misses this memo.
+                self._last.call = (arguments, tool, sid, aid, key, state)
             verdict, stuck, stalled = evaluate(state, key, policy)
             if verdict is None and stalled is None and not state.stopped:
                 step = _ALLOW_STEP  # the common case: nothing repeats

@@ -51,6 +51,7 @@ __all__ = [
     "CallObserved",
     "RunStarted",
     "MAX_BUFFERED_SPANS",
+    "MAX_SEEN_SPANS",
     "MAX_SPAN_PROBLEMS",
     "MAX_VALUE_DEPTH",
     "OTLP_SIGNALS",
@@ -194,6 +195,10 @@ def feed(guard: LoopGuard, event: TraceEvent) -> Decision | None:
 #: Spans of unfinished traces held at once by default; past it the oldest traces are flushed
 #: before their root arrived (their decisions may then differ).
 MAX_BUFFERED_SPANS: Final = 100_000
+#: Span ids of forgotten traces remembered by default, so that an exporter's retry of a batch
+#: already judged is dropped instead of counted twice: between half of it and all of it, the
+#: most recent (about 60 bytes each).
+MAX_SEEN_SPANS: Final = 262_144
 #: Nesting of OTLP attribute values (arrays, key-value lists) read before a span is refused.
 MAX_VALUE_DEPTH: Final = 32
 #: Bad spans named per OTLP request (or line); the rest are only counted.
@@ -396,7 +401,11 @@ class TraceBuffer:
 
     Memory is bounded by ``max_spans`` buffered spans (parent links included): past it the oldest
     traces are flushed and forgotten before their root arrived (:attr:`replayed_early` counts
-    them). A span id seen twice in a trace (an exporter's retry) counts once.
+    them). A span id seen twice in a trace (an exporter's retry) counts once, also after its
+    trace was flushed and forgotten: the ids of the last ``max_seen_spans`` spans of forgotten
+    traces (at least half of them) are remembered as 64-bit hashes of (trace id, span id), and a
+    span among them is dropped (:attr:`duplicate_spans` counts the spans dropped either way). A
+    hash collision drops a new span with a probability about ``max_seen_spans`` / 2**63.
 
     Not thread-safe: one thread adds and takes.
     """
@@ -408,10 +417,14 @@ class TraceBuffer:
         "_key_by",
         "_max",
         "_order",
+        "_seen",
+        "_seen_before",
+        "_seen_max",
         "_spans",
         "_traces",
         "_ttl",
         "agents_lost",
+        "duplicate_spans",
         "flushed_early",
         "replayed_early",
     )
@@ -424,6 +437,7 @@ class TraceBuffer:
         trace_ttl_seconds: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
         key_by: KeyBy | str = KeyBy.TRACE,
+        max_seen_spans: int = MAX_SEEN_SPANS,
     ) -> None:
         try:
             self._key_by = KeyBy(key_by)
@@ -433,6 +447,12 @@ class TraceBuffer:
             ) from None
         if isinstance(max_spans, bool) or not isinstance(max_spans, int) or max_spans < 1:
             raise ValueError(f"max_spans: expected a positive integer, got {max_spans!r}")
+        if (
+            isinstance(max_seen_spans, bool)
+            or not isinstance(max_seen_spans, int)
+            or max_seen_spans < 2
+        ):
+            raise ValueError(f"max_seen_spans: expected an integer >= 2, got {max_seen_spans!r}")
         if hold_seconds is not None and (
             isinstance(hold_seconds, bool)
             or not isinstance(hold_seconds, (int, float))
@@ -453,6 +473,12 @@ class TraceBuffer:
         self._clock = clock
         self._spans = 0
         self._order = 0
+        # Two generations of span-id hashes of forgotten traces: the newer fills to half the
+        # bound, then replaces the older (O(1), no per-entry order to keep).
+        self._seen: set[int] = set()
+        self._seen_before: set[int] = set()
+        self._seen_max = max_seen_spans // 2
+        self.duplicate_spans = 0
         self.replayed_early = 0
         self.flushed_early = 0
         self.agents_lost = 0
@@ -477,7 +503,8 @@ class TraceBuffer:
         trace = self._traces.get(span.trace_id)
         if trace is None:
             trace = self._traces[span.trace_id] = _Trace()
-        if span.span_id in trace.parents:
+        if span.span_id in trace.parents or self._forgotten(span.trace_id, span.span_id):
+            self.duplicate_spans += 1
             return
         trace.parents[span.span_id] = span.parent_id
         local_parent = span.parent_id
@@ -513,7 +540,8 @@ class TraceBuffer:
         trace = self._traces.get(trace_id)
         if trace is None:
             trace = self._traces[trace_id] = _Trace()
-        if span_id in trace.parents:
+        if span_id in trace.parents or self._forgotten(trace_id, span_id):
+            self.duplicate_spans += 1
             return
         trace.parents[span_id] = parent_id
         if parent_remote:
@@ -524,6 +552,22 @@ class TraceBuffer:
         if parent_id is None:
             self._complete[trace_id] = None
 
+    def _forgotten(self, trace_id: int, span_id: int) -> bool:
+        """Whether the span was in a trace already flushed and forgotten (a retried export)."""
+        if not self._seen_before and not self._seen:
+            return False
+        key = hash((trace_id, span_id))
+        return key in self._seen or key in self._seen_before
+
+    def _remember(self, trace: _Trace, trace_id: int) -> None:
+        """Keep the span ids of a trace being forgotten (bounded: two generations)."""
+        seen = self._seen
+        for span_id in trace.parents:
+            seen.add(hash((trace_id, span_id)))
+            if len(seen) >= self._seen_max:
+                self._seen_before = seen
+                seen = self._seen = set()
+
     def take_ready(self) -> list[TraceEvent]:
         """Events of the traces whose root arrived, then of the oldest traces while more than
         ``max_spans`` spans are buffered."""
@@ -531,9 +575,19 @@ class TraceBuffer:
         for trace_id in list(self._complete):
             events.extend(self._flush(trace_id))
         self._complete.clear()
-        while self._spans > self._max and self._traces:
-            events.extend(self._flush(next(iter(self._traces))))
-            self.replayed_early += 1
+        if self._spans > self._max:
+            # The oldest traces, found in one pass: taking the first key again after each
+            # deletion scans the deleted slots at the dict's front each time (quadratic).
+            excess = self._spans - self._max
+            oldest: list[int] = []
+            for trace_id, trace in self._traces.items():
+                if excess <= 0:
+                    break
+                oldest.append(trace_id)
+                excess -= len(trace.parents)
+            for trace_id in oldest:
+                events.extend(self._flush(trace_id))
+                self.replayed_early += 1
         return events
 
     def take_due(self) -> list[TraceEvent]:
@@ -573,6 +627,7 @@ class TraceBuffer:
                 return []
             trace = popped
             self._spans -= len(trace.parents)
+            self._remember(trace, trace_id)
         steps: list[tuple[tuple[int, int, int, int], TraceEvent]] = []
         key_by = self._key_by
         for span_id, (start_ns, order) in list(trace.runs.items()):

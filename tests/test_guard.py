@@ -451,3 +451,44 @@ def test_a_post_call_reminder_has_no_empty_arguments_line() -> None:
         post = guard.after_tool("build", {"target": "app"}, session="s", error=True, result="boom")
     assert post is not None and post.action is Action.REMIND and post.phase.value == "post"
     assert "Arguments:" not in post.message
+
+
+def test_huge_session_ids_and_agent_names_are_kept_in_a_short_hash_form() -> None:
+    import tracemalloc
+
+    from otel_loopguard.calls import MAX_ID_CHARS, bounded_id
+
+    guard = LoopGuard(DEFAULT)
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        decisions = []
+        for n in range(DENY):
+            session = "s" * (1 << 20) + "1"  # 1 MiB, a new string each call
+            agent = "a" * (5 << 20)
+            decisions.append(guard.before_tool("grep", {"q": n % 1}, session=session, agent=agent))
+            del session, agent
+        other = guard.before_tool("grep", {"q": 0}, session="s" * (1 << 20) + "2", agent="a")
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert held - before < 256 * 1024  # none of the 6 MiB ids is kept
+    assert decisions[-1].action is Action.DENY and decisions[-1].count == DENY
+    assert other.action is Action.ALLOW  # a different long id is another session
+    assert decisions[-1].session == bounded_id("s" * (1 << 20) + "1")
+    assert len(decisions[-1].session) <= MAX_ID_CHARS
+    assert guard.export_session("s" * (1 << 20) + "1", agent="a" * (5 << 20)) is not None
+
+
+def test_an_id_at_the_bound_is_kept_as_it_is() -> None:
+    from otel_loopguard.calls import MAX_ID_CHARS, bounded_id
+
+    at = "x" * MAX_ID_CHARS
+    above = at + "x"
+    assert bounded_id(at) == at
+    assert len(bounded_id(above)) < MAX_ID_CHARS and bounded_id(above) != bounded_id(above + "y")
+    guard = LoopGuard(DEFAULT)
+    guard.before_tool("t", {}, session=at)
+    guard.before_tool("t", {}, session=above)
+    assert guard.export_session(at) is not None
+    assert guard.export_session(bounded_id(above)) is not None  # kept under its short form
