@@ -17,6 +17,25 @@ module                                             hook, and how a blocked call 
                                                    ``event.cancel_tool = message``
 :mod:`otel_loopguard.integrations.google_adk`       ``before_tool_callback`` returns
                                                    ``{"error": message}``
+:mod:`otel_loopguard.integrations.smolagents`       ``guard_agent(agent)`` wraps its
+                                                   ``execute_tool_call``: the message is the
+                                                   observation
+:mod:`otel_loopguard.integrations.llama_index`      ``guard_class(FunctionAgent)``: its
+                                                   ``call_tool`` step answers an error
+                                                   ``ToolOutput``
+:mod:`otel_loopguard.integrations.haystack`         ``Agent(hooks=LoopGuardHooks(guard).hooks())``:
+                                                   the call is rejected as Haystack's own
+                                                   confirmation hook rejects one
+:mod:`otel_loopguard.integrations.mcp`              ``MCPServer(middleware=[LoopGuardMiddleware])``
+                                                   answers an error result
+:mod:`otel_loopguard.integrations.crewai`           global before/after tool-call hooks; the after
+                                                   hook puts the message in the result
+:mod:`otel_loopguard.integrations.semantic_kernel`  ``AUTO_FUNCTION_INVOCATION`` filter sets
+                                                   ``context.function_result``
+:mod:`otel_loopguard.integrations.agno`             ``Agent(tool_hooks=[LoopGuardToolHook])``
+                                                   returns the message instead of calling
+:mod:`otel_loopguard.integrations.autogen`          ``LoopGuardWorkbench`` (a ``StaticWorkbench``):
+                                                   ``call_tool`` answers an error ``ToolResult``
 =================================================  ===============================================
 
 Every adapter takes the same options: ``guard`` (default: the processor's guard, else a new one),
