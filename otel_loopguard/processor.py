@@ -13,8 +13,9 @@ returns.
 Where detection runs: at ``on_start`` when the span already carries the arguments (Pydantic AI),
 so the decision is on the still-open tool span and code inside it can read it with
 :func:`current_decision`; else at ``on_end``, where the call has already run and the decision is
-recorded on the nearest still-recording ancestor (usually the agent span), or on a short
-``loopguard.decision`` span when none is open. At ``on_end`` the guard may also conclude from the
+recorded on a short ``loopguard.decision`` span, a sibling of the tool span that ends at once
+(so the decision is exported even when an ancestor never ends, and no span object is held for
+it). At ``on_end`` the guard may also conclude from the
 call's result that the run is stuck now (``phase`` post, e.g. a stop at the third identical
 failure): recorded the same way, with ``loopguard.phase`` ``post``, and kept for a framework
 adapter whose own report of the call comes after the span's (:meth:`~LoopGuardSpanProcessor.
@@ -432,21 +433,13 @@ class LoopGuardSpanProcessor(SpanProcessor):
         span.add_event(DECISION_EVENT, self._event_attributes(decision, call))
 
     def _record_after(self, span: ReadableSpan, decision: Decision, call: SpanToolCall) -> None:
-        """At end: on the nearest still-recording ancestor, else on a short decision span."""
+        """At end: a short ``loopguard.decision`` span, a sibling of the tool span (a child of
+        its parent; of the tool span itself when it has none), carrying the decision as its
+        attributes and as one event. It ends at once, so the decision reaches the exporter
+        whatever the application does next (an ancestor that never ends, because its agent
+        raised, would have kept an event on it from ever being exported), and no span object is
+        held for it."""
         attributes = self._event_attributes(decision, call)
-        parent = span.parent
-        current = parent.span_id if parent is not None else None
-        for _ in range(64):
-            if current is None:
-                break
-            ancestor = self._open.get(current)
-            if ancestor is None:
-                break
-            if isinstance(ancestor, Span) and ancestor.is_recording():
-                ancestor.add_event(DECISION_EVENT, attributes)
-                return
-            grandparent = ancestor.parent
-            current = grandparent.span_id if grandparent is not None else None
         tracer = self._tracer
         if tracer is None:
             provider = self._tracer_provider or trace.get_tracer_provider()
@@ -454,7 +447,9 @@ class LoopGuardSpanProcessor(SpanProcessor):
         span_context = span.get_span_context()
         if span_context is None:
             return
-        context = trace.set_span_in_context(NonRecordingSpan(span_context))
-        fallback = tracer.start_span(DECISION_EVENT, context=context)
-        fallback.add_event(DECISION_EVENT, attributes)
-        fallback.end()
+        parent = span.parent
+        anchor = parent if parent is not None else span_context
+        context = trace.set_span_in_context(NonRecordingSpan(anchor))
+        decision_span = tracer.start_span(DECISION_EVENT, context=context, attributes=attributes)
+        decision_span.add_event(DECISION_EVENT, attributes)
+        decision_span.end()

@@ -272,10 +272,20 @@ def test_a_stop_concluded_at_a_spans_end_is_recorded_with_phase_post(at_start: b
         assert processor.take_concluded(*keys, stop.signature) is None
         _failing_call(tracer, limit + 1, at_start=at_start, seen=seen)  # stopped: refused
     agent_span = next(s for s in exporter.get_finished_spans() if s.name.startswith("invoke"))
-    events = [dict(e.attributes or {}) for e in agent_span.events if e.name == DECISION_EVENT]
+    decision_spans = [s for s in exporter.get_finished_spans() if s.name == DECISION_EVENT]
+    # decisions made at a span's end are short decision spans, children of the agent span (the
+    # tool span's parent): nothing rides on the agent span, which might never end
+    assert not [e for e in agent_span.events if e.name == DECISION_EVENT]
+    assert all(
+        s.parent is not None and s.parent.span_id == agent_span.context.span_id
+        for s in decision_spans
+    )
+    assert all(
+        dict(s.attributes or {}) == dict(s.events[0].attributes or {}) for s in decision_spans
+    )
+    events = [dict(e.attributes or {}) for s in decision_spans for e in s.events]
     post = [e for e in events if e["loopguard.phase"] == "post"]
-    # the third identical failure: a stop after the call ran, on the agent span (the tool span
-    # has ended)
+    # the third identical failure: a stop after the call ran
     assert [
         (e["loopguard.action"], e["loopguard.count"], e["loopguard.threshold"]) for e in post
     ] == [("stop", limit, limit)]
