@@ -835,27 +835,33 @@ class SessionStore:
         self._expire(self.clock())
 
 
+#: A reported call: (args key, whether its first report lacked the outcome).
+Settled = tuple[str, bool]
+
+
 class ReportLedger:
     """The calls of each session whose outcome is in, so that a second report of one call (a
     framework hook's and its span's, in either order, with or without the call id) counts once.
 
-    Session key -> {call ref: args key}, oldest first; bounded by ``max_sessions`` (least recently
-    used dropped) and ``max_calls`` per session (oldest dropped). Not thread-safe: the guard
-    calls it under its own lock.
+    Session key -> {call ref: (args key, awaiting)}, oldest first; ``awaiting``: the first
+    report carried no outcome (a span without the result), so the other report may add it;
+    bounded by ``max_sessions`` (least recently used dropped) and ``max_calls`` per session
+    (oldest dropped). Not thread-safe: the guard calls it under its own lock.
     """
 
     __slots__ = ("_calls", "_max_calls", "_max_sessions")
 
     def __init__(self, max_sessions: int, max_calls: int) -> None:
-        self._calls: OrderedDict[object, dict[str, str]] = OrderedDict()
+        self._calls: OrderedDict[object, dict[str, Settled]] = OrderedDict()
         self._max_sessions = max_sessions
         self._max_calls = max_calls
 
     def __bool__(self) -> bool:
         return bool(self._calls)
 
-    def settle(self, store_key: object, ref: str, key: str) -> None:
-        """Remember that the call ``ref`` (arguments ``key``) was reported."""
+    def settle(self, store_key: object, ref: str, key: str, awaiting: bool = False) -> None:
+        """Remember that the call ``ref`` (arguments ``key``) was reported (``awaiting``: without
+        its outcome)."""
         calls = self._calls.get(store_key)
         if calls is None:
             calls = self._calls[store_key] = {}
@@ -863,28 +869,29 @@ class ReportLedger:
                 self._calls.popitem(last=False)
         else:
             self._calls.move_to_end(store_key)
-        calls[ref] = key
+        calls[ref] = (key, awaiting)
         if len(calls) > self._max_calls:
             del calls[next(iter(calls))]
 
-    def take(self, store_key: object, ref: str) -> bool:
-        """Whether ``ref`` was reported already; a second report uses it up."""
+    def take(self, store_key: object, ref: str) -> Settled | None:
+        """``(args key, awaiting)`` when ``ref`` was reported already; a second report uses it
+        up."""
         calls = self._calls.get(store_key)
-        return calls is not None and calls.pop(ref, None) is not None
+        return None if calls is None else calls.pop(ref, None)
 
-    def take_by_args(self, store_key: object, key: str) -> bool:
+    def take_by_args(self, store_key: object, key: str) -> Settled | None:
         """Use up the oldest reported call of this session with these arguments, if any."""
         calls = self._calls.get(store_key)
         if not calls:
-            return False
-        for ref, settled_key in calls.items():
-            if settled_key == key:
+            return None
+        for ref, settled in calls.items():
+            if settled[0] == key:
                 del calls[ref]
-                return True
-        return False
+                return settled
+        return None
 
     def take_pending_by_args(
-        self, state: SessionState, store_key: object, key: str
+        self, state: SessionState, store_key: object, key: str, awaiting: bool = False
     ) -> Pending | None:
         """The oldest attempt of ``key`` pending under a call id in ``state``, preferring one
         that was allowed to run (a blocked call has no span to report it); settled here."""
@@ -900,7 +907,7 @@ class ReportLedger:
             return None
         taken = state.take_pending(match)
         if taken is not None and match not in (state.pending or ()):
-            self.settle(store_key, match, key)
+            self.settle(store_key, match, key, awaiting and not taken.blocked)
         return taken
 
     def forget(self, store_key: object) -> None:

@@ -47,6 +47,7 @@ from .engine import (
     ReportLedger,
     SessionState,
     SessionStore,
+    Settled,
     Trail,
 )
 from .metrics import MetricsServer, NoopRecorder, PrometheusRecorder, Recorder
@@ -135,6 +136,11 @@ class _Ran:
     error: bool | None
     duration_seconds: float | None
     output: str | None = None  # cut result text, only when the guard keeps trails
+
+
+def _awaits(pending: Pending, outcome: str | None) -> bool:
+    """Whether a reported call still lacks its outcome (a blocked call never has one)."""
+    return outcome is None and not pending.blocked and not pending.mutating
 
 
 class LoopGuard:
@@ -866,15 +872,23 @@ class LoopGuard:
                 else None
             )
             with self._lock:
-                if ref is not None and self._settled.take(store_key, ref):
-                    return None  # this call was reported already (by the hook, or by its span)
-                state = known_state or self._store.get(store_key, create=False)
+                settled = self._settled.take(store_key, ref) if ref is not None else None
+                early: Step | None = None
+                state = None
+                if settled is not None:
+                    # This call was reported already (by the hook, or by its span): this report
+                    # only adds the outcome the first one lacked.
+                    early = self._late_outcome(store_key, settled, outcome, error)
+                else:
+                    state = known_state or self._store.get(store_key, create=False)
                 pending = None
                 if state is not None:
                     if ref is not None:
                         pending = state.take_pending(ref)
                         if pending is not None:
-                            self._settled.settle(store_key, ref, pending.args_key)
+                            self._settled.settle(
+                                store_key, ref, pending.args_key, _awaits(pending, outcome)
+                            )
                     if pending is None and known_key is not None:
                         pending = state.take_pending(known_key)
                         if pending is not None and ref is None:
@@ -882,10 +896,14 @@ class LoopGuard:
                             # hook's) is matched by its arguments and adds nothing.
                             if store_key is None:
                                 store_key = self._store_key(*self._ids(session, agent))
-                            self._settled.settle(store_key, known_key, known_key)
+                            self._settled.settle(
+                                store_key, known_key, known_key, _awaits(pending, outcome)
+                            )
                 post = None
                 if pending is not None:
                     post = self._apply_outcome(state, pending, outcome, error, output)  # type: ignore[arg-type]
+            if settled is not None:
+                return self._late_decision(early, tool, settled[0], session, agent)
             if pending is not None:
                 if duration_seconds:
                     self._record_wasted(state, pending, agent, tool, duration_seconds)
@@ -900,6 +918,8 @@ class LoopGuard:
         if keyed is None:
             return None
         mutating, canonical, key = keyed
+        settled = None
+        late: Step | None = None
         with self._lock:
             state = self._store.get(store_key, create=False)
             pending = None
@@ -910,14 +930,22 @@ class LoopGuard:
                 if pending is not None and ref is None:
                     # Counted without an id, reported without one: remember it, so that the
                     # other report of the same call (hook or span, either order) adds nothing.
-                    self._settled.settle(store_key, key, key)
+                    self._settled.settle(store_key, key, key, _awaits(pending, outcome))
                 elif pending is None and state.pending:
-                    pending = self._settled.take_pending_by_args(state, store_key, key)
+                    pending = self._settled.take_pending_by_args(
+                        state, store_key, key, outcome is None
+                    )
             post = None
             if pending is not None:
                 post = self._apply_outcome(state, pending, outcome, error, output)  # type: ignore[arg-type]
-            elif ref is None and self._settled.take_by_args(store_key, key):
-                return None  # the hook reported this call with its id; this is the span's echo
+            elif ref is None:
+                settled = self._settled.take_by_args(store_key, key)
+                if settled is not None:
+                    # The hook reported this call with its id; this is the span's echo (or the
+                    # other way round): it only adds an outcome the first report lacked.
+                    late = self._late_outcome(store_key, settled, outcome, error)
+        if pending is None and ref is None and settled is not None:
+            return self._late_decision(late, name, key, session, agent)
         if pending is not None:
             if duration_seconds:
                 self._record_wasted(state, pending, agent, name, duration_seconds)
@@ -957,6 +985,33 @@ class LoopGuard:
         if state.trail is not None:
             state.trail.settle(pending.args_key, _ended(error), output)
         return self._ran(state, pending.args_key, pending.mutating, outcome, error)
+
+    def _late_outcome(
+        self, store_key: object, settled: Settled, outcome: str | None, error: bool | None
+    ) -> Step | None:
+        """Under the lock: a second report of a call whose first report lacked its outcome (a
+        span without the result, before the hook's report) adds the outcome now, and may
+        conclude the run is stuck (a stop after the call ran). Nothing else is counted again."""
+        key, awaiting = settled
+        if not awaiting or outcome is None:
+            return None
+        state = self._store.get(store_key, create=False)
+        if state is None:
+            return None
+        state.record_outcome(key, outcome, failed=error is True)
+        if state.stopped:
+            return None
+        step = conclude(identical_failures(state, key), policy=self.policy)
+        if step is not None:
+            state.stopped = True
+        return step
+
+    def _late_decision(
+        self, late: Step | None, tool: object, key: str, session: object, agent: object
+    ) -> Decision | None:
+        if late is None:
+            return None
+        return self._post_decision(late, tool_name(tool), key, *self._ids(session, agent))
 
     def _ran(
         self, state: SessionState, key: str, mutating: bool, outcome: str | None, error: bool | None

@@ -71,3 +71,34 @@ def test_a_span_beside_the_hook_never_changes_an_answer(
     hook_only = _run(calls, span_first=False, with_ids=with_ids, same_objects=True, span=False)
     both = _run(calls, span_first=span_first, with_ids=with_ids, same_objects=same_objects)
     assert both == hook_only
+
+
+def test_a_span_without_the_result_then_the_hook_with_it_adds_the_outcome_once() -> None:
+    """AutoGen's tool span (call id, no arguments, no result) ends before its hook reports the
+    result: the hook's report adds the outcome, so the same result ends in a denial at the
+    no_progress count, and three identical failures stop the run after the third."""
+    policy = PRESETS["default"]
+    guard = LoopGuard(policy)
+    actions = []
+    for n in range(5):
+        decision = guard.before_tool(*SEARCH, session="s", call_id=f"c{n}")
+        actions.append(decision.action.value)
+        if decision.blocks:
+            continue
+        assert guard.after_tool("search", {}, session="s", call_id=f"c{n}") is None  # the span
+        post = guard.after_tool(*SEARCH, session="s", call_id=f"c{n}", result="nothing useful")
+        assert post is None
+    assert actions == ["allow", "allow", "remind", "deny", "deny"]
+
+    guard = LoopGuard(policy)
+    posts = []
+    for n in range(3):
+        guard.before_tool("build", {"target": "app"}, session="s", call_id=f"b{n}")
+        guard.after_tool("build", {}, session="s", call_id=f"b{n}")  # the span: nothing known
+        posts.append(
+            guard.after_tool(
+                "build", {"target": "app"}, session="s", call_id=f"b{n}", error=True, result="E1"
+            )
+        )
+    assert [p.action.value if p else None for p in posts] == [None, None, "stop"]
+    assert posts[-1] is not None and posts[-1].phase.value == "post"
