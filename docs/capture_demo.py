@@ -31,8 +31,9 @@ def page(text: str) -> str:
     body = "\n".join(lines)
     return (
         "<!doctype html><meta charset='utf-8'><style>body{margin:0;background:#1e2127}"
-        "pre{margin:0;padding:16px 20px;color:#dcdfe4;white-space:pre-wrap;font:13px/1.35 'DejaVu Sans Mono',"
-        f"monospace}}</style><pre>{body}</pre>"
+        "pre{margin:0;padding:16px 20px;color:#dcdfe4;white-space:pre-wrap;"
+        "font:13px/1.35 'DejaVu Sans Mono',monospace}"
+        f"</style><pre>{body}</pre>"
     )
 
 

@@ -169,21 +169,6 @@ def instrumented(request: pytest.FixtureRequest) -> Iterator[Tracing]:
         tracing.provider.shutdown()
 
 
-#: Why the tests that need the tool's results fail when the spans are counted: the argument-less
-#: tool span ends (inside the workbench's call) before the workbench reports the result; the guard
-#: settles the call by its id with the span's unknown result and drops the workbench's, so the
-#: "same result" rule cannot fire and the loop is denied only at deny_threshold.
-SPAN_WITHOUT_RESULT_FIRST = (
-    "guard: an argument-less span report settles the call before the hook's report with the "
-    "result; the result is dropped"
-)
-
-
-def expect_results_lost(request: pytest.FixtureRequest, tracing: Tracing) -> None:
-    if tracing.guard.policy.count_calls_without_arguments:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=SPAN_WITHOUT_RESULT_FIRST))
-
-
 def tool_results(result: TaskResult) -> list[str]:
     return [
         str(item.content)
@@ -193,11 +178,8 @@ def tool_results(result: TaskResult) -> list[str]:
     ]
 
 
-def test_loop_is_denied_at_the_configured_repeat_then_the_run_stops(
-    instrumented: Tracing, request: pytest.FixtureRequest
-) -> None:
+def test_loop_is_denied_at_the_configured_repeat_then_the_run_stops(instrumented: Tracing) -> None:
     tracing = instrumented
-    expect_results_lost(request, tracing)
     script = Script()
     workbench: list[LoopGuardWorkbench] = []
 
@@ -217,12 +199,8 @@ def test_loop_is_denied_at_the_configured_repeat_then_the_run_stops(
 
 
 @pytest.mark.parametrize("via", ["processor", "guard"])
-def test_after_the_denial_another_tool_is_never_blocked(
-    instrumented: Tracing, via: str, request: pytest.FixtureRequest
-) -> None:
+def test_after_the_denial_another_tool_is_never_blocked(instrumented: Tracing, via: str) -> None:
     tracing = instrumented
-    if via == "processor":
-        expect_results_lost(request, tracing)
     script = Detour()
     guard = (
         tracing.guard if via == "processor" else LoopGuard(POLICY, recorder=PrometheusRecorder())
