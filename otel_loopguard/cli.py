@@ -374,12 +374,25 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="OTLP/gRPC (default: %(default)s; 0: any free port)",
     )
     parser.add_argument("--no-grpc", action="store_true", help="do not serve OTLP/gRPC")
-    parser.add_argument(
+    token = parser.add_mutually_exclusive_group()
+    token.add_argument(
         "--token",
         metavar="TOKEN",
         help="require 'Authorization: Bearer TOKEN' on every endpoint but /healthz (default:"
-        " $LOOPGUARD_SERVE_TOKEN, else none)",
+        " $LOOPGUARD_SERVE_TOKEN, else none); other users can read it in ps: prefer"
+        " --token-file or the variable",
     )
+    token.add_argument(
+        "--token-file",
+        metavar="PATH",
+        help="read the token from this file (surrounding white space ignored)",
+    )
+    parser.add_argument(
+        "--tls-cert",
+        metavar="PEM",
+        help="serve HTTPS on the HTTP port with this certificate (chain) file; needs --tls-key",
+    )
+    parser.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")
     parser.add_argument(
         "--insecure", action="store_true", help="allow a non-loopback --host without a token"
     )
@@ -422,6 +435,29 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="largest request body, after gzip (default: %(default)s)",
     )
     parser.add_argument(
+        "--max-inflight-bytes",
+        metavar="N",
+        type=int,
+        default=32 * 1024 * 1024,
+        help="request body bytes being read or decoded at once, HTTP and gRPC together, before"
+        " clients get 429 / RESOURCE_EXHAUSTED with a retry delay (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-connections",
+        metavar="N",
+        type=int,
+        default=1024,
+        help="open HTTP connections; one more is closed at once (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--request-timeout",
+        metavar="SECONDS",
+        type=_non_negative_seconds,
+        default=10.0,
+        help="seconds to receive a whole HTTP request, headers and body; a slower one gets 408"
+        " and is closed (default: %(default)s)",
+    )
+    parser.add_argument(
         "--log-level",
         choices=("debug", "info", "warning", "error"),
         default="info",
@@ -451,7 +487,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     policy = _load_policy(args)
     if args.mode:
         policy = policy.replace(mode=Mode(args.mode))
-    token = args.token if args.token is not None else (os.environ.get(TOKEN_ENV) or None)
+    token = _serve_token(args, TOKEN_ENV)
     try:
         options = ServeOptions(
             host=args.host,
@@ -463,6 +499,11 @@ def _run_serve(args: argparse.Namespace) -> int:
             max_queued_spans=args.max_queued_spans,
             hold_seconds=args.hold_seconds,
             key_by=args.key_by,
+            max_inflight_bytes=args.max_inflight_bytes,
+            max_connections=args.max_connections,
+            request_timeout_seconds=args.request_timeout,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
         )
     except ValueError as exc:
         raise _UsageError(str(exc)) from None
@@ -470,6 +511,39 @@ def _run_serve(args: argparse.Namespace) -> int:
         return run_serve(options, policy, log_level=args.log_level, log_format=args.log_format)
     except OSError as exc:  # the message names the address and port
         raise _UsageError(str(exc.strerror or exc)) from None
+    except ValueError as exc:  # a TLS certificate or key that cannot be loaded
+        raise _UsageError(str(exc)) from None
+
+
+def _serve_token(args: argparse.Namespace, variable: str) -> str | None:
+    """The token from --token (with a warning: ps shows it), --token-file or the variable. An
+    empty one is refused wherever it comes from: it would turn authentication off."""
+    if args.token is not None:
+        print(
+            f"{PROG} serve: warning: --token can be read by other users in ps; use --token-file"
+            f" or {variable}",
+            file=sys.stderr,
+        )
+        token: str = args.token
+        where = "--token"
+    elif args.token_file is not None:
+        try:
+            with open(args.token_file, encoding="utf-8") as file:
+                token = file.read().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise _UsageError(f"--token-file: cannot read {args.token_file!r}: {exc}") from None
+        where = f"--token-file {args.token_file!r}"
+    elif variable in os.environ:
+        token = os.environ[variable]
+        where = variable
+    else:
+        return None
+    if not token.strip():
+        raise _UsageError(
+            f"{where}: the token is empty, which would turn authentication off; give a token,"
+            f" or unset it to serve without one"
+        )
+    return token
 
 
 # -- main --------------------------------------------------------------------------------------

@@ -29,8 +29,10 @@ LOOPGUARD_HOOK_STORE: Final = "LOOPGUARD_HOOK_STORE"
 not given; default: a file under the user's state directory."""
 
 LOOPGUARD_SERVE_TOKEN: Final = "LOOPGUARD_SERVE_TOKEN"
-"""Bearer token of ``otel-loopguard serve`` and of ``hook --server`` when ``--token`` is not
-given; default: none."""
+"""Bearer token of ``otel-loopguard serve`` and of ``hook --server`` when ``--token`` (or
+``serve --token-file``) is not given; default: none. Set but empty, it is refused by both (an
+error, not a warning keeping the default: it is a security setting, and an empty token would
+turn authentication off)."""
 
 
 def policy_variable(field_name: str) -> str:

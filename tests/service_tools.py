@@ -21,6 +21,8 @@ from otel_loopguard.metrics import METRICS
 #: What the serve tests import beyond the package's core dependencies (the test extra).
 PREREQUISITES = (
     "grpc",
+    "uvicorn",
+    "httptools",
     "google.protobuf",
     "google.rpc.status_pb2",
     "opentelemetry.proto.collector.trace.v1.trace_service_pb2",

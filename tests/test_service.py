@@ -144,6 +144,41 @@ def test_exporters_give_the_processors_decisions_metrics_and_trip_log(
         assert service.close(timeout=10)
 
 
+@pytest.mark.parametrize("kind", ["http", "grpc"])
+def test_a_batch_the_exporter_sends_twice_counts_once(tmp_path: Path, kind: str) -> None:
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    run_agent(provider.get_tracer("agent"), looping("coder", 3))
+    spans = memory.get_finished_spans()
+    service = start(tmp_path)
+    try:
+        exporter = _exporter(kind, service)
+        reg = registry(service)
+        for _ in range(3):  # sent, then retried twice after its trace was judged and forgotten
+            assert exporter.export(spans).name == "SUCCESS"
+            assert service.wait_idle(5)
+        exporter.shutdown()
+        assert sample(reg, "loopguard_tool_calls_total", agent="coder", tool="grep") == 3
+        assert wait_for(
+            lambda: sample(reg, "loopguard_otlp_spans_total", result="duplicate") == 2 * len(spans)
+        )
+    finally:
+        assert service.close(timeout=10)
+
+
+def test_a_raw_post_repeated_counts_once(service: Service) -> None:
+    body = _json_request(_agent(7, 0xA, None, "planner"), _tool(7, 0x101, 0xA, 0))
+    for _ in range(2):
+        assert request(service.http_port, "POST", "/v1/traces", body, JSON).status == 200
+        assert service.wait_idle(5)
+    reg = registry(service)
+    assert sample(reg, "loopguard_tool_calls_total", agent="planner", tool="search") == 1
+    assert wait_for(lambda: sample(reg, "loopguard_otlp_spans_total", result="duplicate") == 2)
+
+
 # -- children before parents across requests -----------------------------------------------------
 
 
@@ -732,6 +767,20 @@ def test_metrics_and_health(service: Service) -> None:
     assert request(service.http_port, "GET", "/healthz").json() == {"status": "ok"}
 
 
+def test_idle_sessions_are_dropped_on_a_quiet_server(tmp_path: Path) -> None:
+    clock = FakeClock()
+    policy = DEFAULT.replace(session_ttl_seconds=60)
+    guard = LoopGuard(policy, recorder=PrometheusRecorder(), clock=clock)
+    options = ServeOptions(http_port=0, grpc_port=None)
+    with Service(options, guard=guard) as service:
+        for session in ("a", "b"):
+            _call(service.http_port, "before", tool="grep", arguments={}, session=session)
+        clock.advance(60)  # no call comes: only the server's own timer can drop them
+        # The store itself: a scrape would drop them too (the sessions gauge expires first).
+        assert wait_for(lambda: len(guard._store) == 0, 5)
+        assert sample(registry(service), "loopguard_sessions_evicted_total", reason="ttl") == 2
+
+
 # -- back-pressure and shutdown ----------------------------------------------------------------
 
 
@@ -920,22 +969,15 @@ def test_connections_beyond_the_bound_are_closed_and_the_server_recovers(
     service: Service, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import socket
-    import threading
+    import time
 
     http_server = service._http
     assert http_server is not None
-    monkeypatch.setattr(http_server, "_connections", threading.BoundedSemaphore(2))
+    monkeypatch.setattr(http_server.protocol, "max_connections", 2)
     idle = [socket.create_connection(("127.0.0.1", service.http_port), timeout=5) for _ in range(2)]
-    slots = http_server._connections
-
-    def full() -> bool:
-        free = slots.acquire(blocking=False)
-        if free:
-            slots.release()
-        return not free
 
     try:
-        assert wait_for(full, 5)  # the two idle connections hold both slots
+        time.sleep(0.2)  # the two idle connections hold both slots
         with pytest.raises(OSError):  # closed at once, no answer
             request(service.http_port, "GET", "/healthz", timeout=5)
     finally:
@@ -1187,6 +1229,11 @@ def test_cli_serve_defaults_are_the_services() -> None:
     assert (args.max_queued_spans, args.max_body_bytes) == (
         defaults.max_queued_spans,
         defaults.max_body_bytes,
+    )
+    assert (args.max_inflight_bytes, args.max_connections, args.request_timeout) == (
+        defaults.max_inflight_bytes,
+        defaults.max_connections,
+        defaults.request_timeout_seconds,
     )
     parser = build_parser()
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))

@@ -332,7 +332,12 @@ def _remote_backend(
             f" the sessions and applies its own policy)"
         )
     if token is None:
-        token = (os.environ if environ is None else environ).get(LOOPGUARD_SERVE_TOKEN) or None
+        token = (os.environ if environ is None else environ).get(LOOPGUARD_SERVE_TOKEN)
+        if token is not None and not token.strip():
+            # A security setting: an empty one is an error, not "no token" (env.py).
+            raise Unavailable(
+                f"{LOOPGUARD_SERVE_TOKEN} is set but empty; give the server's token, or unset it"
+            )
     try:
         return RemoteBackend(
             url,

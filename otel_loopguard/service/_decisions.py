@@ -17,6 +17,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, Final
 
+from otel_loopguard.calls import bounded_id
 from otel_loopguard.guard import LoopGuard
 from otel_loopguard.hooks.answers import decide_after, decide_before
 from otel_loopguard.policy import Action, Decision
@@ -102,8 +103,10 @@ class DecisionAPI:
         """One decision API call; raises ``ValueError`` naming a bad field."""
         if not isinstance(payload, dict):
             raise ValueError("expected a JSON object")
-        session = _text(payload, "session", required=True)
+        # Bounded here too: the reminders held for a caller are keyed by them.
+        session = bounded_id(_text(payload, "session", required=True))
         agent = _text(payload, "agent")
+        agent = None if agent is None else bounded_id(agent)
         guard = self.guard
         if endpoint == "user_message":
             guard.user_message(session, agent=agent)

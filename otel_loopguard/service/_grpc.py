@@ -1,10 +1,12 @@
 """OTLP/gRPC: ``TraceService/Export`` on a pool of gRPC threads (grpcio, imported when started).
 
-Each call is authenticated, decoded (:func:`~otel_loopguard.service.proto.proto_spans`, raw
-bytes in: no generated stubs) and offered to the ingest queue (:meth:`Service.accept`); a full
-queue or a draining service answers ``RESOURCE_EXHAUSTED`` / ``UNAVAILABLE`` with a retry delay
-in the trailing metadata. An unexpected error is counted as the guard's internal error
-(``where="serve.grpc"``) and answered ``INTERNAL``.
+Each call is authenticated, takes its size from the service's in-flight byte budget
+(``RESOURCE_EXHAUSTED`` with a retry delay past it, :mod:`._budget`), is decoded
+(:func:`~otel_loopguard.service.proto.proto_spans`, raw bytes in: no generated stubs) and
+offered to the ingest queue (:meth:`Service.accept`); a full queue or a draining service answers
+``RESOURCE_EXHAUSTED`` / ``UNAVAILABLE`` with a retry delay in the trailing metadata. An
+unexpected error is counted as the guard's internal error (``where="serve.grpc"``) and answered
+``INTERNAL``.
 """
 
 from __future__ import annotations
@@ -102,11 +104,24 @@ class GrpcReceiver:
         metadata = dict(context.invocation_metadata())
         if not service.authorized(metadata.get("authorization")):
             return "unauthorized", "missing or wrong bearer token", b""
+        budget = service.budget
+        if not budget.take(len(request)):
+            # grpcio has read the message (at most max_body_bytes); decoding it costs many
+            # times that, so it is refused before, as HTTP refuses before reading.
+            return (
+                "throttled",
+                f"too many request bytes in flight (over {budget.limit:,});"
+                f" retry after {RETRY_AFTER_SECONDS} s",
+                b"",
+            )
         try:
-            read = proto_spans(request)
-        except BadSpan as exc:
-            return "bad_request", str(exc), b""
-        outcome, message = service.accept(read, "grpc")
+            try:
+                read = proto_spans(request)
+            except BadSpan as exc:
+                return "bad_request", str(exc), b""
+            outcome, message = service.accept(read, "grpc")
+        finally:
+            budget.give(len(request))
         if outcome in ("ok", "partial"):
             return outcome, message, response_bytes(read.bad_spans, message)
         return outcome, message, b""

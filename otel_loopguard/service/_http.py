@@ -1,15 +1,31 @@
 """OTLP/HTTP and the decision API over HTTP: the only part of ``serve`` that knows the HTTP
-stack (the standard library's ``http.server``).
+stack (uvicorn with the httptools parser, on an asyncio loop in one thread).
 
-One thread per connection (keep-alive; at most :data:`MAX_HTTP_CONNECTIONS`, a silent one times
-out) authenticates each request and reads its body (``Content-Length`` only, gzip, capped):
+Why uvicorn + httptools (measured, README "Service"): under 256-512 slowloris connections the
+standard library's ``http.server`` answered nothing, while uvicorn with the deadline below kept
+answering every legitimate request; httptools (llhttp) refuses every hostile framing probe
+(duplicate or malformed ``Content-Length``, ``Content-Length`` with ``Transfer-Encoding``, bare
+LF, obsolete line folding) with 400 + close; and it ingested fastest of the servers tried.
+
+The socket is bound here, in the caller's thread (an ``OSError`` at once; port 0 works), then
+uvicorn serves it from a daemon thread. Each connection is a :class:`_DeadlineProtocol`: the
+whole request (headers and body) must arrive within ``request_timeout_seconds`` of the
+connection's accept or of the request's first byte (408 + close while the headers are
+incomplete, else close), at most ``max_connections`` are open (one more is closed at once), and
+an idle keep-alive connection is closed after :data:`CONNECTION_TIMEOUT_SECONDS`.
+
+Each request is authenticated, framed strictly (``Content-Length`` required for a POST body:
+411; larger than the cap: 413; the body's bytes taken from the service's in-flight byte budget
+before it is read, else 429 with ``Retry-After``) and decoded / decided on a worker thread, off
+the event loop:
 
 - ``POST /v1/traces``: protobuf (:func:`~otel_loopguard.service.proto.proto_spans`) or OTLP
-  JSON (:func:`~otel_loopguard.traces.otlp_json_spans`), offered to the ingest queue
-  (:meth:`Service.accept`); answered in the request's encoding once queued: 200 (with
+  JSON (:func:`~otel_loopguard.traces.otlp_json_spans`), gzip or not, offered to the ingest
+  queue (:meth:`Service.accept`); answered in the request's encoding once queued: 200 (with
   ``partial_success`` when some spans were rejected), 400 for data that cannot be read, 429 / 503
   with ``Retry-After`` when the queue is full or the service is draining.
-- ``POST /v1/decisions/{before,after,user_message,new_run}``: :meth:`Service.decide`.
+- ``POST /v1/decisions/{before,after,user_message,new_run}``: :meth:`Service.decide` (not
+  subject to the byte budget: its bodies are small, and a hook's decision must stay answered).
 - ``GET /metrics`` and ``GET /healthz`` (the only endpoint without the token).
 
 An unexpected error is counted as the guard's internal error (``where="serve.http"``) and
@@ -18,15 +34,19 @@ answered 500; the server keeps serving.
 
 from __future__ import annotations
 
-import logging
+import asyncio
 import socket
+import ssl
 import threading
+import time
 import zlib
-from collections.abc import Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Final
 
 import orjson
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from otel_loopguard.traces import BadSpan, OtlpSpans, otlp_json_spans
 
@@ -42,95 +62,209 @@ from .proto import (
 )
 
 if TYPE_CHECKING:
+    from ._budget import ByteBudget
     from ._service import Service
 
-__all__ = ["CONNECTION_TIMEOUT_SECONDS", "MAX_HTTP_CONNECTIONS", "HTTPReceiver", "bind_http"]
+__all__ = ["CONNECTION_TIMEOUT_SECONDS", "HTTP_WORKERS", "HTTPReceiver", "bind_http"]
 
-_log = logging.getLogger("otel_loopguard")
-
-#: Seconds an HTTP connection may stay silent (mid-request or idle keep-alive) before it is closed.
+#: Seconds an idle keep-alive HTTP connection stays open.
 CONNECTION_TIMEOUT_SECONDS: Final = 30.0
-#: Open HTTP connections (one thread each); a connection beyond it is closed at once.
-MAX_HTTP_CONNECTIONS: Final = 256
-#: An oversized body up to this many times the cap is read and dropped before the 413.
+#: Threads decoding requests and answering decisions (off the event loop).
+HTTP_WORKERS: Final = 16
+#: A body up to this many times the cap is left to the parser to skip (without buffering it)
+#: after the 413, so the client reads the answer; a larger one gets the 413 and a close.
 _DISCARD_FACTOR: Final = 4
 
 _PROTOBUF: Final = "application/x-protobuf"
 _JSON: Final = "application/json"
+_408: Final = (
+    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\ncontent-length: 29\r\n"
+    b'connection: close\r\n\r\n{"error": "request too slow"}'
+)
+
+_Message = Mapping[str, Any]
+_Receive = Callable[[], Awaitable[_Message]]
+_Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 
 def bind_http(service: Service) -> HTTPReceiver:
-    """Bind the HTTP port of ``service`` (``OSError`` when it cannot); serve with
-    :meth:`HTTPReceiver.serve_in_background`."""
-    options = service.options
-    server_class = _HTTPReceiver6 if ":" in options.host else HTTPReceiver
-    server = server_class((options.host.strip("[]"), options.http_port), _Handler)
-    server.service = service
-    return server
+    """Bind the HTTP port of ``service`` (``OSError`` when it cannot; ``ValueError`` when its
+    TLS certificate or key cannot be loaded); serve with :meth:`HTTPReceiver.serve_in_background`.
+    """
+    return HTTPReceiver(service)
 
 
-class HTTPReceiver(ThreadingHTTPServer):
-    """The HTTP port of a :class:`Service`: one thread per connection, at most
-    :data:`MAX_HTTP_CONNECTIONS` of them."""
+# -- the connection ----------------------------------------------------------------------------
 
-    daemon_threads = True
-    request_queue_size = 128
-    service: Service
 
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
-        self._connections = threading.BoundedSemaphore(MAX_HTTP_CONNECTIONS)
-        # The semaphore each open connection took its slot from: it gives the slot back to that
-        # one even if the bound was changed meanwhile.
-        self._slots: dict[Any, threading.BoundedSemaphore] = {}
-        self._serving_thread: threading.Thread | None = None
-        super().__init__(address, handler)
+class _DeadlineProtocol(HttpToolsProtocol):
+    """uvicorn's httptools connection with a deadline for each whole request and a connection
+    cap. Its limits are class attributes of a subclass made for each service
+    (:meth:`HTTPReceiver._protocol`)."""
 
-    def process_request(self, request: Any, client_address: Any) -> None:
-        # Each connection holds a thread while open: bound them (a silent one times out).
-        slots = self._connections
-        if not slots.acquire(blocking=False):
-            self.shutdown_request(request)
+    request_deadline: float = 10.0
+    max_connections: int = 1024
+    on_timeout: Callable[[], None] = staticmethod(lambda: None)
+
+    _deadline: asyncio.TimerHandle | None = None
+    _app_called = False  # the current request's headers are in: the app has it
+    _refused = False
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        if len(self.connections) >= self.max_connections:  # before super() adds this one
+            self._refused = True
+            transport.abort()
             return
-        self._slots[request] = slots
+        super().connection_made(transport)
+        self._arm()  # a silent new connection is covered too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        if not self._refused:
+            super().connection_lost(exc)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._arm()  # a further request on a keep-alive connection (armed already on the first)
+
+    def on_headers_complete(self) -> None:
+        self._app_called = True
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._disarm()
+        super().on_message_complete()
+        cycle = self.cycle
+        if (
+            cycle is not None
+            and cycle.response_complete
+            and not self.pipeline
+            and self.timeout_keep_alive_task is None
+            and not self.transport.is_closing()
+        ):
+            # Answered before its body was in (401, 413, 429): the body was skipped; from now on
+            # the connection is idle, so the keep-alive timeout applies.
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            )
+
+    def _arm(self) -> None:
+        if self._deadline is None:
+            self._app_called = False
+            self._deadline = self.loop.call_later(self.request_deadline, self._expired)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _expired(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        type(self).on_timeout()
+        if self._app_called:  # the body is late: the app reads a disconnect
+            self.transport.abort()
+        else:
+            self.transport.write(_408)
+            self.transport.close()
+
+
+# -- the server --------------------------------------------------------------------------------
+
+
+class HTTPReceiver:
+    """The HTTP port of a :class:`Service`, bound; :meth:`serve_in_background` serves it from a
+    daemon thread, :meth:`stop` stops it."""
+
+    def __init__(self, service: Service) -> None:
+        options = service.options
+        self.service = service
+        self.protocol = self._protocol(service)
+        self._executor = ThreadPoolExecutor(HTTP_WORKERS, thread_name_prefix="loopguard-http")
+        config = uvicorn.Config(
+            _App(service, self._executor),
+            http=self.protocol,
+            loop="asyncio",
+            lifespan="off",
+            ws="none",
+            interface="asgi3",
+            log_config=None,
+            log_level="error",  # not one warning line per hostile request
+            access_log=False,
+            server_header=False,
+            date_header=True,
+            timeout_keep_alive=int(CONNECTION_TIMEOUT_SECONDS),
+            timeout_graceful_shutdown=max(1, round(options.drain_timeout_seconds)),
+            ssl_certfile=options.tls_cert,
+            ssl_keyfile=options.tls_key,
+        )
         try:
-            super().process_request(request, client_address)
+            config.load()  # the TLS context: a bad certificate is an error now, not in the thread
+        except (OSError, ssl.SSLError) as exc:
+            self._executor.shutdown(wait=False)
+            raise ValueError(
+                f"tls_cert / tls_key: cannot load {options.tls_cert!r} / {options.tls_key!r}: {exc}"
+            ) from None
+        host = options.host.strip("[]")
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, options.http_port))
+            sock.listen(128)
         except BaseException:
-            if self._slots.pop(request, None) is not None:
-                slots.release()
+            sock.close()
+            self._executor.shutdown(wait=False)
             raise
+        self._socket = sock
+        self.port: int = int(sock.getsockname()[1])
+        self._server = uvicorn.Server(config)
+        self._thread: threading.Thread | None = None
 
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            slots = self._slots.pop(request, None)
-            if slots is not None:
-                slots.release()
-
-    @property
-    def port(self) -> int:
-        return int(self.server_address[1])
+    @staticmethod
+    def _protocol(service: Service) -> type[_DeadlineProtocol]:
+        options = service.options
+        timeouts = service.metrics.requests.labels("http", "timeout")
+        return type(
+            "_ServiceProtocol",
+            (_DeadlineProtocol,),
+            {
+                "request_deadline": options.request_timeout_seconds,
+                "max_connections": options.max_connections,
+                "on_timeout": staticmethod(timeouts.inc),
+            },
+        )
 
     def serve_in_background(self) -> None:
-        """Answer requests from a daemon thread until :meth:`stop`."""
+        """Serve from a daemon thread until :meth:`stop`; returns once it accepts."""
         thread = threading.Thread(
-            target=self.serve_forever,
-            kwargs={"poll_interval": 0.1},
+            target=self._server.run,
+            kwargs={"sockets": [self._socket]},
             name="loopguard-http",
             daemon=True,
         )
-        self._serving_thread = thread
+        self._thread = thread
         thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started and thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.005)
 
     def stop(self) -> None:
-        """Stop accepting and close the port (connections under way finish on their threads)."""
-        if self._serving_thread is not None:
-            self.shutdown()
-        self.server_close()
+        """Stop accepting and close the port; requests under way finish (within the drain
+        timeout), idle connections are closed."""
+        thread = self._thread
+        if thread is not None:
+            self._server.should_exit = True
+            thread.join(self.service.options.drain_timeout_seconds + 2)
+            if thread.is_alive():
+                self._server.force_exit = True
+                thread.join(2)
+        self._socket.close()
+        self._executor.shutdown(wait=False)
 
 
-class _HTTPReceiver6(HTTPReceiver):
-    address_family = socket.AF_INET6
+# -- the application ---------------------------------------------------------------------------
 
 
 class _Reject(Exception):
@@ -147,87 +281,137 @@ class _Reject(Exception):
         self.close = close
 
 
-class _Handler(BaseHTTPRequestHandler):
-    """One HTTP connection (keep-alive); its thread handles its requests one after another."""
+class _Gone(Exception):
+    """The client went away (or missed the deadline) before its body was in."""
 
-    protocol_version = "HTTP/1.1"
-    server_version = "otel-loopguard"
-    timeout = CONNECTION_TIMEOUT_SECONDS
-    server: HTTPReceiver
 
-    def setup(self) -> None:
-        super().setup()
-        try:  # answers go out in one write; no Nagle delay on small ones
-            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except OSError:
-            pass
+class _Exchange:
+    """One request and its answer."""
 
-    def log_message(self, format: str, *args: Any) -> None:
-        _log.debug("serve: %s - %s", self.address_string(), format % args)
+    def __init__(self, scope: _Message, receive: _Receive, send: _Send) -> None:
+        self.method: str = scope["method"]
+        self.path: str = scope["path"]
+        self.headers: dict[str, str] = {
+            name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]
+        }
+        self._receive = receive
+        self._send = send
+        self.close = False
+        self.sent = False
 
-    # -- routing -----------------------------------------------------------------------------
+    async def body(self, length: int) -> bytes:
+        """The body (``length`` bytes, as ``Content-Length`` says and the parser enforces)."""
+        parts: list[bytes] = []
+        got = 0
+        while True:
+            message = await self._receive()
+            if message["type"] != "http.request":
+                raise _Gone
+            chunk: bytes = message.get("body", b"")
+            if chunk:
+                parts.append(chunk)
+                got += len(chunk)
+            if not message.get("more_body", False):
+                break
+        if got != length:
+            raise _Gone
+        return b"".join(parts)
 
-    def do_GET(self) -> None:
-        service = self.server.service
-        path = self.path.split("?", 1)[0]
-        if path == "/healthz":
-            status = 503 if service.closing else 200
-            self._send(
-                status, orjson.dumps({"status": "draining" if status == 503 else "ok"}), _JSON
+    async def send(
+        self, status: int, body: bytes, content_type: str, headers: Mapping[str, str] | None = None
+    ) -> None:
+        """The whole answer (status, headers and body)."""
+        raw = [
+            (b"content-type", content_type.encode("latin-1")),
+            (b"content-length", str(len(body)).encode("latin-1")),
+        ]
+        raw.extend(
+            (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()
+        )
+        if self.close:
+            raw.append((b"connection", b"close"))
+        self.sent = True
+        await self._send({"type": "http.response.start", "status": status, "headers": raw})
+        await self._send({"type": "http.response.body", "body": body})
+
+
+class _App:
+    """The ASGI application: routes as the README's endpoint table says."""
+
+    def __init__(self, service: Service, executor: ThreadPoolExecutor) -> None:
+        self._service = service
+        self._executor = executor
+
+    async def _off_loop(self, function: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
+
+    async def __call__(self, scope: _Message, receive: _Receive, send: _Send) -> None:
+        if scope["type"] != "http":
+            return
+        service = self._service
+        exchange = _Exchange(scope, receive, send)
+        method = exchange.method
+        if method == "GET":
+            await self._get(exchange)
+            return
+        if method != "POST":
+            exchange.close = True
+            await exchange.send(
+                405,
+                orjson.dumps({"error": f"method {method} not allowed"}),
+                _JSON,
+                {"Allow": "GET, POST"},
             )
             return
-        if not service.authorized(self.headers.get("Authorization")):
-            self._unauthorized(False)
-            return
-        if path == "/metrics":
-            page, content_type = service.metrics_page()
-            self._send(200, page, content_type)
-            return
-        self._send(404, orjson.dumps({"error": f"no such endpoint: GET {path}"}), _JSON)
-
-    def do_POST(self) -> None:
-        service = self.server.service
-        path = self.path.split("?", 1)[0]
+        path = exchange.path
         service.enter_request()
         try:
             if path == "/v1/traces":
-                self._traces(service)
+                await self._traces(exchange)
             elif path.startswith("/v1/decisions/") and path[14:] in DECISION_ENDPOINTS:
-                self._decision(service, path[14:])
+                await self._decision(exchange, path[14:])
             else:
-                self.close_connection = True  # its body is left unread
-                self._send(404, orjson.dumps({"error": f"no such endpoint: POST {path}"}), _JSON)
+                exchange.close = True  # its body is left unread
+                await exchange.send(
+                    404, orjson.dumps({"error": f"no such endpoint: POST {path}"}), _JSON
+                )
+        except _Gone:
+            pass
         except Exception as exc:  # never let one request take the server down
             service.guard.report_internal_error("serve.http", exc)
-            self.close_connection = True
-            try:
-                self._send(500, orjson.dumps({"error": "internal error"}), _JSON)
-            except OSError:
-                pass
+            if not exchange.sent:
+                exchange.close = True
+                await exchange.send(500, orjson.dumps({"error": "internal error"}), _JSON)
         finally:
             service.leave_request()
 
-    def do_PUT(self) -> None:
-        self._not_allowed()
+    async def _get(self, exchange: _Exchange) -> None:
+        service = self._service
+        path = exchange.path
+        if path == "/healthz":
+            status = 503 if service.closing else 200
+            body = orjson.dumps({"status": "draining" if status == 503 else "ok"})
+            await exchange.send(status, body, _JSON)
+            return
+        if not service.authorized(exchange.headers.get("authorization")):
+            await _unauthorized(exchange)
+            return
+        if path == "/metrics":
+            page, content_type = await self._off_loop(service.metrics_page)
+            await exchange.send(200, page, content_type)
+            return
+        await exchange.send(404, orjson.dumps({"error": f"no such endpoint: GET {path}"}), _JSON)
 
-    do_DELETE = do_PATCH = do_PUT
+    # -- OTLP/HTTP -------------------------------------------------------------------------
 
-    def _not_allowed(self) -> None:
-        self.close_connection = True
-        self._send(
-            405,
-            orjson.dumps({"error": f"method {self.command} not allowed"}),
-            _JSON,
-            {"Allow": "GET, POST"},
-        )
-
-    # -- OTLP/HTTP ---------------------------------------------------------------------------
-
-    def _traces(self, service: Service) -> None:
-        kind = (self.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
+    async def _traces(self, exchange: _Exchange) -> None:
+        service = self._service
+        kind = exchange.headers.get("content-type", "").split(";", 1)[0].strip().lower()
         as_json = kind != _PROTOBUF  # answers in the request's type; JSON when it has none we know
         outcome = "error"
         counted = False  # each request is counted once, before its answer goes out
+        budget = service.budget
+        taken = 0
 
         def count(result: str) -> None:
             nonlocal counted
@@ -235,9 +419,9 @@ class _Handler(BaseHTTPRequestHandler):
             counted = True
 
         try:
-            if not service.authorized(self.headers.get("Authorization")):
+            if not service.authorized(exchange.headers.get("authorization")):
                 count("unauthorized")
-                self._unauthorized(as_json)
+                await _unauthorized(exchange)
                 return
             if kind not in (_PROTOBUF, _JSON):
                 raise _Reject(
@@ -247,202 +431,211 @@ class _Handler(BaseHTTPRequestHandler):
                     "unsupported",
                     close=True,
                 )
-            body = self._read_body(service.options.max_body_bytes)
-            body = self._decoded(body, service.options.max_body_bytes)
-            read = self._spans(body, as_json)
-            outcome, message = service.accept(read, "http")
-            if outcome == "bad_request":
-                raise _Reject(400, RPC_INVALID_ARGUMENT, message, outcome)
-            if outcome in ("throttled", "unavailable"):
-                throttled = outcome == "throttled"
+            limit = service.options.max_body_bytes
+            length = _content_length(exchange, limit)
+            if not budget.take(length):
                 raise _Reject(
-                    429 if throttled else 503,
-                    RPC_RESOURCE_EXHAUSTED if throttled else RPC_UNAVAILABLE,
-                    message,
-                    outcome,
+                    429,
+                    RPC_RESOURCE_EXHAUSTED,
+                    f"too many request bytes in flight (over {budget.limit:,});"
+                    f" retry after {RETRY_AFTER_SECONDS} s",
+                    "throttled",
                 )
+            taken = length
+            body = await exchange.body(length)
+            outcome, answer, taken = await self._off_loop(
+                _ingest, service, exchange.headers, body, as_json, taken
+            )
             count(outcome)
-            if as_json:
-                answer: dict[str, object] = {}
-                if read.bad_spans:
-                    answer["partialSuccess"] = {
-                        "rejectedSpans": str(read.bad_spans),
-                        "errorMessage": message,
-                    }
-                self._send(200, orjson.dumps(answer), _JSON)
-            else:
-                self._send(200, response_bytes(read.bad_spans, message), _PROTOBUF)
+            await exchange.send(200, answer, _JSON if as_json else _PROTOBUF)
         except _Reject as reject:
             count(reject.outcome)
             if reject.close:
-                self.close_connection = True
+                exchange.close = True
             headers = {}
             if reject.status in (429, 503):
                 headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
-            self._send(
+            await exchange.send(
                 reject.status,
                 _status_body(reject.code, reject.message, as_json),
                 _JSON if as_json else _PROTOBUF,
                 headers,
             )
         finally:
+            if taken:
+                budget.give(taken)
             if not counted:
                 count(outcome)
 
-    def _read_body(self, limit: int) -> bytes:
-        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
-            raise _Reject(
-                411,
-                RPC_INVALID_ARGUMENT,
-                "chunked bodies are not accepted: send Content-Length",
-                "bad_request",
-                close=True,
-            )
-        text = self.headers.get("Content-Length")
-        if text is None:
-            raise _Reject(
-                411, RPC_INVALID_ARGUMENT, "Content-Length is required", "bad_request", close=True
-            )
-        try:
-            length = int(text)
-            if length < 0:
-                raise ValueError
-        except ValueError:
-            raise _Reject(
-                400, RPC_INVALID_ARGUMENT, f"bad Content-Length {text!r}", "bad_request", close=True
-            ) from None
-        if length > limit:
-            # Read a moderately oversized body away so the client can read the answer (a
-            # client still sending when we close gets a reset, not our 413); hang up on a huge one.
-            drained = length <= _DISCARD_FACTOR * limit and self._discard(length)
-            raise _Reject(
-                413,
-                RPC_INVALID_ARGUMENT,
-                f"body of {length:,} bytes is larger than {limit:,}",
-                "too_large",
-                close=not drained,
-            )
-        body = self.rfile.read(length)
-        if len(body) != length:
-            raise _Reject(
-                400,
-                RPC_INVALID_ARGUMENT,
-                "body shorter than Content-Length",
-                "bad_request",
-                close=True,
-            )
-        return body
+    # -- decisions -------------------------------------------------------------------------
 
-    def _discard(self, length: int) -> bool:
-        left = length
-        while left:
-            chunk = self.rfile.read(min(left, 1 << 20))
-            if not chunk:
-                return False
-            left -= len(chunk)
-        return True
-
-    def _decoded(self, body: bytes, limit: int) -> bytes:
-        encoding = (self.headers.get("Content-Encoding") or "identity").strip().lower()
-        if encoding == "identity":
-            return body
-        if encoding != "gzip":
-            raise _Reject(
-                415,
-                RPC_INVALID_ARGUMENT,
-                f"unsupported Content-Encoding {encoding!r}: send gzip or none",
-                "unsupported",
-            )
-        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        try:
-            out = inflater.decompress(body, limit + 1)
-        except zlib.error as exc:
-            raise _Reject(
-                400, RPC_INVALID_ARGUMENT, f"not valid gzip ({exc})", "bad_request"
-            ) from None
-        if len(out) > limit:
-            raise _Reject(
-                413,
-                RPC_INVALID_ARGUMENT,
-                f"body inflates to more than {limit:,} bytes",
-                "too_large",
-            )
-        if not inflater.eof:
-            raise _Reject(400, RPC_INVALID_ARGUMENT, "gzip body is truncated", "bad_request")
-        return out
-
-    @staticmethod
-    def _spans(body: bytes, as_json: bool) -> OtlpSpans:
-        try:
-            if not as_json:
-                return proto_spans(body)
-            try:
-                record = orjson.loads(body)
-            except orjson.JSONDecodeError as exc:
-                raise BadSpan(f"not valid JSON ({exc})") from None
-            if not isinstance(record, dict):
-                raise BadSpan(
-                    f"expected a JSON object (an ExportTraceServiceRequest), got"
-                    f" {type(record).__name__}"
-                )
-            return otlp_json_spans(record)
-        except BadSpan as exc:
-            raise _Reject(400, RPC_INVALID_ARGUMENT, str(exc), "bad_request") from None
-
-    # -- decisions ---------------------------------------------------------------------------
-
-    def _decision(self, service: Service, endpoint: str) -> None:
-        if not service.authorized(self.headers.get("Authorization")):
-            self._unauthorized(True)
+    async def _decision(self, exchange: _Exchange, endpoint: str) -> None:
+        service = self._service
+        if not service.authorized(exchange.headers.get("authorization")):
+            await _unauthorized(exchange)
             return
         try:
-            body = self._read_body(MAX_DECISION_BODY_BYTES)
-            try:
-                payload = orjson.loads(body)
-            except orjson.JSONDecodeError as exc:
-                raise _Reject(
-                    400, RPC_INVALID_ARGUMENT, f"not valid JSON ({exc})", "bad_request"
-                ) from None
-            try:
-                answer = service.decide(endpoint, payload)
-            except ValueError as exc:
-                raise _Reject(400, RPC_INVALID_ARGUMENT, str(exc), "bad_request") from None
+            length = _content_length(exchange, MAX_DECISION_BODY_BYTES)
+            body = await exchange.body(length)
+            answer = await self._off_loop(_decide, service, endpoint, body)
         except _Reject as reject:
             if reject.close:
-                self.close_connection = True
-            self._send(reject.status, orjson.dumps({"error": reject.message}), _JSON)
+                exchange.close = True
+            await exchange.send(reject.status, orjson.dumps({"error": reject.message}), _JSON)
             return
         service.metrics.decisions.labels(endpoint).inc()
-        self._send(200, orjson.dumps(answer), _JSON)
+        await exchange.send(200, orjson.dumps(answer), _JSON)
 
-    # -- writing -----------------------------------------------------------------------------
 
-    def _unauthorized(self, as_json: bool) -> None:
-        self.close_connection = True  # the body, if any, is left unread
-        self._send(
-            401,
-            _status_body(RPC_UNAUTHENTICATED, "missing or wrong bearer token", True),
-            _JSON,
-            {"WWW-Authenticate": 'Bearer realm="otel-loopguard"'},
+async def _unauthorized(exchange: _Exchange) -> None:
+    exchange.close = True  # the body, if any, is left unread
+    await exchange.send(
+        401,
+        _status_body(RPC_UNAUTHENTICATED, "missing or wrong bearer token", True),
+        _JSON,
+        {"WWW-Authenticate": 'Bearer realm="otel-loopguard"'},
+    )
+
+
+def _content_length(exchange: _Exchange, limit: int) -> int:
+    """The body's length, from a ``Content-Length`` the parser validated (one, digits only);
+    411 without one (chunked bodies are not accepted), 413 past ``limit``."""
+    if "transfer-encoding" in exchange.headers:
+        raise _Reject(
+            411,
+            RPC_INVALID_ARGUMENT,
+            "chunked bodies are not accepted: send Content-Length",
+            "bad_request",
+            close=True,
         )
+    text = exchange.headers.get("content-length")
+    if text is None:
+        raise _Reject(
+            411, RPC_INVALID_ARGUMENT, "Content-Length is required", "bad_request", close=True
+        )
+    if not text.isdigit():  # the parser refuses these already
+        raise _Reject(
+            400, RPC_INVALID_ARGUMENT, f"bad Content-Length {text!r}", "bad_request", close=True
+        )
+    length = int(text)
+    if length > limit:
+        # A moderately oversized body is skipped by the parser after the answer (never buffered),
+        # so the client reads the 413; a huge one gets the 413 and a close.
+        raise _Reject(
+            413,
+            RPC_INVALID_ARGUMENT,
+            f"body of {length:,} bytes is larger than {limit:,}",
+            "too_large",
+            close=length > _DISCARD_FACTOR * limit,
+        )
+    return length
 
-    def _send(
-        self, status: int, body: bytes, content_type: str, headers: Mapping[str, str] | None = None
-    ) -> None:
-        """The whole answer in one write (status line, headers and body)."""
-        reason = self.responses.get(status, ("",))[0]
-        lines = [
-            f"{self.protocol_version} {status} {reason}",
-            f"Server: {self.version_string()}",
-            f"Date: {self.date_time_string()}",
-            f"Content-Type: {content_type}",
-            f"Content-Length: {len(body)}",
-        ]
-        lines.extend(f"{name}: {value}" for name, value in (headers or {}).items())
-        if self.close_connection:
-            lines.append("Connection: close")
-        self.wfile.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
-        self.log_request(status)
+
+# -- on a worker thread ------------------------------------------------------------------------
+
+
+def _ingest(
+    service: Service, headers: Mapping[str, str], body: bytes, as_json: bool, taken: int
+) -> tuple[str, bytes, int]:
+    """Decode, read and queue one OTLP body: ``(outcome, answer body, bytes taken from the
+    budget)``; raises :class:`_Reject`."""
+    limit = service.options.max_body_bytes
+    encoding = headers.get("content-encoding", "identity").strip().lower()
+    if encoding != "identity":
+        body = _inflated(body, encoding, limit)
+        taken = _take_more(service.budget, taken, len(body))
+    read = _spans(body, as_json)
+    del body
+    outcome, message = service.accept(read, "http")
+    if outcome == "bad_request":
+        raise _Reject(400, RPC_INVALID_ARGUMENT, message, outcome)
+    if outcome in ("throttled", "unavailable"):
+        throttled = outcome == "throttled"
+        raise _Reject(
+            429 if throttled else 503,
+            RPC_RESOURCE_EXHAUSTED if throttled else RPC_UNAVAILABLE,
+            message,
+            outcome,
+        )
+    if as_json:
+        answer: dict[str, object] = {}
+        if read.bad_spans:
+            answer["partialSuccess"] = {
+                "rejectedSpans": str(read.bad_spans),
+                "errorMessage": message,
+            }
+        return outcome, orjson.dumps(answer), taken
+    return outcome, response_bytes(read.bad_spans, message), taken
+
+
+def _take_more(budget: ByteBudget, taken: int, size: int) -> int:
+    """Grow a request's share of the budget to ``size`` (its inflated body); 429 when it
+    cannot."""
+    if size <= taken:
+        return taken
+    if not budget.take(size - taken):
+        raise _Reject(
+            429,
+            RPC_RESOURCE_EXHAUSTED,
+            f"too many request bytes in flight (over {budget.limit:,});"
+            f" retry after {RETRY_AFTER_SECONDS} s",
+            "throttled",
+        )
+    return size
+
+
+def _inflated(body: bytes, encoding: str, limit: int) -> bytes:
+    if encoding != "gzip":
+        raise _Reject(
+            415,
+            RPC_INVALID_ARGUMENT,
+            f"unsupported Content-Encoding {encoding!r}: send gzip or none",
+            "unsupported",
+        )
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        out = inflater.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise _Reject(400, RPC_INVALID_ARGUMENT, f"not valid gzip ({exc})", "bad_request") from None
+    if len(out) > limit:
+        raise _Reject(
+            413,
+            RPC_INVALID_ARGUMENT,
+            f"body inflates to more than {limit:,} bytes",
+            "too_large",
+        )
+    if not inflater.eof:
+        raise _Reject(400, RPC_INVALID_ARGUMENT, "gzip body is truncated", "bad_request")
+    return out
+
+
+def _spans(body: bytes, as_json: bool) -> OtlpSpans:
+    try:
+        if not as_json:
+            return proto_spans(body)
+        try:
+            record = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise BadSpan(f"not valid JSON ({exc})") from None
+        if not isinstance(record, dict):
+            raise BadSpan(
+                f"expected a JSON object (an ExportTraceServiceRequest), got"
+                f" {type(record).__name__}"
+            )
+        return otlp_json_spans(record)
+    except BadSpan as exc:
+        raise _Reject(400, RPC_INVALID_ARGUMENT, str(exc), "bad_request") from None
+
+
+def _decide(service: Service, endpoint: str, body: bytes) -> dict[str, object]:
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise _Reject(400, RPC_INVALID_ARGUMENT, f"not valid JSON ({exc})", "bad_request") from None
+    try:
+        return service.decide(endpoint, payload)
+    except ValueError as exc:
+        raise _Reject(400, RPC_INVALID_ARGUMENT, str(exc), "bad_request") from None
 
 
 def _status_body(code: int, message: str, as_json: bool) -> bytes:

@@ -4,7 +4,9 @@ the :class:`~otel_loopguard.traces.TraceBuffer` and feeds the guard.
 The ingest thread adds each batch, takes the traces whose root arrived (and, on a short tick,
 the tool spans that waited ``hold_seconds``), and feeds their events to the guard with
 :func:`~otel_loopguard.traces.feed`, as the in-process span processor calls it; each decision
-is logged (:func:`~._logs.log_decision`).
+is logged (:func:`~._logs.log_decision`). Every :data:`EXPIRE_INTERVAL_SECONDS` it also drops
+the guard's idle sessions (:meth:`~otel_loopguard.guard.LoopGuard.expire_idle_sessions`), so
+memory and ``loopguard_sessions`` follow the TTL on a quiet server too.
 """
 
 from __future__ import annotations
@@ -20,10 +22,13 @@ from otel_loopguard.traces import OtlpSpans, RunStarted, TraceBuffer, TraceEvent
 
 from ._logs import decision_fields, log_decision, wants_allow_lines
 
-__all__ = ["Ingest"]
+__all__ = ["EXPIRE_INTERVAL_SECONDS", "Ingest"]
 
 #: How often the ingest thread looks for tool spans that waited ``hold_seconds`` (at most).
 _TICK_SECONDS: Final = 0.25
+#: How often the ingest thread drops the guard's sessions idle past ``session_ttl_seconds``
+#: (calls do so on their own only when calls come; a quiet server would keep them).
+EXPIRE_INTERVAL_SECONDS: Final = 1.0
 
 
 class Ingest:
@@ -43,6 +48,8 @@ class Ingest:
         self.flushed_early_time = 0
         self.flushed_early_capacity = 0
         self.agents_lost = 0
+        self.duplicates = 0
+        self._next_expiry = time.monotonic() + EXPIRE_INTERVAL_SECONDS
         self._tick = min(_TICK_SECONDS, hold_seconds / 4) if hold_seconds > 0 else _TICK_SECONDS
         self._thread = threading.Thread(target=self._run, name="loopguard-ingest", daemon=True)
         self._thread.start()
@@ -92,8 +99,13 @@ class Ingest:
                 if batch is not None:
                     self._add(batch)
                 self._feed(buffer.take_due())
+                now = time.monotonic()
+                if now >= self._next_expiry:
+                    self._next_expiry = now + EXPIRE_INTERVAL_SECONDS
+                    self._guard.expire_idle_sessions()
                 self.flushed_early_time = buffer.flushed_early
                 self.agents_lost = buffer.agents_lost
+                self.duplicates = buffer.duplicate_spans
             except Exception as exc:  # the ingest thread must outlive any span
                 self._guard.report_internal_error("serve.ingest", exc)
             finally:

@@ -27,6 +27,7 @@ from typing import Final, TextIO
 
 import orjson
 
+from otel_loopguard.calls import bounded_id
 from otel_loopguard.policy import Action, Decision
 
 __all__ = [
@@ -115,8 +116,8 @@ def decision_fields(
     named them: a first allow carries none of its own)."""
     return {
         "source": source,
-        "session": session,
-        "agent": agent,
+        "session": bounded_id(session),
+        "agent": None if agent is None else bounded_id(agent),
         "tool": tool,
         "action": decision.action.value,
         "detected": decision.detected.value,
@@ -134,7 +135,7 @@ def answer_fields(answer: Mapping[str, object], agent: str | None) -> dict[str, 
     return {
         "source": "api",
         "session": answer.get("session"),
-        "agent": agent,
+        "agent": None if agent is None else bounded_id(agent),
         "tool": answer.get("tool"),
         "action": answer.get("action"),
         "detected": answer.get("detected"),

@@ -25,7 +25,8 @@ __all__ = [
 OTLP_SPANS: Final = MetricSpec(
     "loopguard_otlp_spans",
     MetricKind.COUNTER,
-    "Spans received over OTLP, by result: accepted, rejected (bad data), throttled (queue full).",
+    "Spans received over OTLP, by result: accepted, rejected (bad data), throttled (queue full);"
+    " duplicate: accepted, then dropped as a span already received (an exporter's retry).",
     ("result",),
     "{span}",
 )
@@ -118,8 +119,9 @@ class ServiceMetrics:
         )
         queue = Gauge(INGEST_QUEUE_SPANS.name, INGEST_QUEUE_SPANS.description, registry=registry)
         queue.set_function(queue_size)
-        for result in ("accepted", "rejected", "throttled"):
+        for result in ("accepted", "rejected", "throttled", "duplicate"):
             self.spans.labels(result)
+        self.duplicates = self.spans.labels("duplicate")
         for transport in ("http", "grpc"):
             for outcome in OUTCOMES:
                 self.requests.labels(transport, outcome)

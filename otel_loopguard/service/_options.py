@@ -16,7 +16,10 @@ __all__ = [
     "DEFAULT_HOLD_SECONDS",
     "DEFAULT_HTTP_PORT",
     "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_MAX_CONNECTIONS",
+    "DEFAULT_MAX_INFLIGHT_BYTES",
     "DEFAULT_MAX_QUEUED_SPANS",
+    "DEFAULT_REQUEST_TIMEOUT_SECONDS",
     "RETRY_AFTER_SECONDS",
     "ServeOptions",
 ]
@@ -38,6 +41,14 @@ DEFAULT_MAX_QUEUED_SPANS: Final = 100_000
 DEFAULT_HOLD_SECONDS: Final = 11.0
 #: Seconds ``close`` waits for requests under way and the queue to drain.
 DEFAULT_DRAIN_TIMEOUT_SECONDS: Final = 30.0
+#: Request body bytes being read or decoded at once, over both transports (a request costs
+#: 13-19 times its body while decoded); past it 429 / RESOURCE_EXHAUSTED with a retry delay.
+DEFAULT_MAX_INFLIGHT_BYTES: Final = 32 * 1024 * 1024
+#: Open HTTP connections; one more is closed at once.
+DEFAULT_MAX_CONNECTIONS: Final = 1024
+#: Seconds to receive a whole HTTP request, headers and body (from the connection's accept or
+#: the request's first byte); a slower one gets 408 and is closed.
+DEFAULT_REQUEST_TIMEOUT_SECONDS: Final = 10.0
 #: Seconds a throttled or draining client is told to wait (``Retry-After``, gRPC RetryInfo).
 RETRY_AFTER_SECONDS: Final = 1
 
@@ -71,6 +82,7 @@ class ServeOptions:
     ``host``: address to bind (loopback by default); a non-loopback address needs ``token`` or
     ``insecure=True``. ``http_port``/``grpc_port``: 0 picks a free port; ``grpc_port=None``
     turns gRPC off. ``token``: bearer token every endpoint but ``/healthz`` requires.
+    ``tls_cert``/``tls_key``: PEM files; both given, the HTTP port speaks HTTPS.
     """
 
     host: str = "127.0.0.1"
@@ -85,6 +97,11 @@ class ServeOptions:
     drain_timeout_seconds: float = DEFAULT_DRAIN_TIMEOUT_SECONDS
     #: "trace" (trace + agent, as the in-process processor by default) or "conversation".
     key_by: str = "trace"
+    max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    request_timeout_seconds: float = DEFAULT_REQUEST_TIMEOUT_SECONDS
+    tls_cert: str | None = None
+    tls_key: str | None = None
 
     def __post_init__(self) -> None:
         if self.key_by not in ("trace", "conversation"):
@@ -103,6 +120,21 @@ class ServeOptions:
         _check_int("max_body_bytes", self.max_body_bytes, 1024)
         _check_int("max_queued_spans", self.max_queued_spans, 1)
         _check_int("max_buffered_spans", self.max_buffered_spans, 1)
+        _check_int("max_inflight_bytes", self.max_inflight_bytes, 1024)
+        _check_int("max_connections", self.max_connections, 1)
+        timeout = self.request_timeout_seconds
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, (int, float))
+            or not (0 < timeout < float("inf"))
+        ):
+            raise ValueError(f"request_timeout_seconds: expected a number > 0, got {timeout!r}")
+        for name in ("tls_cert", "tls_key"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"{name}: expected a file path, got {value!r}")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert, tls_key: give both (a PEM certificate and its key)")
         for name in ("hold_seconds", "drain_timeout_seconds"):
             value = getattr(self, name)
             if (

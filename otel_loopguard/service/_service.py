@@ -41,6 +41,7 @@ from otel_loopguard.guard import LoopGuard
 from otel_loopguard.metrics import PrometheusRecorder
 from otel_loopguard.traces import OtlpSpans, TraceBuffer
 
+from ._budget import ByteBudget
 from ._decisions import DecisionAPI
 from ._grpc import GrpcReceiver
 from ._http import HTTPReceiver, bind_http
@@ -94,8 +95,10 @@ class Service:
         self.http_port = 0
         self.grpc_port: int | None = None
         self.metrics = ServiceMetrics(recorder.registry, lambda: self.queued_spans)
-        self._flushes_synced = [0, 0, 0]
+        self._flushes_synced = [0, 0, 0, 0]
         self._decisions = DecisionAPI(guard)
+        #: Request bytes being read or decoded, over both transports (:mod:`._budget`).
+        self.budget: Final = ByteBudget(self.options.max_inflight_bytes)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -199,7 +202,8 @@ class Service:
         """Where it listens: ``http`` (traces, decisions, metrics, health) and ``grpc``."""
         host = self.options.host.strip("[]")
         shown = f"[{host}]" if ":" in host else host
-        urls = {"http": f"http://{shown}:{self.http_port}"}
+        scheme = "https" if self.options.tls_cert else "http"
+        urls = {"http": f"{scheme}://{shown}:{self.http_port}"}
         if self.grpc_port is not None:
             urls["grpc"] = f"{shown}:{self.grpc_port}"
         return urls
@@ -216,6 +220,7 @@ class Service:
                     (self.metrics.flush_time, ingest.flushed_early_time),
                     (self.metrics.flush_capacity, ingest.flushed_early_capacity),
                     (self.metrics.agents_lost, ingest.agents_lost),
+                    (self.metrics.duplicates, ingest.duplicates),
                 )
             ):
                 if value > self._flushes_synced[index]:
@@ -239,7 +244,11 @@ class Service:
             return True
         if not header:
             return False
-        return hmac.compare_digest(header.encode(), f"Bearer {token}".encode())
+        # The scheme is case-insensitive (RFC 9110); the token is compared in constant time.
+        scheme, _, credentials = header.strip().partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(
+            credentials.strip().encode(), token.encode()
+        )
 
     def accept(self, read: OtlpSpans, transport: str) -> tuple[str, str]:
         """Queue the spans of one request: ``(outcome, message)`` with outcome ``ok``,

@@ -1,0 +1,541 @@
+"""The reliability suite of ``serve`` (issue 14): slowloris, hostile framing, concurrent big bodies
+under a memory ceiling, the in-flight byte budget, TLS with the real exporter, the token rules.
+
+Loopback only; each test is bounded (well under 60 s together). The README's "Service" section
+quotes these figures next to what the OpenTelemetry Collector promises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import io
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.service_tools import request, require_serve_prerequisites, wait_for
+
+require_serve_prerequisites()
+
+from otel_loopguard.config import Policy  # noqa: E402
+from otel_loopguard.service import ServeOptions, Service  # noqa: E402
+
+TOKEN = "s3cret"
+DEADLINE = 1.0
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def _options(**changes: object) -> ServeOptions:
+    fields: dict[str, object] = {
+        "http_port": 0,
+        "grpc_port": None,
+        "token": TOKEN,
+        "request_timeout_seconds": DEADLINE,
+        "drain_timeout_seconds": 5.0,
+    }
+    fields.update(changes)
+    return ServeOptions(**fields)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def service() -> Iterator[Service]:
+    with Service(_options(max_connections=2048), policy=Policy()) as svc:
+        yield svc
+
+
+def _proto_body(spans: int = 3) -> bytes:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    message = ExportTraceServiceRequest()
+    scope = message.resource_spans.add().scope_spans.add()
+    for n in range(spans):
+        span = scope.spans.add()
+        span.trace_id = os.urandom(16)
+        span.span_id = (n + 1).to_bytes(8, "big")
+        span.name = "chat"
+    return bytes(message.SerializeToString())
+
+
+# -- slowloris ---------------------------------------------------------------------------------
+
+
+async def _slow(port: int, mode: str, lifetimes: list[tuple[float, bool]], stop: float) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    start = time.monotonic()
+    if mode == "body":
+        writer.write(
+            b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret\r\n"
+            b"Content-Type: application/x-protobuf\r\nContent-Length: 1000\r\n\r\n"
+        )
+    else:
+        writer.write(b"POST /v1/traces HTTP/1.1\r\n")
+    read = asyncio.ensure_future(reader.read())
+    while time.monotonic() < stop and not read.done():
+        try:
+            writer.write(b"a")  # 4 bytes a second: a per-read timeout would never fire
+            await writer.drain()
+        except OSError:
+            break
+        await asyncio.wait([read], timeout=0.25)
+    lifetimes.append((time.monotonic() - start, read.done()))
+    read.cancel()
+    writer.close()
+
+
+async def _legit(port: int, raw: bytes, results: list[tuple[bytes, float]]) -> None:
+    start = time.monotonic()
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 2)
+        writer.write(raw)
+        await writer.drain()
+        line = await asyncio.wait_for(reader.readline(), 2)  # hook --server's default timeout
+        writer.close()
+        results.append((line[9:12], time.monotonic() - start))
+    except (OSError, asyncio.TimeoutError) as exc:
+        results.append((type(exc).__name__.encode(), time.monotonic() - start))
+
+
+def _raw_post(path: str, body: bytes, content_type: str) -> bytes:
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: bearer {TOKEN}\r\n"
+        f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+def test_slowloris_and_slow_bodies_do_not_turn_the_guard_off(service: Service) -> None:
+    """256 connections dribbling headers and 64 dribbling a body (4 bytes a second) while OTLP
+    exports and hook decisions keep coming: every slow connection is closed within the request
+    deadline, every legitimate request is answered 200 in well under the hook's 2 s timeout."""
+    port = service.http_port
+    spans = _raw_post("/v1/traces", _proto_body(), "application/x-protobuf")
+    decision = _raw_post(
+        "/v1/decisions/before",
+        json.dumps({"tool": "grep", "arguments": {"q": 1}, "session": "s"}).encode(),
+        "application/json",
+    )
+
+    async def run() -> tuple[list[tuple[float, bool]], list[tuple[bytes, float]]]:
+        stop = time.monotonic() + 4 * DEADLINE
+        lifetimes: list[tuple[float, bool]] = []
+        legit: list[tuple[bytes, float]] = []
+        attack = [asyncio.ensure_future(_slow(port, "header", lifetimes, stop)) for _ in range(256)]
+        attack += [asyncio.ensure_future(_slow(port, "body", lifetimes, stop)) for _ in range(64)]
+        await asyncio.sleep(0.3)
+        pending = []
+        while time.monotonic() < stop:
+            pending.append(asyncio.ensure_future(_legit(port, spans, legit)))
+            pending.append(asyncio.ensure_future(_legit(port, decision, legit)))
+            await asyncio.sleep(0.1)
+        await asyncio.wait_for(asyncio.gather(*attack, *pending), 10)
+        return lifetimes, legit
+
+    lifetimes, legit = asyncio.run(run())
+    assert len(lifetimes) == 320
+    assert all(closed for _, closed in lifetimes), "a slow connection outlived 4 deadlines"
+    assert max(t for t, _ in lifetimes) < DEADLINE + 1.0
+    assert len(legit) >= 40 and all(status == b"200" for status, _ in legit), legit
+    assert max(t for _, t in legit) < 1.0
+    timeouts = service.metrics.requests.labels("http", "timeout")._value.get()
+    assert timeouts >= 320
+
+
+# -- hostile framing ---------------------------------------------------------------------------
+
+
+def _raw(port: int, data: bytes, context: ssl.SSLContext | None = None) -> bytes:
+    sock = socket.create_connection(("127.0.0.1", port), 2)
+    sock.settimeout(2)
+    if context is not None:
+        sock = context.wrap_socket(sock, server_hostname="127.0.0.1")
+    out = b""
+    try:
+        sock.sendall(data)
+        while chunk := sock.recv(65536):
+            out += chunk
+    except (TimeoutError, ConnectionResetError, ssl.SSLError):
+        pass
+    finally:
+        sock.close()
+    return out
+
+
+_HEAD = b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret\r\n"
+
+
+@pytest.mark.parametrize(
+    ("head", "status"),
+    [
+        (b"Content-Length: 5\r\nContent-Length: 5\r\n", b"400"),
+        (b"Content-Length: 5\r\nContent-Length: 6\r\n", b"400"),
+        (b"Content-Length: 5,5\r\n", b"400"),
+        (b"Content-Length: 5x\r\n", b"400"),
+        (b"Content-Length: +5\r\n", b"400"),
+        (b"Content-Length: -5\r\n", b"400"),
+        (b"Content-Length : 5\r\n", b"400"),
+        (b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n", b"400"),
+        (b"Transfer-Encoding: xchunked\r\n", b"400"),
+        (b"Transfer-Encoding: chunked\r\n", b"411"),  # no chunked bodies: send Content-Length
+        (b"", b"411"),  # a POST body needs Content-Length
+    ],
+)
+def test_hostile_framing_gets_one_answer_and_a_close(
+    service: Service, head: bytes, status: bytes
+) -> None:
+    tail = b"\r\n5\r\nhello\r\n0\r\n\r\n" if b"chunked" in head else b"\r\nhello"
+    if not head:  # no length: what follows would be the next request
+        tail = b"\r\n"
+    out = _raw(service.http_port, _HEAD + b"Content-Type: application/x-protobuf\r\n" + head + tail)
+    assert out[9:12] == status, out
+    assert out.count(b"HTTP/1.1 ") == 1
+    assert b"connection: close" in out.lower()
+
+
+def test_a_gets_body_is_never_a_second_request(service: Service) -> None:
+    smuggled = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
+    out = _raw(
+        service.http_port,
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
+        % len(smuggled)
+        + smuggled,
+    )
+    assert out.count(b"HTTP/1.1 ") == 1 and out.startswith(b"HTTP/1.1 200")
+    assert b"server:" not in out.lower()  # no Server header naming the stack
+
+
+def test_bare_lf_and_folded_headers_are_refused(service: Service) -> None:
+    for data in (
+        b"GET /healthz HTTP/1.1\nHost: x\n\n",
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-A: 1\r\n b\r\n\r\n",
+    ):
+        out = _raw(service.http_port, data)
+        assert out.startswith(b"HTTP/1.1 400") and out.count(b"HTTP/1.1 ") == 1, out
+
+
+# -- the in-flight byte budget -----------------------------------------------------------------
+
+
+def test_past_the_byte_budget_429_comes_before_the_body() -> None:
+    with Service(_options(max_inflight_bytes=1 << 20), policy=Policy()) as svc:
+        holder = socket.create_connection(("127.0.0.1", svc.http_port), 2)
+        try:  # a request whose body is under way holds its bytes
+            holder.sendall(
+                _HEAD + b"Content-Type: application/x-protobuf\r\nContent-Length: 900000\r\n\r\nx"
+            )
+            assert wait_for(lambda: svc.budget.used == 900_000, 2)
+            start = time.monotonic()
+            out = _raw(
+                svc.http_port,
+                _HEAD + b"Content-Type: application/x-protobuf\r\nContent-Length: 200000\r\n"
+                b"Connection: close\r\n\r\n",
+            )  # no body sent at all
+            assert out.startswith(b"HTTP/1.1 429"), out
+            assert b"retry-after: 1" in out.lower()
+            assert time.monotonic() - start < DEADLINE
+        finally:
+            holder.close()
+        assert wait_for(lambda: svc.budget.used == 0, 2 * DEADLINE)
+        # the budget is given back: a request is accepted again
+        body = _proto_body()
+        answer = request(
+            svc.http_port,
+            "POST",
+            "/v1/traces",
+            body,
+            {**AUTH, "Content-Type": "application/x-protobuf"},
+        )
+        assert answer.status == 200
+
+
+def test_the_byte_budget_covers_grpc() -> None:
+    import grpc
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    with Service(_options(grpc_port=0, max_inflight_bytes=1 << 20), policy=Policy()) as svc:
+        assert svc.budget.take(1 << 20)  # as a request under way would
+        try:
+            channel = grpc.insecure_channel(f"127.0.0.1:{svc.grpc_port}")
+            export = channel.unary_unary(
+                "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+                request_serializer=lambda m: m,
+                response_deserializer=lambda b: b,
+            )
+            with pytest.raises(grpc.RpcError) as failure:
+                export(
+                    ExportTraceServiceRequest.FromString(_proto_body()).SerializeToString(),
+                    metadata=(("authorization", f"Bearer {TOKEN}"),),
+                    timeout=5,
+                )
+            error = failure.value
+            assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            trailers = dict(error.trailing_metadata())
+            assert "google.rpc.retryinfo-bin" in trailers
+            channel.close()
+        finally:
+            svc.budget.give(1 << 20)
+
+
+# -- concurrent big bodies under a memory ceiling ----------------------------------------------
+
+#: The serve process's peak resident memory (VmHWM) must stay under this while 16 clients send
+#: 17 MiB OTLP JSON bodies at once (the standard library server took 3.7 GB).
+MEMORY_CEILING_MB = 400
+
+
+def _big_json_body(target: int) -> bytes:
+    span = {
+        "traceId": "",
+        "spanId": "",
+        "name": "execute_tool grep",
+        "startTimeUnixNano": "1",
+        "endTimeUnixNano": "2",
+        "attributes": [
+            {"key": "gen_ai.operation.name", "value": {"stringValue": "execute_tool"}},
+            {"key": "gen_ai.tool.name", "value": {"stringValue": "grep"}},
+            {"key": "gen_ai.tool.call.result", "value": {"stringValue": "x" * 300}},
+        ],
+    }
+    one = len(json.dumps(span)) + 70
+    spans = []
+    for n in range(target // one):
+        spans.append({**span, "traceId": f"{n + 1:032x}", "spanId": f"{n + 1:016x}"})
+    return json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]}).encode()
+
+
+def _vm_hwm_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc/PID/status")
+def test_concurrent_big_bodies_stay_under_a_memory_ceiling() -> None:
+    body = _big_json_body(17 << 20)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "otel_loopguard", "serve", "--http-port", "0", "--no-grpc"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "LOOPGUARD_SERVE_TOKEN"},
+    )
+    try:
+        assert process.stderr is not None
+        first = process.stderr.readline()
+        port = int(first.split(" on http://127.0.0.1:", 1)[1].split(";", 1)[0].split()[0])
+        idle_mb = _vm_hwm_mb(process.pid)
+        statuses: list[int] = []
+
+        def send() -> None:
+            try:
+                answer = request(
+                    port, "POST", "/v1/traces", body, {"Content-Type": "application/json"}, 30
+                )
+                statuses.append(answer.status)
+                if answer.status == 429:
+                    assert answer.headers["retry-after"] == "1"
+            except OSError as exc:
+                statuses.append(-1)
+                print(exc)
+
+        threads = [threading.Thread(target=send) for _ in range(16)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(40)
+        peak_mb = _vm_hwm_mb(process.pid)
+        print(f"idle {idle_mb:.0f} MB, peak {peak_mb:.0f} MB, answers {sorted(statuses)}")
+        assert len(statuses) == 16 and set(statuses) <= {200, 429}, statuses
+        assert statuses.count(200) >= 1
+        assert peak_mb < MEMORY_CEILING_MB, (idle_mb, peak_mb)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+
+
+# -- TLS ---------------------------------------------------------------------------------------
+
+
+def _self_signed(directory: Path) -> tuple[str, str]:
+    """A certificate for 127.0.0.1 and its key (the ``cryptography`` package, else openssl)."""
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    try:
+        import ipaddress
+
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+    except ImportError:
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256"]
+            + ["-nodes", "-days", "1", "-subj", "/CN=127.0.0.1"]
+            + ["-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
+        return str(cert), str(key)
+    private = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(private.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(private, hashes.SHA256())
+    )
+    cert.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key.write_bytes(
+        private.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return str(cert), str(key)
+
+
+def test_tls_round_trip_with_the_real_otlp_http_exporter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # requests lets these override a session's CA file (the exporter's certificate_file)
+    monkeypatch.delenv("REQUESTS_CA_BUNDLE", raising=False)
+    monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    recorded = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(recorded))
+    with provider.get_tracer("t").start_as_current_span("chat"):
+        pass
+    cert, key = _self_signed(tmp_path)
+    with Service(_options(tls_cert=cert, tls_key=key), policy=Policy()) as svc:
+        assert svc.urls["http"].startswith("https://")
+        exporter = OTLPSpanExporter(
+            endpoint=f"https://127.0.0.1:{svc.http_port}/v1/traces",
+            certificate_file=cert,
+            headers={"authorization": f"bearer {TOKEN}"},
+            timeout=5,
+        )
+        assert exporter.export(recorded.get_finished_spans()) == SpanExportResult.SUCCESS
+        assert wait_for(lambda: svc.processed_spans == 1, 5)
+        # plain HTTP on the TLS port gets no answer
+        assert not _raw(svc.http_port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").startswith(
+            b"HTTP/1.1 200"
+        )
+        context = ssl.create_default_context(cafile=cert)
+        out = _raw(
+            svc.http_port, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", context
+        )
+        assert out.startswith(b"HTTP/1.1 200")
+        exporter.shutdown()  # type: ignore[no-untyped-call]
+
+
+def test_a_certificate_that_cannot_be_loaded_is_a_clear_error(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.pem"
+    bad.write_text("not a certificate")
+    with pytest.raises(ValueError, match="tls_cert"):
+        Service(_options(tls_cert=str(bad), tls_key=str(bad))).start()
+    with pytest.raises(ValueError, match="give both"):
+        _options(tls_cert=str(bad))
+
+
+# -- the token ---------------------------------------------------------------------------------
+
+
+def test_the_bearer_scheme_is_case_insensitive(service: Service) -> None:
+    port = service.http_port
+    for scheme in ("Bearer", "bearer", "BEARER"):
+        answer = request(port, "GET", "/metrics", headers={"Authorization": f"{scheme} {TOKEN}"})
+        assert answer.status == 200, scheme
+    for header in (f"Basic {TOKEN}", "Bearer wrong", f"Bearer{TOKEN}", TOKEN):
+        assert request(port, "GET", "/metrics", headers={"Authorization": header}).status == 401
+
+
+def test_an_empty_token_is_refused_everywhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from otel_loopguard.cli import main
+    from otel_loopguard.hooks import run
+
+    empty = tmp_path / "token"
+    empty.write_text("\n")
+    monkeypatch.delenv("LOOPGUARD_SERVE_TOKEN", raising=False)
+    for argv in (["--token", ""], ["--token-file", str(empty)]):
+        assert main(["serve", "--http-port", "0", "--no-grpc", *argv]) == 2
+        assert "empty" in capsys.readouterr().err
+    monkeypatch.setenv("LOOPGUARD_SERVE_TOKEN", "")
+    assert main(["serve", "--http-port", "0", "--no-grpc"]) == 2
+    assert "LOOPGUARD_SERVE_TOKEN: the token is empty" in capsys.readouterr().err
+    with pytest.raises(ValueError):
+        ServeOptions(token="")
+    # hook --server: refused (and, with --fail-closed, the call is denied), never sent bare
+    event = {
+        "hook_event_name": "PreToolUse",
+        "session_id": "s",
+        "tool_name": "Bash",
+        "tool_input": {"command": "ls"},
+    }
+    out, err = io.BytesIO(), io.StringIO()
+    assert (
+        run(
+            "claude-code",
+            server="http://127.0.0.1:9",
+            fail_closed=True,
+            environ={"LOOPGUARD_SERVE_TOKEN": ""},
+            stdin=io.BytesIO(json.dumps(event).encode()),
+            stdout=out,
+            stderr=err,
+        )
+        == 0
+    )
+    assert "LOOPGUARD_SERVE_TOKEN is set but empty" in err.getvalue()
+    assert "deny" in out.getvalue().decode()
+
+
+def test_a_token_on_the_command_line_warns_and_a_token_file_works(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from otel_loopguard.cli import main
+
+    monkeypatch.delenv("LOOPGUARD_SERVE_TOKEN", raising=False)
+    # A bad --max-connections stops it before binding: enough to see how the token was read.
+    assert main(["serve", "--token", TOKEN, "--max-connections", "0"]) == 2
+    assert "ps" in capsys.readouterr().err
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    assert main(["serve", "--token-file", str(token_file), "--max-connections", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "ps" not in err and "max_connections" in err
