@@ -21,8 +21,14 @@ failure): recorded the same way, with ``loopguard.phase`` ``post``, and kept for
 adapter whose own report of the call comes after the span's (:meth:`~LoopGuardSpanProcessor.
 take_concluded`).
 
-Bookkeeping per open span (bounded by ``max_tracked_spans``; spans never ended are forgotten
-after ``span_ttl_seconds``) lets a tool span find its agent among its ancestors.
+Bookkeeping per open span lets a tool span find its agent among its ancestors. It is a weak
+reference to the span, never the span itself: a span the application drops without ending it is
+freed with everything it carries, whatever its size, and the processor keeps a few dozen bytes for
+it (bounded by ``max_tracked_spans``; spans never ended are forgotten after ``span_ttl_seconds``,
+or once the application dropped them). The reference is weak rather than a copy of what the
+resolver reads because that (an agent span's name, conversation id, even its
+``gen_ai.operation.name``) is often set just after the span starts, and an ancestor is read only
+when a tool span under it needs its agent.
 """
 
 from __future__ import annotations
@@ -31,12 +37,14 @@ import dataclasses
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+from opentelemetry.sdk.trace import ConcurrentMultiSpanProcessor, ReadableSpan, Span, SpanProcessor
 from opentelemetry.trace import NonRecordingSpan, StatusCode
 
 from .calls import SIGNATURE_CHARS, canonical_arguments, canonical_json
@@ -87,6 +95,10 @@ _MAX_CACHED_FRAMES: Final = 4096
 #: Post-call conclusions kept for framework adapters (:meth:`LoopGuardSpanProcessor.
 #: take_concluded`); the oldest is dropped beyond this (nobody took it: no adapter).
 _MAX_CONCLUDED: Final = 1024
+
+# An open span as the processor tracks it (see the module docstring): a weak reference, one
+# fixed-size object made in C, so tracking costs about a dict insert.
+_track: Final = weakref.ref
 
 _NO_CALL: Final = SpanToolCall("", MISSING, None, None, None, None, None, None, "hook")
 
@@ -173,9 +185,16 @@ class LoopGuardSpanProcessor(SpanProcessor):
         self._ttl_ns = int(span_ttl_seconds * 1e9)
         self._tracer_provider = tracer_provider
         self._tracer: trace.Tracer | None = None
-        # Open spans by span id, oldest first. Plain dict operations are atomic under the GIL;
-        # the lock only guards the occasional pruning rebuild.
-        self._open: dict[int, ReadableSpan] = {}
+        # Under a ConcurrentMultiSpanProcessor, on_end runs on the provider's pool: starting the
+        # decision span there would wait on that same pool. Those spans are emitted from one
+        # thread of ours instead (created on first need).
+        self._emitter: ThreadPoolExecutor | None = None
+        self._emitter_lock = threading.Lock()
+        self._concurrent: bool | None = None
+        # Open spans by span id, oldest first, as weak references: a span the application drops
+        # unended is freed, not kept here. Plain dict operations are atomic under the GIL; the
+        # lock only guards the occasional pruning.
+        self._open: dict[int, weakref.ref[Span]] = {}
         self._prune_lock = threading.Lock()
         # Tool spans decided at start: span id -> (session, agent, call id).
         self._started: dict[int, tuple[str, str | None, str | None]] = {}
@@ -198,7 +217,7 @@ class LoopGuardSpanProcessor(SpanProcessor):
             if context is None:
                 return
             opened = self._open
-            opened[context.span_id] = span
+            opened[context.span_id] = _track(span)
             name = span.name
             if name[:4] in START_NAME_PREFIXES:
                 self._start(span, name, context.span_id, context.trace_id)
@@ -234,6 +253,8 @@ class LoopGuardSpanProcessor(SpanProcessor):
         for span_id in list(self._started):
             _START_DECISIONS.pop(span_id, None)
         self._started.clear()
+        if self._emitter is not None:
+            self._emitter.shutdown(wait=True)
         self.guard.close()
 
     def current_session(self) -> tuple[str, str | None] | None:
@@ -272,8 +293,9 @@ class LoopGuardSpanProcessor(SpanProcessor):
     # -- internals -------------------------------------------------------------------------
 
     def _prune(self) -> None:
-        """Forget the oldest quarter of the open spans, and any older than the TTL, with what was
-        kept for them (decisions made at their start).
+        """Forget the oldest quarter of the open spans, any older than the TTL and any the
+        application dropped without ending them, with what was kept for them (decisions made at
+        their start).
 
         Entries are deleted from the live table, never swapped for a new one: another thread may
         be inserting a span right now, and its insert must not land in a discarded table.
@@ -285,11 +307,11 @@ class LoopGuardSpanProcessor(SpanProcessor):
             items = list(opened.items())  # one C-level copy: atomic under the GIL
             drop_before = len(items) // 4
             deadline = time.time_ns() - self._ttl_ns
-            dropped = [
-                span_id
-                for index, (span_id, span) in enumerate(items)
-                if index < drop_before or (span.start_time or 0) < deadline
-            ]
+            dropped = []
+            for index, (span_id, tracked) in enumerate(items):
+                span = tracked()
+                if index < drop_before or span is None or (span.start_time or 0) < deadline:
+                    dropped.append(span_id)
             for span_id in dropped:
                 opened.pop(span_id, None)
                 if self._started.pop(span_id, None) is not None:
@@ -297,7 +319,10 @@ class LoopGuardSpanProcessor(SpanProcessor):
             self.evicted_spans += len(dropped)
 
     def _view(self, span_id: int) -> SpanView | None:
-        span = self._open.get(span_id)
+        """An open span as the resolver sees it, read now (its name and attributes may have
+        changed since it started); ``None`` when not tracked, or dropped unended."""
+        tracked = self._open.get(span_id)
+        span = tracked() if tracked is not None else None
         if span is None:
             return None
         parent = span.parent
@@ -438,18 +463,42 @@ class LoopGuardSpanProcessor(SpanProcessor):
         attributes and as one event. It ends at once, so the decision reaches the exporter
         whatever the application does next (an ancestor that never ends, because its agent
         raised, would have kept an event on it from ever being exported), and no span object is
-        held for it."""
+        held for it. Under a ``ConcurrentMultiSpanProcessor`` (whose pool runs this ``on_end``,
+        and would be waited on by a span started here) the decision span is emitted from one
+        thread of this processor instead, moments later; ``shutdown`` waits for it."""
         attributes = self._event_attributes(decision, call)
-        tracer = self._tracer
-        if tracer is None:
-            provider = self._tracer_provider or trace.get_tracer_provider()
-            tracer = self._tracer = provider.get_tracer("otel_loopguard")
         span_context = span.get_span_context()
         if span_context is None:
             return
         parent = span.parent
         anchor = parent if parent is not None else span_context
-        context = trace.set_span_in_context(NonRecordingSpan(anchor))
-        decision_span = tracer.start_span(DECISION_EVENT, context=context, attributes=attributes)
-        decision_span.add_event(DECISION_EVENT, attributes)
-        decision_span.end()
+        if self._concurrent is None:
+            provider = self._tracer_provider or trace.get_tracer_provider()
+            self._concurrent = isinstance(
+                getattr(provider, "_active_span_processor", None), ConcurrentMultiSpanProcessor
+            )
+        if self._concurrent:
+            with self._emitter_lock:
+                emitter = self._emitter
+                if emitter is None:
+                    emitter = self._emitter = ThreadPoolExecutor(
+                        1, thread_name_prefix="loopguard-decisions"
+                    )
+            emitter.submit(self._emit_decision, anchor, attributes)
+        else:
+            self._emit_decision(anchor, attributes)
+
+    def _emit_decision(self, anchor: trace.SpanContext, attributes: dict[str, Any]) -> None:
+        try:
+            tracer = self._tracer
+            if tracer is None:
+                provider = self._tracer_provider or trace.get_tracer_provider()
+                tracer = self._tracer = provider.get_tracer("otel_loopguard")
+            context = trace.set_span_in_context(NonRecordingSpan(anchor))
+            decision_span = tracer.start_span(
+                DECISION_EVENT, context=context, attributes=attributes
+            )
+            decision_span.add_event(DECISION_EVENT, attributes)
+            decision_span.end()
+        except Exception as exc:  # never into the application, nor the emitter thread
+            self.guard.report_internal_error("span_processor.decision_span", exc)

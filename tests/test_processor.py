@@ -318,3 +318,32 @@ def test_a_stop_concluded_at_a_spans_end_is_recorded_with_phase_post(at_start: b
         assert [e["loopguard.action"] for e in events] == ["stop", "stop"]
     assert current_decision() is None
     assert guard.internal_errors == {}
+
+
+def test_decision_spans_under_a_concurrent_multi_span_processor_do_not_deadlock() -> None:
+    from opentelemetry.sdk.trace import ConcurrentMultiSpanProcessor
+
+    guard = LoopGuard(DEFAULT)
+    multi = ConcurrentMultiSpanProcessor(num_threads=2)
+    provider = TracerProvider(active_span_processor=multi)
+    processor = LoopGuardSpanProcessor(guard, tracer_provider=provider)
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(processor)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("t")
+    with tracer.start_as_current_span("invoke_agent a"):  # one trace: one session
+        for n in range(6):
+            with tracer.start_as_current_span(
+                "execute_tool search",
+                attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search"},
+            ) as span:
+                span.set_attribute("gen_ai.tool.call.arguments", '{"query": "weather"}')
+                span.set_attribute("gen_ai.tool.call.id", f"c{n}")
+                span.set_attribute("gen_ai.tool.call.result", "nothing useful")
+    processor.shutdown()  # waits for the decision spans emitted from the processor's thread
+    decisions = [s for s in exporter.get_finished_spans() if s.name == DECISION_EVENT]
+    provider.shutdown()
+    assert [dict(s.attributes or {})["loopguard.action"] for s in decisions][:2] == [
+        "remind",
+        "deny",
+    ]

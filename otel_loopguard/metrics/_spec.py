@@ -209,6 +209,7 @@ ERROR_PLACES: Final = (
     "advisor_callback",
     "span_processor.on_start",
     "span_processor.on_end",
+    "span_processor.decision_span",
     "exporter.export",
     "exporter.next",
 )
