@@ -16,12 +16,14 @@ for bugs this file found; each failed on the code before its fix.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import math
 import random
 import threading
 import time
+import tracemalloc
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
@@ -898,6 +900,103 @@ def test_a_span_pruned_in_its_own_on_start_leaves_nothing_behind() -> None:
         assert len(processor_module._START_DECISIONS) - before <= max_spans
     finally:
         processor.shutdown()
+
+
+# -- what an open span costs the processor ----------------------------------------------------
+
+ABANDONED_SPANS = 10_000
+#: What the processor may keep per open span, whatever the span carries (its record, the table's
+#: slot and the span id key take about 200 bytes).
+MAX_BYTES_PER_OPEN_SPAN = 1024
+SMALL_ATTRIBUTE_CHARS = 1_000
+LARGE_ATTRIBUTE_CHARS = 100_000
+
+
+def retained_after_abandoned_spans(attribute_chars: int) -> tuple[int, LoopGuardSpanProcessor]:
+    """Bytes still allocated (tracemalloc) after :data:`ABANDONED_SPANS` spans, each carrying its
+    own string of ``attribute_chars`` characters, went through a real TracerProvider and were
+    dropped by the application without ending; with the processor that tracks them."""
+    provider = TracerProvider()
+    processor = LoopGuardSpanProcessor(LoopGuard(DEFAULT), tracer_provider=provider)
+    provider.add_span_processor(processor)
+    tracer = provider.get_tracer("t")
+    filler = "x" * attribute_chars
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        for n in range(ABANDONED_SPANS):
+            large = f"{n:08d}{filler}"  # a new string per span, as real prompts are
+            # Every kind the processor sees: agent runs, model calls, tool calls.
+            if n % 3 == 0:
+                tracer.start_span(
+                    f"invoke_agent agent-{n}",
+                    attributes={OP: "invoke_agent", AGENT_NAME: large, "gen_ai.prompt": large},
+                )
+            elif n % 3 == 1:
+                tracer.start_span("chat gpt-4o", attributes={OP: "chat", "gen_ai.prompt": large})
+            else:
+                tracer.start_span(
+                    "execute_tool search",
+                    attributes={OP: "execute_tool", TOOL_NAME: "search", "tool.description": large},
+                )
+        gc.collect()
+        after, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return after - before, processor
+
+
+def test_abandoned_spans_cost_a_bounded_size_whatever_they_carry() -> None:
+    """Regression (issue 14): the processor held every open span, so 10,000 spans of 100 KB
+    never ended kept about 1 GB alive. It now keeps a weak reference per open span."""
+    small, small_processor = retained_after_abandoned_spans(SMALL_ATTRIBUTE_CHARS)
+    large, large_processor = retained_after_abandoned_spans(LARGE_ATTRIBUTE_CHARS)
+    # Still tracked (nothing was pruned: far below max_tracked_spans), so what is measured is
+    # the processor's bookkeeping for open spans.
+    assert len(small_processor._open) == len(large_processor._open) == ABANDONED_SPANS
+    assert large_processor.evicted_spans == 0
+    assert large < ABANDONED_SPANS * MAX_BYTES_PER_OPEN_SPAN
+    # 100 times the attribute size, the same cost (give or take allocator noise).
+    assert abs(large - small) < ABANDONED_SPANS * MAX_BYTES_PER_OPEN_SPAN // 10
+    assert large_processor.guard.internal_errors == {}
+
+
+def test_spans_dropped_unended_are_forgotten_at_the_next_pruning() -> None:
+    """Not only the oldest quarter: every span the application let go of without ending it."""
+    max_spans = 100
+    provider = TracerProvider()
+    processor = LoopGuardSpanProcessor(
+        LoopGuard(DEFAULT), max_tracked_spans=max_spans, tracer_provider=provider
+    )
+    provider.add_span_processor(processor)
+    tracer = provider.get_tracer("t")
+    kept = [agent_span(tracer, f"kept-{n}") for n in range(max_spans // 2)]
+    for n in range(max_spans // 2):
+        agent_span(tracer, f"dropped-{n}")  # no reference kept, never ended
+    gc.collect()
+    overflow = agent_span(tracer, "overflow")  # one more than max_spans: prunes
+    live = {span.get_span_context().span_id for span in [*kept, overflow]}
+    assert set(processor._open) == live - {
+        span.get_span_context().span_id for span in kept[: (max_spans + 1) // 4]
+    }
+    assert processor.evicted_spans == max_spans // 2 + (max_spans + 1) // 4
+
+
+def test_agent_identity_set_after_the_agent_span_started_is_seen() -> None:
+    """Strands, CrewAI and OpenLIT set an agent span's attributes just after it starts: the
+    processor reads an ancestor when a tool span needs it, not a copy taken at its start."""
+    guard = LoopGuard(DEFAULT)
+    spy = DecisionSpy(guard)
+    provider = TracerProvider()
+    provider.add_span_processor(LoopGuardSpanProcessor(guard, tracer_provider=provider))
+    tracer = provider.get_tracer("t")
+    agent = tracer.start_span("invoke_agent")
+    assert isinstance(agent, Span)
+    agent.set_attributes({OP: "invoke_agent", AGENT_NAME: "researcher"})
+    strands_tool_span(tracer, agent, "c1", '{"q": 1}')
+    agent.end()
+    assert [session for session, _ in spy.decisions] == [session_of(agent)]
 
 
 # -- inputs that are hard to key --------------------------------------------------------
