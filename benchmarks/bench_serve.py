@@ -172,6 +172,13 @@ class Server:
         if match is None:
             raise RuntimeError(f"serve did not start: {line!r}")
         self.port = int(match.group(1))
+        # serve logs a line per decision on stderr: keep reading it, or a full pipe stalls it
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self) -> None:
+        assert self.process.stderr is not None
+        for _ in self.process.stderr:
+            pass
 
     def metric(self, name: str, **labels: str) -> float:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
