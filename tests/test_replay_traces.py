@@ -598,7 +598,7 @@ def test_otlp_values_of_every_type_are_read() -> None:
     assert span.attributes["d"] != span.attributes["d"]  # NaN
 
 
-# -- the recorded Collector sample (runs without ../shared) -------------------------------------
+# -- the recorded Collector sample (in tests/data) ------------------------------------------------
 
 
 def test_collector_file_exporter_sample() -> None:
