@@ -224,6 +224,27 @@ def test_bare_lf_and_folded_headers_are_refused(service: Service) -> None:
         assert out.startswith(b"HTTP/1.1 400") and out.count(b"HTTP/1.1 ") == 1, out
 
 
+def test_accepted_connections_send_without_nagle(service: Service) -> None:
+    """uvicorn writes an answer's head and body separately: without TCP_NODELAY the body waits
+    for the client's delayed ACK, about 40 ms per answer on a keep-alive connection (a hook asks
+    before every tool call). asyncio sets it only on a socket made with ``IPPROTO_TCP``."""
+    with socket.create_connection(("127.0.0.1", service.http_port), timeout=5) as client:
+        for _ in range(2):  # the second request is the keep-alive case
+            client.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            got = b""
+            while not got.endswith(b'"ok"}'):
+                chunk = client.recv(4096)
+                assert chunk, got
+                got += chunk
+        receiver = service._http
+        assert receiver is not None
+        connections = list(receiver._server.server_state.connections)
+        assert connections, "the server holds no connection"
+        for protocol in connections:
+            sock = protocol.transport.get_extra_info("socket")
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+
+
 # -- the in-flight byte budget -----------------------------------------------------------------
 
 

@@ -208,7 +208,10 @@ class HTTPReceiver:
             ) from None
         host = options.host.strip("[]")
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and
+        # without it uvicorn's two writes (headers, then body) wait out the peer's delayed ACK
+        # (about 40 ms per answer on a keep-alive connection).
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((host, options.http_port))
