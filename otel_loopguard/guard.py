@@ -406,6 +406,43 @@ class LoopGuard:
         for reason in evictions:
             self._recorder.evicted(reason)
 
+    # -- for serve --state-dir (otel_loopguard.service._durable) ------------------------------
+
+    def _dump_state(self, dump: Callable[[dict[str, Any]], bytes], extra: dict[str, Any]) -> bytes:
+        """``dump`` of every session, the report ledger and ``extra``, under the lock (so no
+        call is half applied in it)."""
+        with self._lock:
+            store = self._store
+            return dump(
+                {
+                    "sessions": store._sessions,
+                    "agents": store._agents,
+                    "settled": self._settled,
+                    **extra,
+                }
+            )
+
+    def _load_state(self, state: Mapping[str, Any]) -> None:
+        """Take the sessions and the ledger of a :meth:`_dump_state` (before any call)."""
+        with self._lock:
+            store = self._store
+            store._sessions = state["sessions"]
+            store._agents = state["agents"]
+            self._settled = state["settled"]
+
+    def _replaying(self, advisor: Advisor | None) -> Callable[[], None]:
+        """Until the returned function is called: no metric, no trip line, and ``advisor``
+        answers (a restart applying its log again)."""
+        saved = (self._recorder, self.trip_log, self.advisor)
+        self._recorder, self.trip_log = NoopRecorder(), None
+        if self.advisor is not None:
+            self.advisor = advisor
+
+        def done() -> None:
+            self._recorder, self.trip_log, self.advisor = saved
+
+        return done
+
     @property
     def recorder(self) -> Recorder:
         """Where the guard reports its metrics."""

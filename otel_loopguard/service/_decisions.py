@@ -68,6 +68,18 @@ class HeldReminders:
         with self._lock:
             return self._texts.pop(key, None)
 
+    def saved(self) -> OrderedDict[_Key, str]:
+        """A copy of what is held, oldest first (``serve --state-dir`` snapshots)."""
+        with self._lock:
+            return OrderedDict(self._texts)
+
+    def restore(self, texts: OrderedDict[_Key, str]) -> None:
+        """Hold what :meth:`saved` gave (before any call)."""
+        with self._lock:
+            self._texts = OrderedDict(texts)
+            while len(self._texts) > self._limit:
+                self._texts.popitem(last=False)
+
     def of(self, session: str, agent: str | None) -> _CallerReminders:
         """The reminders of one session and agent, as the answer protocol keeps them
         (:class:`~otel_loopguard.hooks.answers.Reminders`)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Final
 
 from otel_loopguard.guard import LoopGuard
@@ -35,13 +36,21 @@ class Ingest:
     """The bounded queue of accepted spans and the one thread that feeds them to the guard."""
 
     def __init__(
-        self, guard: LoopGuard, buffer: TraceBuffer, max_queued: int, hold_seconds: float
+        self,
+        guard: LoopGuard,
+        buffer: TraceBuffer,
+        max_queued: int,
+        hold_seconds: float,
+        on_pause: Callable[[], None] | None = None,
     ) -> None:
         self._guard = guard
         self._buffer = buffer
         self._max = max_queued
         self._cond = threading.Condition()
-        self._batches: deque[OtlpSpans] = deque()
+        self._batches: deque[tuple[OtlpSpans, int]] = deque()
+        # Called by the ingest thread between batches (serve --state-dir: a snapshot may be due).
+        self._on_pause = on_pause
+        self._quiet = False
         self._closing = False
         self.queued = 0
         self.processed = 0
@@ -52,16 +61,35 @@ class Ingest:
         self._next_expiry = time.monotonic() + EXPIRE_INTERVAL_SECONDS
         self._tick = min(_TICK_SECONDS, hold_seconds / 4) if hold_seconds > 0 else _TICK_SECONDS
         self._thread = threading.Thread(target=self._run, name="loopguard-ingest", daemon=True)
+
+    def start(self) -> None:
+        """Start the ingest thread (after :meth:`replay`, if any)."""
         self._thread.start()
 
-    def offer(self, batch: OtlpSpans) -> bool:
+    def replay(self, batch: OtlpSpans) -> None:
+        """On the caller's thread, before :meth:`start`: add a batch again as the ingest
+        thread would have, without logging its decisions (``serve --state-dir`` after a
+        restart)."""
+        self._quiet = True
+        try:
+            self._add(batch)
+            self._feed(self._buffer.take_due())
+        finally:
+            self._quiet = False
+
+    def first_queued_seq(self) -> int | None:
+        """The sequence number of the oldest batch still queued (None when none is)."""
+        with self._cond:
+            return self._batches[0][1] if self._batches else None
+
+    def offer(self, batch: OtlpSpans, seq: int = 0) -> bool:
         """Queue a batch; False when the queue is full (an oversized batch is taken only when
         the queue is empty, so any batch the body cap allows can get through) or closing."""
         size = batch.accepted
         with self._cond:
             if self._closing or (self.queued and self.queued + size > self._max):
                 return False
-            self._batches.append(batch)
+            self._batches.append((batch, seq))
             self.queued += size
             self._cond.notify()
         return True
@@ -82,6 +110,8 @@ class Ingest:
         with self._cond:
             self._closing = True
             self._cond.notify_all()
+        if not self._thread.is_alive() and self._thread.ident is None:
+            self._thread.start()  # never started (a failed start): it only drains
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
@@ -91,13 +121,13 @@ class Ingest:
             with self._cond:
                 if not self._batches and not self._closing:
                     self._cond.wait(self._tick)
-                batch = self._batches.popleft() if self._batches else None
-                done = batch is None and self._closing
+                item = self._batches.popleft() if self._batches else None
+                done = item is None and self._closing
             if done:
                 break
             try:
-                if batch is not None:
-                    self._add(batch)
+                if item is not None:
+                    self._add(item[0])
                 self._feed(buffer.take_due())
                 now = time.monotonic()
                 if now >= self._next_expiry:
@@ -109,11 +139,16 @@ class Ingest:
             except Exception as exc:  # the ingest thread must outlive any span
                 self._guard.report_internal_error("serve.ingest", exc)
             finally:
-                if batch is not None:
+                if item is not None:
                     with self._cond:
-                        self.queued -= batch.accepted
-                        self.processed += batch.accepted
+                        self.queued -= item[0].accepted
+                        self.processed += item[0].accepted
                         self._cond.notify_all()
+            if self._on_pause is not None:
+                try:
+                    self._on_pause()
+                except Exception as exc:
+                    self._guard.report_internal_error("serve.state", exc)
         try:
             self._feed(buffer.finish())
         except Exception as exc:
@@ -133,10 +168,12 @@ class Ingest:
     def _feed(self, events: list[TraceEvent]) -> None:
         guard = self._guard
         allows = wants_allow_lines()
+        quiet = self._quiet
         for event in events:
             decision = feed(guard, event)
             if (
-                decision is not None
+                not quiet
+                and decision is not None
                 and (allows or decision.detected is not Action.ALLOW)
                 and not isinstance(event, RunStarted)
             ):

@@ -17,6 +17,7 @@ __all__ = [
     "OTLP_SPANS",
     "OUTCOMES",
     "SERVICE_METRICS",
+    "STATE_ERRORS",
     "TRACE_AGENTS_LOST",
     "TRACE_FLUSHES_EARLY",
     "ServiceMetrics",
@@ -67,6 +68,14 @@ DECISION_REQUESTS: Final = MetricSpec(
     ("endpoint",),
     "{request}",
 )
+STATE_ERRORS: Final = MetricSpec(
+    "loopguard_state_errors",
+    MetricKind.COUNTER,
+    "serve --state-dir: writes that failed, by what: log (a batch answered 503, or a decision"
+    " answered but not kept) or snapshot (the log is kept longer).",
+    ("what",),
+    "{error}",
+)
 #: The service's own metrics, declared once; registered beside the guard's.
 SERVICE_METRICS: Final = (
     OTLP_SPANS,
@@ -75,6 +84,7 @@ SERVICE_METRICS: Final = (
     TRACE_AGENTS_LOST,
     INGEST_QUEUE_SPANS,
     DECISION_REQUESTS,
+    STATE_ERRORS,
 )
 #: The outcomes of an OTLP request (``loopguard_otlp_requests_total{outcome}``).
 OUTCOMES: Final = (
@@ -117,6 +127,11 @@ class ServiceMetrics:
             DECISION_REQUESTS.labels,
             registry=registry,
         )
+        self.state_errors = Counter(
+            STATE_ERRORS.name, STATE_ERRORS.description, STATE_ERRORS.labels, registry=registry
+        )
+        for what in ("log", "snapshot"):
+            self.state_errors.labels(what)
         queue = Gauge(INGEST_QUEUE_SPANS.name, INGEST_QUEUE_SPANS.description, registry=registry)
         queue.set_function(queue_size)
         for result in ("accepted", "rejected", "throttled", "duplicate"):

@@ -83,6 +83,8 @@ class ServeOptions:
     ``insecure=True``. ``http_port``/``grpc_port``: 0 picks a free port; ``grpc_port=None``
     turns gRPC off. ``token``: bearer token every endpoint but ``/healthz`` requires.
     ``tls_cert``/``tls_key``: PEM files; both given, the HTTP port speaks HTTPS.
+    ``state_dir``: keep a write-ahead log and snapshots there, so that a crash loses nothing
+    answered (:mod:`._durable`).
     """
 
     host: str = "127.0.0.1"
@@ -102,6 +104,8 @@ class ServeOptions:
     request_timeout_seconds: float = DEFAULT_REQUEST_TIMEOUT_SECONDS
     tls_cert: str | None = None
     tls_key: str | None = None
+    #: Directory of the write-ahead log and snapshots (None: state lives in memory only).
+    state_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.key_by not in ("trace", "conversation"):
@@ -133,6 +137,10 @@ class ServeOptions:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ValueError(f"{name}: expected a file path, got {value!r}")
+        if self.state_dir is not None and (
+            not isinstance(self.state_dir, str) or not self.state_dir
+        ):
+            raise ValueError(f"state_dir: expected a directory path, got {self.state_dir!r}")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("tls_cert, tls_key: give both (a PEM certificate and its key)")
         for name in ("hold_seconds", "drain_timeout_seconds"):

@@ -31,10 +31,14 @@ server keeps serving.
 from __future__ import annotations
 
 import hmac
+import pickle
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Final
+from typing import Any, Final
+
+import orjson
 
 from otel_loopguard.config import Policy
 from otel_loopguard.guard import LoopGuard
@@ -43,6 +47,18 @@ from otel_loopguard.traces import OtlpSpans, TraceBuffer
 
 from ._budget import ByteBudget
 from ._decisions import DecisionAPI
+from ._durable import (
+    ADVICE,
+    BATCH,
+    DECISION,
+    SNAPSHOT_INTERVAL_SECONDS,
+    SNAPSHOT_LOG_BYTES,
+    Gate,
+    ServiceClock,
+    StateDir,
+    StateError,
+    note,
+)
 from ._grpc import GrpcReceiver
 from ._http import HTTPReceiver, bind_http
 from ._ingest import Ingest
@@ -68,15 +84,24 @@ class Service:
         *,
         guard: LoopGuard | None = None,
         policy: Policy | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         if options is not None and not isinstance(options, ServeOptions):
             raise ValueError(f"options: expected ServeOptions, got {type(options).__name__}")
         if guard is not None and not isinstance(guard, LoopGuard):
             raise ValueError(f"guard: expected a LoopGuard, got {type(guard).__name__}")
         self.options: Final = options if options is not None else ServeOptions()
+        if self.options.state_dir is not None:
+            if guard is not None:
+                raise ValueError(
+                    "guard: with state_dir the service makes its own guard (its clock and"
+                    " state are the ones kept); give a policy instead"
+                )
+            if clock is not None:
+                raise ValueError("clock: with state_dir the service keeps its own clock")
+            clock = ServiceClock()
         if guard is None:
-            guard = LoopGuard(policy, recorder=PrometheusRecorder())
+            guard = LoopGuard(policy, recorder=PrometheusRecorder(), clock=clock)
         elif not isinstance(guard.recorder, PrometheusRecorder):
             guard.metrics_wsgi_app()  # installs a PrometheusRecorder when it has none
         self.guard: Final = guard
@@ -84,7 +109,7 @@ class Service:
         if not isinstance(recorder, PrometheusRecorder):
             raise ValueError("guard: its recorder has no Prometheus registry to serve")
         self._recorder = recorder
-        self._clock = clock
+        self._clock: Callable[[], float] = clock if clock is not None else time.monotonic
         self._ingest: Ingest | None = None
         self._http: HTTPReceiver | None = None
         self._grpc: GrpcReceiver | None = None
@@ -99,6 +124,14 @@ class Service:
         self._decisions = DecisionAPI(guard)
         #: Request bytes being read or decoded, over both transports (:mod:`._budget`).
         self.budget: Final = ByteBudget(self.options.max_inflight_bytes)
+        # serve --state-dir (:mod:`._durable`): None without one.
+        self._state: StateDir | None = None
+        self._gate = Gate()
+        self._buffer: TraceBuffer | None = None
+        self._next_snapshot = 0.0
+        self._snapshot_covered = 0
+        #: Log frames applied again at start (``serve --state-dir``).
+        self.replayed_records = 0
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -113,9 +146,19 @@ class Service:
             hold_seconds=options.hold_seconds,
             clock=self._clock,
         )
-        self._ingest = Ingest(self.guard, buffer, options.max_queued_spans, options.hold_seconds)
+        self._buffer = buffer
+        self._ingest = Ingest(
+            self.guard,
+            buffer,
+            options.max_queued_spans,
+            options.hold_seconds,
+            on_pause=self._checkpoint if options.state_dir is not None else None,
+        )
         port: tuple[str, int | None] = ("OTLP/HTTP", options.http_port)
         try:
+            if options.state_dir is not None:
+                self._recover(options.state_dir)
+            self._ingest.start()
             self._http = bind_http(self)
             self.http_port = self._http.port
             if options.grpc_port is not None:
@@ -126,6 +169,11 @@ class Service:
         except BaseException as exc:
             self._stop_listeners(0)
             self._ingest.close(5)
+            if self._state is not None:
+                self._state.close()
+                self._state = None
+            if isinstance(exc, StateError):
+                raise ValueError(str(exc)) from None
             # grpcio says RuntimeError("Failed to bind ..."); both say which port it was.
             if isinstance(exc, (OSError, RuntimeError)):
                 host = options.host.strip("[]")
@@ -163,6 +211,11 @@ class Service:
             drained = self._ingest.close(max(0.0, deadline - time.monotonic())) and drained
         self.guard.close(wait=True)
         self._sync_flush_metrics()
+        state = self._state
+        if state is not None:
+            if drained:  # else the log keeps what was not judged, for the next start
+                self._snapshot()
+            state.close()
         return drained
 
     def _stop_listeners(self, grace: float) -> bool:
@@ -263,11 +316,23 @@ class Service:
             if self._closing or self._ingest is None:
                 metrics.spans.labels("throttled").inc(read.accepted)
                 return "unavailable", "shutting down"
-            if not self._ingest.offer(read):
+            state = self._state
+            if state is None:
+                offered = self._ingest.offer(read)
+            else:
+                offered, seq = self._offer_logged(state, read)
+            if not offered:
                 metrics.spans.labels("throttled").inc(read.accepted)
                 return "throttled", (
                     f"ingest queue full ({self.options.max_queued_spans:,}"
                     f" spans); retry after {RETRY_AFTER_SECONDS} s"
+                )
+            if state is not None and not state.wait(seq):
+                # Queued, but not durable: not answered 200, so the exporter sends it again
+                # (and the second copy counts once: ingest is idempotent by span id).
+                self.metrics.state_errors.labels("log").inc()
+                return "unavailable", (
+                    f"cannot write the state directory; retry after {RETRY_AFTER_SECONDS} s"
                 )
             metrics.spans.labels("accepted").inc(read.accepted)
         return ("partial" if read.bad_spans else "ok"), message
@@ -275,7 +340,17 @@ class Service:
     def decide(self, endpoint: str, payload: object) -> dict[str, object]:
         """One decision API call (:class:`~._decisions.DecisionAPI`), its decision logged
         (:func:`~._logs.log_decision`); raises ``ValueError`` naming a bad field."""
-        answer = self._decisions.decide(endpoint, payload)
+        state = self._state
+        if state is None:
+            answer = self._decisions.decide(endpoint, payload)
+        else:
+            with self._gate.shared():  # a snapshot sees a decision applied and logged, or neither
+                answer = self._decisions.decide(endpoint, payload)
+                seq = state.append(
+                    DECISION, self._clock(), orjson.dumps({"endpoint": endpoint, "body": payload})
+                )
+            if not state.wait(seq):  # applied already: answered, and counted as not kept
+                self.metrics.state_errors.labels("log").inc()
         decision = answer.get("decision")
         if isinstance(decision, dict) and (
             decision.get("detected") != "allow" or wants_allow_lines()
@@ -283,6 +358,127 @@ class Service:
             agent = payload.get("agent") if isinstance(payload, dict) else None
             log_decision(answer_fields(decision, agent if isinstance(agent, str) else None))
         return answer
+
+    # -- serve --state-dir (:mod:`._durable`) ----------------------------------------------
+
+    def _offer_logged(self, state: StateDir, read: OtlpSpans) -> tuple[bool, int]:
+        """Queue a batch and log it, in one step: the queue's order is the log's."""
+        ingest = self._ingest
+        assert ingest is not None
+        payload = pickle.dumps(read, protocol=pickle.HIGHEST_PROTOCOL)  # off the lock
+        seq = state.append(BATCH, self._clock(), payload, lambda seq: ingest.offer(read, seq))
+        return seq != 0, seq
+
+    def _recover(self, directory: str) -> None:
+        """Open the state directory, load its snapshot, apply its log again, and snapshot."""
+        state = StateDir(directory, on_error=self._state_write_failed)
+        self._state = state
+        recovered = state.recover()
+        for text in recovered.notes:
+            note(text)
+        guard = self.guard
+        ingest = self._ingest
+        buffer = self._buffer
+        assert ingest is not None and buffer is not None
+        snapshot = recovered.snapshot
+        applied_batches = applied_decisions = 0
+        if snapshot is not None:
+            whole = pickle.loads(snapshot["state"])
+            guard._load_state(whole)
+            self._decisions.held.restore(whole["held"])
+            for name, value in whole["buffer"].items():
+                setattr(buffer, name, value)
+            applied_batches = snapshot["batches"]
+            applied_decisions = snapshot["covered"]
+        answers: dict[str, deque[str | None]] = {}
+        for record in recovered.records:
+            if record.kind == ADVICE:
+                advice = orjson.loads(record.payload)
+                answers.setdefault(advice["key"], deque()).append(advice["answer"])
+        clock = self._clock
+        assert isinstance(clock, ServiceClock)
+        done = guard._replaying(_ReplayAdvisor(answers))
+        replayed = 0
+        try:
+            for record in recovered.records:
+                clock.pin(record.time)
+                if record.kind == BATCH and record.seq > applied_batches:
+                    ingest.replay(pickle.loads(record.payload))
+                    replayed += 1
+                elif record.kind == DECISION and record.seq > applied_decisions:
+                    call = orjson.loads(record.payload)
+                    try:
+                        self._decisions.decide(call["endpoint"], call["body"])
+                    except ValueError:
+                        pass  # answered 400 then too
+                    replayed += 1
+        finally:
+            clock.pin(None)
+            done()
+        guard.close(wait=True)  # replayed asks: their advice is settled before going on
+        self.replayed_records = replayed
+        if guard.advisor is not None:
+            guard.advisor = _RecordingAdvisor(guard.advisor, self)
+        state.open_log(recovered.next_seq)
+        self._snapshot()
+        self._next_snapshot = time.monotonic() + SNAPSHOT_INTERVAL_SECONDS
+        if recovered.records or snapshot is not None:
+            note(
+                f"{str(state.path)!r}: loaded {'a snapshot and ' if snapshot else ''}"
+                f"{len(recovered.records):,} log records ({replayed:,} applied again)"
+            )
+
+    def _checkpoint(self) -> None:
+        """On the ingest thread, between batches: a snapshot when one is due."""
+        state = self._state
+        if state is None:
+            return
+        now = time.monotonic()
+        if now < self._next_snapshot and state.log_bytes < SNAPSHOT_LOG_BYTES:
+            return
+        if state.appended == self._snapshot_covered:
+            self._next_snapshot = now + SNAPSHOT_INTERVAL_SECONDS
+            return
+        if self._snapshot(wait=0.05):
+            self._next_snapshot = now + SNAPSHOT_INTERVAL_SECONDS
+
+    def _snapshot(self, wait: float = 5.0) -> bool:
+        """Write a snapshot (on the ingest thread between batches, or with it stopped): False
+        when decisions kept the gate for ``wait`` seconds, or it could not be written.
+
+        It covers every frame logged so far (decisions and advice: none is half applied while
+        the gate is held) but the batches still queued: the first of those is where a restart
+        starts adding batches again."""
+        state = self._state
+        assert state is not None and self._buffer is not None and self._ingest is not None
+        buffer = self._buffer
+        with self._gate.exclusive(wait) as got:
+            if not got:
+                return False
+            covered, queued = state.covered(self._ingest.first_queued_seq)
+            batches = covered if queued is None else queued - 1
+            data = self.guard._dump_state(
+                lambda whole: pickle.dumps(whole, protocol=pickle.HIGHEST_PROTOCOL),
+                {
+                    "held": self._decisions.held.saved(),
+                    "buffer": {
+                        name: getattr(buffer, name)
+                        for name in type(buffer).__slots__
+                        if name != "_clock"
+                    },
+                },
+            )
+        try:
+            state.write_snapshot({"state": data, "batches": batches}, covered, batches)
+        except OSError as exc:
+            self.metrics.state_errors.labels("snapshot").inc()
+            note(f"cannot write a snapshot in {str(state.path)!r}: {exc}; the log keeps growing")
+            return False
+        self._snapshot_covered = covered
+        return True
+
+    def _state_write_failed(self, error: OSError) -> None:
+        note(f"cannot write the log: {error}; requests are answered 503 until it can")
 
     def enter_request(self) -> None:
         with self._inflight_lock:
@@ -297,3 +493,37 @@ class Service:
     @property
     def closing(self) -> bool:
         return self._closing
+
+
+class _ReplayAdvisor:
+    """The advisor while a restart applies its log: the answers the log kept, in order."""
+
+    def __init__(self, answers: dict[str, deque[str | None]]) -> None:
+        self._answers = answers
+
+    def __call__(self, request: Any) -> str | None:
+        kept = self._answers.get(_advice_key(request))
+        return kept.popleft() if kept else None
+
+
+class _RecordingAdvisor:
+    """The advisor, each answer logged (``ADVICE``) so that a restart need not ask again."""
+
+    def __init__(self, advisor: Callable[[Any], str | None], service: Service) -> None:
+        self.inner = advisor
+        self._service = service
+
+    def __call__(self, request: Any) -> str | None:
+        answer = self.inner(request)
+        state = self._service._state
+        if state is not None:
+            state.append(
+                ADVICE,
+                self._service._clock(),
+                orjson.dumps({"key": _advice_key(request), "answer": answer}),
+            )
+        return answer
+
+
+def _advice_key(request: Any) -> str:
+    return f"{request.session}\0{request.agent}\0{request.signature}\0{request.count}"

@@ -1,0 +1,502 @@
+"""``serve --state-dir DIR``: what the service accepted and decided survives a crash.
+
+Two kinds of file in ``DIR`` (made ``0700``; one ``serve`` at a time, held by an exclusive
+``flock`` on ``DIR/lock``):
+
+- ``wal-<first sequence number>.log``, the write-ahead log: one frame per input, appended before
+  the input is answered. A frame is ``<length, CRC-32, sequence number, clock time, kind>`` and
+  its payload: an accepted batch of spans (``BATCH``: the decoded spans, pickled), a decision API
+  call (``DECISION``: its endpoint and JSON body) or an advisor's answer (``ADVICE``). Frames are
+  written by one thread and made durable with ``fdatasync`` in groups (a group commit): every
+  request that arrived while the previous group was being synced is in the next one, so a sync
+  costs one disk round trip however many requests wait for it.
+- ``snapshot``: the whole state at one point (the guard's sessions with their counts, epochs,
+  cached advice and cooldowns; the hook-report ledger; the reminders held for command hooks; the
+  trace buffer with its spans not yet judged and the span ids already seen), with the sequence
+  numbers it covers. Written to a temporary file, synced and renamed over the old one; then the
+  log starts a new file and the files the snapshot covers are deleted. Taken by the ingest thread
+  every :data:`SNAPSHOT_INTERVAL_SECONDS` when anything changed (or :data:`SNAPSHOT_LOG_BYTES` of
+  log), after a restart's replay, and at a clean stop.
+
+On start the snapshot is loaded and every later frame is applied again, in the order it was
+written, with the service's clock set to the frame's time (so TTLs and cooldowns run on from
+where they were) and the advisor answering from the ``ADVICE`` frames (it is not asked again);
+replay updates no metric and writes no decision line or trip line (they were made before the
+crash). A torn last frame (the crash hit a write) ends the log; a damaged snapshot is moved aside
+to ``snapshot.corrupt-<UTC time>`` with a note on stderr, and the log is replayed alone.
+
+The snapshot is a pickle, so ``DIR`` must be trusted as the program is: it is refused when it, or
+the snapshot, belongs to another user or can be written by group or others.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import pickle
+import stat
+import struct
+import sys
+import threading
+import time
+import zlib
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+__all__ = [
+    "ADVICE",
+    "BATCH",
+    "DECISION",
+    "SNAPSHOT_INTERVAL_SECONDS",
+    "SNAPSHOT_LOG_BYTES",
+    "Gate",
+    "Record",
+    "Recovered",
+    "ServiceClock",
+    "StateDir",
+    "StateError",
+]
+
+BATCH: Final = 1
+DECISION: Final = 2
+ADVICE: Final = 3
+
+#: Seconds between snapshots while anything changes (the log between two is what a restart
+#: replays).
+SNAPSHOT_INTERVAL_SECONDS: Final = 30.0
+#: Log bytes after which a snapshot is taken sooner.
+SNAPSHOT_LOG_BYTES: Final = 64 * 1024 * 1024
+#: Seconds a request waits for its frame to be synced before it is answered as a failure.
+SYNC_TIMEOUT_SECONDS: Final = 10.0
+
+_FRAME: Final = struct.Struct("<IIQdB")  # payload length, CRC-32 of the rest, seq, time, kind
+_SNAPSHOT_MAGIC: Final = b"otel-loopguard snapshot 1\n"
+_SNAPSHOT_HEAD: Final = struct.Struct("<QI")  # payload length, CRC-32 of the payload
+_MAX_FRAME: Final = 1 << 31
+
+
+class StateError(Exception):
+    """The state directory cannot be used; the message names it and what went wrong."""
+
+
+class ServiceClock:
+    """The service's clock: monotonic, but anchored to the wall clock when the process started,
+    so times kept in a snapshot mean the same after a restart (also after a reboot). While a
+    restart replays the log it reads the time of the frame being applied (:meth:`pinned`)."""
+
+    __slots__ = ("_offset", "_pinned")
+
+    def __init__(self) -> None:
+        self._offset = time.time() - time.monotonic()
+        self._pinned: float | None = None
+
+    def __call__(self) -> float:
+        pinned = self._pinned
+        return pinned if pinned is not None else time.monotonic() + self._offset
+
+    def pin(self, value: float | None) -> None:
+        self._pinned = value
+
+
+class Gate:
+    """Many decision calls at once (each applies its decision and logs it in one step), or one
+    snapshot (which must see no decision half done)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._shared = 0
+        self._exclusive = False
+
+    @contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            while self._exclusive:
+                self._cond.wait()
+            self._shared += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._shared -= 1
+                if not self._shared:
+                    self._cond.notify_all()
+
+    @contextmanager
+    def exclusive(self, timeout: float) -> Iterator[bool]:
+        """Yields whether it got the gate within ``timeout`` (never keeping decisions waiting
+        meanwhile: a decision that waits for its advisor holds the shared side for seconds)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._shared:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            got = not self._shared
+            if got:
+                self._exclusive = True
+        try:
+            yield got
+        finally:
+            if got:
+                with self._cond:
+                    self._exclusive = False
+                    self._cond.notify_all()
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    seq: int
+    time: float
+    kind: int
+    payload: bytes
+
+
+@dataclass
+class Recovered:
+    """What a state directory held at start."""
+
+    snapshot: dict[str, Any] | None = None
+    records: list[Record] = field(default_factory=list)
+    next_seq: int = 1
+    notes: list[str] = field(default_factory=list)
+
+
+def _utc_stamp() -> str:
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+
+
+class StateDir:
+    """The state directory: :meth:`recover` reads it, :meth:`open_log` starts logging,
+    :meth:`append` / :meth:`wait` log and sync, :meth:`write_snapshot` compacts."""
+
+    def __init__(self, path: str, *, on_error: Callable[[OSError], None] | None = None) -> None:
+        self.path = Path(path).expanduser()
+        self._on_error = on_error
+        try:
+            self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StateError(f"state_dir: cannot create {str(self.path)!r}: {exc}") from None
+        self._check_trusted(self.path, "it")
+        try:
+            self._lock_fd = os.open(self.path / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise StateError(f"state_dir: cannot write in {str(self.path)!r}: {exc}") from None
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(self._lock_fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise StateError(
+                    f"state_dir: {str(self.path)!r} is in use by another otel-loopguard serve"
+                ) from None
+            raise StateError(f"state_dir: cannot lock {str(self.path)!r}: {exc}") from None
+        self._cond = threading.Condition()
+        self._io = threading.Lock()
+        self._pending: list[bytes] = []
+        self._appended = 0  # last sequence number appended
+        self._settled = 0  # last sequence number whose write ended (synced, or failed)
+        self._failures: deque[tuple[int, int]] = deque(maxlen=64)  # (first, last) not written
+        self._broken = False  # the last write failed: the next group starts a new file
+        self._closing = False
+        self._fd: int | None = None
+        self._segments: deque[int] = deque()  # each log file's first sequence number, oldest first
+        self.log_bytes = 0  # since the last snapshot
+        self.snapshot_seconds = 0.0  # how long the last snapshot took to write
+        self._thread: threading.Thread | None = None
+
+    # -- reading what is there -------------------------------------------------------------
+
+    def _check_trusted(self, path: Path, what: str) -> None:
+        try:
+            info = path.stat()
+        except OSError as exc:
+            raise StateError(f"state_dir: cannot read {str(path)!r}: {exc}") from None
+        if info.st_uid != os.geteuid():
+            raise StateError(
+                f"state_dir: {str(path)!r} belongs to another user (uid {info.st_uid}); the"
+                f" snapshot is loaded as code would be, so {what} must be this user's"
+            )
+        if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise StateError(
+                f"state_dir: {str(path)!r} can be written by group or others; the snapshot is"
+                f" loaded as code would be (chmod go-w it)"
+            )
+
+    def _segment_files(self) -> list[tuple[int, Path]]:
+        found = []
+        for path in self.path.glob("wal-*.log"):
+            digits = path.name[4:-4]
+            if digits.isdigit():
+                found.append((int(digits), path))
+        return sorted(found)
+
+    def recover(self) -> Recovered:
+        """The snapshot (None without one) and every log frame, in order; a torn last frame
+        ends the log (the file is cut there)."""
+        out = Recovered()
+        snapshot_path = self.path / "snapshot"
+        if snapshot_path.exists():
+            self._check_trusted(snapshot_path, "the snapshot")
+            try:
+                out.snapshot = _read_snapshot(snapshot_path)
+            except (OSError, ValueError, pickle.UnpicklingError, EOFError, AttributeError) as exc:
+                aside = snapshot_path.with_name(f"snapshot.corrupt-{_utc_stamp()}")
+                os.replace(snapshot_path, aside)
+                out.notes.append(
+                    f"snapshot {str(snapshot_path)!r} cannot be read ({exc}); moved to"
+                    f" {str(aside)!r}; replaying the log alone (counts before it are lost)"
+                )
+        if out.snapshot is not None:
+            out.next_seq = int(out.snapshot["next_seq"])
+        segments = self._segment_files()
+        for index, (first, path) in enumerate(segments):
+            self._segments.append(first)
+            last = index == len(segments) - 1
+            good, problem = _read_frames(path, out.records)
+            if problem is not None:
+                if last:
+                    with open(path, "r+b") as file:
+                        file.truncate(good)
+                        os.fsync(file.fileno())
+                    out.notes.append(f"log {str(path)!r}: {problem}; cut at byte {good:,}")
+                else:
+                    out.notes.append(
+                        f"log {str(path)!r}: {problem} at byte {good:,}; the rest of that file"
+                        f" is skipped"
+                    )
+        if out.records:
+            out.next_seq = max(out.next_seq, out.records[-1].seq + 1)
+        return out
+
+    # -- logging ---------------------------------------------------------------------------
+
+    def open_log(self, next_seq: int) -> None:
+        """Start a new log file at ``next_seq`` and the syncing thread."""
+        self._appended = self._settled = next_seq - 1
+        self._fd = self._new_segment(next_seq)
+        self._thread = threading.Thread(target=self._sync_loop, name="loopguard-wal", daemon=True)
+        self._thread.start()
+
+    def _new_segment(self, first: int) -> int:
+        path = self.path / f"wal-{first:020d}.log"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        _sync_directory(self.path)
+        if not self._segments or self._segments[-1] != first:
+            self._segments.append(first)
+        return fd
+
+    def append(
+        self, kind: int, when: float, payload: bytes, admit: Callable[[int], bool] | None = None
+    ) -> int:
+        """Queue one frame; its sequence number (wait for it with :meth:`wait`). With ``admit``,
+        the frame is queued only if ``admit(its sequence number)`` says so, in the same step
+        (0 is returned when it does not): the ingest queue's order is the log's."""
+        with self._cond:
+            seq = self._appended + 1
+            if admit is not None and not admit(seq):
+                return 0
+            self._appended = seq
+            head = struct.pack("<QdB", seq, when, kind)
+            crc = zlib.crc32(payload, zlib.crc32(head))
+            self._pending.append(struct.pack("<II", len(payload), crc) + head)
+            self._pending.append(payload)
+            self.log_bytes += _FRAME.size + len(payload)
+            self._cond.notify_all()
+        return seq
+
+    @property
+    def appended(self) -> int:
+        return self._appended
+
+    def covered(self, first_unapplied: Callable[[], int | None]) -> tuple[int, int | None]:
+        """The last sequence number appended and ``first_unapplied()``, read in one step (no
+        frame appended between them)."""
+        with self._cond:
+            return self._appended, first_unapplied()
+
+    def wait(self, seq: int, timeout: float = SYNC_TIMEOUT_SECONDS) -> bool:
+        """Whether frame ``seq`` is synced: False when its write failed or took past
+        ``timeout``."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._settled < seq:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+            return not any(low <= seq <= high for low, high in self._failures)
+
+    def _sync_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._closing:
+                    self._cond.wait()
+                if not self._pending:
+                    return
+            with self._io:  # not held while waiting: a snapshot's rotation takes it
+                with self._cond:
+                    if not self._pending:
+                        continue  # the rotation wrote them
+                    data = b"".join(self._pending)
+                    self._pending.clear()
+                    first, upto = self._settled + 1, self._appended
+                error = self._write_group(first, data)
+                self._settle(first, upto, error)
+
+    def _write_group(self, first: int, data: bytes) -> OSError | None:
+        """Write and sync one group (under ``_io``). After a failed write the file may end in
+        a torn frame, which would hide every later frame from a replay: the next group starts a
+        new file."""
+        if self._broken:
+            try:
+                fd = self._new_segment(first)
+            except OSError as exc:
+                return exc
+            old, self._fd = self._fd, fd
+            self._broken = False
+            if old is not None:
+                os.close(old)
+        error = self._write(self._fd, data)
+        if error is not None:
+            self._broken = True
+        return error
+
+    def _settle(self, first: int, upto: int, error: OSError | None) -> None:
+        with self._cond:
+            self._settled = max(self._settled, upto)
+            if error is not None:
+                self._failures.append((first, upto))
+            self._cond.notify_all()
+        if error is not None and self._on_error is not None:
+            self._on_error(error)
+
+    def _write(self, fd: int | None, data: bytes) -> OSError | None:
+        if fd is None:
+            return OSError(errno.EBADF, "the log is closed")
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            os.fdatasync(fd)
+        except OSError as exc:
+            return exc
+        return None
+
+    # -- snapshots -------------------------------------------------------------------------
+
+    def write_snapshot(self, state: dict[str, Any], covered: int, keep_after: int) -> None:
+        """Write ``state`` (every frame up to ``covered`` applied in it, but the batches after
+        ``keep_after``), start a new log file, and delete the files that hold nothing after
+        ``keep_after``. ``OSError`` when it cannot be written (the old snapshot and the log stay
+        as they were)."""
+        started = time.monotonic()
+        state = {**state, "next_seq": covered + 1, "covered": covered}
+        payload = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+        temporary = self.path / "snapshot.tmp"
+        with open(temporary, "wb") as file:
+            os.fchmod(file.fileno(), 0o600)
+            file.write(_SNAPSHOT_MAGIC)
+            file.write(_SNAPSHOT_HEAD.pack(len(payload), zlib.crc32(payload)))
+            file.write(payload)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, self.path / "snapshot")
+        _sync_directory(self.path)
+        self._rotate()
+        while len(self._segments) > 1 and self._segments[1] <= keep_after + 1:
+            first = self._segments.popleft()
+            try:
+                os.unlink(self.path / f"wal-{first:020d}.log")
+            except FileNotFoundError:
+                pass
+        self.snapshot_seconds = time.monotonic() - started
+
+    def _rotate(self) -> None:
+        """Sync what is pending into the current file, then log into a new one."""
+        with self._io:
+            with self._cond:
+                data = b"".join(self._pending)
+                self._pending.clear()
+                first, upto = self._settled + 1, self._appended
+            error = self._write_group(first, data) if data else None
+            self._settle(first, upto, error)
+            if self._segments[-1] != upto + 1:
+                fd = self._new_segment(upto + 1)
+                old, self._fd = self._fd, fd
+                self._broken = False
+                if old is not None:
+                    os.close(old)
+            with self._cond:
+                self.log_bytes = 0
+
+    def close(self) -> None:
+        """Sync what is pending and stop; releases the directory."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(SYNC_TIMEOUT_SECONDS)
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        os.close(self._lock_fd)
+
+
+def _sync_directory(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _read_snapshot(path: Path) -> dict[str, Any]:
+    data = path.read_bytes()
+    if not data.startswith(_SNAPSHOT_MAGIC):
+        raise ValueError("not an otel-loopguard snapshot (or another version)")
+    start = len(_SNAPSHOT_MAGIC) + _SNAPSHOT_HEAD.size
+    if len(data) < start:
+        raise ValueError("truncated")
+    length, crc = _SNAPSHOT_HEAD.unpack_from(data, len(_SNAPSHOT_MAGIC))
+    payload = data[start:]
+    if len(payload) != length or zlib.crc32(payload) != crc:
+        raise ValueError("damaged (length or checksum)")
+    state = pickle.loads(payload)
+    if not isinstance(state, dict) or "next_seq" not in state:
+        raise ValueError("no state in it")
+    return state
+
+
+def _read_frames(path: Path, into: list[Record]) -> tuple[int, str | None]:
+    """Append the frames of one log file to ``into``; (bytes read in good frames, what ended
+    it early or None)."""
+    data = path.read_bytes()
+    offset = 0
+    size = _FRAME.size
+    while offset < len(data):
+        if len(data) - offset < size:
+            return offset, "torn frame header"
+        length, crc, seq, when, kind = _FRAME.unpack_from(data, offset)
+        end = offset + size + length
+        if length > _MAX_FRAME or end > len(data):
+            return offset, "torn frame"
+        payload = data[offset + size : end]
+        if zlib.crc32(payload, zlib.crc32(data[offset + 8 : offset + size])) != crc:
+            return offset, "damaged frame (checksum)"
+        if kind not in (BATCH, DECISION, ADVICE):
+            return offset, f"unknown frame kind {kind}"
+        into.append(Record(seq, when, kind, payload))
+        offset = end
+    return offset, None
+
+
+def note(text: str) -> None:
+    """One line on stderr about the state directory."""
+    print(f"otel-loopguard serve: state_dir: {text}", file=sys.stderr, flush=True)

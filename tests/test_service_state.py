@@ -1,0 +1,385 @@
+"""``serve --state-dir``: kill -9 and a restart on the same directory lose no span answered 200,
+and every loop count goes on where it was (issue 14).
+
+Each test drives real ``python -m otel_loopguard serve`` processes over loopback: the real OTLP
+HTTP exporter sends spans recorded by a real TracerProvider, hooks' calls go to the decision API.
+The same script runs against a server that is never stopped and against one killed with SIGKILL
+(twice: once with only the log to replay, once with a snapshot and the log); the decisions at
+the end must be the same.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import stat
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.service_tools import request, require_serve_prerequisites, run_agent, wait_for
+
+require_serve_prerequisites()
+
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider  # noqa: E402
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E402
+    InMemorySpanExporter,
+)
+
+from tests.service_tools import looping  # noqa: E402
+
+
+class Serve:
+    """One ``serve`` process; its stderr lines are collected."""
+
+    def __init__(self, *args: str) -> None:
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "otel_loopguard",
+                "serve",
+                "--http-port",
+                "0",
+                "--no-grpc",
+                "--hold-seconds",
+                "600",
+                *args,
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: list[str] = []
+        started: queue.Queue[str] = queue.Queue()
+        stream = self.process.stderr
+        assert stream is not None
+
+        def pump() -> None:
+            for line in stream:
+                self.lines.append(line)
+                if " on http://" in line:
+                    started.put(line)
+            started.put("")  # ended
+
+        threading.Thread(target=pump, daemon=True).start()
+        first = started.get(timeout=60)
+        assert first, "".join(self.lines)
+        self.url = "http://" + first.split(" on http://", 1)[1].split(";", 1)[0].strip()
+        self.port = int(self.url.rsplit(":", 1)[1])
+
+    def kill9(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=10)
+
+    def stop(self) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=60)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+
+@contextmanager
+def serving(*args: str) -> Iterator[Serve]:
+    server = Serve(*args)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def _decide(port: int, endpoint: str, **body: Any) -> Any:
+    answer = request(
+        port,
+        "POST",
+        f"/v1/decisions/{endpoint}",
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json"},
+    )
+    assert answer.status == 200, answer.body
+    return answer.json()
+
+
+def _hook_loop(port: int, times: int) -> None:
+    for _ in range(times):
+        _decide(port, "before", session="hook-1", tool="grep", arguments={"q": "x"})
+        _decide(port, "after", session="hook-1", tool="grep", arguments={"q": "x"}, result="same")
+
+
+def _export(url: str, spans: Sequence[ReadableSpan]) -> None:
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    exporter = OTLPSpanExporter(endpoint=f"{url}/v1/traces", timeout=30)
+    try:
+        assert exporter.export(spans) is SpanExportResult.SUCCESS
+    finally:
+        exporter.shutdown()  # type: ignore[no-untyped-call]
+
+
+def _queue_empty(port: int) -> bool:
+    page = request(port, "GET", "/metrics").body.decode()
+    return "\nloopguard_ingest_queue_spans 0.0\n" in page
+
+
+class Script:
+    """The inputs, recorded once (the same span ids for every server)."""
+
+    def __init__(self) -> None:
+        memory = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(memory))
+        tracer = provider.get_tracer("script")
+        run_agent(tracer, looping("coder", 4, "grep", {"pattern": "TODO"}, "3 matches"))
+        self.complete = list(memory.get_finished_spans())  # a whole trace, root last
+        memory.clear()
+        run_agent(tracer, looping("searcher", 4, "search", {"q": "paris"}, "same"))
+        held = list(memory.get_finished_spans())
+        provider.shutdown()
+        self.open = [s for s in held if s.parent is not None]  # waits for its root (hold 600 s)
+        self.root = [s for s in held if s.parent is None]
+        assert len(self.root) == 1
+
+    @staticmethod
+    def _session(spans: Sequence[ReadableSpan]) -> tuple[str, str]:
+        agent = next(s for s in spans if s.parent is None)
+        assert agent.context is not None
+        return (
+            f"{agent.context.trace_id:032x}/{agent.context.span_id:016x}",
+            str((agent.attributes or {})["gen_ai.agent.name"]),
+        )
+
+    def phase1(self, server: Serve) -> None:
+        _hook_loop(server.port, 3)
+        _export(server.url, self.complete)
+        _export(server.url, self.open)  # answered 200, not judged: its trace has no root yet
+
+    def phase2(self, server: Serve) -> None:
+        _hook_loop(server.port, 2)
+        _decide(server.port, "new_run", session="hook-2")
+        _hook_loop(server.port, 0)
+        _export(server.url, self.root)
+        assert wait_for(lambda: _queue_empty(server.port))
+
+    def probes(self, server: Serve) -> list[Any]:
+        """The decisions that show where each count is (each probe is a call too)."""
+        answers = []
+        for session, agent, tool, arguments in (
+            ("hook-1", None, "grep", {"q": "x"}),
+            (*self._session(self.complete), "grep", {"pattern": "TODO"}),
+            (*self._session(self.open + self.root), "search", {"q": "paris"}),
+        ):
+            body: dict[str, Any] = {"session": session, "tool": tool, "arguments": arguments}
+            if agent is not None:
+                body["agent"] = agent
+            decision = _decide(server.port, "before", **body)["decision"]
+            answers.append({k: decision[k] for k in ("action", "count", "rule", "detected")})
+        return answers
+
+
+def test_kill_9_and_restart_lose_nothing_and_counts_go_on(tmp_path: Path) -> None:
+    script = Script()
+    with serving() as control:
+        script.phase1(control)
+        script.phase2(control)
+        expected = script.probes(control)
+        assert control.stop() == 0
+    # The probes reached the sessions the spans made (counts past the first call).
+    assert [answer["count"] for answer in expected] == [4, 5, 5], expected
+
+    state = tmp_path / "state"
+    with serving("--state-dir", str(state)) as first:
+        script.phase1(first)
+        first.kill9()  # right after the 200s: the open trace's spans are in no snapshot
+    with serving("--state-dir", str(state)) as second:
+        assert any("applied again" in line for line in second.lines), second.lines
+        script.phase2(second)
+        second.kill9()  # now a snapshot (written at the restart) and a log after it
+    with serving("--state-dir", str(state)) as third:
+        assert script.probes(third) == expected
+        assert third.stop() == 0
+    # A clean stop leaves a snapshot and an empty log.
+    logs = sorted(state.glob("wal-*.log"))
+    assert [path.stat().st_size for path in logs] == [0]
+    assert (state / "snapshot").stat().st_size > 0
+    assert stat.S_IMODE(state.stat().st_mode) == 0o700
+
+
+def test_a_torn_last_frame_is_cut_and_the_rest_replayed(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    with serving("--state-dir", str(state)) as first:
+        _hook_loop(first.port, 3)
+        first.kill9()
+    (log,) = sorted(state.glob("wal-*.log"))
+    with open(log, "ab") as file:
+        file.write(b"\x40\x00\x00\x00torn")  # a crash in the middle of a write
+    with serving("--state-dir", str(state)) as second:
+        assert any("cut at byte" in line for line in second.lines), second.lines
+        decision = _decide(
+            second.port, "before", session="hook-1", tool="grep", arguments={"q": "x"}
+        )
+        assert decision["decision"]["count"] == 4
+        assert second.stop() == 0
+
+
+def test_a_damaged_snapshot_is_moved_aside_with_a_note(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    with serving("--state-dir", str(state)) as first:
+        _hook_loop(first.port, 2)
+        assert first.stop() == 0
+    (state / "snapshot").write_bytes(b"otel-loopguard snapshot 1\ngarbage")
+    with serving("--state-dir", str(state)) as second:
+        assert any("moved to" in line and "corrupt" in line for line in second.lines)
+        decision = _decide(
+            second.port, "before", session="hook-1", tool="grep", arguments={"q": "x"}
+        )
+        assert decision["decision"]["count"] == 0  # the counts were in it; the server works
+        assert second.stop() == 0
+    assert list(state.glob("snapshot.corrupt-*"))
+
+
+def test_one_serve_per_directory_and_an_untrusted_one_is_refused(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    with serving("--state-dir", str(state)) as first:
+        second = subprocess.run(
+            [sys.executable, "-m", "otel_loopguard", "serve", "--http-port", "0", "--no-grpc"]
+            + ["--state-dir", str(state)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert second.returncode == 2
+        assert "in use by another otel-loopguard serve" in second.stderr
+        assert first.stop() == 0
+    os.chmod(state, 0o777)
+    refused = subprocess.run(
+        [sys.executable, "-m", "otel_loopguard", "serve", "--http-port", "0", "--no-grpc"]
+        + ["--state-dir", str(state)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 2
+    assert "can be written by group or others" in refused.stderr
+
+
+def test_a_log_that_cannot_be_written_is_answered_503_never_200(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk: OTLP is answered 503 (the exporter sends again) and counted, never 200 for
+    spans not kept; once the disk has room the log goes on in a new file, and a restart
+    replays both."""
+    from otel_loopguard.config import Policy
+    from otel_loopguard.service import ServeOptions, Service
+
+    script = Script()
+    state = tmp_path / "state"
+    options = ServeOptions(http_port=0, grpc_port=None, state_dir=str(state), hold_seconds=600)
+    real = os.fdatasync
+    with Service(options, policy=Policy()) as service:
+        port = service.http_port
+        url = f"http://127.0.0.1:{port}"
+        _hook_loop(port, 2)
+
+        def full(fd: int) -> None:
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(os, "fdatasync", full)
+        from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+        body = encode_spans(script.complete).SerializePartialToString()
+        answer = request(
+            port, "POST", "/v1/traces", body, {"Content-Type": "application/x-protobuf"}
+        )
+        assert answer.status == 503 and answer.headers["retry-after"] == "1"
+        page = request(port, "GET", "/metrics").body.decode()
+        assert 'loopguard_state_errors_total{what="log"} 1.0' in page
+        monkeypatch.setattr(os, "fdatasync", real)
+        _export(url, script.complete)  # the exporter's retry: counted once
+        _hook_loop(port, 1)
+        expected = [
+            _decide(port, "before", session="hook-1", tool="grep", arguments={"q": "x"}),
+        ]
+        service.wait_idle()
+    with serving("--state-dir", str(state)) as again:
+        probe = _decide(again.port, "before", session="hook-1", tool="grep", arguments={"q": "x"})
+        # One refusal further than the last one before the restart: the ladder went on.
+        assert expected[0]["decision"]["action"] == probe["decision"]["action"] == "deny"
+        assert "after 2 more refused calls" in expected[0]["decision"]["message"]
+        assert "after 1 more refused call," in probe["decision"]["message"]
+        assert again.stop() == 0
+
+
+def test_a_snapshot_with_batches_still_queued_replays_each_input_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A snapshot taken while batches wait in the queue keeps the log file they are in, which
+    also holds decisions the snapshot covers: a restart applies the queued batches again and
+    none of those decisions (each would count twice)."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    from otel_loopguard.config import Policy
+    from otel_loopguard.service import ServeOptions, Service
+    from otel_loopguard.service._ingest import Ingest
+
+    script = Script()
+    state = tmp_path / "state"
+    options = ServeOptions(http_port=0, grpc_port=None, state_dir=str(state), hold_seconds=600)
+    release = threading.Event()
+    real_add = Ingest._add
+
+    def slow_add(self: Ingest, batch: Any) -> None:
+        release.wait(30)
+        real_add(self, batch)
+
+    monkeypatch.setattr(Ingest, "_add", slow_add)
+
+    def post(port: int, spans: Sequence[ReadableSpan]) -> threading.Thread:
+        body = encode_spans(spans).SerializePartialToString()
+        thread = threading.Thread(
+            target=request,
+            args=(port, "POST", "/v1/traces", body, {"Content-Type": "application/x-protobuf"}),
+        )
+        thread.start()
+        return thread
+
+    service = Service(options, policy=Policy()).start()
+    try:
+        port = service.http_port
+        _hook_loop(port, 1)  # decisions before the batches
+        posts = [post(port, script.complete), post(port, script.open)]
+        assert wait_for(lambda: service.queued_spans == len(script.complete) + len(script.open))
+        _hook_loop(port, 1)  # a decision after them
+        service._next_snapshot = 0.0  # due: taken after the first batch, the second queued
+        release.set()
+        for thread in posts:
+            thread.join(30)
+        assert service.wait_idle()
+        assert wait_for(lambda: len(list(state.glob("wal-*.log"))) >= 2)
+    finally:
+        assert service._state is not None
+        service._state.close()  # a crash: no last snapshot
+        service._state = None
+        service.close()
+    monkeypatch.setattr(Ingest, "_add", real_add)
+    with serving("--state-dir", str(state)) as again:
+        _export(again.url, script.root)
+        assert wait_for(lambda: _queue_empty(again.port))
+        probes = script.probes(again)
+        assert again.stop() == 0
+    # hook-1: two calls and the probe (each decision applied once); the spans' sessions: four
+    # calls each and the probe.
+    assert [probe["count"] for probe in probes] == [3, 5, 5], probes
