@@ -296,10 +296,18 @@ def _add_hook(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         " instead: it keeps the sessions and applies its own policy (no --store, --preset,"
         " --config or --plugin-config)",
     )
-    parser.add_argument(
+    hook_token = parser.add_mutually_exclusive_group()
+    hook_token.add_argument(
         "--token",
         metavar="TOKEN",
-        help="bearer token for --server (default: $LOOPGUARD_SERVE_TOKEN, else none)",
+        help="bearer token for --server (default: $LOOPGUARD_SERVE_TOKEN, else none); other"
+        " users can read it in ps: prefer --token-file or the variable",
+    )
+    hook_token.add_argument(
+        "--token-file",
+        metavar="PATH",
+        help="read the bearer token for --server from this file (surrounding white space"
+        " ignored; an empty or unreadable file is a failure: fail-open, or --fail-closed)",
     )
     parser.add_argument(
         "--timeout",
@@ -330,6 +338,7 @@ def _run_hook(args: argparse.Namespace) -> int:
         fail_closed=args.fail_closed,
         server=args.server,
         token=args.token,
+        token_file=args.token_file,
         timeout_seconds=args.timeout,
         plugin_config=args.plugin_config,
     )

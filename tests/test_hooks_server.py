@@ -338,6 +338,35 @@ def test_a_wrong_or_missing_token_fails_open_or_closed(server: str, host: str) -
     assert right == Reply(0, {}, "")
 
 
+def test_the_token_from_a_file_and_a_bad_file_fails_open_or_closed(
+    server: str, tmp_path: Path
+) -> None:
+    """``--token-file``: the token stays out of ``ps``; an empty or unreadable file is a
+    failure of the backend (one line, fail-open or closed), never a request without a token."""
+    host = "claude-code"
+    event = PRE_EVENTS[host]
+    good = tmp_path / "token"
+    good.write_text(f"  {TOKEN}\n")
+    # The file beats a wrong variable (as --token does).
+    assert remote(host, event, server, "--token-file", str(good), token="nope") == Reply(0, {}, "")
+    empty = tmp_path / "empty"
+    empty.write_text(" \n")
+    missing = tmp_path / "missing"
+    for path, reason in (
+        (empty, f"--token-file {str(empty)!r}: the token is empty"),
+        (missing, f"--token-file: cannot read {str(missing)!r}"),
+    ):
+        reply = remote(host, event, server, "--token-file", str(path), token=None)
+        assert reply.code == 0 and reply.out == {}
+        (line,) = note_lines(reply)
+        assert reason in line and line.endswith("allowing the call (fail-open)"), line
+        closed = remote(host, event, server, "--token-file", str(path), "--fail-closed")
+        assert reason in note_lines(closed)[0]
+        fail_closed_denial(host, reason.split(":")[0], closed.out)
+    both = remote(host, event, server, "--token", TOKEN, "--token-file", str(good))
+    assert both.code == 0 and "not allowed with argument" in both.err
+
+
 def test_after_a_call_or_at_a_prompt_a_failure_records_nothing_and_denies_nothing(
     server: str,
 ) -> None:

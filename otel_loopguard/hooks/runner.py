@@ -194,6 +194,7 @@ def run(
     plugin_config: str | None = None,
     token: str | None = None,
     timeout_seconds: float | None = None,
+    token_file: str | None = None,
     stdin: BinaryIO | None = None,
     stdout: BinaryIO | None = None,
     stderr: TextIO | None = None,
@@ -206,9 +207,9 @@ def run(
     ``plugin_config``: a plugin's configuration file read as is (``[NAME=]FILE``, see
     :func:`otel_loopguard.plugins.load_plugin_config`), instead of ``preset``.
     ``server``: ask the ``otel-loopguard serve`` at this URL instead of keeping state in
-    ``store`` (:class:`~.remote.RemoteBackend`), with ``token`` (default:
-    ``$LOOPGUARD_SERVE_TOKEN``) and ``timeout_seconds`` (default: 2); its failures are answered
-    as an unusable store's.
+    ``store`` (:class:`~.remote.RemoteBackend`), with ``token`` (or the one in the file
+    ``token_file``; default: ``$LOOPGUARD_SERVE_TOKEN``) and ``timeout_seconds`` (default: 2);
+    its failures are answered as an unusable store's.
     """
     err = stderr if stderr is not None else sys.stderr
     out = stdout if stdout is not None else sys.stdout.buffer
@@ -228,7 +229,7 @@ def run(
             (preset, config, plugin_config),
             fail_closed,
             problem,
-            (server, token, timeout_seconds),
+            (server, token, timeout_seconds, token_file),
             stdin if stdin is not None else sys.stdin.buffer,
             environ,
             note,
@@ -250,7 +251,7 @@ def _answer_json(
     policy_sources: tuple[str | None, str | None, str | None],
     fail_closed: bool,
     problem: str | None,
-    remote: tuple[str | None, str | None, float | None],
+    remote: tuple[str | None, str | None, float | None, str | None],
     stdin: BinaryIO,
     environ: Mapping[str, str] | None,
     note: Note,
@@ -306,14 +307,14 @@ def _answer_json(
 
 
 def _remote_backend(
-    remote: tuple[str | None, str | None, float | None],
+    remote: tuple[str | None, str | None, float | None, str | None],
     store: str | None,
     policy_sources: tuple[str | None, str | None, str | None],
     environ: Mapping[str, str] | None,
 ) -> Backend:
     from .remote import DEFAULT_TIMEOUT_SECONDS, RemoteBackend  # only the --server path
 
-    url, token, timeout = remote
+    url, token, timeout, token_file = remote
     preset, config, plugin_config = policy_sources
     assert url is not None
     local = [
@@ -331,7 +332,19 @@ def _remote_backend(
             f"{', '.join(local)} cannot be combined with --server (the server keeps"
             f" the sessions and applies its own policy)"
         )
-    if token is None:
+    if token is not None and token_file is not None:
+        raise Unavailable("--token and --token-file: give one")
+    if token_file is not None:
+        try:
+            with open(os.path.expanduser(token_file), encoding="utf-8") as file:
+                token = file.read().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise Unavailable(f"--token-file: cannot read {token_file!r}: {exc}") from None
+        if not token:
+            raise Unavailable(
+                f"--token-file {token_file!r}: the token is empty; give the server's token"
+            )
+    elif token is None:
         token = (os.environ if environ is None else environ).get(LOOPGUARD_SERVE_TOKEN)
         if token is not None and not token.strip():
             # A security setting: an empty one is an error, not "no token" (env.py).
