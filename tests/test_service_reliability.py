@@ -265,6 +265,16 @@ def test_past_the_byte_budget_429_comes_before_the_body() -> None:
             assert out.startswith(b"HTTP/1.1 429"), out
             assert b"retry-after: 1" in out.lower()
             assert time.monotonic() - start < DEADLINE
+            registry = svc.metrics_page()[0].decode()
+            # told apart from a full ingest queue: the operator knows which limit to raise
+            assert (
+                'loopguard_otlp_requests_total{outcome="over_budget",transport="http"} 1.0'
+                in registry
+            )
+            assert (
+                'loopguard_otlp_requests_total{outcome="throttled",transport="http"} 0.0'
+                in registry
+            )
         finally:
             holder.close()
         assert wait_for(lambda: svc.budget.used == 0, 2 * DEADLINE)
@@ -306,6 +316,10 @@ def test_the_byte_budget_covers_grpc() -> None:
             trailers = dict(error.trailing_metadata())
             assert "google.rpc.retryinfo-bin" in trailers
             channel.close()
+            assert (
+                'loopguard_otlp_requests_total{outcome="over_budget",transport="grpc"} 1.0'
+                in svc.metrics_page()[0].decode()
+            )
         finally:
             svc.budget.give(1 << 20)
 

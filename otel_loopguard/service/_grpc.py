@@ -88,12 +88,13 @@ class GrpcReceiver:
         service.metrics.requests.labels("grpc", outcome).inc()
         if outcome in ("ok", "partial"):
             return answer
-        if outcome in ("throttled", "unavailable"):
+        if outcome in ("throttled", "over_budget", "unavailable"):
             context.set_trailing_metadata(_retry_metadata(message))
         code = {
             "unauthorized": grpc.StatusCode.UNAUTHENTICATED,
             "bad_request": grpc.StatusCode.INVALID_ARGUMENT,
             "throttled": grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "over_budget": grpc.StatusCode.RESOURCE_EXHAUSTED,
             "unavailable": grpc.StatusCode.UNAVAILABLE,
         }.get(outcome, grpc.StatusCode.INTERNAL)
         context.abort(code, message)  # raises
@@ -109,7 +110,7 @@ class GrpcReceiver:
             # grpcio has read the message (at most max_body_bytes); decoding it costs many
             # times that, so it is refused before, as HTTP refuses before reading.
             return (
-                "throttled",
+                "over_budget",
                 f"too many request bytes in flight (over {budget.limit:,});"
                 f" retry after {RETRY_AFTER_SECONDS} s",
                 b"",

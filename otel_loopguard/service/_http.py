@@ -442,7 +442,7 @@ class _App:
                     RPC_RESOURCE_EXHAUSTED,
                     f"too many request bytes in flight (over {budget.limit:,});"
                     f" retry after {RETRY_AFTER_SECONDS} s",
-                    "throttled",
+                    "over_budget",
                 )
             taken = length
             body = await exchange.body(length)
@@ -582,7 +582,7 @@ def _take_more(budget: ByteBudget, taken: int, size: int) -> int:
             RPC_RESOURCE_EXHAUSTED,
             f"too many request bytes in flight (over {budget.limit:,});"
             f" retry after {RETRY_AFTER_SECONDS} s",
-            "throttled",
+            "over_budget",
         )
     return size
 

@@ -34,7 +34,10 @@ OTLP_SPANS: Final = MetricSpec(
 OTLP_REQUESTS: Final = MetricSpec(
     "loopguard_otlp_requests",
     MetricKind.COUNTER,
-    "OTLP export requests, by transport (http, grpc) and outcome.",
+    "OTLP export requests, by transport (http, grpc) and outcome: ok, partial, bad_request,"
+    " too_large, throttled (ingest queue full), over_budget (request bytes in flight past"
+    " max_inflight_bytes), unauthorized, unsupported, unavailable (draining, or the state"
+    " directory cannot be written), error.",
     ("transport", "outcome"),
     "{request}",
 )
@@ -93,6 +96,7 @@ OUTCOMES: Final = (
     "bad_request",
     "too_large",
     "throttled",
+    "over_budget",
     "unauthorized",
     "unsupported",
     "unavailable",
