@@ -383,3 +383,68 @@ def test_a_snapshot_with_batches_still_queued_replays_each_input_once(
     # hook-1: two calls and the probe (each decision applied once); the spans' sessions: four
     # calls each and the probe.
     assert [probe["count"] for probe in probes] == [3, 5, 5], probes
+
+
+def _advised_calls(port: int, args: dict[str, Any], times: int) -> list[Any]:
+    """``times`` calls without results (outcome unknown); their decisions."""
+    decisions = []
+    for _ in range(times):
+        body = {"session": "advised", "tool": "bash", "arguments": args}
+        decisions.append(_decide(port, "before", **body)["decision"])
+    return decisions
+
+
+def test_cached_advice_cooldowns_and_held_reminders_survive_kill_9(tmp_path: Path) -> None:
+    """The advisor is asked once for a loop, before the crash; after the restart the same loop
+    gets the same advice without a second ask, a second loop within the cooldown gets none (as
+    without the restart), and a reminder held for a call's result comes with that result."""
+    from otel_loopguard.config import PRESETS
+
+    DEFAULT = PRESETS["default"]
+    assert DEFAULT.rescue_threshold is not None
+    rescue_at = DEFAULT.rescue_threshold
+
+    def run(crash: bool, where: Path) -> tuple[list[Any], str]:
+        where.mkdir()
+        asked = where / "asked.txt"
+        advisor = where / "advisor.sh"
+        advisor.write_text(
+            f"#!/bin/sh\ncat > /dev/null\necho asked >> {asked}\n"
+            "echo 'Read the compiler error; the header is missing.'\n"
+        )
+        advisor.chmod(0o755)
+        config = where / "loopguard.toml"
+        config.write_text(f'advisor_command = "{advisor}"\nstop_after_denials = false\n')
+        args = ("--config", str(config), "--state-dir", str(where / "state"))
+        server = Serve(*args)
+        try:
+            seen = _advised_calls(server.port, {"command": "make"}, rescue_at)
+            assert seen[-1]["action"] == "rescue"
+            grep = {"session": "held", "tool": "grep", "arguments": {"q": "x"}}
+            for call in ("c1", "c2"):
+                _decide(server.port, "before", **grep, call_id=call)
+                _decide(server.port, "after", **grep, call_id=call, result="3 matches")
+            # The third: a reminder, held for its result (as a command hook asks).
+            held = _decide(server.port, "before", **grep, call_id="c3", hold_reminder=True)
+            if crash:
+                server.kill9()
+                server = Serve(*args)
+            after = _advised_calls(server.port, {"command": "make"}, 1)  # cached advice
+            if crash:  # again: now the advice and the held reminder are in a snapshot
+                server.kill9()
+                server = Serve(*args)
+            after += _advised_calls(server.port, {"command": "make test"}, rescue_at)  # cooldown
+            result = _decide(server.port, "after", **grep, call_id="c3", result="3 matches")
+            assert server.stop() == 0
+        finally:
+            server.close()
+        return [held, *after, result], asked.read_text()
+
+    expected, asked_once = run(False, tmp_path / "control")
+    got, asked = run(True, tmp_path / "crashed")
+    assert asked == asked_once == "asked\n"  # one ask in all, also across the crash
+    assert expected[1]["action"] == "rescue" and "Read the compiler error" in expected[1]["message"]
+    assert expected[-2]["action"] == "deny"  # the second loop's rescue: in the cooldown
+    assert expected[0]["decision"]["action"] == "remind"
+    assert expected[-1]["reminder"].startswith("[loopguard]"), expected[-1]
+    assert got == expected
