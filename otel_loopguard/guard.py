@@ -1201,7 +1201,8 @@ class LoopGuard:
         if not wait:
             return None, False
         timeout = policy.advisor_timeout_seconds
-        if isinstance(advisor, CommandAdvisor):
+        # A wrapper (serve --state-dir logs each answer) names the advisor it wraps: inner.
+        if isinstance(getattr(advisor, "inner", advisor), CommandAdvisor):
             timeout += _ADVISOR_GRACE_SECONDS  # let its own timeout kill it and say so first
         try:
             advice = future.result(timeout=timeout)

@@ -448,3 +448,47 @@ def test_cached_advice_cooldowns_and_held_reminders_survive_kill_9(tmp_path: Pat
     assert expected[0]["decision"]["action"] == "remind"
     assert expected[-1]["reminder"].startswith("[loopguard]"), expected[-1]
     assert got == expected
+
+
+def test_state_of_another_version_is_set_aside_and_a_bad_record_is_skipped(
+    tmp_path: Path,
+) -> None:
+    """Pickles are not read across versions: state written with another layout is moved to
+    ``previous-<time>/`` with a note. A record that cannot be applied is skipped with a note;
+    the service starts (a bad record must not keep it down forever)."""
+    from otel_loopguard.service._durable import BATCH, DECISION, StateDir
+
+    state = tmp_path / "state"
+    with serving("--state-dir", str(state)) as first:
+        _hook_loop(first.port, 2)
+        assert first.stop() == 0
+    (state / "layout").write_text("0.0.1:0123456789abcdef\n")
+    with serving("--state-dir", str(state)) as second:
+        assert any("written by another version (0.0.1:0123456789abcdef" in x for x in second.lines)
+        decision = _decide(
+            second.port, "before", session="hook-1", tool="grep", arguments={"q": "x"}
+        )
+        assert decision["decision"]["count"] == 0  # afresh
+        assert second.stop() == 0
+    (aside,) = state.glob("previous-*")
+    assert (aside / "snapshot").exists()
+
+    log = StateDir(str(state))
+    recovered = log.recover()
+    log.open_log(recovered.next_seq)
+    seqs = [
+        log.append(BATCH, 0.0, b"not a pickle"),
+        log.append(
+            DECISION,
+            0.0,
+            b'{"endpoint": "before", "body": {"session": "hook-2",'
+            b' "tool": "grep", "arguments": {"q": "y"}}}',
+        ),
+    ]
+    assert log.wait(seqs[-1])
+    log.close()
+    with serving("--state-dir", str(state)) as third:
+        assert any("1 log records could not be applied again" in x for x in third.lines)
+        after = _decide(third.port, "before", session="hook-2", tool="grep", arguments={"q": "y"})
+        assert after["decision"]["count"] == 2  # the good record after the bad one was applied
+        assert third.stop() == 0

@@ -167,6 +167,28 @@ class Recovered:
     notes: list[str] = field(default_factory=list)
 
 
+def layout() -> str:
+    """What the pickles in a state directory depend on: the package version and the fields of
+    every class of the modules whose objects are kept (sessions, ledger, trace buffer, spans).
+    A directory written with another layout is set aside, not loaded (:meth:`StateDir.recover`).
+    """
+    import dataclasses
+    import hashlib
+
+    from otel_loopguard import __version__, calls, engine, spans, traces
+
+    parts = [__version__]
+    for module in (calls, engine, spans, traces):
+        for name, value in sorted(vars(module).items()):
+            if isinstance(value, type) and value.__module__ == module.__name__:
+                if dataclasses.is_dataclass(value):
+                    fields = [f.name for f in dataclasses.fields(value)]
+                else:
+                    fields = list(getattr(value, "__slots__", ()))
+                parts.append(f"{module.__name__}.{name}:{','.join(fields)}")
+    return f"{__version__}:{hashlib.sha256(chr(10).join(parts).encode()).hexdigest()[:16]}"
+
+
 def _utc_stamp() -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
 
@@ -238,20 +260,18 @@ class StateDir:
 
     def recover(self) -> Recovered:
         """The snapshot (None without one) and every log frame, in order; a torn last frame
-        ends the log (the file is cut there)."""
+        ends the log (the file is cut there). State written by another version (another
+        :func:`layout`) is moved to ``DIR/previous-<UTC time>/`` with a note, and not loaded:
+        pickles are not read across versions."""
         out = Recovered()
+        self._set_aside_other_layout(out)
         snapshot_path = self.path / "snapshot"
         if snapshot_path.exists():
             self._check_trusted(snapshot_path, "the snapshot")
             try:
                 out.snapshot = _read_snapshot(snapshot_path)
-            except (OSError, ValueError, pickle.UnpicklingError, EOFError, AttributeError) as exc:
-                aside = snapshot_path.with_name(f"snapshot.corrupt-{_utc_stamp()}")
-                os.replace(snapshot_path, aside)
-                out.notes.append(
-                    f"snapshot {str(snapshot_path)!r} cannot be read ({exc}); moved to"
-                    f" {str(aside)!r}; replaying the log alone (counts before it are lost)"
-                )
+            except Exception as exc:  # any unpickling error: damaged
+                out.notes.append(self.set_aside_snapshot(exc))
         if out.snapshot is not None:
             out.next_seq = int(out.snapshot["next_seq"])
         segments = self._segment_files()
@@ -273,6 +293,46 @@ class StateDir:
         if out.records:
             out.next_seq = max(out.next_seq, out.records[-1].seq + 1)
         return out
+
+    def _set_aside_other_layout(self, out: Recovered) -> None:
+        marker = self.path / "layout"
+        ours = layout()
+        try:
+            theirs = marker.read_text(encoding="utf-8").strip()
+        except FileNotFoundError:
+            theirs = None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise StateError(f"state_dir: cannot read {str(marker)!r}: {exc}") from None
+        kept = [
+            path
+            for path in self.path.iterdir()
+            if path.name == "snapshot" or (path.name.startswith("wal-") and path.suffix == ".log")
+        ]
+        if theirs != ours and kept:
+            aside = self.path / f"previous-{_utc_stamp()}"
+            aside.mkdir(mode=0o700)
+            for path in kept:
+                os.replace(path, aside / path.name)
+            out.notes.append(
+                f"the state in {str(self.path)!r} was written by another version"
+                f" ({theirs or 'unknown'}; this is {ours}): moved to {str(aside)!r}, not loaded"
+                f" (counts start afresh)"
+            )
+        if theirs != ours:
+            temporary = self.path / "layout.tmp"
+            temporary.write_text(ours + "\n", encoding="utf-8")
+            os.replace(temporary, marker)
+            _sync_directory(self.path)
+
+    def set_aside_snapshot(self, problem: object) -> str:
+        """Move a snapshot that cannot be used to ``snapshot.corrupt-<UTC time>``; the note."""
+        path = self.path / "snapshot"
+        aside = path.with_name(f"snapshot.corrupt-{_utc_stamp()}")
+        os.replace(path, aside)
+        return (
+            f"snapshot {str(path)!r} cannot be read ({problem}); moved to {str(aside)!r};"
+            f" replaying the log alone (the counts it held are lost)"
+        )
 
     # -- logging ---------------------------------------------------------------------------
 

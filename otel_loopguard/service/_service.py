@@ -382,8 +382,22 @@ class Service:
         assert ingest is not None and buffer is not None
         snapshot = recovered.snapshot
         applied_batches = applied_decisions = 0
+        whole: dict[str, Any] | None = None
         if snapshot is not None:
-            whole = pickle.loads(snapshot["state"])
+            try:
+                whole = pickle.loads(snapshot["state"])
+                if not isinstance(whole, dict) or not {
+                    "sessions",
+                    "agents",
+                    "settled",
+                    "held",
+                    "buffer",
+                } <= set(whole):
+                    raise ValueError("not a service state")
+            except Exception as exc:  # any unpickling error: the snapshot is damaged
+                note(state.set_aside_snapshot(exc))
+                snapshot = whole = None
+        if snapshot is not None and whole is not None:
             guard._load_state(whole)
             self._decisions.held.restore(whole["held"])
             for name, value in whole["buffer"].items():
@@ -398,24 +412,32 @@ class Service:
         clock = self._clock
         assert isinstance(clock, ServiceClock)
         done = guard._replaying(_ReplayAdvisor(answers))
-        replayed = 0
+        replayed = failed = 0
+        problem = ""
         try:
             for record in recovered.records:
                 clock.pin(record.time)
-                if record.kind == BATCH and record.seq > applied_batches:
-                    ingest.replay(pickle.loads(record.payload))
-                    replayed += 1
-                elif record.kind == DECISION and record.seq > applied_decisions:
-                    call = orjson.loads(record.payload)
-                    try:
-                        self._decisions.decide(call["endpoint"], call["body"])
-                    except ValueError:
-                        pass  # answered 400 then too
-                    replayed += 1
+                try:
+                    if record.kind == BATCH and record.seq > applied_batches:
+                        replayed += 1
+                        ingest.replay(pickle.loads(record.payload))
+                    elif record.kind == DECISION and record.seq > applied_decisions:
+                        replayed += 1
+                        call = orjson.loads(record.payload)
+                        try:
+                            self._decisions.decide(call["endpoint"], call["body"])
+                        except ValueError:
+                            pass  # answered 400 then too
+                except Exception as exc:  # one bad record must not keep the service down
+                    failed += 1
+                    problem = problem or f"record {record.seq}: {type(exc).__name__}: {exc}"
+                    guard.report_internal_error("serve.state", exc)
+            guard.close(wait=True)  # replayed asks: their advice settles before going on
         finally:
             clock.pin(None)
             done()
-        guard.close(wait=True)  # replayed asks: their advice is settled before going on
+        if failed:
+            note(f"{failed:,} log records could not be applied again (first: {problem})")
         self.replayed_records = replayed
         if guard.advisor is not None:
             guard.advisor = _RecordingAdvisor(guard.advisor, self)
