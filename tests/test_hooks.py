@@ -321,6 +321,49 @@ def test_claude_code_failures_sub_agents_and_sessions_have_their_own_chains(tmp_
             assert post.out == {}
 
 
+def test_a_user_prompt_lifts_a_stopped_sub_agent_too(tmp_path: Path) -> None:
+    """The user's prompt (no agent) starts a new epoch for every agent of the session, as
+    ``guard.user_message(session)`` and the ``--server`` backend do: a sub-agent stopped by
+    identical failures may run again; another session's sub-agent stays stopped."""
+    store = tmp_path / "hooks.sqlite3"
+    edit = {"file_path": "/work/project/setup.cfg", "old_string": "a", "new_string": "b"}
+    error = "String to replace not found in file."
+    for session in ("sess-1", "sess-2"):
+        for call in range(1, REMIND_AT + 1):
+            call_id = f"t-{session}-{call}"
+            hook(
+                "claude-code",
+                claude_pre("Edit", edit, call_id, session=session, agent_id="agent-7"),
+                store,
+            )
+            failure = hook(
+                "claude-code",
+                claude(
+                    "PostToolUseFailure",
+                    session=session,
+                    tool_name="Edit",
+                    tool_input=edit,
+                    tool_use_id=call_id,
+                    error=error,
+                    agent_id="agent-7",
+                ),
+                store,
+            )
+        assert failure.out["continue"] is False  # stopped
+    read = {"file_path": "/work/project/README.md"}
+    stopped = hook("claude-code", claude_pre("Read", read, "r1", agent_id="agent-7"), store)
+    assert stopped.out["continue"] is False
+    assert hook("claude-code", claude("UserPromptSubmit", prompt="try again"), store).out == {}
+    again = hook("claude-code", claude_pre("Read", read, "r2", agent_id="agent-7"), store)
+    assert again == Reply(0, {}, "")
+    other = hook(
+        "claude-code",
+        claude_pre("Read", read, "r3", session="sess-2", agent_id="agent-7"),
+        store,
+    )
+    assert other.out["continue"] is False
+
+
 def test_claude_code_events_it_does_not_act_on_are_answered_empty_with_a_note(
     tmp_path: Path,
 ) -> None:

@@ -535,7 +535,7 @@ def test_what_the_hook_sends(fake: str) -> None:
         "result": BASH_RESULT,
         "duration_seconds": 1.2,
     }
-    assert bodies[4] == {"session": "sess-1", "agent": None}
+    assert bodies[4] == {"session": "sess-1", "agent": None, "text": "hi"}
 
 
 def test_bad_server_options_still_answer_json(tmp_path: Path, server: str) -> None:
@@ -705,3 +705,36 @@ def test_the_stop_after_the_third_identical_failure_is_the_same_from_the_server(
     assert kind(host, stopped) == "stop"
     assert stopped["continue"] is False and stopped["stopReason"] == post.message
     assert kind(host, local[stop_at + 1].out) == "stop"
+
+
+def test_the_prompt_reaches_the_servers_advisor_as_the_task(tmp_path: Path) -> None:
+    """With ``--server`` the user's prompt goes to the server (cut to what the guard keeps),
+    so its advisor is told the task, as a local hook's advisor is."""
+    question = tmp_path / "question.txt"
+    advisor = tmp_path / "advisor.sh"
+    advisor.write_text(f"#!/bin/sh\nprintf '%s' \"$1\" > {question}\necho 'Read the log.'\n")
+    advisor.chmod(0o755)
+    config = tmp_path / "loopguard.toml"
+    config.write_text(f'advisor_command = "{advisor}"\nstop_after_denials = false\n')
+    rescue_at = PRESETS["default"].rescue_threshold
+    assert rescue_at is not None
+    prompt = "fix the login test " + "x" * 50_000  # a pasted file: still one small request
+    with serve_process("--config", str(config)) as url:
+        env = clean_env()
+        start = hook(
+            "claude-code", claude("UserPromptSubmit", prompt=prompt), None, "--server", url, env=env
+        )
+        assert start == Reply(0, {}, "")
+        for call in range(1, rescue_at + 1):
+            reply = hook(
+                "claude-code",
+                claude_pre("Bash", {"command": "make"}, f"t{call}"),
+                None,
+                "--server",
+                url,
+                env=env,
+            )
+    assert "Read the log." in reply.out["hookSpecificOutput"]["permissionDecisionReason"]
+    asked = question.read_text()
+    assert "fix the login test" in asked
+    assert "x" * 3000 not in asked  # cut, as the guard keeps it

@@ -31,6 +31,7 @@ from typing import Final
 
 import orjson
 
+from ..engine import MAX_TASK_CHARS
 from ..env import LOOPGUARD_SERVE_TOKEN
 from ..policy import Action
 from .answers import Unavailable, answer_before
@@ -98,7 +99,11 @@ class RemoteBackend:
     def answer(self, host: Host, event: HookEvent) -> Answer:
         ids: dict[str, object] = {"session": event.session, "agent": event.agent}
         if event.kind is EventKind.USER_PROMPT:
-            self._post("user_message", ids)
+            # The prompt is what the server's advisor is told the task is, as a local hook's;
+            # cut to what the guard keeps of it, so a pasted file never makes the request too
+            # large (the new epoch must not be lost).
+            text = event.prompt[:MAX_TASK_CHARS] if event.prompt else None
+            self._post("user_message", {**ids, "text": text} if text else ids)
             return ALLOWED
         call = {**ids, "tool": event.tool, "arguments": event.arguments, "call_id": event.call_id}
         if event.kind is EventKind.PRE_TOOL:

@@ -86,6 +86,11 @@ class LocalBackend:
         except ValueError as exc:  # e.g. an advisor_command that cannot be split
             raise Unavailable(f"policy: {exc}") from None
         key = orjson.dumps([host.name, event.session, event.agent]).decode()
+        # A prompt without an agent is the user's: as guard.user_message(session) does, it
+        # starts a new epoch (and lifts a stop) for the sub-agents' rows of the session too.
+        prefix = None
+        if event.kind is EventKind.USER_PROMPT and event.agent is None:
+            prefix = orjson.dumps([host.name, event.session]).decode()[:-1] + ","
         now = time.time()
         try:
             with self.store.session(
@@ -93,6 +98,7 @@ class LocalBackend:
                 now=now,
                 ttl_seconds=policy.session_ttl_seconds,
                 max_sessions=policy.max_sessions,
+                related_prefix=prefix,
             ) as row:
                 for problem in row.problems:
                     self._note(f"session {event.session!r}: {problem}; starting it afresh")
@@ -103,6 +109,7 @@ class LocalBackend:
                         self._note(f"session {event.session!r}: {exc}; starting it afresh")
                     else:
                         guard.import_session(event.session, state, agent=event.agent)
+                agents = self._import_related(guard, event.session, row.related, policy)
                 answer = decide(host, event, guard, row.notes, policy)
                 guard.close(wait=True)  # a rescue's advice is cached before the state is saved
                 saved = guard.export_session(event.session, agent=event.agent)
@@ -110,9 +117,32 @@ class LocalBackend:
                     while len(row.notes) > MAX_NOTES:
                         del row.notes[next(iter(row.notes))]
                     row.save = saved.to_bytes()
+                for other, agent in agents.items():
+                    kept = guard.export_session(event.session, agent=agent)
+                    if kept is not None:
+                        row.related_save[other] = kept.to_bytes()
         except StoreError as exc:
             raise Unavailable(str(exc)) from None
         return answer
+
+    @staticmethod
+    def _import_related(
+        guard: LoopGuard, session: str, related: dict[str, bytes], policy: Policy
+    ) -> dict[str, str]:
+        """Import the sub-agents' rows of ``session`` (key -> state); their keys -> agents.
+        A row that cannot be read is left as it is."""
+        agents: dict[str, str] = {}
+        for other, data in related.items():
+            try:
+                parts = orjson.loads(other)
+                agent = parts[2] if isinstance(parts, list) and len(parts) == 3 else None
+                if not isinstance(agent, str):
+                    continue
+                guard.import_session(session, SessionState.from_bytes(data, policy), agent=agent)
+            except (orjson.JSONDecodeError, ValueError):
+                continue
+            agents[other] = agent
+        return agents
 
 
 def decide(

@@ -117,6 +117,10 @@ class Row:
     problems: list[str] = field(default_factory=list)
     #: The state to store at the end of the transaction (``None``: leave the row as it is).
     save: bytes | None = None
+    #: With ``related_prefix``: the other rows whose key starts with it, key -> state bytes.
+    related: dict[str, bytes] = field(default_factory=dict)
+    #: New states for some of :attr:`related`, written at the end of the transaction.
+    related_save: dict[str, bytes] = field(default_factory=dict)
 
 
 class HookStore:
@@ -138,16 +142,41 @@ class HookStore:
 
     @contextmanager
     def session(
-        self, key: str, *, now: float, ttl_seconds: float, max_sessions: int
+        self,
+        key: str,
+        *,
+        now: float,
+        ttl_seconds: float,
+        max_sessions: int,
+        related_prefix: str | None = None,
     ) -> Iterator[Row]:
         """One transaction on the row of ``key``: yields it as read; on a normal exit writes
-        :attr:`Row.save` (if set) with ``now`` as its time, and commits. An exception from the
-        body rolls back and propagates; a problem with the file raises :class:`StoreError`."""
+        :attr:`Row.save` (if set) with ``now`` as its time, and commits. With
+        ``related_prefix``, the other rows whose key starts with it (live ones: updated within
+        ``ttl_seconds``) are read too (:attr:`Row.related`), and :attr:`Row.related_save`
+        written. An exception from the body rolls back and propagates; a problem with the file
+        raises :class:`StoreError`."""
         connection, found = self._begin(key)
         try:
             row = _decode(found)
+            if related_prefix:
+                try:
+                    for other, state in connection.execute(
+                        "SELECT key, state FROM sessions WHERE substr(key, 1, ?) = ?"
+                        " AND key != ? AND updated > ?",
+                        (len(related_prefix), related_prefix, key, now - ttl_seconds),
+                    ):
+                        if isinstance(state, (bytes, memoryview)):
+                            row.related[str(other)] = bytes(state)
+                except sqlite3.Error as exc:
+                    raise self._error(exc) from None
             yield row
             try:
+                for other, state in row.related_save.items():
+                    connection.execute(
+                        "UPDATE sessions SET state = ?, updated = ? WHERE key = ?",
+                        (state, now, other),
+                    )
                 if row.save is not None:
                     if found is None:
                         self._make_room(connection, now, ttl_seconds, max_sessions)

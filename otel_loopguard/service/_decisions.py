@@ -121,10 +121,10 @@ class DecisionAPI:
         agent = None if agent is None else bounded_id(agent)
         guard = self.guard
         if endpoint == "user_message":
-            guard.user_message(session, agent=agent)
+            guard.user_message(session, agent=agent, text=_prose(payload, "text"))
             return {}
         if endpoint == "new_run":
-            guard.new_run(session, agent=agent)
+            guard.new_run(session, agent=agent, task=_prose(payload, "task"))
             return {}
         tool = _text(payload, "tool", required=True)
         arguments = payload.get("arguments", {})
@@ -205,3 +205,13 @@ def _text(payload: Mapping[str, object], name: str, required: bool = False) -> A
     if not isinstance(value, str) or not value:
         raise ValueError(f"{name!r} must be a non-empty string, got {value!r}")
     return value
+
+
+def _prose(payload: Mapping[str, object], name: str) -> str | None:
+    """An optional text (the user's message, the run's task): a string, or absent / null."""
+    value = payload.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ValueError(f"{name!r} must be a string, got {type(value).__name__}")
+    return value or None
