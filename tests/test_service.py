@@ -558,13 +558,22 @@ def test_decision_api_is_the_hook_api(service: Service) -> None:
         want = reference.before_tool(
             "grep", arguments, session="conv", agent="coder", call_id=f"c{n}"
         )
-        assert (got["action"], got["rule"], got["count"], got["message"], got["blocks"]) == (
+        assert (
+            got["action"],
+            got["rule"],
+            got["count"],
+            got["message"],
+            got["blocks"],
+            got["hash_prefix"],
+        ) == (
             want.action.value,
             want.rule.value if want.rule else None,
             want.count,
             want.message,
             want.blocks,
+            want.hash_prefix,
         )
+        assert bool(got["hash_prefix"]) == got["blocks"]  # on blocking decisions only
         if not want.blocks:
             after = _call(
                 port,

@@ -179,7 +179,8 @@ class DecisionAPI:
 
 def decision_json(decision: Decision) -> dict[str, object]:
     """A decision as the decision API returns it; ``phase`` is ``post`` for a conclusion drawn
-    from a call's result (``/after``), else ``pre``."""
+    from a call's result (``/after``), else ``pre``; ``hash_prefix`` is the loop-brake
+    plugin's call hash prefix on a blocking decision, else empty."""
     return {
         "action": decision.action.value,
         "blocks": decision.blocks,
@@ -188,6 +189,7 @@ def decision_json(decision: Decision) -> dict[str, object]:
         "count": decision.count,
         "threshold": decision.threshold,
         "signature": decision.signature,
+        "hash_prefix": decision.hash_prefix,
         "tool": decision.tool,
         "session": decision.session,
         "repeated": decision.repeated,
