@@ -124,10 +124,11 @@ def test_compose_stack_mounts_what_exists_and_agrees_on_the_token() -> None:
     compose = load("docker-compose.yml")
     services = compose["services"]
     assert set(services) == {"collector", "loopguard", "jaeger", "prometheus", "grafana"}
+    named = set(compose.get("volumes") or {})
     for service in services.values():
         for volume in service.get("volumes", []):
             source = volume.split(":", 1)[0]
-            assert (COLLECTOR / source).exists(), source
+            assert source in named or (COLLECTOR / source).exists(), source
         for port in service.get("ports", []):
             assert port.startswith("127.0.0.1:"), port  # the demo publishes on loopback only
     collector = services["collector"]
@@ -143,8 +144,18 @@ def test_compose_stack_mounts_what_exists_and_agrees_on_the_token() -> None:
     assert (COLLECTOR / build["context"] / build["dockerfile"]).is_file()
     command = services["loopguard"]["command"]
     assert command[:2] == ["--host", "0.0.0.0"]  # with the token from the environment
+    # serve's own parser takes the command; its state directory is a named volume, made
+    # nobody's and 0700 in the image (serve refuses a directory others could write).
+    from otel_loopguard.cli import build_parser
+
+    serve = build_parser().parse_args(["serve", *command])
+    assert serve.state_dir == "/var/lib/otel-loopguard"
+    assert f"loopguard-state:{serve.state_dir}" in services["loopguard"]["volumes"]
+    assert "loopguard-state" in named
     dockerfile = (COLLECTOR / "Dockerfile").read_text()
     assert 'ENTRYPOINT ["otel-loopguard", "serve"]' in dockerfile and "[serve]" in dockerfile
+    assert f"RUN install -d -o nobody -m 700 {serve.state_dir}" in dockerfile
+    assert "USER nobody" in dockerfile
 
     prometheus = yaml.safe_load((COLLECTOR / "prometheus.yml").read_text())
     assert prometheus["rule_files"] == ["/etc/prometheus/alerts.yml"]
