@@ -274,6 +274,17 @@ def test_one_serve_per_directory_and_an_untrusted_one_is_refused(tmp_path: Path)
     )
     assert refused.returncode == 2
     assert "can be written by group or others" in refused.stderr
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    not_a_directory = subprocess.run(
+        [sys.executable, "-m", "otel_loopguard", "serve", "--http-port", "0", "--no-grpc"]
+        + ["--state-dir", str(a_file)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert not_a_directory.returncode == 2
+    assert f"state_dir: cannot create {str(a_file)!r}" in not_a_directory.stderr
 
 
 def test_a_log_that_cannot_be_written_is_answered_503_never_200(

@@ -190,7 +190,8 @@ def layout() -> str:
 
 
 def _utc_stamp() -> str:
-    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    """A UTC time and this process's id: two set-asides never take the same name."""
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{os.getpid()}"
 
 
 class StateDir:

@@ -373,7 +373,10 @@ class Service:
         """Open the state directory, load its snapshot, apply its log again, and snapshot."""
         state = StateDir(directory, on_error=self._state_write_failed)
         self._state = state
-        recovered = state.recover()
+        try:
+            recovered = state.recover()
+        except OSError as exc:
+            raise StateError(f"state_dir: cannot read {str(state.path)!r}: {exc}") from None
         for text in recovered.notes:
             note(text)
         guard = self.guard
@@ -441,7 +444,10 @@ class Service:
         self.replayed_records = replayed
         if guard.advisor is not None:
             guard.advisor = _RecordingAdvisor(guard.advisor, self)
-        state.open_log(recovered.next_seq)
+        try:
+            state.open_log(recovered.next_seq)
+        except OSError as exc:
+            raise StateError(f"state_dir: cannot write in {str(state.path)!r}: {exc}") from None
         self._snapshot()
         self._next_snapshot = time.monotonic() + SNAPSHOT_INTERVAL_SECONDS
         if recovered.records or snapshot is not None:
