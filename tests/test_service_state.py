@@ -503,3 +503,37 @@ def test_state_of_another_version_is_set_aside_and_a_bad_record_is_skipped(
         after = _decide(third.port, "before", session="hook-2", tool="grep", arguments={"q": "y"})
         assert after["decision"]["count"] == 2  # the good record after the bad one was applied
         assert third.stop() == 0
+
+
+def test_spans_accepted_over_grpc_are_logged_too(tmp_path: Path) -> None:
+    """The gRPC receiver answers OK only once the batch is in the log, as HTTP does: a crash
+    right after (here: the directory closed without a last snapshot) loses none of it."""
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    from otel_loopguard.config import Policy
+    from otel_loopguard.service import ServeOptions, Service
+
+    script = Script()
+    state = tmp_path / "state"
+    options = ServeOptions(
+        http_port=0, grpc_port=0, state_dir=str(state), hold_seconds=600, drain_timeout_seconds=5
+    )
+    service = Service(options, policy=Policy()).start()
+    try:
+        exporter = OTLPSpanExporter(endpoint=f"127.0.0.1:{service.grpc_port}", insecure=True)
+        try:
+            assert exporter.export(script.complete + script.open) is SpanExportResult.SUCCESS
+        finally:
+            exporter.shutdown()
+    finally:
+        assert service._state is not None
+        service._state.close()  # a crash: no last snapshot, the open trace never judged
+        service._state = None
+        service.close()
+    with serving("--state-dir", str(state)) as again:
+        _export(again.url, script.root)
+        assert wait_for(lambda: _queue_empty(again.port))
+        probes = script.probes(again)
+        assert again.stop() == 0
+    assert [probe["count"] for probe in probes][1:] == [5, 5], probes
