@@ -22,8 +22,9 @@ Agno's hooks see no call id: a call is matched to its result by its arguments. W
 inside the tool span and asks with the processor's keys; each call counts once (the hook reports
 before the tool span ends; a blocked call has a tool span too, whose result is the guard's
 message). Session otherwise: the run's ``session_id``; the agent label is the agent's (or
-team's) name. Each run starts a new progress epoch. The hook runs on the agent's thread or event
-loop and never raises except to end a run on stop.
+team's) name. Each run starts a new progress epoch, and its last user message (in the run's
+messages Agno hands the hook) is what an advisor is told the agent's task is. The hook runs on
+the agent's thread or event loop and never raises except to end a run on stop.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ class LoopGuardToolHook:
         keys = self.hook.keys(
             str(session) if session is not None else None, name if isinstance(name, str) else None
         )
-        self.hook.run_marker(keys, getattr(run_context, "run_id", None))
+        self.hook.run_marker(keys, getattr(run_context, "run_id", None), self._prompt(run_context))
         ticket = self.hook.before(function_name, dict(arguments or {}), None, keys)
         decision = ticket.decision
         if decision.blocks:
@@ -104,6 +105,17 @@ class LoopGuardToolHook:
         if isawaitable(result):
             return self._finish_async(ticket, result)
         return self._finish(ticket, result)
+
+    def _prompt(self, run_context: Any) -> str | None:
+        """The run's prompt: the text of the last user message in ``run_context.messages`` (the
+        run's live message list Agno hands tool hooks), or ``None``."""
+        try:
+            for message in reversed(getattr(run_context, "messages", None) or ()):
+                if getattr(message, "role", None) == "user":
+                    return _text(getattr(message, "content", None))
+        except Exception as exc:  # never let the prompt break the agent
+            self.guard.report_internal_error("integration.agno.prompt", exc)
+        return None
 
     async def _finish_async(self, ticket: Ticket, pending: Any) -> Any:
         try:
@@ -126,6 +138,20 @@ class LoopGuardToolHook:
         post = self.hook.after(ticket, result=str(error), error=True)
         if self.hook.ends_run(post):
             raise _stop(post) from error
+
+
+def _text(content: object) -> str | None:
+    """A message's text: a string, or the text parts of a list of parts."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return None
+    texts = [
+        part if isinstance(part, str) else part.get("text")
+        for part in content
+        if isinstance(part, (str, dict))
+    ]
+    return "\n".join(text for text in texts if isinstance(text, str)) or None
 
 
 def _stop(decision: Decision) -> StopAgentRun:

@@ -25,8 +25,9 @@ With ``processor=`` (on the provider of the ``OpenTelemetryTracer`` given to
 and ask with the processor's keys; each call counts once (the tool spans, which have no call id,
 end before the ``after_tool`` hook; a blocked call has no tool span). Haystack names no
 conversation: the session is ``session=``, else each run is its own (an Agent serving concurrent
-requests keeps them apart); with ``session=`` each run starts a new progress epoch. Hooks run on
-the Agent's thread or event loop (``run_async``) and never raise.
+requests keeps them apart); with ``session=`` each run starts a new progress epoch. The run's last
+user message (in the State at ``before_run``) is what an advisor is told the agent's task is.
+Hooks run on the Agent's thread or event loop (``run_async``) and never raise.
 
 The hooks hold a live guard, so they are not serialisable (``to_dict`` raises): add them to an
 Agent loaded from YAML after loading it.
@@ -46,7 +47,7 @@ from ._hook import OnStop, Ticket, ToolHook, missing_framework
 
 try:
     from haystack.components.agents.state import State, replace_values
-    from haystack.dataclasses import ChatMessage, ToolCall
+    from haystack.dataclasses import ChatMessage, ChatRole, ToolCall
     from haystack.hooks import AFTER_TOOL, BEFORE_RUN, BEFORE_TOOL, Hook
 except ImportError as exc:  # pragma: no cover - exercised by tests/integrations/test_imports.py
     raise missing_framework("haystack", "Haystack", "haystack") from exc
@@ -151,8 +152,18 @@ class LoopGuardHooks:
     # -- the hook points ---------------------------------------------------------------------
 
     def _before_run(self, state: State) -> None:
-        """A new run: its own session, or a new progress epoch in ``session=``'s."""
-        self.hook.run_marker(self._keys(state), self._run_id(state))
+        """A new run: its own session, or a new progress epoch in ``session=``'s; its prompt
+        (the text of the last user message it starts with) is the task an advisor is told."""
+        self.hook.run_marker(self._keys(state), self._run_id(state), self._prompt(state))
+
+    def _prompt(self, state: State) -> str | None:
+        try:
+            for message in reversed(state.data.get("messages") or []):
+                if isinstance(message, ChatMessage) and message.is_from(ChatRole.USER):
+                    return "\n".join(message.texts) or None
+        except Exception as exc:  # never let the prompt keep the run from its epoch
+            self.guard.report_internal_error("integration.haystack.prompt", exc)
+        return None
 
     def _before_tool(self, state: State) -> None:
         messages = state.data.get("messages") or []

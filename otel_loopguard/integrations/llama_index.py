@@ -29,8 +29,9 @@ the step asks with the processor's keys; each call counts once (the tool span, w
 id, ends before the step reports; a blocked call has no tool span). Session otherwise:
 ``session=``, else the conversation, an id kept in the workflow context's store
 (``loopguard_session``), so runs that continue a ``Context`` share it; the agent label is the
-agent's name. Each run starts a new progress epoch. The step runs on the workflow's event loop
-and never raises.
+agent's name. Each run starts a new progress epoch, and its user message (the text LlamaIndex
+keeps in the store as ``user_msg_str``) is what an advisor is told the agent's task is. The step
+runs on the workflow's event loop and never raises.
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ __all__ = ["SESSION_KEY", "LoopGuardToolCalls", "guard_class"]
 SESSION_KEY: Final = "loopguard_session"
 #: The instrumentation tag LlamaIndex workflows set to the id of the current run.
 _RUN_ID_TAG: Final = "llamaindex.run_id"
+#: The key under which LlamaIndex's agents keep the text of the run's user message.
+_PROMPT_KEY: Final = "user_msg_str"
 
 W = TypeVar("W", bound=Workflow)
 CallNext = Callable[[Context, ToolCall], Awaitable[ToolCallResult]]
@@ -97,6 +100,7 @@ class LoopGuardToolCalls:
     async def _keys(self, workflow: Workflow, ctx: Context) -> tuple[str, str | None]:
         session: str | None = None
         agent = getattr(workflow, "name", None)
+        prompt: object = None
         try:
             store = ctx.store
             session = await store.get(SESSION_KEY, default=None)
@@ -105,11 +109,13 @@ class LoopGuardToolCalls:
                 await store.set(SESSION_KEY, session)
             # AgentWorkflow: the agent whose turn it is
             agent = await store.get("current_agent_name", default=None) or agent
+            # the run's prompt: the text of its user message, as the agent's init_run keeps it
+            prompt = await store.get(_PROMPT_KEY, default=None)
         except Exception as exc:  # a typed store without the key: the run is the session
             self.guard.report_internal_error("integration.llama_index.store", exc)
         run_id = active_instrument_tags.get().get(_RUN_ID_TAG)
         keys = self.hook.keys(session or run_id, agent if isinstance(agent, str) else None)
-        self.hook.run_marker(keys, run_id)
+        self.hook.run_marker(keys, run_id, prompt if isinstance(prompt, str) else None)
         return keys
 
     async def call_tool(

@@ -29,8 +29,9 @@ inside the auto-invoke loop's span and asks with the processor's keys; each call
 (the tool span, with the call id, ends before the filter reports; a blocked call has no tool
 span). Session otherwise: the chat history the loop works on (one per agent invocation: pass
 ``session=`` to keep a conversation's state across them); a new user message in it starts a new
-progress epoch. The filter runs on the kernel's event loop (concurrently for the calls of one
-model turn) and never raises.
+progress epoch, and the last user message's text is what an advisor is told the agent's task
+is. The filter runs on the kernel's event loop (concurrently for the calls of one model turn)
+and never raises.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from ..policy import Action
 from ._hook import OnStop, ToolHook, missing_framework
 
 try:
+    from semantic_kernel.contents import TextContent
     from semantic_kernel.contents.utils.author_role import AuthorRole
     from semantic_kernel.filters import AutoFunctionInvocationContext, FilterTypes
     from semantic_kernel.functions import FunctionResult
@@ -58,15 +60,22 @@ __all__ = ["LoopGuardFilter"]
 _ERROR_PREFIX = "An error occurred while invoking the function "
 
 
-def _last_user_message(context: AutoFunctionInvocationContext) -> int | None:
+def _last_user_message(context: AutoFunctionInvocationContext) -> tuple[int | None, str | None]:
     """The position of the last user message in the loop's chat history (stable while the loop
-    runs, larger for each new user message)."""
+    runs, larger for each new user message) and its text (its text items, joined), the run's
+    prompt."""
     history = context.chat_history
     messages = getattr(history, "messages", None) or []
     for index in range(len(messages) - 1, -1, -1):
-        if getattr(messages[index], "role", None) == AuthorRole.USER:
-            return index
-    return None
+        message = messages[index]
+        if getattr(message, "role", None) == AuthorRole.USER:
+            texts = [
+                item.text
+                for item in getattr(message, "items", None) or ()
+                if isinstance(item, TextContent) and isinstance(item.text, str)
+            ]
+            return index, "\n".join(texts) or None
+    return None, None
 
 
 class LoopGuardFilter:
@@ -110,7 +119,7 @@ class LoopGuardFilter:
         call_id = getattr(call, "id", None)
         framework_session = f"semantic-kernel:{id(context.chat_history)}"
         keys = self.hook.keys(framework_session)
-        self.hook.run_marker(keys, _last_user_message(context))
+        self.hook.run_marker(keys, *_last_user_message(context))
         # The arguments the function is invoked with (and Semantic Kernel's span records): the
         # model's, over any the caller put in the agent's or kernel's KernelArguments.
         arguments = dict(context.arguments or {})

@@ -27,9 +27,9 @@ calls of the step (``process_tool_calls``), matched to the call by its argument 
 wrapper runs inside the agent's step span and asks with the processor's keys; each call counts
 once (the tool span, which has no call id, ends before the wrapper reports; a blocked call has
 no tool span). Session otherwise: ``session=``, else one per guarded agent; the agent label is
-its name. Each ``agent.run`` starts a new progress epoch. The wrapper runs on the agent's
-thread, or on smolagents' pool threads for parallel calls, and never raises except to end a run
-on stop.
+its name. Each ``agent.run`` starts a new progress epoch, and its ``task`` (the prompt) is what
+an advisor is told the agent's task is. The wrapper runs on the agent's thread, or on
+smolagents' pool threads for parallel calls, and never raises except to end a run on stop.
 
 CodeAgent runs tools from the code the model writes, not through ``execute_tool_call``: it is
 not covered.
@@ -90,6 +90,8 @@ class LoopGuardToolCalls:
         # id(argument object) -> call ids of the model's calls in the step being processed
         self._call_ids: dict[int, list[str]] = {}
         self._runs = 0
+        # the agent's current run: its number and its prompt (``run``'s ``task``)
+        self._run: tuple[int | None, str | None] = (None, None)
         self._lock = threading.Lock()
         self._session = f"smolagents:{next(_AGENTS)}"
 
@@ -102,10 +104,12 @@ class LoopGuardToolCalls:
         cls = type(agent)
 
         def run(*args: Any, **kwargs: Any) -> Any:
+            task = args[0] if args else kwargs.get("task")
             with self._lock:
                 self._runs += 1
-                run_number = self._runs
-            self.hook.run_marker(self._keys(agent), run_number)
+                self._run = (self._runs, task if isinstance(task, str) else None)
+                run_number, prompt = self._run
+            self.hook.run_marker(self._keys(agent), run_number, prompt)
             return cls.run(agent, *args, **kwargs)
 
         def process_tool_calls(chat_message: Any, memory_step: Any) -> Iterator[Any]:
@@ -154,7 +158,11 @@ class LoopGuardToolCalls:
     ) -> Any:
         if tool_name == FINAL_ANSWER_TOOL:
             return cls.execute_tool_call(agent, tool_name, arguments)
-        ticket = self.hook.before(tool_name, arguments, self._call_id(arguments), self._keys(agent))
+        keys = self._keys(agent)
+        # Inside the step span (``processor=``) the keys are the processor's, not those ``run``
+        # saw before the span began: tell them the run and its prompt too.
+        self.hook.run_marker(keys, *self._run)
+        ticket = self.hook.before(tool_name, arguments, self._call_id(arguments), keys)
         decision = ticket.decision
         if decision.blocks:
             if decision.action is Action.STOP:

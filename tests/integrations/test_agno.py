@@ -16,7 +16,9 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
 from otel_loopguard import LoopGuard
+from otel_loopguard.advice import AdviceRequest
 from otel_loopguard.metrics import PrometheusRecorder
+from otel_loopguard.processor import LoopGuardSpanProcessor
 
 from .conftest import (
     ARGUMENTS,
@@ -108,9 +110,10 @@ def run(
     hook: LoopGuardToolHook,
     fail: bool = False,
     mode: str = "sync",
+    prompt: str = "What's the weather in Paris?",
 ) -> RunOutput:
-    """One agent run; ``fail``: ``search`` fails the same way every time (it raises; Agno hands
-    the model the error and the loop goes on)."""
+    """One agent run with ``prompt``; ``fail``: ``search`` fails the same way every time (it
+    raises; Agno hands the model the error and the loop goes on)."""
 
     def search(query: str) -> str:
         """Search the web."""
@@ -131,7 +134,6 @@ def run(
         tool_hooks=[hook],
         telemetry=False,
     )
-    prompt = "What's the weather in Paris?"
     if mode == "sync":
         return agent.run(prompt, session_id=CONVERSATION)
     return asyncio.run(agent.arun(prompt, session_id=CONVERSATION))
@@ -227,3 +229,48 @@ def test_a_call_failing_the_same_way_ends_the_run_after_it_ran(
     assert script.calls == script.tool_runs == FAILURE_STOP
     assert script.seen == [FAILURE] * (FAILURE_STOP - 1)
     assert calls_seen(hook.guard) == FAILURE_STOP
+
+
+def advised_guard() -> tuple[LoopGuard, list[AdviceRequest]]:
+    """A guard that rescues (asks its advisor) at the first denial it can, before the stop, and
+    with no cooldown between asks; and the requests its advisor was given."""
+    requests: list[AdviceRequest] = []
+
+    def advisor(request: AdviceRequest) -> str:
+        requests.append(request)
+        return "Answer from the results you already have."
+
+    policy = POLICY.replace(rescue_threshold=POLICY.deny_threshold, cooldown_seconds=0.0)
+    return LoopGuard(policy, advisor=advisor), requests
+
+
+#: Two runs in one session, each with its own prompt.
+PROMPTS = ("Find the weather in Paris for Sunday's picnic.", "And in Lyon, for Monday?")
+
+
+@pytest.mark.parametrize("via", ["processor", "guard"])
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_the_advisor_is_told_the_runs_prompt(forward: Forward, mode: str, via: str) -> None:
+    guard, requests = advised_guard()
+    provider = TracerProvider()
+    processor = LoopGuardSpanProcessor(guard, tracer_provider=provider)
+    if via == "processor":  # else the spans never reach the guard
+        provider.add_span_processor(processor)
+    hook = (
+        LoopGuardToolHook(processor=processor) if via == "processor" else LoopGuardToolHook(guard)
+    )
+    told: dict[str, list[str | None]] = {}
+    try:
+        with forward.to(provider):
+            for prompt in PROMPTS:
+                script = Script()
+                output = run(looping(script), script, hook, mode=mode, prompt=prompt)
+                # the rescue came first: the run looped on until the stop ended it
+                assert last_message(output) == ("tool", REFERENCE[FIRST_STOP - 1].message)
+                told[prompt] = [request.task for request in requests]
+                requests.clear()
+    finally:
+        provider.shutdown()
+    for prompt, tasks in told.items():
+        assert tasks, f"the guard never rescued in the run of {prompt!r}"
+        assert all(task is not None and prompt in task for task in tasks), tasks

@@ -15,7 +15,9 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
 from otel_loopguard import Action, LoopGuard
+from otel_loopguard.advice import AdviceRequest
 from otel_loopguard.metrics import PrometheusRecorder
+from otel_loopguard.processor import LoopGuardSpanProcessor
 
 from .conftest import (
     ARGUMENTS,
@@ -51,6 +53,9 @@ from crewai.llms.base_llm import BaseLLM, llm_call_context  # noqa: E402
 from crewai.tools import tool  # noqa: E402
 
 from otel_loopguard.integrations.crewai import LoopGuardHooks, LoopStopped  # noqa: E402
+
+#: The task's description, the prompt of the run.
+TASK = "What's the weather in Paris?"
 
 #: The model's next call, or None to answer, from the last tool result it read.
 Plan = Callable[[str | None], "tuple[str, dict[str, str]] | None"]
@@ -103,9 +108,9 @@ class ScriptedLLM(BaseLLM):
             return response
 
 
-def kickoff(plan: Plan, script: Script | Detour, fail: bool = False) -> str:
-    """One crew, one agent, one task; ``fail``: ``search`` fails the same way every time (it
-    raises; CrewAI hands the model the error and the loop goes on)."""
+def kickoff(plan: Plan, script: Script | Detour, fail: bool = False, prompt: str = TASK) -> str:
+    """One crew, one agent, one task (``prompt``, its description); ``fail``: ``search`` fails
+    the same way every time (it raises; CrewAI hands the model the error and the loop goes on)."""
 
     @tool("search")
     def search(query: str) -> str:
@@ -129,9 +134,7 @@ def kickoff(plan: Plan, script: Script | Detour, fail: bool = False) -> str:
         tools=[search, get_weather],
         max_iter=2 * SAFETY_TURNS,
     )
-    task = Task(
-        description="What's the weather in Paris?", expected_output="A short answer.", agent=agent
-    )
+    task = Task(description=prompt, expected_output="A short answer.", agent=agent)
     return str(Crew(agents=[agent], tasks=[task]).kickoff().raw)
 
 
@@ -187,7 +190,7 @@ def instrumented(mode: tuple[Forward, bool]) -> Iterator[Instrumented]:
         tracing.provider.shutdown()
 
 
-def run(plan: Plan, script: Script | Detour, fail: bool = False) -> str:
+def run(plan: Plan, script: Script | Detour, fail: bool = False, prompt: str = TASK) -> str:
     """:func:`kickoff` in the conversation, then wait for the event bus's handlers (the
     event-listener spans end there)."""
     from crewai.events.event_bus import crewai_event_bus
@@ -195,7 +198,7 @@ def run(plan: Plan, script: Script | Detour, fail: bool = False) -> str:
 
     try:
         with using_session(CONVERSATION):
-            return kickoff(plan, script, fail)
+            return kickoff(plan, script, fail, prompt)
     finally:
         crewai_event_bus.flush()
 
@@ -279,3 +282,52 @@ def test_a_call_failing_the_same_way_ends_the_run_after_it_ran(
     assert script.calls == script.tool_runs == FAILURE_STOP
     assert len(script.seen) == FAILURE_STOP - 1 and all(FAILURE in text for text in script.seen)
     assert calls_seen(hooks.guard) == FAILURE_STOP
+
+
+def advised_guard() -> tuple[LoopGuard, list[AdviceRequest]]:
+    """A guard that rescues (asks its advisor) at the first denial it can, before the stop, and
+    with no cooldown between asks; and the requests its advisor was given."""
+    requests: list[AdviceRequest] = []
+
+    def advisor(request: AdviceRequest) -> str:
+        requests.append(request)
+        return "Answer from the results you already have."
+
+    policy = POLICY.replace(rescue_threshold=POLICY.deny_threshold, cooldown_seconds=0.0)
+    return LoopGuard(policy, advisor=advisor), requests
+
+
+#: Two kickoffs, each with its own task.
+PROMPTS = ("Find the weather in Paris for Sunday's picnic.", "And in Lyon, for Monday?")
+
+
+@pytest.mark.parametrize("via", ["processor", "guard"])
+def test_the_advisor_is_told_the_runs_prompt(mode: tuple[Forward, bool], via: str) -> None:
+    forward, events = mode
+    guard, requests = advised_guard()
+    provider = TracerProvider()
+    processor = LoopGuardSpanProcessor(
+        guard, key_by="conversation" if events else "trace", tracer_provider=provider
+    )
+    if via == "processor":  # else the spans never reach the guard
+        provider.add_span_processor(processor)
+    hooks = (
+        LoopGuardHooks(processor=processor, session=CONVERSATION)
+        if via == "processor"
+        else LoopGuardHooks(guard)
+    )
+    told: dict[str, list[str | None]] = {}
+    try:
+        with forward.to(provider), hooks.register():
+            for prompt in PROMPTS:
+                script = Script()
+                # the rescue came first: the run looped on until the stop ended it
+                with pytest.raises(LoopStopped):
+                    run(looping(script), script, prompt=prompt)
+                told[prompt] = [request.task for request in requests]
+                requests.clear()
+    finally:
+        provider.shutdown()
+    for prompt, tasks in told.items():
+        assert tasks, f"the guard never rescued in the run of {prompt!r}"
+        assert all(task is not None and prompt in task for task in tasks), tasks

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from otel_loopguard import LoopGuard
+from otel_loopguard.advice import AdviceRequest
 from otel_loopguard.metrics import PrometheusRecorder
 
 from .conftest import (
@@ -229,3 +230,38 @@ def test_the_hooks_refuse_to_be_serialised() -> None:
     hooks = LoopGuardHooks(LoopGuard(POLICY)).hooks()
     with pytest.raises(TypeError, match="cannot be serialised"):
         hooks["before_tool"][0].to_dict()
+
+
+def advised_guard() -> tuple[LoopGuard, list[AdviceRequest]]:
+    """A guard that rescues (asks its advisor) at the first denial it can, before the stop, and
+    with no cooldown between asks; and the requests its advisor was given."""
+    requests: list[AdviceRequest] = []
+
+    def advisor(request: AdviceRequest) -> str:
+        requests.append(request)
+        return "Answer from the results you already have."
+
+    policy = POLICY.replace(rescue_threshold=POLICY.deny_threshold, cooldown_seconds=0.0)
+    return LoopGuard(policy, advisor=advisor), requests
+
+
+#: Two runs of one Agent, each with its own prompt.
+PROMPTS = ("Find the weather in Paris for Sunday's picnic.", "And in Lyon, for Monday?")
+
+
+@pytest.mark.parametrize("session", [None, "conversation-1"])
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_the_advisor_is_told_the_runs_prompt(mode: str, session: str | None) -> None:
+    guard, requests = advised_guard()
+    script = Script()
+    agent = build(looping(script), script, LoopGuardHooks(guard, session=session))
+    told: dict[str, list[str | None]] = {}
+    for prompt in PROMPTS:
+        script.calls = 0
+        # the rescue came first: the run looped on until the stop ended it
+        assert run(agent, mode, prompt)["exit_reason"] == STOP_REASON
+        told[prompt] = [request.task for request in requests]
+        requests.clear()
+    for prompt, tasks in told.items():
+        assert tasks, f"the guard never rescued in the run of {prompt!r}"
+        assert all(task is not None and prompt in task for task in tasks), tasks

@@ -10,9 +10,12 @@ from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
 
 from otel_loopguard import Action, LoopGuard
+from otel_loopguard.advice import AdviceRequest
 from otel_loopguard.metrics import PrometheusRecorder
+from otel_loopguard.processor import LoopGuardSpanProcessor
 
 from .conftest import (
     ARGUMENTS,
@@ -210,6 +213,56 @@ def test_a_call_failing_the_same_way_ends_the_run_after_it_ran(
     assert script.calls == script.tool_runs == FAILURE_STOP
     assert script.seen == [FAILURE] * (FAILURE_STOP - 1)
     assert calls_seen(tool_calls.guard) == FAILURE_STOP
+
+
+def advised_guard() -> tuple[LoopGuard, list[AdviceRequest]]:
+    """A guard that rescues (asks its advisor) at the first denial it can, before the stop, and
+    with no cooldown between asks; and the requests its advisor was given."""
+    requests: list[AdviceRequest] = []
+
+    def advisor(request: AdviceRequest) -> str:
+        requests.append(request)
+        return "Answer from the results you already have."
+
+    policy = POLICY.replace(rescue_threshold=POLICY.deny_threshold, cooldown_seconds=0.0)
+    return LoopGuard(policy, advisor=advisor), requests
+
+
+#: Two runs on one context, each with its own prompt.
+PROMPTS = ("Find the weather in Paris for Sunday's picnic.", "And in Lyon, for Monday?")
+
+
+@pytest.mark.parametrize("via", ["processor", "guard"])
+def test_the_advisor_is_told_the_runs_prompt(via: str) -> None:
+    from openinference.instrumentation.llama_index import LlamaIndexInstrumentor
+
+    guard, requests = advised_guard()
+    provider = TracerProvider()
+    processor = LoopGuardSpanProcessor(guard, tracer_provider=provider)
+    if via == "processor":  # else the spans never reach the guard
+        provider.add_span_processor(processor)
+    instrumentor = LlamaIndexInstrumentor()
+    instrumentor.instrument(tracer_provider=provider)
+    tool_calls = (
+        LoopGuardToolCalls(processor=processor) if via == "processor" else LoopGuardToolCalls(guard)
+    )
+    script = Script()
+    agent = build(looping(script), script, tool_calls)
+    ctx = Context(agent)
+    told: dict[str, list[str | None]] = {}
+    try:
+        for prompt in PROMPTS:
+            script.calls = 0
+            # the rescue came first: the run looped on until the stop ended it
+            assert run(agent, ctx, prompt) == REFERENCE[FIRST_STOP - 1].message
+            told[prompt] = [request.task for request in requests]
+            requests.clear()
+    finally:
+        instrumentor.uninstrument()
+        provider.shutdown()
+    for prompt, tasks in told.items():
+        assert tasks, f"the guard never rescued in the run of {prompt!r}"
+        assert all(task is not None and prompt in task for task in tasks), tasks
 
 
 def test_guard_class_names_the_subclass_and_refuses_what_is_no_agent_workflow() -> None:

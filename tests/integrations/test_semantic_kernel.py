@@ -13,9 +13,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
 
 from otel_loopguard import LoopGuard
+from otel_loopguard.advice import AdviceRequest
 from otel_loopguard.metrics import PrometheusRecorder
+from otel_loopguard.processor import LoopGuardSpanProcessor
 
 from .conftest import (
     ARGUMENTS,
@@ -43,7 +46,7 @@ os.environ.setdefault("SEMANTICKERNEL_EXPERIMENTAL_GENAI_ENABLE_OTEL_DIAGNOSTICS
 
 require("semantic_kernel")
 
-from semantic_kernel.agents import ChatCompletionAgent  # noqa: E402
+from semantic_kernel.agents import ChatCompletionAgent, ChatHistoryAgentThread  # noqa: E402
 from semantic_kernel.connectors.ai import (  # noqa: E402
     FunctionChoiceBehavior,
     PromptExecutionSettings,
@@ -68,6 +71,9 @@ from otel_loopguard.integrations.semantic_kernel import LoopGuardFilter  # noqa:
 PLUGIN = "tools"
 SEARCH = f"{PLUGIN}-{TOOL}"
 OTHER = f"{PLUGIN}-{OTHER_TOOL}"
+
+#: The user's message, the prompt of the run.
+TASK = "What's the weather in Paris?"
 
 #: The model's next call, or None to answer, from the last tool result it read.
 Plan = Callable[[str | None], "tuple[str, dict[str, str]] | None"]
@@ -110,10 +116,16 @@ class ScriptedChat(ChatCompletionClientBase):
 
 
 def respond(
-    plan: Plan, script: Script | Detour, guard_filter: LoopGuardFilter, fail: bool = False
+    plan: Plan,
+    script: Script | Detour,
+    guard_filter: LoopGuardFilter,
+    fail: bool = False,
+    prompt: str = TASK,
+    thread: ChatHistoryAgentThread | None = None,
 ) -> ChatMessageContent:
-    """One agent invocation; ``fail``: ``search`` fails the same way every time (it raises;
-    Semantic Kernel hands the model the error and the loop goes on)."""
+    """One agent invocation with ``prompt``, in ``thread`` if given; ``fail``: ``search`` fails
+    the same way every time (it raises; Semantic Kernel hands the model the error and the loop
+    goes on)."""
 
     class Tools:
         @kernel_function(description="Search the web.")
@@ -140,7 +152,7 @@ def respond(
     guard_filter.add_to(agent.kernel)
 
     async def go() -> ChatMessageContent:
-        response = await agent.get_response(messages="What's the weather in Paris?")
+        response = await agent.get_response(messages=prompt, thread=thread)
         return response.message
 
     return asyncio.run(go())
@@ -230,3 +242,52 @@ def test_a_call_failing_the_same_way_ends_the_run_after_it_ran(
     assert script.calls == script.tool_runs == FAILURE_STOP
     assert len(script.seen) == FAILURE_STOP - 1 and all(FAILURE in text for text in script.seen)
     assert calls_seen(guard_filter.guard, SEARCH) == FAILURE_STOP
+
+
+def advised_guard() -> tuple[LoopGuard, list[AdviceRequest]]:
+    """A guard that rescues (asks its advisor) at the first denial it can, before the stop, and
+    with no cooldown between asks; and the requests its advisor was given."""
+    requests: list[AdviceRequest] = []
+
+    def advisor(request: AdviceRequest) -> str:
+        requests.append(request)
+        return "Answer from the results you already have."
+
+    policy = POLICY.replace(rescue_threshold=POLICY.deny_threshold, cooldown_seconds=0.0)
+    return LoopGuard(policy, advisor=advisor), requests
+
+
+#: Two invocations in one thread, each with its own user message.
+PROMPTS = ("Find the weather in Paris for Sunday's picnic.", "And in Lyon, for Monday?")
+
+
+@pytest.mark.parametrize("via", ["processor", "guard", "session"])
+def test_the_advisor_is_told_the_runs_prompt(via: str) -> None:
+    guard, requests = advised_guard()
+    provider = TracerProvider()
+    processor = LoopGuardSpanProcessor(guard, tracer_provider=provider)
+    if via == "processor":  # else the spans never reach the guard
+        provider.add_span_processor(processor)
+    guard_filter = (
+        LoopGuardFilter(processor=processor)
+        if via == "processor"
+        else LoopGuardFilter(guard, session="conversation" if via == "session" else None)
+    )
+    thread = ChatHistoryAgentThread()
+    told: dict[str, list[str | None]] = {}
+    try:
+        with global_spans().to(provider):
+            for prompt in PROMPTS:
+                script = Script()
+                message = respond(
+                    looping(script), script, guard_filter, prompt=prompt, thread=thread
+                )
+                # the rescue came first: the run looped on until the stop ended it
+                assert function_result(message) == named([REFERENCE[FIRST_STOP - 1].message])[0]
+                told[prompt] = [request.task for request in requests]
+                requests.clear()
+    finally:
+        provider.shutdown()
+    for prompt, tasks in told.items():
+        assert tasks, f"the guard never rescued in the run of {prompt!r}"
+        assert all(task is not None and prompt in task for task in tasks), tasks

@@ -10,9 +10,12 @@ from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
 
 from otel_loopguard import Action, LoopDetected, LoopGuard
+from otel_loopguard.advice import AdviceRequest
 from otel_loopguard.metrics import PrometheusRecorder
+from otel_loopguard.processor import LoopGuardSpanProcessor
 
 from .conftest import (
     ARGUMENTS,
@@ -242,6 +245,53 @@ def test_a_call_failing_the_same_way_ends_the_run_after_it_ran(
     assert all(text.startswith("Error:\n") and FAILURE in text for text in script.seen)
     guard = tracing.guard if via == "processor" else options["guard"]
     assert calls_seen(guard) == FAILURE_STOP
+
+
+def advised_guard() -> tuple[LoopGuard, list[AdviceRequest]]:
+    """A guard that rescues (asks its advisor) at the first denial it can, before the stop, and
+    with no cooldown between asks; and the requests its advisor was given."""
+    requests: list[AdviceRequest] = []
+
+    def advisor(request: AdviceRequest) -> str:
+        requests.append(request)
+        return "Answer from the results you already have."
+
+    policy = POLICY.replace(rescue_threshold=POLICY.deny_threshold, cooldown_seconds=0.0)
+    return LoopGuard(policy, advisor=advisor), requests
+
+
+#: Two runs of one agent, each with its own prompt.
+PROMPTS = ("Find the weather in Paris for Sunday's picnic.", "And in Lyon, for Monday?")
+
+
+@pytest.mark.parametrize("via", ["processor", "guard"])
+def test_the_advisor_is_told_the_runs_prompt(via: str) -> None:
+    from openinference.instrumentation.smolagents import SmolagentsInstrumentor
+
+    guard, requests = advised_guard()
+    provider = TracerProvider()
+    processor = LoopGuardSpanProcessor(guard, tracer_provider=provider)
+    if via == "processor":  # else the spans never reach the guard
+        provider.add_span_processor(processor)
+    instrumentor = SmolagentsInstrumentor()
+    instrumentor.instrument(tracer_provider=provider)
+    options: dict[str, Any] = {"processor": processor} if via == "processor" else {"guard": guard}
+    script = Script()
+    agent = guard_agent(build(looping(script), script), **options)
+    told: dict[str, list[str | None]] = {}
+    try:
+        for prompt in PROMPTS:
+            script.calls = 0
+            with pytest.raises(LoopDetected):  # the rescue came first: the run loops on
+                agent.run(prompt)
+            told[prompt] = [request.task for request in requests]
+            requests.clear()
+    finally:
+        instrumentor.uninstrument()
+        provider.shutdown()
+    for prompt, tasks in told.items():
+        assert tasks, f"the guard never rescued in the run of {prompt!r}"
+        assert all(task is not None and prompt in task for task in tasks), tasks
 
 
 def test_guard_agent_refuses_what_is_not_a_tool_calling_agent() -> None:
