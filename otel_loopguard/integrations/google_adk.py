@@ -29,8 +29,9 @@ With ``processor=`` (on the provider ADK's tracer writes to), the callbacks run 
 ``execute_tool`` span and ask with the processor's keys; each call counts once (ADK puts the
 arguments on that span only with ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY``;
 without them the span does not report the call and the callbacks' report is the only one).
-Session otherwise: the ADK session id; a new invocation starts a new progress epoch. Callbacks
-run on the runner's event loop and never raise.
+Session otherwise: the ADK session id; a new invocation starts a new progress epoch. The text parts
+of the user content that started the invocation (``tool_context.user_content``) are what an
+advisor is told the task is. Callbacks run on the runner's event loop and never raise.
 """
 
 from __future__ import annotations
@@ -55,6 +56,16 @@ __all__ = ["REMINDER_KEY", "LoopGuardCallbacks"]
 
 #: Where a reminder goes in a dict tool response.
 REMINDER_KEY = "loopguard"
+
+
+def _task(content: object) -> str | None:
+    """The text parts of the user content that started the invocation (a ``types.Content``)."""
+    texts = [
+        part.text
+        for part in getattr(content, "parts", None) or ()
+        if isinstance(getattr(part, "text", None), str) and not getattr(part, "thought", None)
+    ]
+    return "\n".join(texts) or None
 
 
 class LoopGuardCallbacks:
@@ -85,7 +96,12 @@ class LoopGuardCallbacks:
     def _keys(self, tool_context: ToolContext) -> tuple[str, str | None]:
         session = getattr(getattr(tool_context, "session", None), "id", None)
         keys = self.hook.keys(session, getattr(tool_context, "agent_name", None))
-        self.hook.run_marker(keys, getattr(tool_context, "invocation_id", None))
+        try:
+            task = _task(getattr(tool_context, "user_content", None))
+        except Exception as exc:  # never let reading the prompt break the agent
+            self.guard.report_internal_error("integration.google_adk.task", exc)
+            task = None
+        self.hook.run_marker(keys, getattr(tool_context, "invocation_id", None), task)
         return keys
 
     def before_tool(

@@ -22,7 +22,8 @@ way, after the call: ``LoopDetected`` is raised (from the tool's exception, if a
 ``on_stop="message"`` the stop text is added to a string ``ToolMessage`` instead.
 
 Session: the graph's ``thread_id`` (``config={"configurable": {"thread_id": ...}}``); a new user
-message in the thread (a new last ``HumanMessage``) starts a new progress epoch. OpenInference's
+message in the thread (a new last ``HumanMessage``) starts a new progress epoch, and its text (the
+content string, or its text blocks) is what an advisor is told the task is. OpenInference's
 LangChain instrumentation does not make its spans current, so with ``processor=`` pass a
 processor keyed by conversation (``LoopGuardSpanProcessor(guard, key_by="conversation")``): it
 keys the tool spans by the same ``thread_id``, and each call counts once.
@@ -62,7 +63,7 @@ def _thread_id(request: ToolCallRequest) -> str | None:
     return str(thread) if thread is not None else None
 
 
-def _last_user_message(state: Any) -> object:
+def _last_user_message(state: Any) -> HumanMessage | None:
     messages = (
         state.get("messages") if isinstance(state, dict) else getattr(state, "messages", None)
     )
@@ -70,7 +71,26 @@ def _last_user_message(state: Any) -> object:
         return None
     for message in reversed(messages):
         if isinstance(message, HumanMessage):
-            return message.id or id(message)
+            return message
+    return None
+
+
+def _text(content: object) -> str | None:
+    """A message's text: its content string, or the text blocks of a list of content blocks."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = [
+            block if isinstance(block, str) else block["text"]
+            for block in content
+            if isinstance(block, str)
+            or (
+                isinstance(block, dict)
+                and block.get("type") == "text"
+                and isinstance(block.get("text"), str)
+            )
+        ]
+        return "\n".join(texts) or None
     return None
 
 
@@ -101,7 +121,14 @@ class LoopGuardToolWrapper:
     def _before(self, request: ToolCallRequest) -> tuple[Ticket, ToolMessage | None]:
         call = request.tool_call
         keys = self.hook.keys(_thread_id(request))
-        self.hook.run_marker(keys, _last_user_message(request.state))
+        message = _last_user_message(request.state)
+        if message is not None:
+            try:
+                task = _text(message.content)
+            except Exception as exc:  # never let reading the prompt break the agent
+                self.guard.report_internal_error("integration.langgraph.task", exc)
+                task = None
+            self.hook.run_marker(keys, message.id or id(message), task)
         ticket = self.hook.before(call["name"], call.get("args", {}), call.get("id"), keys)
         decision = ticket.decision
         if not decision.blocks:

@@ -25,7 +25,10 @@ With ``processor=`` (on the provider that OpenInference's ``OpenAIAgentsInstrume
 to), the guardrails run inside the tool span and ask with the processor's keys; each call counts
 once. Session otherwise: the run's ``group_id`` (``RunConfig(group_id=...)``, the SDK's
 conversation grouping), else the SDK trace id of the run; a new run in a group starts a new
-progress epoch. Guardrails run on the runner's event loop and never raise.
+progress epoch (with the SDK's tracing disabled every run has the same no-op trace, so runs are
+not told apart). The latest user message of the run's input (``turn_input``: its text, or the
+text parts of its content) is what an advisor is told the task is. Guardrails run on the runner's
+event loop and never raise.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ try:
     )
     from agents.tracing import FunctionSpanData, get_current_span, get_current_trace
     from agents.tracing.spans import NoOpSpan
+    from agents.tracing.traces import NoOpTrace
 except ImportError as exc:  # pragma: no cover - exercised by tests/integrations/test_imports.py
     raise missing_framework("openai_agents", "the OpenAI Agents SDK", "openai-agents") from exc
 
@@ -105,7 +109,17 @@ class LoopGuardGuardrails:
             group = getattr(sdk_trace, "group_id", None)
         agent_name = getattr(data.agent, "name", None)
         keys = self.hook.keys(group or trace_id, agent_name)
-        self.hook.run_marker(keys, trace_id)
+        try:
+            task = _task(getattr(context, "turn_input", None))
+        except Exception as exc:  # never let reading the prompt break the agent
+            self.guard.report_internal_error("integration.openai_agents.task", exc)
+            task = None
+        if sdk_trace is None or isinstance(sdk_trace, NoOpTrace):
+            # tracing disabled: no run id to tell this run from the last, only its prompt
+            if task:
+                self.guard.set_task(keys[0], task, agent=keys[1])
+        else:
+            self.hook.run_marker(keys, trace_id, task)
         return keys
 
     def _before(self, data: ToolInputGuardrailData) -> ToolGuardrailFunctionOutput:
@@ -136,6 +150,30 @@ class LoopGuardGuardrails:
         return ToolGuardrailFunctionOutput.reject_content(
             f"{data.output}\n\n{reminder}", output_info=ticket.decision
         )
+
+
+def _task(turn_input: object) -> str | None:
+    """The text of the latest user message in a run's input items (its string content, or the
+    text parts of a list of content parts)."""
+    if not isinstance(turn_input, list):
+        return None
+    for item in reversed(turn_input):
+        if not isinstance(item, dict) or item.get("role") != "user":
+            continue
+        content = item.get("content")
+        if isinstance(content, str):
+            return content
+        if isinstance(content, list):
+            texts = [
+                part["text"]
+                for part in content
+                if isinstance(part, dict)
+                and part.get("type") == "input_text"
+                and isinstance(part.get("text"), str)
+            ]
+            return "\n".join(texts) or None
+        return None
+    return None
 
 
 def _failed() -> bool | None:

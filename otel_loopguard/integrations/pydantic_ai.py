@@ -22,14 +22,16 @@ reads the stop text as the result (a ``ToolFailed`` for a failure).
 With ``processor=`` (the :class:`~otel_loopguard.processor.LoopGuardSpanProcessor` on the
 provider given to ``instrument=``), the decision the processor made when the tool span started
 (Pydantic AI puts the arguments there) is used as is, and each call counts once. Session
-otherwise: the run's ``conversation_id``; a new run in it starts a new progress epoch.
+otherwise: the run's ``conversation_id``; a new run in it starts a new progress epoch. The run's
+prompt (``RunContext.prompt``: a string, or the text parts of structured content; else the latest
+user prompt in the message history) is what an advisor is told the task is.
 
 Hooks run on the agent's event loop; they never raise except to end a run on stop.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +43,7 @@ try:
     from pydantic_ai import RunContext, SkipToolExecution
     from pydantic_ai.capabilities import AbstractCapability, WrapToolExecuteHandler
     from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, ToolFailed
-    from pydantic_ai.messages import ToolCallPart
+    from pydantic_ai.messages import ModelRequest, TextContent, ToolCallPart, UserPromptPart
     from pydantic_ai.tools import ToolDefinition
 except ImportError as exc:  # pragma: no cover - exercised by tests/integrations/test_imports.py
     raise missing_framework("pydantic_ai", "Pydantic AI", "pydantic-ai") from exc
@@ -56,6 +58,32 @@ def _agent_name(ctx: RunContext[Any]) -> str | None:
     agent = getattr(ctx, "agent", None)
     name = getattr(agent, "name", None)
     return name if isinstance(name, str) else None
+
+
+def _text(content: object) -> str | None:
+    """The text of a user prompt: a string, or the text parts of structured content."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, Sequence):
+        texts = [
+            part if isinstance(part, str) else part.content
+            for part in content
+            if isinstance(part, (str, TextContent))
+        ]
+        return "\n".join(texts) or None
+    return None
+
+
+def _task(ctx: RunContext[Any]) -> str | None:
+    """The run's prompt; without one (a run continuing a history), the latest user prompt."""
+    if ctx.prompt is not None:
+        return _text(ctx.prompt)
+    for message in reversed(ctx.messages or ()):
+        if isinstance(message, ModelRequest):
+            for part in reversed(message.parts):
+                if isinstance(part, UserPromptPart):
+                    return _text(part.content)
+    return None
 
 
 @dataclass
@@ -92,7 +120,12 @@ class LoopGuardCapability(AbstractCapability[Any]):
         return self._hook.keys(ctx.conversation_id or ctx.run_id, _agent_name(ctx))
 
     async def before_run(self, ctx: RunContext[Any]) -> None:
-        self._hook.run_marker(self._keys(ctx), ctx.run_id)
+        try:
+            task = _task(ctx)
+        except Exception as exc:  # never let reading the prompt break the agent
+            self._hook.guard.report_internal_error("integration.pydantic_ai.task", exc)
+            task = None
+        self._hook.run_marker(self._keys(ctx), ctx.run_id, task)
 
     async def before_tool_execute(
         self,

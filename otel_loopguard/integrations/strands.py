@@ -21,7 +21,9 @@ With ``processor=`` (on the provider Strands' tracer writes to), the hooks run i
 loop cycle span and ask with the processor's keys; each call counts once (Strands emits no tool
 span for a cancelled call, so the guard's own count is the only one there). Session otherwise:
 ``trace_attributes["session.id"]``, else the session manager's id, else the agent id; each
-invocation starts a new progress epoch. Hooks run on the agent's event loop and never raise.
+invocation starts a new progress epoch, and the text of its input's latest user message
+(``BeforeInvocationEvent.messages``) is what an advisor is told the task is. Hooks run on the
+agent's event loop and never raise.
 """
 
 from __future__ import annotations
@@ -65,6 +67,21 @@ def _framework_keys(agent: Any) -> tuple[str | None, str | None]:
     return (str(session) if session is not None else None, name if isinstance(name, str) else None)
 
 
+def _task(messages: object) -> str | None:
+    """The text blocks of the latest user message among an invocation's input messages."""
+    if not isinstance(messages, list):
+        return None
+    for message in reversed(messages):
+        if isinstance(message, dict) and message.get("role") == "user":
+            texts = [
+                block["text"]
+                for block in message.get("content") or ()
+                if isinstance(block, dict) and isinstance(block.get("text"), str)
+            ]
+            return "\n".join(texts) or None
+    return None
+
+
 class LoopGuardHooks(HookProvider):
     """Enforces the guard's decisions on every tool call of the agent it is given to.
     Options as in :mod:`otel_loopguard.integrations`."""
@@ -102,7 +119,12 @@ class LoopGuardHooks(HookProvider):
     def before_invocation(self, event: BeforeInvocationEvent) -> None:
         """A new invocation (a user request): a new progress epoch in this session."""
         self._invocations += 1
-        self.hook.run_marker(self._keys(event.agent), self._invocations)
+        try:
+            task = _task(event.messages)
+        except Exception as exc:  # never let reading the prompt break the agent
+            self.guard.report_internal_error("integration.strands.task", exc)
+            task = None
+        self.hook.run_marker(self._keys(event.agent), self._invocations, task)
 
     def before_tool_call(self, event: BeforeToolCallEvent) -> None:
         tool_use = event.tool_use

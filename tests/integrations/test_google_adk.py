@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 
 from otel_loopguard import LoopGuard
+from otel_loopguard.advice import AdviceRequest
 
 from .conftest import (
     ARGUMENTS,
@@ -76,9 +78,15 @@ def _recover(tool: Any, args: Any, tool_context: Any, error: Exception) -> dict[
     return {"error": str(error)}
 
 
-def run(script: Script, callbacks: LoopGuardCallbacks, fail: bool = False) -> list[Event]:
+def run(
+    script: Script,
+    callbacks: LoopGuardCallbacks,
+    fail: bool = False,
+    prompts: tuple[str, ...] = ("Weather in Paris?",),
+) -> list[Event]:
     """``fail``: the tool fails the same way every time (it raises; the application's
-    ``on_tool_error_callback``, after the guard's, hands the model the error)."""
+    ``on_tool_error_callback``, after the guard's, hands the model the error). ``prompts``: the
+    user's messages, one invocation each in the same session."""
 
     def search(query: str) -> str:
         """Search the web."""
@@ -100,13 +108,16 @@ def run(script: Script, callbacks: LoopGuardCallbacks, fail: bool = False) -> li
         sessions = InMemorySessionService()
         runner = Runner(agent=agent, app_name="weather", session_service=sessions)
         await sessions.create_session(app_name="weather", user_id="u", session_id="conv-1")
-        message = types.Content(role="user", parts=[types.Part(text="Weather in Paris?")])
-        return [
-            event
-            async for event in runner.run_async(
-                user_id="u", session_id="conv-1", new_message=message
-            )
-        ]
+        events = []
+        for prompt in prompts:
+            message = types.Content(role="user", parts=[types.Part(text=prompt)])
+            events += [
+                event
+                async for event in runner.run_async(
+                    user_id="u", session_id="conv-1", new_message=message
+                )
+            ]
+        return events
 
     return asyncio.run(go())
 
@@ -185,3 +196,44 @@ def test_a_call_failing_the_same_way_ends_the_run_after_it_ran(instrumented: Tra
     assert script.calls == script.tool_runs == FAILURE_STOP
     assert script.seen == [FAILURE] * (FAILURE_STOP - 1)
     assert calls_seen(tracing.guard) == FAILURE_STOP
+
+
+#: What the advisor answers; the scripted model answers once it reads it.
+ADVICE = "Answer from the first result: the search has nothing more."
+#: The default policy stops after three denials, before its rescue threshold: here the third
+#: denial (the count reaching deny_threshold) is a rescue; no cooldown, so each run can ask.
+RESCUE_POLICY = POLICY.replace(rescue_threshold=POLICY.deny_threshold, cooldown_seconds=0.0)
+
+
+@dataclass
+class UntilAdvised(Script):
+    """The scripted model, answering once a tool result carries the advice."""
+
+    def next_call(self, last_tool_result: str | None) -> bool:
+        if last_tool_result is not None and ADVICE in last_tool_result:
+            self.seen.append(last_tool_result)
+            return False
+        return super().next_call(last_tool_result)
+
+
+def test_the_advisor_is_told_the_invocations_prompt() -> None:
+    requests: list[AdviceRequest] = []
+
+    def advisor(request: AdviceRequest) -> str:
+        requests.append(request)
+        return ADVICE
+
+    script = UntilAdvised()
+    callbacks = LoopGuardCallbacks(LoopGuard(RESCUE_POLICY, advisor=advisor))
+    events = run(script, callbacks, prompts=("Weather in Paris?", "And in Lyon?"))
+    # each invocation's loop was rescued: the model read the advice with the denial, then
+    # answered; each rescue was told the prompt of its own invocation
+    answers = [part.text for event in events if event.content for part in event.content.parts or ()]
+    assert answers.count(FINAL) == 2
+    rescue_at = RESCUE_POLICY.rescue_threshold
+    assert rescue_at is not None
+    assert [n for n, text in enumerate(script.seen, 1) if ADVICE in text] == [
+        rescue_at,
+        2 * rescue_at,
+    ]
+    assert [request.task for request in requests] == ["Weather in Paris?", "And in Lyon?"]

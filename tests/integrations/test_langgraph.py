@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from otel_loopguard import Action, LoopDetected, LoopGuard
+from otel_loopguard.advice import AdviceRequest
 from otel_loopguard.metrics import PrometheusRecorder
 
 from .conftest import (
@@ -191,3 +193,53 @@ def test_a_call_failing_the_same_way_ends_the_run_after_it_ran(
     assert script.calls == script.tool_runs == FAILURE_STOP
     assert script.seen == [FAILURE] * (FAILURE_STOP - 1)
     assert calls_seen(wrapper.guard) == FAILURE_STOP
+
+
+#: What the advisor answers; the scripted model answers once it reads it.
+ADVICE = "Answer from the first result: the search has nothing more."
+#: The default policy stops after three denials, before its rescue threshold: here the third
+#: denial (the count reaching deny_threshold) is a rescue; no cooldown, so each run can ask.
+RESCUE_POLICY = POLICY.replace(rescue_threshold=POLICY.deny_threshold, cooldown_seconds=0.0)
+
+
+@dataclass
+class UntilAdvised(Script):
+    """The scripted model, answering once a tool result carries the advice."""
+
+    def next_call(self, last_tool_result: str | None) -> bool:
+        if last_tool_result is not None and ADVICE in last_tool_result:
+            self.seen.append(last_tool_result)
+            return False
+        return super().next_call(last_tool_result)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_the_advisor_is_told_the_user_message(mode: str) -> None:
+    requests: list[AdviceRequest] = []
+
+    def advisor(request: AdviceRequest) -> str:
+        requests.append(request)
+        return ADVICE
+
+    script = UntilAdvised()
+    graph = build(script, LoopGuardToolWrapper(LoopGuard(RESCUE_POLICY, advisor=advisor)))
+    config = {**CONFIG, "configurable": {"thread_id": f"advised-{mode}"}}
+
+    def invoke(content: Any) -> Any:
+        inputs = {"messages": [("user", content)]}
+        if mode == "sync":
+            return graph.invoke(inputs, config)
+        return asyncio.run(graph.ainvoke(inputs, config))
+
+    state = invoke("What's the weather in Paris?")
+    # the loop was rescued: the model read the advice with the denial, then answered
+    assert state["messages"][-1].content == FINAL and ADVICE in script.seen[-1]
+    assert [request.task for request in requests] == ["What's the weather in Paris?"]
+    # a new user message in the thread (content blocks: their text is the task) is a new run
+    script.calls, script.seen = 0, []
+    invoke([{"type": "text", "text": "And in Lyon?"}])
+    assert ADVICE in script.seen[-1]
+    assert [request.task for request in requests] == [
+        "What's the weather in Paris?",
+        "And in Lyon?",
+    ]

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from otel_loopguard import Action, LoopGuard, Phase
+from otel_loopguard.advice import AdviceRequest
 
 from .conftest import (
     ARGUMENTS,
@@ -41,6 +43,7 @@ from agents import (  # noqa: E402
     Runner,
     ToolInputGuardrailTripwireTriggered,
     ToolOutputGuardrailTripwireTriggered,
+    TResponseInputItem,
     Usage,
     function_tool,
 )
@@ -176,3 +179,53 @@ def test_a_call_failing_the_same_way_ends_the_run_after_it_ran(instrumented: Tra
     assert script.calls == script.tool_runs == FAILURE_STOP
     assert script.seen == [f"Error: {FAILURE}"] * (FAILURE_STOP - 1)
     assert calls_seen(tracing.guard) == FAILURE_STOP
+
+
+#: What the advisor answers; the scripted model answers once it reads it.
+ADVICE = "Answer from the first result: the search has nothing more."
+#: The default policy stops after three denials, before its rescue threshold: here the third
+#: denial (the count reaching deny_threshold) is a rescue; no cooldown, so each run can ask.
+RESCUE_POLICY = POLICY.replace(rescue_threshold=POLICY.deny_threshold, cooldown_seconds=0.0)
+
+
+@dataclass
+class UntilAdvised(Script):
+    """The scripted model, answering once a tool result carries the advice."""
+
+    def next_call(self, last_tool_result: str | None) -> bool:
+        if last_tool_result is not None and ADVICE in last_tool_result:
+            self.seen.append(last_tool_result)
+            return False
+        return super().next_call(last_tool_result)
+
+
+@pytest.mark.parametrize("tracing_disabled", [True, False])
+def test_the_advisor_is_told_the_runs_prompt(tracing_disabled: bool) -> None:
+    requests: list[AdviceRequest] = []
+
+    def advisor(request: AdviceRequest) -> str:
+        requests.append(request)
+        return ADVICE
+
+    script = UntilAdvised()
+    agent = guard_agent(build(script), LoopGuard(RESCUE_POLICY, advisor=advisor))
+    config = RunConfig(group_id=f"advised-{tracing_disabled}", tracing_disabled=tracing_disabled)
+    result = Runner.run_sync(agent, "What's the weather in Paris?", run_config=config)
+    # the loop was rescued: the model read the advice with the denial, then answered
+    assert result.final_output == FINAL and ADVICE in script.seen[-1]
+    assert [request.task for request in requests] == ["What's the weather in Paris?"]
+    if tracing_disabled:
+        return  # every run has the same no-op trace: a next run is not told apart
+    # the next run in the group (its input: the history, then the new message) is a new run
+    # (a new SDK trace): its latest user message is the task from now on
+    script.calls, script.seen = 0, []
+    follow_up: list[TResponseInputItem] = [
+        *result.to_input_list(),
+        {"role": "user", "content": "And in Lyon?"},
+    ]
+    Runner.run_sync(agent, follow_up, run_config=config)
+    assert ADVICE in script.seen[-1]
+    assert [request.task for request in requests] == [
+        "What's the weather in Paris?",
+        "And in Lyon?",
+    ]

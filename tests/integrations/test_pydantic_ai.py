@@ -3,11 +3,13 @@ and Pydantic AI's own OpenTelemetry instrumentation on the same provider as the 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from otel_loopguard import Action, LoopDetected, LoopGuard
+from otel_loopguard.advice import AdviceRequest
 
 from .conftest import (
     ARGUMENTS,
@@ -144,3 +146,44 @@ def test_a_call_failing_the_same_way_ends_the_run_after_it_ran() -> None:
     assert len(script.seen) == FAILURE_STOP - 1 and all(FAILURE in text for text in script.seen)
     # each call counted once though the capability and the span both reported it
     assert calls_seen(tracing.guard) == FAILURE_STOP == len(tool_spans(tracing))
+
+
+#: What the advisor answers; the scripted model answers once it reads it.
+ADVICE = "Answer from the first result: the search has nothing more."
+#: The default policy stops after three denials, before its rescue threshold: here the third
+#: denial (the count reaching deny_threshold) is a rescue; no cooldown, so each run can ask.
+RESCUE_POLICY = POLICY.replace(rescue_threshold=POLICY.deny_threshold, cooldown_seconds=0.0)
+
+
+@dataclass
+class UntilAdvised(Script):
+    """The scripted model, answering once a tool result carries the advice."""
+
+    def next_call(self, last_tool_result: str | None) -> bool:
+        if last_tool_result is not None and ADVICE in last_tool_result:
+            self.seen.append(last_tool_result)
+            return False
+        return super().next_call(last_tool_result)
+
+
+def test_the_advisor_is_told_the_runs_prompt() -> None:
+    requests: list[AdviceRequest] = []
+
+    def advisor(request: AdviceRequest) -> str:
+        requests.append(request)
+        return ADVICE
+
+    script = UntilAdvised()
+    agent = build(script, LoopGuardCapability(LoopGuard(RESCUE_POLICY, advisor=advisor)), None)
+    result = agent.run_sync("What's the weather in Paris?")
+    # the loop was rescued: the model read the advice with the denial, then answered
+    assert result.output == FINAL and ADVICE in script.seen[-1]
+    assert [request.task for request in requests] == ["What's the weather in Paris?"]
+    # the next run of the conversation: its prompt is the task from now on
+    script.calls, script.seen = 0, []
+    agent.run_sync("And in Lyon?", message_history=result.all_messages())
+    assert ADVICE in script.seen[-1]
+    assert [request.task for request in requests] == [
+        "What's the weather in Paris?",
+        "And in Lyon?",
+    ]

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from otel_loopguard import LoopGuard
+from otel_loopguard.advice import AdviceRequest
 from otel_loopguard.metrics import PrometheusRecorder
 
 from .conftest import (
@@ -168,3 +170,44 @@ def test_a_call_failing_the_same_way_ends_the_run_after_it_ran(
     assert script.calls == script.tool_runs == FAILURE_STOP
     assert len(script.seen) == FAILURE_STOP - 1 and all(FAILURE in text for text in script.seen)
     assert calls_seen(hooks.guard) == FAILURE_STOP
+
+
+#: What the advisor answers; the scripted model answers once it reads it.
+ADVICE = "Answer from the first result: the search has nothing more."
+#: The default policy stops after three denials, before its rescue threshold: here the third
+#: denial (the count reaching deny_threshold) is a rescue; no cooldown, so each run can ask.
+RESCUE_POLICY = POLICY.replace(rescue_threshold=POLICY.deny_threshold, cooldown_seconds=0.0)
+
+
+@dataclass
+class UntilAdvised(Script):
+    """The scripted model, answering once a tool result carries the advice."""
+
+    def next_call(self, last_tool_result: str | None) -> bool:
+        if last_tool_result is not None and ADVICE in last_tool_result:
+            self.seen.append(last_tool_result)
+            return False
+        return super().next_call(last_tool_result)
+
+
+def test_the_advisor_is_told_the_invocations_prompt() -> None:
+    requests: list[AdviceRequest] = []
+
+    def advisor(request: AdviceRequest) -> str:
+        requests.append(request)
+        return ADVICE
+
+    script = UntilAdvised()
+    agent = build(script, LoopGuardHooks(LoopGuard(RESCUE_POLICY, advisor=advisor)))
+    result = agent("What's the weather in Paris?")
+    # the loop was rescued: the model read the advice with the denial, then answered
+    assert result.stop_reason == "end_turn" and ADVICE in script.seen[-1]
+    assert [request.task for request in requests] == ["What's the weather in Paris?"]
+    # the next invocation: its prompt is the task from now on
+    script.calls, script.seen = 0, []
+    agent("And in Lyon?")
+    assert ADVICE in script.seen[-1]
+    assert [request.task for request in requests] == [
+        "What's the weather in Paris?",
+        "And in Lyon?",
+    ]
