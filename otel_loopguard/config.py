@@ -306,7 +306,8 @@ class Policy:
     rescue_threshold: int | None = field(
         default=8,
         metadata=_doc(
-            "count from which a denial carries advice from the advisor (none: never)",
+            "count from which a denial carries advice from the advisor; the last denial"
+            " before a stop carries it too (none: never)",
             _Kind.OPTIONAL_THRESHOLD,
         ),
     )

@@ -210,7 +210,8 @@ def climb(
        ``deny_threshold`` on when there is no sign of progress (same or unknown outcome); a call
        whose outcome keeps changing (polling) is spared until ``poll_limit``.
     3. A blocked call becomes stop once ``stop_after_denials`` attempts were already denied in the
-       epoch, rescue from ``rescue_threshold`` on, else deny.
+       epoch, rescue from ``rescue_threshold`` on (and, with a ``rescue_threshold``, the last
+       denial before a stop is a rescue too), else deny.
     4. Otherwise a reminder at each of ``remind_thresholds`` and, with
        ``remind_past_thresholds``, on every call past the last one (and on spared polls); gentle
        at the first threshold, detailed later.
@@ -258,6 +259,10 @@ def climb(
         rescue = policy.rescue_threshold
         if rescue is not None and count >= rescue:
             return Step(Action.RESCUE, block.rule, block.count, rescue, denials=denials)
+        if rescue is not None and stop_after is not None and denials + 1 >= stop_after:
+            # The last refusal before the run ends: the advisor gets its one chance, also when
+            # the stop comes before rescue_threshold (no_progress blocks from its 4th call).
+            return Step(Action.RESCUE, block.rule, block.count, threshold, denials=denials)
         return Step(Action.DENY, block.rule, block.count, threshold, denials=denials)
     thresholds = policy.remind_thresholds
     if not thresholds and not polling:

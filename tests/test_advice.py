@@ -291,3 +291,40 @@ def test_set_task_keeps_the_epoch_and_adapters_pass_the_runs_prompt() -> None:
     hook.run_marker(keys, "run-2", task="second run's prompt")
     run(guard, [Call("pwd", {}, result="/", session="t")] * RESCUE_AT)
     assert [r.task for r in requests[-2:]] == ["first run's prompt", "second run's prompt"]
+
+
+def test_the_last_refusal_before_a_stop_asks_the_advisor() -> None:
+    """The default ladder blocks a call whose result keeps coming back the same from its 4th
+    time and stops after three refusals, before rescue_threshold (8) is reached: with an
+    advisor the last refusal before the stop is a rescue, so the advisor gets its one chance;
+    without one the ladder is unchanged."""
+    default = PRESETS["default"]
+    assert default.no_progress_threshold is not None and default.stop_after_denials is not None
+    assert default.rescue_threshold is not None
+    assert default.no_progress_threshold + default.stop_after_denials < default.rescue_threshold
+    asked: list[AdviceRequest] = []
+
+    def advisor(request: AdviceRequest) -> str:
+        asked.append(request)
+        return "Read the build log before running make again."
+
+    for with_advisor in (True, False):
+        guard = LoopGuard(default, advisor=advisor if with_advisor else None)
+        actions = []
+        for _ in range(8):
+            decision = guard.before_tool("bash", {"command": "make"}, session="s")
+            actions.append(decision.action)
+            if not decision.blocks:
+                guard.after_tool("bash", {"command": "make"}, session="s", result="error 2")
+            if decision.action is Action.RESCUE:
+                rescue = decision
+        last = Action.RESCUE if with_advisor else Action.DENY
+        assert (
+            actions
+            == [Action.ALLOW] * 2 + [Action.REMIND] + [Action.DENY] * 2 + [last] + [Action.STOP] * 2
+        ), (with_advisor, actions)
+    assert len(asked) == 1
+    assert rescue.message.endswith(
+        "Advice from a reviewer model:\nRead the build log before running make again."
+    )
+    assert "if another call is refused, the run will end" in rescue.message
