@@ -23,6 +23,12 @@ Shutdown (:meth:`Service.close`) stops accepting, lets requests under way finish
 the queue and flushes every buffered trace through the guard before returning: every span that
 was answered 200 is judged.
 
+With ``state_dir`` (:mod:`._durable`), a batch is logged and queued in one step and answered
+only once the log is synced; a decision is applied and logged under a shared gate (a snapshot
+takes it exclusively, so it never sees a decision half done) and answered once synced; the
+ingest thread takes the snapshots between batches. :meth:`start` loads the snapshot and applies
+the log after it again, with the clock pinned to each record's time, before it listens.
+
 Every receiver catches everything: an unexpected error is counted as the guard's internal error
 (``loopguard_internal_errors_total{where="serve..."}``) and answered 500 / ``INTERNAL``; the
 server keeps serving.
