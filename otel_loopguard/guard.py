@@ -8,12 +8,14 @@ never raise: an internal error is logged once per kind, counted, and answered wi
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import logging
 import threading
 import time
 import weakref
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -62,7 +64,9 @@ from .policy import (
     arguments_preview,
     climb,
     conclude,
+    has_advice,
     message_for,
+    with_advice,
 )
 from .rules import evaluate, identical_failures, trend
 from .triplog import TripLog
@@ -74,6 +78,8 @@ _log = logging.getLogger("otel_loopguard")
 _ALLOW_STEP: Final = Step(Action.ALLOW)
 #: Extra seconds a hook waits beyond a command advisor's own timeout, so the kill is reported.
 _ADVISOR_GRACE_SECONDS: Final = 2.0
+#: Asks made without waiting that :meth:`LoopGuard.await_advice` can still wait for.
+_MAX_UNWAITED_ASKS: Final = 256
 #: Calls remembered as reported, per session, so that a second report of the same call (a
 #: framework hook's and its span's, in either order) does not count it again; and sessions kept.
 _MAX_SETTLED_CALLS: Final = 64
@@ -208,6 +214,9 @@ class LoopGuard:
         self._settled = ReportLedger(_MAX_SETTLED_SESSIONS, _MAX_SETTLED_CALLS)
         self._errors: dict[str, int] = {}
         self._logged: set[tuple[str, str]] = set()
+        # Asks nobody waited for (a rescue decided at a span's start), by (session, agent,
+        # signature), oldest first: await_advice can still wait for one.
+        self._unwaited: OrderedDict[tuple[str, str | None, str], Future[str | None]] = OrderedDict()
         self._watch_sessions(self._recorder)
 
     @classmethod
@@ -304,6 +313,35 @@ class LoopGuard:
         except Exception as exc:
             self.report_internal_error("span_start", exc)
             return ALLOW
+
+    def await_advice(self, decision: Decision, *, agent: str | None = None) -> Decision:
+        """For a rescue decided without waiting for the advisor (:meth:`decide_at_span_start`,
+        which the span processor calls): wait for the advice asked for it, at most the policy's
+        ``advisor_timeout_seconds``, and return the decision with it, as :meth:`before_tool`
+        would have answered. For the adapters that enforce a decision the processor made at
+        the tool span's start. Any other decision, or a rescue whose ask failed or is not known
+        here (``agent`` as given to the call), is returned as is. Never raises."""
+        try:
+            if decision.action is not Action.RESCUE or has_advice(decision.message):
+                return decision
+            sid, aid = self._ids(decision.session, agent)
+            with self._lock:
+                future = self._unwaited.pop((sid, aid, decision.signature), None)
+            if future is None:
+                return decision
+            timeout = self.policy.advisor_timeout_seconds
+            if isinstance(getattr(self.advisor, "inner", self.advisor), CommandAdvisor):
+                timeout += _ADVISOR_GRACE_SECONDS
+            try:
+                advice = _clean_advice(future.result(timeout=timeout))
+            except (FutureTimeout, Exception):
+                return decision
+            if not advice:
+                return decision
+            return dataclasses.replace(decision, message=with_advice(decision.message, advice))
+        except Exception as exc:
+            self.report_internal_error("await_advice", exc)
+            return decision
 
     def user_message(
         self, session: str, *, agent: str | None = None, text: str | None = None
@@ -810,7 +848,9 @@ class LoopGuard:
             advice, escalation_failed = self._ask(ask, key, request, trip, wait_for_advice)
         if rescue_outcome is not None:
             recorder.rescue(rescue_outcome)
-        if step.action is Action.RESCUE and advice is None:
+        # A rescue without advice is a denial, unless its ask is under way for a caller that did
+        # not wait (a span's start): it stays a rescue, whose advice await_advice can wait for.
+        if step.action is Action.RESCUE and advice is None and (wait_for_advice or ask is None):
             threshold = (
                 step.threshold
                 if step.rule is Rule.STALL
@@ -1199,6 +1239,11 @@ class LoopGuard:
             lambda done: self._advice_done(done, state, epoch, previous, key, trip)
         )
         if not wait:
+            with self._lock:
+                unwaited = self._unwaited
+                unwaited[(request.session, request.agent, request.signature)] = future
+                while len(unwaited) > _MAX_UNWAITED_ASKS:
+                    unwaited.popitem(last=False)
             return None, False
         timeout = policy.advisor_timeout_seconds
         # A wrapper (serve --state-dir logs each answer) names the advisor it wraps: inner.

@@ -30,7 +30,9 @@ __all__ = [
     "arguments_preview",
     "climb",
     "conclude",
+    "has_advice",
     "message_for",
+    "with_advice",
     "without_arguments",
 ]
 
@@ -398,9 +400,7 @@ def message_for(
                 " approach; " + _consequence(step, policy)
             )
         text += arguments
-        if advice:
-            text += f"{_ADVICE_HEADING}{advice}"
-        return text
+        return with_advice(text, advice) if advice else text
     if step.polling:
         limit = policy.poll_limit
         return (
@@ -420,6 +420,16 @@ def message_for(
         " give a different answer. Next: use the last result, change the arguments, try a"
         " different tool, or tell the user what is blocking you." + arguments
     )
+
+
+def with_advice(message: str, advice: str) -> str:
+    """A denial's text with the advisor's ``advice`` after it (a rescue's text)."""
+    return f"{message}{_ADVICE_HEADING}{advice}"
+
+
+def has_advice(message: str) -> bool:
+    """Whether a rescue's text already carries advice."""
+    return _ADVICE_HEADING in message
 
 
 def without_arguments(message: str) -> str:

@@ -328,3 +328,41 @@ def test_the_last_refusal_before_a_stop_asks_the_advisor() -> None:
         "Advice from a reviewer model:\nRead the build log before running make again."
     )
     assert "if another call is refused, the run will end" in rescue.message
+
+
+def test_a_rescue_decided_at_span_start_gets_its_advice_when_awaited() -> None:
+    """The span processor decides a tool span at its start without waiting for the advisor; an
+    adapter that enforces that decision waits for the advice (``await_advice``, which
+    ``ToolHook.before`` calls), so the model reads it with the refusal, as with before_tool."""
+    from otel_loopguard.integrations._hook import ToolHook
+
+    asked: list[AdviceRequest] = []
+
+    def advisor(request: AdviceRequest) -> str:
+        asked.append(request)
+        return "Read the build log before running make again."
+
+    policy = PRESETS["default"]
+    guard = LoopGuard(policy, advisor=advisor)
+    hook = ToolHook(guard)
+    arguments = {"command": "make"}
+    decisions = []
+    for n in range(7):
+        decision = guard.decide_at_span_start("bash", arguments, "s", "coder", f"c{n}")
+        ticket = hook.before("bash", arguments, f"c{n}", ("s", "coder"), decision)
+        decisions.append((decision, ticket.decision))
+        if not decision.blocks:
+            guard.after_tool(
+                "bash", arguments, session="s", agent="coder", call_id=f"c{n}", result="error 2"
+            )
+    (rescued,) = [pair for pair in decisions if pair[0].action is Action.RESCUE]
+    at_start, enforced = rescued
+    assert "Advice from a reviewer model" not in at_start.message  # not waited for there
+    assert enforced.message == (
+        at_start.message + "\n\nAdvice from a reviewer model:\n"
+        "Read the build log before running make again."
+    )
+    assert len(asked) == 1 and asked[0].agent == "coder"
+    # Anything else is returned as it is, and an ask not known here too.
+    assert guard.await_advice(decisions[0][0]) is decisions[0][0]
+    assert guard.await_advice(at_start, agent="someone else") is at_start

@@ -160,6 +160,10 @@ class ToolHook:
             decision = self.guard.before_tool(
                 tool, arguments, session=session, agent=agent, call_id=call_id
             )
+        elif decision.action is Action.RESCUE:
+            # Decided at the span's start, which never waits for the advisor: wait here, on the
+            # thread about to run the tool, as before_tool would have.
+            decision = self.guard.await_advice(decision, agent=agent)
         if self.processor is not None and decision.signature:
             # A conclusion kept at the span end of an earlier attempt that no hook took.
             self._concluded(session, agent, decision.signature)
