@@ -187,3 +187,36 @@ def test_the_advisor_is_told_the_runs_prompt() -> None:
         "What's the weather in Paris?",
         "And in Lyon?",
     ]
+
+
+def test_a_rescue_decided_at_span_start_reaches_the_model_with_its_advice() -> None:
+    """With ``processor=`` the processor decides each tool span at its start, where it never
+    waits for the advisor; the capability waits for the advice before it refuses the call, so
+    the model reads it with the refusal and the run goes on (before, it read a plain denial and
+    the next attempt was a stop)."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from otel_loopguard import LoopGuardSpanProcessor
+
+    from .conftest import Tracing
+
+    requests: list[AdviceRequest] = []
+
+    def advisor(request: AdviceRequest) -> str:
+        requests.append(request)
+        return ADVICE
+
+    provider = TracerProvider()
+    guard = LoopGuard(RESCUE_POLICY, advisor=advisor)
+    processor = LoopGuardSpanProcessor(guard, tracer_provider=provider)
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(processor)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing = Tracing(provider, exporter, guard, processor, guard)
+    script = UntilAdvised()
+    agent = build(script, LoopGuardCapability(processor=processor), tracing)
+    result = agent.run_sync("What's the weather in Paris?")
+    assert result.output == FINAL and ADVICE in script.seen[-1]
+    assert len(requests) == 1 and requests[0].task == "What's the weather in Paris?"
