@@ -1,6 +1,10 @@
 """How many agent runs keep their agent in ``serve``, by ``--hold-seconds``, with real exporters.
 
     python benchmarks/serve_hold.py [--holds 2,6,11] [--durations 1,3,8,20] [--runs 20]
+        [--exporters http,grpc,loopguard]
+
+``--exporters loopguard`` measures the in-process ``LoopGuardSpanExporter`` (its
+``hold_seconds``) behind the same ``BatchSpanProcessor``, without serve.
 
 Each configuration is one ``Service`` (real OTLP/HTTP and OTLP/gRPC ports) fed by a real
 ``TracerProvider`` whose ``BatchSpanProcessor`` keeps its defaults (schedule delay 5 s, or
@@ -31,6 +35,9 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
+from otel_loopguard import LoopGuard
+from otel_loopguard.exporter import LoopGuardSpanExporter
+from otel_loopguard.metrics import PrometheusRecorder
 from otel_loopguard.service import ServeOptions, Service
 
 CALLS_PER_RUN = 4
@@ -60,10 +67,20 @@ def one_run(tracer: object, duration: float, start_after: float) -> None:
 def measure(
     exporter_kind: str, hold: float, durations: list[float], runs: int, spread: float
 ) -> dict[str, object]:
-    service = Service(ServeOptions(http_port=0, grpc_port=0, hold_seconds=hold)).start()
-    if exporter_kind == "http":
-        exporter: object = HttpExporter(endpoint=f"{service.urls['http']}/v1/traces")
+    service: Service | None = None
+    guard: LoopGuard | None = None
+    if exporter_kind == "loopguard":
+        # In process: the span exporter behind the BatchSpanProcessor, no serve.
+        guard = LoopGuard(recorder=PrometheusRecorder())
+        exporter: object = LoopGuardSpanExporter(guard, hold_seconds=hold)
     else:
+        service = Service(ServeOptions(http_port=0, grpc_port=0, hold_seconds=hold)).start()
+        guard = service.guard
+    if exporter_kind == "http":
+        assert service is not None
+        exporter = HttpExporter(endpoint=f"{service.urls['http']}/v1/traces")
+    elif exporter_kind == "grpc":
+        assert service is not None
         exporter = GrpcExporter(endpoint=service.urls["grpc"], insecure=True)
     provider = TracerProvider()
     processor = BatchSpanProcessor(exporter)  # type: ignore[arg-type]
@@ -79,9 +96,10 @@ def measure(
         thread.start()
     for thread in threads:
         thread.join()
-    provider.shutdown()
-    service.close()
-    registry = service.guard.recorder.registry  # type: ignore[attr-defined]
+    provider.shutdown()  # the LoopGuardSpanExporter judges what it holds at shutdown
+    if service is not None:
+        service.close()
+    registry = guard.recorder.registry  # type: ignore[attr-defined]
     kept: dict[float, float] = {}
     for duration in durations:
         tool = f"t{duration:g}s"
@@ -103,7 +121,11 @@ def main() -> None:
     parser.add_argument("--durations", default="1,3,8,20")
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--spread", type=float, default=10.0)
-    parser.add_argument("--exporters", default="http,grpc")
+    parser.add_argument(
+        "--exporters",
+        default="http,grpc",
+        help="http, grpc (OTLP to serve) and/or loopguard (LoopGuardSpanExporter in process)",
+    )
     args = parser.parse_args()
     holds = [float(h) for h in args.holds.split(",")]
     durations = [float(d) for d in args.durations.split(",")]
