@@ -22,6 +22,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from otel_loopguard import PRESETS, Action, Decision, LoopGuard
+from otel_loopguard.advice import AdviceRequest
 from otel_loopguard.metrics import PrometheusRecorder
 from otel_loopguard.processor import LoopGuardSpanProcessor
 
@@ -158,6 +159,40 @@ class Script:
     def run_tool(self, query: str) -> str:
         self.tool_runs += 1
         return f"results for {query!r}: nothing useful"
+
+
+# -- rescues: the advisor told the run's prompt -----------------------------------------------
+
+#: What the advisor answers in the rescue tests; :class:`UntilAdvised` answers once it reads it.
+ADVICE = "Answer from the first result: the search has nothing more."
+#: Rescues from deny_threshold on (the default rescues only at the last denial before the stop),
+#: with no cooldown, so each run of a test can ask.
+RESCUE_POLICY = POLICY.replace(rescue_threshold=POLICY.deny_threshold, cooldown_seconds=0.0)
+#: Two runs in one session, each with its own prompt.
+PROMPTS = ("Find the weather in Paris for Sunday's picnic.", "And in Lyon, for Monday?")
+
+
+@dataclass
+class UntilAdvised(Script):
+    """The scripted model, answering once a tool result carries the advice."""
+
+    def next_call(self, last_tool_result: str | None) -> bool:
+        if last_tool_result is not None and ADVICE in last_tool_result:
+            self.seen.append(last_tool_result)
+            return False
+        return super().next_call(last_tool_result)
+
+
+def advised_guard() -> tuple[LoopGuard, list[AdviceRequest]]:
+    """A guard on :data:`RESCUE_POLICY` whose advisor answers :data:`ADVICE`; and the requests
+    its advisor was given."""
+    requests: list[AdviceRequest] = []
+
+    def advisor(request: AdviceRequest) -> str:
+        requests.append(request)
+        return ADVICE
+
+    return LoopGuard(RESCUE_POLICY, advisor=advisor), requests
 
 
 @dataclass

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -14,9 +13,9 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 
 from otel_loopguard import LoopGuard
-from otel_loopguard.advice import AdviceRequest
 
 from .conftest import (
+    ADVICE,
     ARGUMENTS,
     FAILURE,
     FAILURE_STOP,
@@ -26,9 +25,12 @@ from .conftest import (
     FIRST_STOP,
     POLICY,
     REFERENCE,
+    RESCUE_POLICY,
     TOOL,
     Script,
     Tracing,
+    UntilAdvised,
+    advised_guard,
     calls_seen,
     expected_tool_results,
     require,
@@ -198,33 +200,10 @@ def test_a_call_failing_the_same_way_ends_the_run_after_it_ran(instrumented: Tra
     assert calls_seen(tracing.guard) == FAILURE_STOP
 
 
-#: What the advisor answers; the scripted model answers once it reads it.
-ADVICE = "Answer from the first result: the search has nothing more."
-#: The default policy stops after three denials, before its rescue threshold: here the third
-#: denial (the count reaching deny_threshold) is a rescue; no cooldown, so each run can ask.
-RESCUE_POLICY = POLICY.replace(rescue_threshold=POLICY.deny_threshold, cooldown_seconds=0.0)
-
-
-@dataclass
-class UntilAdvised(Script):
-    """The scripted model, answering once a tool result carries the advice."""
-
-    def next_call(self, last_tool_result: str | None) -> bool:
-        if last_tool_result is not None and ADVICE in last_tool_result:
-            self.seen.append(last_tool_result)
-            return False
-        return super().next_call(last_tool_result)
-
-
 def test_the_advisor_is_told_the_invocations_prompt() -> None:
-    requests: list[AdviceRequest] = []
-
-    def advisor(request: AdviceRequest) -> str:
-        requests.append(request)
-        return ADVICE
-
+    guard, requests = advised_guard()
     script = UntilAdvised()
-    callbacks = LoopGuardCallbacks(LoopGuard(RESCUE_POLICY, advisor=advisor))
+    callbacks = LoopGuardCallbacks(guard)
     events = run(script, callbacks, prompts=("Weather in Paris?", "And in Lyon?"))
     # each invocation's loop was rescued: the model read the advice with the denial, then
     # answered; each rescue was told the prompt of its own invocation

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 
 from otel_loopguard import LoopGuard
-from otel_loopguard.advice import AdviceRequest
 from otel_loopguard.metrics import PrometheusRecorder
 
 from .conftest import (
@@ -25,11 +24,13 @@ from .conftest import (
     FIRST_DENY,
     FIRST_STOP,
     POLICY,
+    PROMPTS,
     REFERENCE,
     SAFETY_CAP,
     TOOL,
     Script,
     Tracing,
+    advised_guard,
     calls_seen,
     expected_tool_results,
     require,
@@ -230,23 +231,6 @@ def test_the_hooks_refuse_to_be_serialised() -> None:
     hooks = LoopGuardHooks(LoopGuard(POLICY)).hooks()
     with pytest.raises(TypeError, match="cannot be serialised"):
         hooks["before_tool"][0].to_dict()
-
-
-def advised_guard() -> tuple[LoopGuard, list[AdviceRequest]]:
-    """A guard that rescues (asks its advisor) at the first denial it can, before the stop, and
-    with no cooldown between asks; and the requests its advisor was given."""
-    requests: list[AdviceRequest] = []
-
-    def advisor(request: AdviceRequest) -> str:
-        requests.append(request)
-        return "Answer from the results you already have."
-
-    policy = POLICY.replace(rescue_threshold=POLICY.deny_threshold, cooldown_seconds=0.0)
-    return LoopGuard(policy, advisor=advisor), requests
-
-
-#: Two runs of one Agent, each with its own prompt.
-PROMPTS = ("Find the weather in Paris for Sunday's picnic.", "And in Lyon, for Monday?")
 
 
 @pytest.mark.parametrize("session", [None, "conversation-1"])

@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from otel_loopguard import Action, LoopDetected, LoopGuard
-from otel_loopguard.advice import AdviceRequest
 from otel_loopguard.metrics import PrometheusRecorder
 
 from .conftest import (
+    ADVICE,
     ARGUMENTS,
     FAILURE,
     FAILURE_STOP,
@@ -28,6 +27,8 @@ from .conftest import (
     TOOL,
     Script,
     Tracing,
+    UntilAdvised,
+    advised_guard,
     calls_seen,
     expected_tool_results,
     make_tracing,
@@ -195,34 +196,11 @@ def test_a_call_failing_the_same_way_ends_the_run_after_it_ran(
     assert calls_seen(wrapper.guard) == FAILURE_STOP
 
 
-#: What the advisor answers; the scripted model answers once it reads it.
-ADVICE = "Answer from the first result: the search has nothing more."
-#: The default policy stops after three denials, before its rescue threshold: here the third
-#: denial (the count reaching deny_threshold) is a rescue; no cooldown, so each run can ask.
-RESCUE_POLICY = POLICY.replace(rescue_threshold=POLICY.deny_threshold, cooldown_seconds=0.0)
-
-
-@dataclass
-class UntilAdvised(Script):
-    """The scripted model, answering once a tool result carries the advice."""
-
-    def next_call(self, last_tool_result: str | None) -> bool:
-        if last_tool_result is not None and ADVICE in last_tool_result:
-            self.seen.append(last_tool_result)
-            return False
-        return super().next_call(last_tool_result)
-
-
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_the_advisor_is_told_the_user_message(mode: str) -> None:
-    requests: list[AdviceRequest] = []
-
-    def advisor(request: AdviceRequest) -> str:
-        requests.append(request)
-        return ADVICE
-
+    guard, requests = advised_guard()
     script = UntilAdvised()
-    graph = build(script, LoopGuardToolWrapper(LoopGuard(RESCUE_POLICY, advisor=advisor)))
+    graph = build(script, LoopGuardToolWrapper(guard))
     config = {**CONFIG, "configurable": {"thread_id": f"advised-{mode}"}}
 
     def invoke(content: Any) -> Any:

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from otel_loopguard import Action, LoopGuard, Phase
-from otel_loopguard.advice import AdviceRequest
 
 from .conftest import (
+    ADVICE,
     ARGUMENTS,
     FAILURE,
     FAILURE_STOP,
@@ -27,6 +26,8 @@ from .conftest import (
     TOOL,
     Script,
     Tracing,
+    UntilAdvised,
+    advised_guard,
     calls_seen,
     expected_tool_results,
     require,
@@ -181,34 +182,11 @@ def test_a_call_failing_the_same_way_ends_the_run_after_it_ran(instrumented: Tra
     assert calls_seen(tracing.guard) == FAILURE_STOP
 
 
-#: What the advisor answers; the scripted model answers once it reads it.
-ADVICE = "Answer from the first result: the search has nothing more."
-#: The default policy stops after three denials, before its rescue threshold: here the third
-#: denial (the count reaching deny_threshold) is a rescue; no cooldown, so each run can ask.
-RESCUE_POLICY = POLICY.replace(rescue_threshold=POLICY.deny_threshold, cooldown_seconds=0.0)
-
-
-@dataclass
-class UntilAdvised(Script):
-    """The scripted model, answering once a tool result carries the advice."""
-
-    def next_call(self, last_tool_result: str | None) -> bool:
-        if last_tool_result is not None and ADVICE in last_tool_result:
-            self.seen.append(last_tool_result)
-            return False
-        return super().next_call(last_tool_result)
-
-
 @pytest.mark.parametrize("tracing_disabled", [True, False])
 def test_the_advisor_is_told_the_runs_prompt(tracing_disabled: bool) -> None:
-    requests: list[AdviceRequest] = []
-
-    def advisor(request: AdviceRequest) -> str:
-        requests.append(request)
-        return ADVICE
-
+    guard, requests = advised_guard()
     script = UntilAdvised()
-    agent = guard_agent(build(script), LoopGuard(RESCUE_POLICY, advisor=advisor))
+    agent = guard_agent(build(script), guard)
     config = RunConfig(group_id=f"advised-{tracing_disabled}", tracing_disabled=tracing_disabled)
     result = Runner.run_sync(agent, "What's the weather in Paris?", run_config=config)
     # the loop was rescued: the model read the advice with the denial, then answered

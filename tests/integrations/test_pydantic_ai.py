@@ -3,15 +3,14 @@ and Pydantic AI's own OpenTelemetry instrumentation on the same provider as the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from otel_loopguard import Action, LoopDetected, LoopGuard
-from otel_loopguard.advice import AdviceRequest
 
 from .conftest import (
+    ADVICE,
     ARGUMENTS,
     FAILURE,
     FAILURE_STOP,
@@ -24,6 +23,8 @@ from .conftest import (
     TOOL,
     Script,
     Tracing,
+    UntilAdvised,
+    advised_guard,
     calls_seen,
     decision_events,
     expected_tool_results,
@@ -148,33 +149,10 @@ def test_a_call_failing_the_same_way_ends_the_run_after_it_ran() -> None:
     assert calls_seen(tracing.guard) == FAILURE_STOP == len(tool_spans(tracing))
 
 
-#: What the advisor answers; the scripted model answers once it reads it.
-ADVICE = "Answer from the first result: the search has nothing more."
-#: The default policy stops after three denials, before its rescue threshold: here the third
-#: denial (the count reaching deny_threshold) is a rescue; no cooldown, so each run can ask.
-RESCUE_POLICY = POLICY.replace(rescue_threshold=POLICY.deny_threshold, cooldown_seconds=0.0)
-
-
-@dataclass
-class UntilAdvised(Script):
-    """The scripted model, answering once a tool result carries the advice."""
-
-    def next_call(self, last_tool_result: str | None) -> bool:
-        if last_tool_result is not None and ADVICE in last_tool_result:
-            self.seen.append(last_tool_result)
-            return False
-        return super().next_call(last_tool_result)
-
-
 def test_the_advisor_is_told_the_runs_prompt() -> None:
-    requests: list[AdviceRequest] = []
-
-    def advisor(request: AdviceRequest) -> str:
-        requests.append(request)
-        return ADVICE
-
+    guard, requests = advised_guard()
     script = UntilAdvised()
-    agent = build(script, LoopGuardCapability(LoopGuard(RESCUE_POLICY, advisor=advisor)), None)
+    agent = build(script, LoopGuardCapability(guard), None)
     result = agent.run_sync("What's the weather in Paris?")
     # the loop was rescued: the model read the advice with the denial, then answered
     assert result.output == FINAL and ADVICE in script.seen[-1]
@@ -202,14 +180,8 @@ def test_a_rescue_decided_at_span_start_reaches_the_model_with_its_advice() -> N
 
     from .conftest import Tracing
 
-    requests: list[AdviceRequest] = []
-
-    def advisor(request: AdviceRequest) -> str:
-        requests.append(request)
-        return ADVICE
-
+    guard, requests = advised_guard()
     provider = TracerProvider()
-    guard = LoopGuard(RESCUE_POLICY, advisor=advisor)
     processor = LoopGuardSpanProcessor(guard, tracer_provider=provider)
     exporter = InMemorySpanExporter()
     provider.add_span_processor(processor)

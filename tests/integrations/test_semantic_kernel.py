@@ -16,7 +16,6 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
 from otel_loopguard import LoopGuard
-from otel_loopguard.advice import AdviceRequest
 from otel_loopguard.metrics import PrometheusRecorder
 from otel_loopguard.processor import LoopGuardSpanProcessor
 
@@ -29,11 +28,13 @@ from .conftest import (
     FIRST_DENY,
     FIRST_STOP,
     POLICY,
+    PROMPTS,
     REFERENCE,
     SAFETY_CAP,
     TOOL,
     Script,
     Tracing,
+    advised_guard,
     calls_seen,
     expected_tool_results,
     require,
@@ -242,23 +243,6 @@ def test_a_call_failing_the_same_way_ends_the_run_after_it_ran(
     assert script.calls == script.tool_runs == FAILURE_STOP
     assert len(script.seen) == FAILURE_STOP - 1 and all(FAILURE in text for text in script.seen)
     assert calls_seen(guard_filter.guard, SEARCH) == FAILURE_STOP
-
-
-def advised_guard() -> tuple[LoopGuard, list[AdviceRequest]]:
-    """A guard that rescues (asks its advisor) at the first denial it can, before the stop, and
-    with no cooldown between asks; and the requests its advisor was given."""
-    requests: list[AdviceRequest] = []
-
-    def advisor(request: AdviceRequest) -> str:
-        requests.append(request)
-        return "Answer from the results you already have."
-
-    policy = POLICY.replace(rescue_threshold=POLICY.deny_threshold, cooldown_seconds=0.0)
-    return LoopGuard(policy, advisor=advisor), requests
-
-
-#: Two invocations in one thread, each with its own user message.
-PROMPTS = ("Find the weather in Paris for Sunday's picnic.", "And in Lyon, for Monday?")
 
 
 @pytest.mark.parametrize("via", ["processor", "guard", "session"])

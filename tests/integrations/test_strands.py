@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from otel_loopguard import LoopGuard
-from otel_loopguard.advice import AdviceRequest
 from otel_loopguard.metrics import PrometheusRecorder
 
 from .conftest import (
+    ADVICE,
     ARGUMENTS,
     FAILURE,
     FAILURE_STOP,
@@ -27,6 +26,8 @@ from .conftest import (
     TOOL,
     Script,
     Tracing,
+    UntilAdvised,
+    advised_guard,
     calls_seen,
     expected_tool_results,
     require,
@@ -172,33 +173,10 @@ def test_a_call_failing_the_same_way_ends_the_run_after_it_ran(
     assert calls_seen(hooks.guard) == FAILURE_STOP
 
 
-#: What the advisor answers; the scripted model answers once it reads it.
-ADVICE = "Answer from the first result: the search has nothing more."
-#: The default policy stops after three denials, before its rescue threshold: here the third
-#: denial (the count reaching deny_threshold) is a rescue; no cooldown, so each run can ask.
-RESCUE_POLICY = POLICY.replace(rescue_threshold=POLICY.deny_threshold, cooldown_seconds=0.0)
-
-
-@dataclass
-class UntilAdvised(Script):
-    """The scripted model, answering once a tool result carries the advice."""
-
-    def next_call(self, last_tool_result: str | None) -> bool:
-        if last_tool_result is not None and ADVICE in last_tool_result:
-            self.seen.append(last_tool_result)
-            return False
-        return super().next_call(last_tool_result)
-
-
 def test_the_advisor_is_told_the_invocations_prompt() -> None:
-    requests: list[AdviceRequest] = []
-
-    def advisor(request: AdviceRequest) -> str:
-        requests.append(request)
-        return ADVICE
-
+    guard, requests = advised_guard()
     script = UntilAdvised()
-    agent = build(script, LoopGuardHooks(LoopGuard(RESCUE_POLICY, advisor=advisor)))
+    agent = build(script, LoopGuardHooks(guard))
     result = agent("What's the weather in Paris?")
     # the loop was rescued: the model read the advice with the denial, then answered
     assert result.stop_reason == "end_turn" and ADVICE in script.seen[-1]
