@@ -254,37 +254,26 @@ def test_a_damaged_snapshot_is_moved_aside_with_a_note(tmp_path: Path) -> None:
 def test_one_serve_per_directory_and_an_untrusted_one_is_refused(tmp_path: Path) -> None:
     state = tmp_path / "state"
     with serving("--state-dir", str(state)) as first:
-        second = subprocess.run(
-            [sys.executable, "-m", "otel_loopguard", "serve", "--http-port", "0", "--no-grpc"]
-            + ["--state-dir", str(state)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert second.returncode == 2
-        assert "in use by another otel-loopguard serve" in second.stderr
+        assert "in use by another otel-loopguard serve" in _refused(state)
         assert first.stop() == 0
     os.chmod(state, 0o777)
-    refused = subprocess.run(
-        [sys.executable, "-m", "otel_loopguard", "serve", "--http-port", "0", "--no-grpc"]
-        + ["--state-dir", str(state)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert refused.returncode == 2
-    assert "can be written by group or others" in refused.stderr
+    assert "can be written by group or others" in _refused(state)
     a_file = tmp_path / "a-file"
     a_file.write_text("")
-    not_a_directory = subprocess.run(
+    assert f"state_dir: cannot create {str(a_file)!r}" in _refused(a_file)
+
+
+def _refused(state_dir: Path) -> str:
+    """What ``serve --state-dir state_dir`` says on stderr as it refuses to start (status 2)."""
+    refused = subprocess.run(
         [sys.executable, "-m", "otel_loopguard", "serve", "--http-port", "0", "--no-grpc"]
-        + ["--state-dir", str(a_file)],
+        + ["--state-dir", str(state_dir)],
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert not_a_directory.returncode == 2
-    assert f"state_dir: cannot create {str(a_file)!r}" in not_a_directory.stderr
+    assert refused.returncode == 2, refused.stderr
+    return refused.stderr
 
 
 def test_a_log_that_cannot_be_written_is_answered_503_never_200(
@@ -321,6 +310,7 @@ def test_a_log_that_cannot_be_written_is_answered_503_never_200(
         monkeypatch.setattr(os, "fdatasync", real)
         _export(url, script.complete)  # the exporter's retry: counted once
         _hook_loop(port, 1)
+        assert len(list(state.glob("wal-*.log"))) == 2  # a new file after the failed write
         expected = [
             _decide(port, "before", session="hook-1", tool="grep", arguments={"q": "x"}),
         ]
