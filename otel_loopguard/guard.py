@@ -329,11 +329,8 @@ class LoopGuard:
                 future = self._unwaited.pop((sid, aid, decision.signature), None)
             if future is None:
                 return decision
-            timeout = self.policy.advisor_timeout_seconds
-            if isinstance(getattr(self.advisor, "inner", self.advisor), CommandAdvisor):
-                timeout += _ADVISOR_GRACE_SECONDS
             try:
-                advice = _clean_advice(future.result(timeout=timeout))
+                advice = _clean_advice(future.result(timeout=self._advice_timeout()))
             except (FutureTimeout, Exception):
                 return decision
             if not advice:
@@ -1229,7 +1226,6 @@ class LoopGuard:
         state, epoch, previous = ask
         advisor = self.advisor
         assert advisor is not None
-        policy = self.policy
         if self._executor is None:
             self._executor = ThreadPoolExecutor(
                 max_workers=2, thread_name_prefix="loopguard-advisor"
@@ -1245,16 +1241,21 @@ class LoopGuard:
                 while len(unwaited) > _MAX_UNWAITED_ASKS:
                     unwaited.popitem(last=False)
             return None, False
-        timeout = policy.advisor_timeout_seconds
-        # A wrapper (serve --state-dir logs each answer) names the advisor it wraps: inner.
-        if isinstance(getattr(advisor, "inner", advisor), CommandAdvisor):
-            timeout += _ADVISOR_GRACE_SECONDS  # let its own timeout kill it and say so first
         try:
-            advice = future.result(timeout=timeout)
+            advice = future.result(timeout=self._advice_timeout())
         except (FutureTimeout, Exception):
             return None, True
         cleaned = _clean_advice(advice)
         return cleaned, cleaned is None
+
+    def _advice_timeout(self) -> float:
+        """How long a caller waits for an ask: the policy's advisor timeout, plus a grace for a
+        command advisor, so its own timeout kills it and says so first. A wrapper (serve
+        --state-dir logs each answer) names the advisor it wraps ``inner``."""
+        timeout = self.policy.advisor_timeout_seconds
+        if isinstance(getattr(self.advisor, "inner", self.advisor), CommandAdvisor):
+            timeout += _ADVISOR_GRACE_SECONDS
+        return timeout
 
     def _advice_done(
         self,

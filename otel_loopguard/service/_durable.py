@@ -74,7 +74,9 @@ SNAPSHOT_LOG_BYTES: Final = 64 * 1024 * 1024
 #: Seconds a request waits for its frame to be synced before it is answered as a failure.
 SYNC_TIMEOUT_SECONDS: Final = 10.0
 
-_FRAME: Final = struct.Struct("<IIQdB")  # payload length, CRC-32 of the rest, seq, time, kind
+_PREFIX: Final = struct.Struct("<II")  # payload length, CRC-32 of the head and the payload
+_HEAD: Final = struct.Struct("<QdB")  # sequence number, clock time, kind
+_FRAME_SIZE: Final = _PREFIX.size + _HEAD.size
 _SNAPSHOT_MAGIC: Final = b"otel-loopguard snapshot 1\n"
 _SNAPSHOT_HEAD: Final = struct.Struct("<QI")  # payload length, CRC-32 of the payload
 _MAX_FRAME: Final = 1 << 31
@@ -230,7 +232,6 @@ class StateDir:
         self._fd: int | None = None
         self._segments: deque[int] = deque()  # each log file's first sequence number, oldest first
         self.log_bytes = 0  # since the last snapshot
-        self.snapshot_seconds = 0.0  # how long the last snapshot took to write
         self._thread: threading.Thread | None = None
 
     # -- reading what is there -------------------------------------------------------------
@@ -363,11 +364,11 @@ class StateDir:
             if admit is not None and not admit(seq):
                 return 0
             self._appended = seq
-            head = struct.pack("<QdB", seq, when, kind)
+            head = _HEAD.pack(seq, when, kind)
             crc = zlib.crc32(payload, zlib.crc32(head))
-            self._pending.append(struct.pack("<II", len(payload), crc) + head)
+            self._pending.append(_PREFIX.pack(len(payload), crc) + head)
             self._pending.append(payload)
-            self.log_bytes += _FRAME.size + len(payload)
+            self.log_bytes += _FRAME_SIZE + len(payload)
             self._cond.notify_all()
         return seq
 
@@ -457,7 +458,6 @@ class StateDir:
         ``keep_after``), start a new log file, and delete the files that hold nothing after
         ``keep_after``. ``OSError`` when it cannot be written (the old snapshot and the log stay
         as they were)."""
-        started = time.monotonic()
         state = {**state, "next_seq": covered + 1, "covered": covered}
         payload = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
         temporary = self.path / "snapshot.tmp"
@@ -477,7 +477,6 @@ class StateDir:
                 os.unlink(self.path / f"wal-{first:020d}.log")
             except FileNotFoundError:
                 pass
-        self.snapshot_seconds = time.monotonic() - started
 
     def _rotate(self) -> None:
         """Sync what is pending into the current file, then log into a new one."""
@@ -540,16 +539,18 @@ def _read_frames(path: Path, into: list[Record]) -> tuple[int, str | None]:
     it early or None)."""
     data = path.read_bytes()
     offset = 0
-    size = _FRAME.size
+    size = _FRAME_SIZE
     while offset < len(data):
         if len(data) - offset < size:
             return offset, "torn frame header"
-        length, crc, seq, when, kind = _FRAME.unpack_from(data, offset)
+        length, crc = _PREFIX.unpack_from(data, offset)
+        head = data[offset + _PREFIX.size : offset + size]
+        seq, when, kind = _HEAD.unpack(head)
         end = offset + size + length
         if length > _MAX_FRAME or end > len(data):
             return offset, "torn frame"
         payload = data[offset + size : end]
-        if zlib.crc32(payload, zlib.crc32(data[offset + 8 : offset + size])) != crc:
+        if zlib.crc32(payload, zlib.crc32(head)) != crc:
             return offset, "damaged frame (checksum)"
         if kind not in (BATCH, DECISION, ADVICE):
             return offset, f"unknown frame kind {kind}"

@@ -136,8 +136,6 @@ class Service:
         self._buffer: TraceBuffer | None = None
         self._next_snapshot = 0.0
         self._snapshot_covered = 0
-        #: Log frames applied again at start (``serve --state-dir``).
-        self.replayed_records = 0
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -449,7 +447,6 @@ class Service:
             done()
         if failed:
             note(f"{failed:,} log records could not be applied again (first: {problem})")
-        self.replayed_records = replayed
         if guard.advisor is not None:
             guard.advisor = _RecordingAdvisor(guard.advisor, self)
         try:
