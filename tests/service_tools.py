@@ -213,43 +213,79 @@ def keep_alive(port: int, timeout: float = 10.0) -> Iterator[http.client.HTTPCon
         conn.close()
 
 
+class ServeProcess:
+    """A real ``python -m otel_loopguard serve`` on a free loopback HTTP port, no gRPC, with
+    ``args`` added, started and listening; its stderr lines are collected in :attr:`lines`."""
+
+    def __init__(
+        self, *args: str, env: Mapping[str, str] | None = None, timeout: float = 60.0
+    ) -> None:
+        import queue
+        import subprocess
+        import sys
+        import threading
+
+        command = [sys.executable, "-m", "otel_loopguard", "serve", "--http-port", "0"]
+        self.process = subprocess.Popen(
+            [*command, "--no-grpc", *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(env) if env is not None else None,
+        )
+        self.lines: list[str] = []
+        started: queue.Queue[str] = queue.Queue()
+        stream = self.process.stderr
+        assert stream is not None
+
+        def pump() -> None:
+            for line in stream:
+                self.lines.append(line)
+                if " on http://" in line:
+                    started.put(line)
+            started.put("")  # ended before it listened
+
+        threading.Thread(target=pump, daemon=True).start()
+        try:
+            first = started.get(timeout=timeout)
+            assert first, "".join(self.lines)
+        except BaseException:
+            self.close()
+            raise
+        #: Its HTTP URL.
+        self.url = "http://" + first.split(" on http://", 1)[1].split(";", 1)[0].strip()
+        self.port = int(self.url.rsplit(":", 1)[1])
+
+    def kill9(self) -> None:
+        """A crash: SIGKILL, nothing drained."""
+        import signal
+
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=10)
+
+    def stop(self, timeout: float = 60.0) -> int:
+        """SIGTERM (drain and stop); the exit status."""
+        import signal
+
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=timeout)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+
 @contextmanager
 def serve_process(
     *args: str, env: Mapping[str, str] | None = None, timeout: float = 30.0
 ) -> Iterator[str]:
-    """A real ``python -m otel_loopguard serve`` on a free loopback HTTP port, no gRPC, with
-    ``args`` added; yields its HTTP URL. Stopped with SIGTERM on exit, which must end it with
-    status 0 (drained)."""
-    import queue
-    import signal
-    import subprocess
-    import sys
-    import threading
-
-    process = subprocess.Popen(
-        [sys.executable, "-m", "otel_loopguard", "serve", "--http-port", "0", "--no-grpc", *args],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=dict(env) if env is not None else None,
-    )
-    assert process.stderr is not None
-    lines: queue.Queue[str] = queue.Queue()
-    stream = process.stderr
-
-    def pump() -> None:
-        for line in stream:
-            lines.put(line)
-
-    threading.Thread(target=pump, daemon=True).start()
+    """A :class:`ServeProcess`; yields its HTTP URL. Stopped with SIGTERM on exit, which must
+    end it with status 0 (drained)."""
+    server = ServeProcess(*args, env=env, timeout=timeout)
     try:
-        first = lines.get(timeout=timeout)
-        assert " on http://" in first, first
-        yield "http://" + first.split(" on http://", 1)[1].split(";", 1)[0].strip()
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=timeout) == 0
+        yield server.url
+        assert server.stop(timeout) == 0
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(timeout=10)
+        server.close()

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import queue
-import signal
 import stat
 import subprocess
 import sys
@@ -25,7 +23,13 @@ from typing import Any
 
 import pytest
 
-from tests.service_tools import request, require_serve_prerequisites, run_agent, wait_for
+from tests.service_tools import (
+    ServeProcess,
+    request,
+    require_serve_prerequisites,
+    run_agent,
+    wait_for,
+)
 
 require_serve_prerequisites()
 
@@ -38,58 +42,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E4
 from tests.service_tools import looping  # noqa: E402
 
 
-class Serve:
-    """One ``serve`` process; its stderr lines are collected."""
+class Serve(ServeProcess):
+    """A serve that holds tool spans for their trace's root long enough for any test."""
 
     def __init__(self, *args: str) -> None:
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "otel_loopguard",
-                "serve",
-                "--http-port",
-                "0",
-                "--no-grpc",
-                "--hold-seconds",
-                "600",
-                *args,
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        self.lines: list[str] = []
-        started: queue.Queue[str] = queue.Queue()
-        stream = self.process.stderr
-        assert stream is not None
-
-        def pump() -> None:
-            for line in stream:
-                self.lines.append(line)
-                if " on http://" in line:
-                    started.put(line)
-            started.put("")  # ended
-
-        threading.Thread(target=pump, daemon=True).start()
-        first = started.get(timeout=60)
-        assert first, "".join(self.lines)
-        self.url = "http://" + first.split(" on http://", 1)[1].split(";", 1)[0].strip()
-        self.port = int(self.url.rsplit(":", 1)[1])
-
-    def kill9(self) -> None:
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(timeout=10)
-
-    def stop(self) -> int:
-        self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(timeout=60)
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=10)
+        super().__init__("--hold-seconds", "600", *args)
 
 
 @contextmanager
