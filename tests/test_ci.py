@@ -40,9 +40,8 @@ def _project(tmp_path: Path, tests: dict[str, str], module: str = "X: int = 1\n"
 
 
 def _run_test_step(root: Path) -> subprocess.CompletedProcess[str]:
-    # The test step alone (no installs): the same python that runs this suite runs it.
-    bin_dir = str(Path(sys.executable).parent)
-    env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
+    # The test step alone (no installs), in the virtualenv that runs this suite (.ci/venv).
+    env = {**os.environ, "LOOPGUARD_CI_VENV": sys.prefix}
     env.pop("PYTEST_ADDOPTS", None)
     return subprocess.run(
         ["bash", ".ci/test"], cwd=root, env=env, capture_output=True, text=True, timeout=300
@@ -101,6 +100,89 @@ def test_a_clean_project_passes_the_test_step(tmp_path: Path) -> None:
     done = _run_test_step(root)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 passed" in done.stdout
+
+
+def test_the_test_step_refuses_to_run_without_the_virtualenv(tmp_path: Path) -> None:
+    root = _project(tmp_path, {"test_ok.py": PASSING})
+    env = {**os.environ, "LOOPGUARD_CI_VENV": str(tmp_path / "absent")}
+    done = subprocess.run(
+        ["bash", ".ci/test"], cwd=root, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode != 0
+    assert f"no virtualenv at {tmp_path / 'absent'}: run bash .ci/install first" in done.stderr
+    assert "passed" not in done.stdout
+
+
+# The machine's Python has a package the project's extras do not install: a test importing it
+# must fail the CI steps, because they run in a fresh virtualenv of their own.
+MACHINE_ONLY_TEST = (
+    "import machine_only\n\n\ndef test_uses_it() -> None:\n    assert machine_only.X == 1\n"
+)
+TINY_PROJECT = """\
+[build-system]
+requires = ["setuptools>=77"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "pkg"
+version = "0"
+
+[project.optional-dependencies]
+test = ["pytest==9.0.3", "mypy==2.4.1", "ruff==0.17.6"]
+
+[tool.setuptools]
+packages = ["pkg"]
+"""
+
+
+def _machine_python(tmp_path: Path) -> Path:
+    """A Python standing for the machine's: it has ``machine_only``, which no extra installs."""
+    machine = tmp_path / "machine"
+    subprocess.run([sys.executable, "-m", "venv", str(machine)], check=True, timeout=120)
+    python = machine / "bin" / "python"
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    (Path(site) / "machine_only.py").write_text("X = 1\n")
+    subprocess.run([str(python), "-c", "import machine_only"], check=True, timeout=60)
+    return python
+
+
+def test_a_package_only_the_machine_has_fails_the_ci_steps(tmp_path: Path) -> None:
+    root = _project(tmp_path, {"test_ok.py": PASSING, "test_machine.py": MACHINE_ONLY_TEST})
+    (root / "pyproject.toml").write_text(
+        TINY_PROJECT + PYPROJECT.replace("[tool.ruff]", "\n[tool.ruff]")
+    )
+    machine = _machine_python(tmp_path)
+    env = {
+        **os.environ,
+        "LOOPGUARD_CI_PYTHON": str(machine),
+        "LOOPGUARD_CI_VENV": str(tmp_path / "ci-venv"),
+        # the machine's Python first on PATH, as `python3` would be on a developer's laptop
+        "PATH": str(machine.parent) + os.pathsep + os.environ.get("PATH", ""),
+    }
+    env.pop("PYTEST_ADDOPTS", None)
+    env.pop("VIRTUAL_ENV", None)
+    install = subprocess.run(
+        ["bash", ".ci/install"], cwd=root, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert install.returncode == 0, install.stdout + install.stderr
+    done = subprocess.run(
+        ["bash", ".ci/test"], cwd=root, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode != 0
+    assert "No module named 'machine_only'" in done.stdout
+    # the same test passes on the machine's Python: only the fresh virtualenv tells them apart
+    on_machine = subprocess.run(
+        [str(machine), "-c", "import machine_only; print(machine_only.X)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert on_machine.stdout.strip() == "1"
 
 
 @pytest.mark.parametrize("script", ["run", "install", "test", "package", "frameworks"])
