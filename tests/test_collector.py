@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -166,7 +167,8 @@ def test_compose_stack_mounts_what_exists_and_agrees_on_the_token() -> None:
     (job,) = prometheus["scrape_configs"]
     assert job["metrics_path"] == "/metrics"
     assert job["static_configs"][0]["targets"] == [f"loopguard:{HTTP_PORT}"]
-    assert job["authorization"] == {"type": "Bearer", "credentials": default.group(1)}
+    assert job["authorization"] == {"type": "Bearer", "credentials_file": "/prometheus/serve-token"}
+    assert services["prometheus"]["environment"]["LOOPGUARD_SERVE_TOKEN"] == token
 
     provisioning = COLLECTOR / "grafana" / "provisioning"
     datasource = yaml.safe_load((provisioning / "datasources" / "prometheus.yaml").read_text())
@@ -177,6 +179,29 @@ def test_compose_stack_mounts_what_exists_and_agrees_on_the_token() -> None:
     assert any(
         volume.endswith(f"{path}/loopguard.json:ro") for volume in services["grafana"]["volumes"]
     )
+
+
+def test_the_prometheus_entrypoint_writes_the_token_the_scrape_reads(tmp_path: Path) -> None:
+    """Run the compose file's Prometheus command with sh, its paths moved into tmp_path and
+    Prometheus replaced by a stand-in: the file prometheus.yml names holds the environment's token
+    (compose's ``$$`` is a literal ``$``), readable by its owner only."""
+    prometheus = load("docker-compose.yml")["services"]["prometheus"]
+    assert prometheus["entrypoint"] == ["/bin/sh", "-c"]
+    (script,) = prometheus["command"]
+    script = script.replace("$$", "$").replace("/prometheus/", f"{tmp_path}/")
+    script = script.replace("exec /bin/prometheus", "exec true")
+    token = "a token with spaces, $dollars and 'quotes'"
+    subprocess.run(
+        ["/bin/sh", "-c", script],
+        env={"LOOPGUARD_SERVE_TOKEN": token, "PATH": "/usr/bin:/bin"},
+        check=True,
+        timeout=30,
+    )
+    written = tmp_path / "serve-token"
+    assert written.read_text() == token  # no newline: Prometheus sends the file as it is
+    assert written.stat().st_mode & 0o077 == 0
+    job = yaml.safe_load((COLLECTOR / "prometheus.yml").read_text())["scrape_configs"][0]
+    assert job["authorization"]["credentials_file"] == "/prometheus/serve-token"
 
 
 def test_readme_names_every_file() -> None:
