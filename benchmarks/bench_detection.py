@@ -185,7 +185,11 @@ def main(argv: list[str] | None = None) -> int:
         return _serve_adapter(args.adapter)
     corpus: Path = args.corpus
     if not (corpus / "labels.json").is_file():
-        print(f"bench_detection: skipped, no labelled corpus at {corpus} (see --corpus)")
+        print(
+            f"bench_detection: skipped, no labelled corpus at {corpus}: the corpus is not part of"
+            " the repository; give a folder of labelled runs (labels.json beside the runs) with"
+            " --corpus DIR"
+        )
         return 0
     evaluator = args.evaluator or corpus.parent / "eval" / "evaluate.py"
     if not evaluator.is_file():

@@ -63,7 +63,10 @@ def require(name: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        reason = f"{module} is not installed (pip install 'otel-loopguard[{extra}]'): {exc}"
+        reason = (
+            f"{module} is not installed: pip install -e '.[{extra}]' in this checkout, or run"
+            f" bash .ci/frameworks (the pinned versions): {exc}"
+        )
         if SELECTED is not None or os.environ.get("CI"):
             pytest.fail(reason, pytrace=False)
         pytest.skip(reason, allow_module_level=True)
