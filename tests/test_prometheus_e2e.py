@@ -392,7 +392,7 @@ def test_the_readme_demo_fills_the_dashboard(tmp_path: Path) -> None:
             # The first play ends with the line telling how to stop the demo.
             deadline = time.monotonic() + WAIT_SECONDS
             while "Ctrl-C" not in lines.get(timeout=max(1.0, deadline - time.monotonic())):
-                pass
+                assert time.monotonic() < deadline, "the demo never printed its Ctrl-C line"
             calls = _scrape_sum(url, "loopguard_tool_calls_total")
             # One run stopped (its stop decisions: after the failing result, and the call after).
             stops = _scrape_sum(url, "loopguard_stopped_runs_total")
