@@ -15,11 +15,13 @@ so the decision is on the still-open tool span and code inside it can read it wi
 :func:`current_decision`; else at ``on_end``, where the call has already run and the decision is
 recorded on a short ``loopguard.decision`` span, a sibling of the tool span that ends at once
 (so the decision is exported even when an ancestor never ends, and no span object is held for
-it). At ``on_end`` the guard may also conclude from the
-call's result that the run is stuck now (``phase`` post, e.g. a stop at the third identical
-failure): recorded the same way, with ``loopguard.phase`` ``post``, and kept for a framework
-adapter whose own report of the call comes after the span's (:meth:`~LoopGuardSpanProcessor.
-take_concluded`).
+it). That span goes through the tool span's own provider (its span processors, so its
+exporters; its sampler and resource), whichever provider the processor was added to, unless
+``tracer_provider=`` names another (see :class:`LoopGuardSpanProcessor`). At ``on_end`` the guard
+may also conclude from the call's result that the run is stuck now (``phase`` post, e.g. a stop
+at the third identical failure): recorded the same way, with ``loopguard.phase`` ``post``, and
+kept for a framework adapter whose own report of the call comes after the span's
+(:meth:`~LoopGuardSpanProcessor.take_concluded`).
 
 Bookkeeping per open span lets a tool span find its agent among its ancestors. It is a weak
 reference to the span, never the span itself: a span the application drops without ending it is
@@ -44,7 +46,14 @@ from typing import Any, Final
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.sdk.trace import ConcurrentMultiSpanProcessor, ReadableSpan, Span, SpanProcessor
+from opentelemetry.sdk.trace import (
+    ConcurrentMultiSpanProcessor,
+    ReadableSpan,
+    Span,
+    SpanProcessor,
+    SynchronousMultiSpanProcessor,
+    TracerProvider,
+)
 from opentelemetry.trace import NonRecordingSpan, StatusCode
 
 from .calls import SIGNATURE_CHARS, canonical_arguments, canonical_json
@@ -68,6 +77,7 @@ from .spans import (
 
 __all__ = [
     "DECISION_EVENT",
+    "SCOPE_NAME",
     "LoopGuardSpanProcessor",
     "current_decision",
 ]
@@ -76,6 +86,10 @@ _log = logging.getLogger("otel_loopguard")
 
 #: Name of the span event (and of the fallback span) that records a non-allow decision.
 DECISION_EVENT: Final = "loopguard.decision"
+
+#: The instrumentation scope of the decision spans (the processor's and the exporter's); with
+#: their name, how the exporter knows its own spans when they come back through a provider.
+SCOPE_NAME: Final = "otel_loopguard"
 
 # Event attribute keys (DESIGN §6), declared once.
 ATTR_ACTION: Final = "loopguard.action"
@@ -143,8 +157,12 @@ class LoopGuardSpanProcessor(SpanProcessor):
     :mod:`otel_loopguard.spans`).
     ``capture_arguments``: add the canonical arguments (cut to the policy's preview length) to
     decision events; off by default, since arguments may hold secrets.
-    ``tracer_provider``: where the fallback ``loopguard.decision`` span is created (default: the
-    global provider).
+    ``tracer_provider``: where the ``loopguard.decision`` spans (decisions made at a tool span's
+    end) are started. Default: the tool span's own provider, reached through the SDK span
+    (its private ``_span_processor``, ``_sampler`` and ``_limits``, read with ``getattr``), so
+    they reach the exporters of the provider the processor is on. Where that cannot be read (a
+    tool span this processor did not see start, or an SDK without those attributes) they go to
+    the global provider: counted in :attr:`decisions_to_global_provider`, logged once.
     """
 
     def __init__(
@@ -184,13 +202,21 @@ class LoopGuardSpanProcessor(SpanProcessor):
         self._max_spans = max_tracked_spans
         self._ttl_ns = int(span_ttl_seconds * 1e9)
         self._tracer_provider = tracer_provider
-        self._tracer: trace.Tracer | None = None
+        # Where decision spans are started, with whether that provider runs its processors on a
+        # pool (see _emitter), made on first need: tracer_provider's; the last tool span's own
+        # pipeline (by the SDK span processor it ends through); the global provider's.
+        self._explicit: tuple[trace.Tracer, bool] | None = None
+        self._pipeline: tuple[SpanProcessor, trace.Tracer, bool] | None = None
+        self._global: tuple[trace.Tracer, bool] | None = None
+        #: Decision spans sent to the global provider because the tool span's own provider could
+        #: not be found (see the class docstring); the first is logged.
+        self.decisions_to_global_provider = 0
+        self._fallback_lock = threading.Lock()
         # Under a ConcurrentMultiSpanProcessor, on_end runs on the provider's pool: starting the
         # decision span there would wait on that same pool. Those spans are emitted from one
         # thread of ours instead (created on first need).
         self._emitter: ThreadPoolExecutor | None = None
         self._emitter_lock = threading.Lock()
-        self._concurrent: bool | None = None
         # Open spans by span id, oldest first, as weak references: a span the application drops
         # unended is freed, not kept here. Plain dict operations are atomic under the GIL; the
         # lock only guards the occasional pruning.
@@ -235,12 +261,12 @@ class LoopGuardSpanProcessor(SpanProcessor):
             if context is None:
                 return
             span_id = context.span_id
-            self._open.pop(span_id, None)
+            tracked = self._open.pop(span_id, None)
             name = span.name
             attributes = _attributes(span)
             if not may_be_tool_span(name, attributes):  # most spans end here
                 return
-            self._end(span, name, attributes, span_id, context.trace_id)
+            self._end(span, name, attributes, span_id, context.trace_id, tracked)
         except Exception as exc:
             self.guard.report_internal_error("span_processor.on_end", exc)
 
@@ -382,7 +408,12 @@ class LoopGuardSpanProcessor(SpanProcessor):
         attributes: Mapping[str, Any],
         span_id: int,
         trace_id: int,
+        tracked: weakref.ref[Span] | None = None,
     ) -> None:
+        """A span that passed the tool-span gate has ended. ``tracked``: the live SDK span, as
+        tracked since its start (the way to its provider's pipeline)."""
+        if name == DECISION_EVENT:
+            return  # ours, back through the pipeline: never a tool call (the gate stops it too)
         started = self._started.pop(span_id, None)
         if started is not None:
             _START_DECISIONS.pop(span_id, None)
@@ -420,7 +451,7 @@ class LoopGuardSpanProcessor(SpanProcessor):
             duration_seconds=duration,
         )
         if decision is not None and decision.detected is not Action.ALLOW:
-            self._record_after(span, decision, call)
+            self._record_after(span, decision, call, tracked)
             if decision.phase is Phase.POST and decision.action is not Action.ALLOW:
                 self._conclude(session, agent, decision)
 
@@ -457,43 +488,106 @@ class LoopGuardSpanProcessor(SpanProcessor):
         """At start: the decision goes on the (still open) tool span itself."""
         span.add_event(DECISION_EVENT, self._event_attributes(decision, call))
 
-    def _record_after(self, span: ReadableSpan, decision: Decision, call: SpanToolCall) -> None:
+    def _record_after(
+        self,
+        span: ReadableSpan,
+        decision: Decision,
+        call: SpanToolCall,
+        tracked: weakref.ref[Span] | None = None,
+    ) -> None:
         """At end: a short ``loopguard.decision`` span, a sibling of the tool span (a child of
         its parent; of the tool span itself when it has none), carrying the decision as its
         attributes and as one event. It ends at once, so the decision reaches the exporter
         whatever the application does next (an ancestor that never ends, because its agent
         raised, would have kept an event on it from ever being exported), and no span object is
-        held for it. Under a ``ConcurrentMultiSpanProcessor`` (whose pool runs this ``on_end``,
-        and would be waited on by a span started here) the decision span is emitted from one
-        thread of this processor instead, moments later; ``shutdown`` waits for it."""
+        held for it. It is started through the tool span's own provider unless
+        ``tracer_provider`` was given (:meth:`_decision_tracer`). Under a
+        ``ConcurrentMultiSpanProcessor`` (whose pool runs this ``on_end``, and would be waited on
+        by a span started here) the decision span is emitted from one thread of this processor
+        instead, moments later; ``shutdown`` waits for it."""
         attributes = self._event_attributes(decision, call)
         span_context = span.get_span_context()
         if span_context is None:
             return
         parent = span.parent
         anchor = parent if parent is not None else span_context
-        if self._concurrent is None:
-            provider = self._tracer_provider or trace.get_tracer_provider()
-            self._concurrent = isinstance(
-                getattr(provider, "_active_span_processor", None), ConcurrentMultiSpanProcessor
-            )
-        if self._concurrent:
+        tracer, concurrent = self._decision_tracer(tracked)
+        if concurrent:
             with self._emitter_lock:
                 emitter = self._emitter
                 if emitter is None:
                     emitter = self._emitter = ThreadPoolExecutor(
                         1, thread_name_prefix="loopguard-decisions"
                     )
-            emitter.submit(self._emit_decision, anchor, attributes)
+            emitter.submit(self._emit_decision, tracer, anchor, attributes)
         else:
-            self._emit_decision(anchor, attributes)
+            self._emit_decision(tracer, anchor, attributes)
 
-    def _emit_decision(self, anchor: trace.SpanContext, attributes: dict[str, Any]) -> None:
+    def _decision_tracer(self, tracked: weakref.ref[Span] | None) -> tuple[trace.Tracer, bool]:
+        """The tracer a decision span about a tool span is started with, and whether its
+        provider runs span processors on a pool: ``tracer_provider``'s when given; else one on
+        the tool span's own pipeline; else the global provider's (counted, logged once).
+
+        The SDK span knows its provider's span processor (``_span_processor``), sampler and
+        limits, and its resource, but not the provider. A private ``TracerProvider`` is built
+        on that same span processor (never shut down: the pipeline is the application's), so the
+        decision span goes through every processor of the tool span's provider, with its sampler
+        and resource. One is kept, for the last pipeline seen. Never raises."""
+        if self._tracer_provider is not None:
+            explicit = self._explicit
+            if explicit is None:
+                explicit = self._explicit = _tracer_on(self._tracer_provider)
+            return explicit
+        live = tracked() if tracked is not None else None
+        pipeline = getattr(live, "_span_processor", None)
+        if live is None:
+            reason = "this processor did not see the tool span start"
+        elif isinstance(pipeline, (SynchronousMultiSpanProcessor, ConcurrentMultiSpanProcessor)):
+            known = self._pipeline
+            if known is not None and known[0] is pipeline:
+                return known[1], known[2]
+            try:
+                tracer, concurrent = _tracer_on(
+                    TracerProvider(
+                        sampler=getattr(live, "_sampler", None),
+                        resource=live.resource,
+                        shutdown_on_exit=False,
+                        active_span_processor=pipeline,
+                        span_limits=getattr(live, "_limits", None),
+                    )
+                )
+            except Exception as exc:
+                reason = f"no tracer on its span processor ({type(exc).__name__}: {exc})"
+            else:
+                self._pipeline = (pipeline, tracer, concurrent)
+                return tracer, concurrent
+        else:
+            reason = f"the SDK span has no span processor pipeline ({type(pipeline).__name__})"
+        return self._to_global(reason)
+
+    def _to_global(self, reason: str) -> tuple[trace.Tracer, bool]:
+        """The global provider's tracer, for a decision span whose tool span's provider was not
+        found; counted, and the first one logged."""
+        with self._fallback_lock:
+            self.decisions_to_global_provider += 1
+            first = self.decisions_to_global_provider == 1
+        if first:
+            _log.warning(
+                "loopguard: a loopguard.decision span goes to the global tracer provider, not"
+                " the tool span's: %s. Pass tracer_provider= to LoopGuardSpanProcessor to choose"
+                " the provider (further ones are counted in decisions_to_global_provider, not"
+                " logged)",
+                reason,
+            )
+        known = self._global
+        if known is None:
+            known = self._global = _tracer_on(trace.get_tracer_provider())
+        return known
+
+    def _emit_decision(
+        self, tracer: trace.Tracer, anchor: trace.SpanContext, attributes: dict[str, Any]
+    ) -> None:
         try:
-            tracer = self._tracer
-            if tracer is None:
-                provider = self._tracer_provider or trace.get_tracer_provider()
-                tracer = self._tracer = provider.get_tracer("otel_loopguard")
             context = trace.set_span_in_context(NonRecordingSpan(anchor))
             decision_span = tracer.start_span(
                 DECISION_EVENT, context=context, attributes=attributes
@@ -502,3 +596,12 @@ class LoopGuardSpanProcessor(SpanProcessor):
             decision_span.end()
         except Exception as exc:  # never into the application, nor the emitter thread
             self.guard.report_internal_error("span_processor.decision_span", exc)
+
+
+def _tracer_on(provider: trace.TracerProvider) -> tuple[trace.Tracer, bool]:
+    """``provider``'s tracer for decision spans, and whether it runs its span processors on a
+    pool (a ``ConcurrentMultiSpanProcessor``)."""
+    concurrent = isinstance(
+        getattr(provider, "_active_span_processor", None), ConcurrentMultiSpanProcessor
+    )
+    return provider.get_tracer(SCOPE_NAME), concurrent
