@@ -846,14 +846,12 @@ def test_an_unreadable_session_row_starts_that_session_afresh(tmp_path: Path) ->
     assert signature.count == 1  # counted afresh, and saved readable again
 
 
-# -- the README's settings snippets ------------------------------------------------------------
+# -- the settings snippets of docs/coding-agents.md ---------------------------------------------
 
 
 def test_readme_settings_install_every_event_each_host_adapter_acts_on() -> None:
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("## Coding agents: Claude Code, Gemini CLI, Codex\n", 1)[1]
-    section = section.split("\n## ", 1)[0]
-    snippets = [json.loads(text) for text in re.findall(r"```json\n(.+?)\n```", section, re.S)]
+    page = (Path(__file__).resolve().parents[1] / "docs" / "coding-agents.md").read_text()
+    snippets = [json.loads(text) for text in re.findall(r"```json\n(.+?)\n```", page, re.S)]
     assert len(snippets) == len(HOSTS)
     for host, snippet in zip(HOSTS.values(), snippets):
         assert set(snippet) == {"hooks"}
