@@ -37,7 +37,12 @@ and on one ``loopguard.decision`` event. Chained (``next``), they are built here
 ``ReadableSpan`` objects and exported through ``next`` with the batch they came from: they never
 enter the application's pipeline, so they cannot loop back. Unchained, they are started with
 ``tracer_provider``'s tracer (default: the global provider), so they reach the exporters of that
-provider, this one included: it recognises its own decision spans and skips them.
+provider, this one included: it recognises its own decision spans and skips them. An exporter
+sees finished spans only, which do not lead back to their provider (the span processor does
+better: :mod:`otel_loopguard.processor`), so unchained on a provider that is not the global one,
+pass ``tracer_provider=`` (or chain with ``next``): without it, the first time decision spans
+would demonstrably miss the tool spans' provider (no SDK provider is set globally, so they are
+dropped; or the global provider's resource is not the tool spans'), one warning says so.
 
 Threading contract: ``export``, ``force_flush`` and ``shutdown`` may be called from any thread
 (the worker, a thread flushing); one lock serialises them. While it judges a batch, ``export``
@@ -53,6 +58,7 @@ kind) and the batch is still forwarded; it returns ``next``'s result when chaine
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -61,7 +67,7 @@ from typing import Any, Final
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -83,6 +89,7 @@ from .processor import (
     ATTR_TOOL_CALL_ID,
     ATTR_TOOL_NAME,
     DECISION_EVENT,
+    SCOPE_NAME,
 )
 from .spans import KeyBy
 from .traces import (
@@ -108,14 +115,12 @@ __all__ = [
 #: that, so with the ``BatchSpanProcessor``'s 5 s schedule a tool span waits about one batch.
 DEFAULT_HOLD_SECONDS: Final = 2.0
 
-#: The instrumentation scope of the decision spans; with their name, how the exporter knows its
-#: own spans when they come back through the provider.
-SCOPE_NAME: Final = "otel_loopguard"
-
 #: Nanoseconds of work after which ``export`` hands the GIL to other threads (``time.sleep(0)``),
 #: so an application thread waiting for it while a batch is judged waits about this long, not the
 #: interpreter's switch interval (5 ms).
 YIELD_EVERY_NS: Final = 500_000
+
+_log = logging.getLogger("otel_loopguard")
 
 _SAMPLED: Final = TraceFlags(TraceFlags.SAMPLED)
 _NO_ATTRIBUTES: Final[Mapping[str, object]] = {}
@@ -206,6 +211,9 @@ class LoopGuardSpanExporter(SpanExporter):
         self._resource: Resource = Resource.get_empty()
         self._lock = threading.Lock()
         self._shutdown = False
+        # Unchained without tracer_provider: whether the warning that decision spans miss the
+        # tool spans' provider was logged (it is checked until it is).
+        self._warned_destination = False
 
     # -- what it holds ---------------------------------------------------------------------
 
@@ -426,6 +434,8 @@ class LoopGuardSpanExporter(SpanExporter):
     def _start_decision_spans(self, decided: list[_Decided]) -> None:
         """Unchained: decision spans through ``tracer_provider``'s tracer. Never raises."""
         try:
+            if self._tracer_provider is None and not self._warned_destination:
+                self._check_destination()
             tracer = self._tracer
             if tracer is None:
                 provider = self._tracer_provider or trace.get_tracer_provider()
@@ -442,3 +452,29 @@ class LoopGuardSpanExporter(SpanExporter):
                 span.end(end_time=item.time_ns)
         except Exception as exc:
             self.guard.report_internal_error("exporter.export", exc)
+
+    def _check_destination(self) -> None:
+        """Warn once when the global provider demonstrably is not the tool spans' provider: no
+        SDK provider is set (decision spans are dropped), or its resource differs from the tool
+        spans' (a provider's spans carry its resource). Two providers with equal resources
+        (both the default one) cannot be told apart here."""
+        provider = trace.get_tracer_provider()
+        if not isinstance(provider, TracerProvider):
+            what = (
+                f"no SDK tracer provider is set globally ({type(provider).__name__}),"
+                " so they are dropped"
+            )
+        elif provider.resource != self._resource:
+            what = (
+                "the global provider's resource is not the tool spans', so they go to another"
+                " provider's exporters"
+            )
+        else:
+            return
+        self._warned_destination = True
+        _log.warning(
+            "loopguard: LoopGuardSpanExporter starts its loopguard.decision spans on the global"
+            " tracer provider, and %s; pass tracer_provider= (the provider it is on) or chain it"
+            " with next=",
+            what,
+        )
