@@ -5,10 +5,13 @@
 
 A scripted agent runs the same tool call six times, traced with the OpenTelemetry GenAI
 conventions as an instrumented framework would trace it. The processor feeds each tool span to
-the guard (its decisions become ``loopguard.decision`` events on the agent span), and the
-guard's metrics are served for Prometheus: ``curl`` the printed URL and look for
+the guard when the span ends; each decision other than allow becomes a short
+``loopguard.decision`` span beside the tool span (a child of the agent span), started through the
+provider the tool span belongs to, so it reaches that provider's exporters (this example adds
+none). The guard's metrics are served for Prometheus: ``curl`` the printed URL and look for
 ``loopguard_decisions_total``. In your agent, only the four lines marked "setup" are needed;
-add your exporter's span processor to the same provider as usual.
+add your exporter's span processor to the same provider as usual. A port already in use ends
+the example with one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import sys
 import threading
 from collections.abc import Sequence
 
@@ -50,7 +54,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     guard = LoopGuard()  # setup: the "default" preset
-    server = guard.serve_metrics(args.port)  # setup: before any call is counted
+    try:
+        server = guard.serve_metrics(args.port)  # setup: before any call is counted
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        print(f"cannot serve metrics on 127.0.0.1:{args.port}: {reason}", file=sys.stderr)
+        return 2
     provider = TracerProvider()  # setup: or the provider you have
     provider.add_span_processor(LoopGuardSpanProcessor(guard))  # setup
 

@@ -1,5 +1,6 @@
 """``examples/``: the generated policy file matches the Policy declaration and loads back into
-the default preset; the processor-with-metrics snippet runs and serves real metrics."""
+the default preset; the processor-with-metrics snippet runs and serves real metrics, and says in
+one line when its port is taken."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import dataclasses
 import importlib.util
 import os
 import re
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -138,3 +140,24 @@ def test_processor_with_metrics_example_serves_the_loop() -> None:
         f'loopguard_decisions_total{{action="deny",agent="researcher",rule="no_progress",'
         f'tool="search"}} {float(denied)}'
     ) in metrics
+
+
+def test_processor_with_metrics_example_on_a_busy_port_says_so_in_one_line() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, str(EXAMPLES / "processor_with_metrics.py"), "--port", str(port)],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=clean_environment(),
+        )
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert f"127.0.0.1:{port}" in lines[0] and "in use" in lines[0], lines[0]
+    assert "Traceback" not in result.stderr
