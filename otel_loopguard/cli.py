@@ -131,7 +131,7 @@ class _ReplayHelpFormatter(argparse.HelpFormatter):
         return "\n".join(lines)
 
 
-def _add_replay(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_replay(commands: argparse._SubParsersAction[_CommandParser]) -> None:
     parser = commands.add_parser(
         "replay",
         help="replay recorded tool calls through the guard; report what would have tripped",
@@ -155,6 +155,13 @@ def _add_replay(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         action="store_true",
         help='print one JSON line per call: {"session", "index", "tool", "action", "rule",'
         ' "count"}, nothing else on stdout',
+    )
+    parser.add_argument(
+        "--summary",
+        action="store_true",
+        help="print only each session's totals and trips, one line per session (with --json:"
+        ' one JSON line per session: {"session", "calls", "repeated", "actions", "detected",'
+        ' "first", "saved_calls", "saved_seconds"})',
     )
     parser.add_argument(
         "--html",
@@ -199,6 +206,7 @@ def _run_replay(args: argparse.Namespace) -> int:
             mode=Mode(args.mode) if args.mode else None,
             key_by=args.key_by,
             html_path=args.html_path,
+            summary=args.summary,
         )
     except UsageError as exc:
         raise _UsageError(str(exc)) from None
@@ -207,7 +215,7 @@ def _run_replay(args: argparse.Namespace) -> int:
 # -- demo --------------------------------------------------------------------------------------
 
 
-def _add_demo(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_demo(commands: argparse._SubParsersAction[_CommandParser]) -> None:
     parser = commands.add_parser(
         "demo",
         help="watch a scripted looping agent meet the guard (no network, no keys)",
@@ -266,7 +274,7 @@ def _run_demo(args: argparse.Namespace) -> int:
 _HOOK_HOSTS: Final = ("claude-code", "gemini-cli", "codex")
 
 
-def _add_hook(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_hook(commands: argparse._SubParsersAction[_CommandParser]) -> None:
     parser = commands.add_parser(
         "hook",
         help="answer a coding agent's command hook (Claude Code, Gemini CLI, Codex)",
@@ -347,7 +355,7 @@ def _run_hook(args: argparse.Namespace) -> int:
 # -- serve -------------------------------------------------------------------------------------
 
 
-def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_serve(commands: argparse._SubParsersAction[_CommandParser]) -> None:
     parser = commands.add_parser(
         "serve",
         help="receive OTLP traces, detect loops, answer decisions over HTTP (any language)",
@@ -572,6 +580,36 @@ def _version() -> str:
     return __version__
 
 
+class _CommandParser(argparse.ArgumentParser):
+    """A subcommand's parser: an unknown option is its own error, with its own usage and the
+    closest option it has (argparse would hand it to the top-level parser, whose usage names
+    no option of the subcommand)."""
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}{self._suggestion(extras)}")
+        return parsed, extras
+
+    def _suggestion(self, extras: list[str]) -> str:
+        import difflib
+
+        known = [
+            option
+            for action in self._actions
+            for option in action.option_strings
+            if option.startswith("--")
+        ]
+        for word in extras:
+            if word.startswith("--"):
+                close = difflib.get_close_matches(word.split("=", 1)[0], known, n=1)
+                if close:
+                    return f" (did you mean {close[0]}?)"
+        return ""
+
+
 #: Each adds one subcommand; its handler imports its module.
 _SUBCOMMANDS: Final = (_add_demo, _add_replay, _add_hook, _add_serve)
 
@@ -584,7 +622,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Catch AI agents stuck repeating tool calls.",
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {_version()}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_CommandParser)
     for add in _SUBCOMMANDS:
         add(commands)
     parser.set_defaults(handler=None, command_names=tuple(commands.choices))

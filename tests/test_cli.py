@@ -65,3 +65,24 @@ def test_importing_the_cli_does_not_import_subcommands() -> None:
 def test_demo_runs_in_process(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--delay", "0"]) == 0
     assert "guard: STOP" in capsys.readouterr().out
+
+
+def test_a_mistyped_option_gets_the_subcommands_usage_and_a_suggestion(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["replay", "--jsn", "x.jsonl"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: otel-loopguard replay ")
+    assert "--json" in err.split("error:")[0]  # the replay usage, with its options
+    assert err.rstrip().endswith(
+        "otel-loopguard replay: error: unrecognized arguments: --jsn (did you mean --json?)"
+    )
+
+
+def test_an_unknown_option_with_nothing_close_gets_no_suggestion(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["replay", "x.jsonl", "--zzzzzz"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: otel-loopguard replay ")
+    assert err.rstrip().endswith("error: unrecognized arguments: --zzzzzz")

@@ -27,7 +27,6 @@ from otel_loopguard.replay import (
     TranscriptDecoder,
     UserPrompt,
     _formats,
-    _reader,
     detect_format,
     format_by_name,
     register_format,
@@ -738,57 +737,6 @@ def test_register_format_adds_a_reader(tmp_path: Path, monkeypatch: pytest.Monke
     assert json_lines(out.getvalue()) == [
         {"session": "t1", "index": 1, "tool": "search", "action": "allow", "rule": None, "count": 0}
     ]
-
-
-# -- progress bar -----------------------------------------------------------------------------
-
-
-class _Terminal(io.StringIO):
-    def isatty(self) -> bool:
-        return True
-
-
-def test_progress_bar_only_on_a_terminal_and_large_input(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(_reader, "LARGE_INPUT_LINES", 300)
-    small = write(tmp_path, [call(session=f"s{i}") for i in range(200)], "small.jsonl")
-    large = write(tmp_path, [call(session=f"s{i}") for i in range(1000)], "large.jsonl")
-
-    terminal = _Terminal()
-    run_replay(
-        [str(large)], PRESETS["default"], json_output=True, stdout=io.StringIO(), stderr=terminal
-    )
-    assert "\r" in terminal.getvalue() and "lines" in terminal.getvalue()
-    assert terminal.getvalue().endswith("\r\x1b[K")  # the bar is erased at the end
-
-    small_terminal = _Terminal()
-    run_replay(
-        [str(small)],
-        PRESETS["default"],
-        json_output=True,
-        stdout=io.StringIO(),
-        stderr=small_terminal,
-    )
-    assert small_terminal.getvalue() == ""
-
-    pipe = io.StringIO()
-    run_replay(
-        [str(large)], PRESETS["default"], json_output=True, stdout=io.StringIO(), stderr=pipe
-    )
-    assert pipe.getvalue() == ""
-
-
-def test_progress_bar_shows_percent_for_large_files(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(_reader, "LARGE_INPUT_BYTES", 1000)
-    path = write(tmp_path, [call(session=f"s{i}") for i in range(600)])
-    terminal = _Terminal()
-    run_replay(
-        [str(path)], PRESETS["default"], json_output=True, stdout=io.StringIO(), stderr=terminal
-    )
-    assert "%" in terminal.getvalue() and "[#" in terminal.getvalue()
 
 
 # -- nothing crashes --------------------------------------------------------------------------

@@ -1,7 +1,13 @@
 """The ``replay --html`` report: one self-contained HTML file with a timeline per session.
 
-Self-contained: one inline style sheet, no scripts, no images, nothing fetched. Everything that
-comes from the input (session ids, tool names, arguments) is escaped. Bounded: timelines are kept
+Self-contained: one inline style sheet and one inline script, no images, nothing fetched.
+Everything that comes from the input (session ids, tool names, arguments) is escaped, and only
+ever reaches the script as attribute text it shows with ``textContent``. The session index is
+sorted worst first (by the strongest action detected, then how often) and sorts by any column
+(its headers are buttons). A call where something was detected is a button (``role``,
+``tabindex``, ``aria-expanded``): a click, Enter or Space shows its detail (applied and detected
+action, rule, count, threshold) below the timeline; other calls have it as hover text only.
+Bounded: timelines are kept
 for the first :data:`MAX_HTML_SESSIONS` sessions, :data:`MAX_HTML_CALLS` calls each (the replayer
 keeps no more, see :class:`~otel_loopguard.replay.Timeline`); the session index lists at most
 :data:`MAX_HTML_INDEX_ROWS` sessions. The file says where it was cut.
@@ -15,7 +21,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
 from ._replayer import SessionReport, Timeline, TimelineCall
-from ._report import format_totals, plural
+from ._report import ACTION_WORDS, actions_text, format_totals, plural
 
 if TYPE_CHECKING:
     from otel_loopguard.config import Policy
@@ -29,13 +35,8 @@ MAX_HTML_INDEX_ROWS: Final = 2_000
 #: Calls per timeline row.
 CALLS_PER_ROW: Final = 50
 
-#: Non-allow actions, strongest last, with the word the report uses.
-_ACTIONS: Final = (
-    ("remind", "reminder"),
-    ("deny", "denial"),
-    ("rescue", "rescue"),
-    ("stop", "stop"),
-)
+#: How bad each detected action is, for sorting the index worst first (0: nothing detected).
+_RANK: Final = {action: rank for rank, (action, _) in enumerate(ACTION_WORDS, start=1)}
 
 _CONTROL: Final = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
@@ -61,6 +62,77 @@ border-radius:50%;background:#fff}
 .ep{display:inline-block;width:3px;height:24px;background:#1f77b4;margin:0 3px 0 2px}
 .ep.run{background:#17becf}
 .sw{display:inline-block;width:12px;height:12px;vertical-align:middle}
+.c[tabindex]{cursor:pointer}.c:focus{outline:2px solid #1f77b4;outline-offset:1px}
+.c[aria-expanded=true]{outline:2px solid #222}
+.detail{margin:.3em 0 .6em;padding:4px 8px;background:#f4f4f4;border-left:3px solid #1f77b4}
+th button{font:inherit;font-weight:bold;background:none;border:0;padding:0;cursor:pointer;
+color:inherit}th[aria-sort=descending] button::after{content:" \\25BE"}
+th[aria-sort=ascending] button::after{content:" \\25B4"}
+"""
+
+#: Opens a call's detail (click, Enter, Space) and sorts the index by a column (its button).
+#: Input text reaches it only as attribute values, shown with textContent.
+_SCRIPT: Final = """
+(function () {
+  "use strict";
+  function toggle(cell) {
+    var panel = document.getElementById(cell.getAttribute("aria-controls"));
+    if (!panel) return;
+    var shown = panel.getAttribute("data-cell");
+    if (shown && shown !== cell.id) {
+      var previous = document.getElementById(shown);
+      if (previous) previous.setAttribute("aria-expanded", "false");
+    }
+    if (cell.getAttribute("aria-expanded") === "true") {
+      cell.setAttribute("aria-expanded", "false");
+      panel.removeAttribute("data-cell");
+      panel.hidden = true;
+      return;
+    }
+    cell.setAttribute("aria-expanded", "true");
+    panel.textContent = cell.getAttribute("data-detail");
+    panel.setAttribute("data-cell", cell.id);
+    panel.hidden = false;
+  }
+  function value(row, column, numeric) {
+    var cell = row.cells[column];
+    var text = cell.hasAttribute("data-v") ? cell.getAttribute("data-v") : cell.textContent;
+    return numeric ? parseFloat(text.replace(/,/g, "")) : text.toLowerCase();
+  }
+  function sortBy(button) {
+    var th = button.parentNode;
+    var headers = Array.prototype.slice.call(th.parentNode.children);
+    var column = headers.indexOf(th);
+    var numeric = th.getAttribute("data-sort") === "number";
+    var now = th.getAttribute("aria-sort");
+    var ascending = now ? now === "descending" : !numeric;
+    var body = th.closest("table").tBodies[0];
+    var rows = Array.prototype.slice.call(body.rows);
+    rows.sort(function (a, b) {
+      var x = value(a, column, numeric), y = value(b, column, numeric);
+      var order = x < y ? -1 : x > y ? 1 : 0;
+      return ascending ? order : -order;
+    });
+    headers.forEach(function (h) { h.removeAttribute("aria-sort"); });
+    th.setAttribute("aria-sort", ascending ? "ascending" : "descending");
+    rows.forEach(function (row) { body.appendChild(row); });
+  }
+  document.addEventListener("click", function (event) {
+    var target = event.target;
+    if (!(target instanceof Element)) return;
+    var cell = target.closest(".c[data-detail]");
+    if (cell) { toggle(cell); return; }
+    var button = target.closest("th button");
+    if (button) sortBy(button);
+  });
+  document.addEventListener("keydown", function (event) {
+    if (event.key !== "Enter" && event.key !== " ") return;
+    var target = event.target;
+    if (!(target instanceof Element)) return;
+    var cell = target.closest(".c[data-detail]");
+    if (cell) { event.preventDefault(); toggle(cell); }
+  });
+})();
 """
 
 
@@ -88,7 +160,20 @@ def _seconds(report: SessionReport) -> str:
     )
 
 
-def _call_cell(call: TimelineCall) -> str:
+def _detail(call: TimelineCall) -> str:
+    """What a click on a call where something was detected shows."""
+    where = f"call #{call.index} {call.tool}"
+    if call.signature:
+        where += f" [{call.signature}]"
+    if call.repeated:
+        where += ", repeated"
+    return (
+        f"{where}: applied {call.action}, detected {call.detected};"
+        f" rule {call.rule or '-'}, count {call.count}, threshold {call.threshold}"
+    )
+
+
+def _call_cell(call: TimelineCall, number: int) -> str:
     title = f"#{call.index} {call.tool}"
     if call.signature:
         title += f" [{call.signature}]"
@@ -113,10 +198,19 @@ def _call_cell(call: TimelineCall) -> str:
         marker = '<i class="m seen"></i>'
     else:
         marker = ""
-    return f'<span class="{" ".join(classes)}"{style} title="{_text(title)}"><b></b>{marker}</span>'
+    button = ""
+    if call.action != "allow" or call.detected != "allow":
+        button = (
+            f' id="s{number}c{call.index}" role="button" tabindex="0" aria-expanded="false"'
+            f' aria-controls="d{number}" data-detail="{_text(_detail(call))}"'
+        )
+    return (
+        f'<span class="{" ".join(classes)}"{style} title="{_text(title)}"{button}>'
+        f"<b></b>{marker}</span>"
+    )
 
 
-def _timeline(timeline: Timeline) -> str:
+def _timeline(timeline: Timeline, number: int) -> str:
     marks: dict[int, list[str]] = {}
     for mark in timeline.marks:
         marks.setdefault(mark.before_index, []).append(mark.kind)
@@ -133,7 +227,7 @@ def _timeline(timeline: Timeline) -> str:
             cells.append(
                 f'<span class="ep{extra}" title="{_text(kind)}: a new progress epoch"></span>'
             )
-        cells.append(_call_cell(call))
+        cells.append(_call_cell(call, number))
     for before_index in sorted(marks):  # after the last call drawn
         for kind in marks[before_index]:
             extra = " run" if kind == "new run" else ""
@@ -142,16 +236,22 @@ def _timeline(timeline: Timeline) -> str:
             )
     if cells:
         rows.append(_row(row_start, cells))
-    return f'<div class="tl">{"".join(rows)}</div>'
+    return (
+        f'<div class="tl">{"".join(rows)}</div>'
+        f'<div class="detail" id="d{number}" role="region" aria-live="polite"'
+        ' aria-label="call detail" hidden></div>'
+    )
 
 
 def _row(start: int, cells: list[str]) -> str:
     return f'<div class="row"><span class="ri">{start}</span>{"".join(cells)}</div>'
 
 
-def _actions_text(actions: dict[str, int]) -> str:
-    parts = [plural(actions[action], word) for action, word in _ACTIONS if actions.get(action)]
-    return ", ".join(parts) if parts else "none"
+def _detections(report: SessionReport) -> str:
+    trips = actions_text(report.actions)
+    if report.detected != report.actions:
+        trips += f" (detected: {actions_text(report.detected)})"
+    return trips
 
 
 def _summary(report: SessionReport) -> str:
@@ -163,7 +263,7 @@ def _summary(report: SessionReport) -> str:
     )
     return (
         f"<p>{plural(report.calls, 'call')}, {report.repeated} repeated; decisions:"
-        f" {_actions_text(report.actions)}; {firsts}.<br>"
+        f" {_detections(report)}; {firsts}.<br>"
         f"A deny would have saved <strong>{plural(report.blocked, 'call')}"
         f"{_seconds(report)}</strong>.</p>"
     )
@@ -179,7 +279,7 @@ def _signatures(timeline: Timeline, open_: bool) -> str:
             f'<tr><td><span class="sw" style="background:hsl({_hue(signature)},62%,58%)">'
             f"</span> <code>{_text(signature)}</code></td><td>{_text(summary.tool)}</td>"
             f'<td><code>{_text(summary.preview)}</code></td><td class="n">{summary.calls}</td>'
-            f'<td class="n">{summary.repeated}</td><td>{_actions_text(summary.actions)}</td></tr>'
+            f'<td class="n">{summary.repeated}</td><td>{actions_text(summary.actions)}</td></tr>'
         )
     other = ""
     if timeline.other_signature_calls:
@@ -202,7 +302,7 @@ def _session(number: int, report: SessionReport) -> str:
         f'<section class="session" id="s{number}" data-session="{_text(report.label)}">',
         f"<h2>session {_text(report.label)}</h2>",
         _summary(report),
-        _timeline(timeline),
+        _timeline(timeline, number),
     ]
     if timeline.calls_dropped:
         first = timeline.max_calls + 1
@@ -216,32 +316,64 @@ def _session(number: int, report: SessionReport) -> str:
     return "".join(parts)
 
 
+def _worst(report: SessionReport) -> tuple[int, ...]:
+    """The index's default order, worst first: the detected actions counted strongest first,
+    then the calls a deny would have saved, then the calls."""
+    counts = tuple(report.detected.get(action, 0) for action, _ in reversed(ACTION_WORDS))
+    return (*counts, report.blocked, report.calls)
+
+
+def _worst_cell(report: SessionReport) -> str:
+    """The strongest action detected and how often; its sort value orders by both."""
+    detected = [action for action, _ in ACTION_WORDS if report.detected.get(action)]
+    if not detected:
+        return '<td data-v="0">-</td>'
+    action = detected[-1]
+    count = report.detected[action]
+    value = _RANK[action] * 1_000_000_000 + min(count, 999_999_999)
+    return f'<td data-v="{value}">{action} ({count})</td>'
+
+
 def _index(reports: Sequence[SessionReport], anchors: dict[int, int]) -> str:
+    ordered = sorted(enumerate(reports), key=lambda item: _worst(item[1]), reverse=True)
+    # sorted() with reverse=True keeps equal keys in input order.
     rows = []
-    for position, report in enumerate(reports[:MAX_HTML_INDEX_ROWS]):
+    for position, report in ordered[:MAX_HTML_INDEX_ROWS]:
         label = _text(report.label)
         number = anchors.get(position)
         name = f'<a href="#s{number}">{label}</a>' if number is not None else label
         counts = "".join(
-            f'<td class="n">{report.actions.get(action, 0)}</td>' for action, _ in _ACTIONS
+            f'<td class="n">{report.actions.get(action, 0)}</td>' for action, _ in ACTION_WORDS
         )
         rows.append(
             f'<tr><td>{name}</td><td class="n">{report.calls}</td>'
-            f'<td class="n">{report.repeated}</td>{counts}<td class="n">{report.blocked}</td>'
-            f'<td class="n">{report.blocked_seconds:,.1f}</td></tr>'
+            f'<td class="n">{report.repeated}</td>{counts}{_worst_cell(report)}'
+            f'<td class="n">{report.blocked}</td>'
+            f'<td class="n" data-v="{report.blocked_seconds:.3f}">'
+            f"{report.blocked_seconds:,.1f}</td></tr>"
         )
-    head = "".join(f'<th class="n">{word}s</th>' for _, word in _ACTIONS)
+    # (header, sort as, class): the worst column sorts by its data-v, set in _worst_cell.
+    headers = [("session", "text", "")]
+    headers += [(word, "number", ' class="n"') for word in ("calls", "repeated")]
+    headers += [(f"{word}s", "number", ' class="n"') for _, word in ACTION_WORDS]
+    headers += [("worst detected", "number", "")]
+    headers += [(word, "number", ' class="n"') for word in ("calls saved", "seconds saved")]
+    head = "".join(
+        f'<th{align} data-sort="{sort}"><button type="button">{word}</button></th>'
+        for word, sort, align in headers
+    )
     cut = ""
     if len(reports) > MAX_HTML_INDEX_ROWS:
         cut = (
-            '<p class="note">Index cut: '
-            f"{plural(len(reports) - MAX_HTML_INDEX_ROWS, 'more session')}"
-            " not listed (the text report lists every session).</p>"
+            '<p class="note">Index cut: the worst'
+            f" {plural(MAX_HTML_INDEX_ROWS, 'session')} are listed,"
+            f" {plural(len(reports) - MAX_HTML_INDEX_ROWS, 'more session')}"
+            " not (the text report lists every session).</p>"
         )
     return (
-        '<table class="index"><tr><th>session</th><th class="n">calls</th>'
-        f'<th class="n">repeated</th>{head}<th class="n">calls saved</th>'
-        f'<th class="n">seconds saved</th></tr>{"".join(rows)}</table>{cut}'
+        '<p class="muted">Sessions, worst first; a column&#8217;s header sorts by it.</p>'
+        f'<table class="index"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{''.join(rows)}</tbody></table>{cut}"
     )
 
 
@@ -285,8 +417,9 @@ _LEGEND: Final = (
     " detected, allowed by the mode</span>"
     '<span><span class="sw" style="background:#1f77b4;width:3px"></span> user message</span>'
     '<span><span class="sw" style="background:#17becf;width:3px"></span> new run</span>'
-    '</p><p class="muted">Hover a call for its index, tool, signature and decision. Epochs'
-    " started by a mutating call are not marked.</p>"
+    '</p><p class="muted">Hover a call for its index, tool, signature and decision; click a'
+    " call with a marker (or focus it and press Enter) for what was applied and detected, its"
+    " count and threshold. Epochs started by a mutating call are not marked.</p>"
 )
 
 
@@ -317,5 +450,5 @@ def render_html(
         f"<p>Input: {names}.</p>{_policy(policy)}"
         f"<p>{_text(format_totals(reports, len(inputs), bad_lines).strip())}</p>"
         f"{_LEGEND}{cut}{_index(reports, anchors)}{''.join(sections)}"
-        "</body></html>\n"
+        f"<script>{_SCRIPT}</script></body></html>\n"
     )

@@ -1,13 +1,14 @@
 """Reading input files: JSON lines to events through a file's format, bad-line reporting, and
-the progress bar."""
+the progress bar (tqdm, imported only when a bar is shown)."""
 
 from __future__ import annotations
 
+import io
 import json
-import time
-from collections.abc import Callable, Iterable, Iterator
+import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import IO, Final, TextIO
+from typing import IO, Any, Final, TextIO
 
 import orjson
 
@@ -18,7 +19,7 @@ from ._formats import detect_format
 
 #: Input above this many bytes (regular files) shows a progress bar when stderr is a terminal.
 LARGE_INPUT_BYTES: Final = 5 * 1024 * 1024
-#: Input above this many lines (e.g. a pipe of unknown size) shows a progress line likewise.
+#: Input above this many lines (e.g. a pipe of unknown size) shows a progress bar likewise.
 LARGE_INPUT_LINES: Final = 50_000
 #: Bad lines printed per file; the rest are only counted.
 MAX_REPORTED_BAD_LINES: Final = 20
@@ -51,62 +52,84 @@ def _parse(line: bytes) -> object:
 
 
 class _Progress:
-    """A one-line progress bar on a terminal's stderr; silent until the input proves large."""
+    """A tqdm progress bar on a terminal's stderr, silent until the input proves large: over
+    :data:`LARGE_INPUT_BYTES` in all (regular files), or past :data:`LARGE_INPUT_LINES` lines (a
+    pipe of unknown size). tqdm is imported only when the bar is first drawn."""
 
-    def __init__(
-        self,
-        stream: TextIO,
-        total_bytes: int | None,
-        enabled: bool,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, stream: TextIO, total_bytes: int | None, enabled: bool) -> None:
         self._stream = stream
         self._total = total_bytes
         self._enabled = enabled
-        self._clock = clock
         self._bytes = 0
         self._lines = 0
-        self._shown = False
-        self._next_draw = 0.0
+        self._reported = 0  # bytes already given to the bar
+        self._bar: Any = None
         self._name = ""
 
     def start_file(self, name: str) -> None:
         self._name = name
+        if self._bar is not None:
+            self._bar.set_description_str(_short(name), refresh=False)
 
     def advance(self, nbytes: int) -> None:
         self._bytes += nbytes
         self._lines += 1
         if not self._enabled or self._lines & 0xFF:
-            return  # checking the clock every 256 lines keeps the bar off the hot path
-        now = self._clock()
-        if now < self._next_draw:
-            return
-        if not (
-            self._shown or self._lines > LARGE_INPUT_LINES or (self._total or 0) > LARGE_INPUT_BYTES
-        ):
-            return
-        self._next_draw = now + _PROGRESS_INTERVAL_SECONDS
-        self._draw()
-
-    def _draw(self) -> None:
-        name = self._name if len(self._name) <= 30 else "…" + self._name[-29:]
-        if self._total:
-            fraction = min(1.0, self._bytes / self._total)
-            filled = int(fraction * 30)
-            bar = f"[{'#' * filled}{'.' * (30 - filled)}] {fraction:4.0%}"
+            return  # the bar is updated every 256 lines: it stays off the hot path
+        if self._bar is None:
+            if self._lines > LARGE_INPUT_LINES or (self._total or 0) > LARGE_INPUT_BYTES:
+                self._bar = self._open()  # drawn at once, with what was read so far
         else:
-            bar = f"{self._bytes / 1e6:,.1f} MB"
-        self._stream.write(f"\r{bar}  {self._lines:,} lines  {name}\x1b[K")
-        self._stream.flush()
-        self._shown = True
+            self._bar.set_postfix_str(f"{self._lines:,} lines", refresh=False)
+            self._bar.update(self._bytes - self._reported)
+        self._reported = self._bytes
+
+    def _open(self) -> Any:
+        from tqdm import tqdm  # type: ignore[import-untyped]  # no types-tqdm here
+
+        columns, rows = _screen(self._stream)
+        return tqdm(
+            total=self._total or None,
+            initial=self._bytes,
+            postfix=f"{self._lines:,} lines",
+            desc=_short(self._name),
+            unit="B",
+            unit_scale=True,
+            unit_divisor=1024,
+            file=self._stream,
+            leave=False,
+            ncols=columns,
+            nrows=rows,
+            mininterval=_PROGRESS_INTERVAL_SECONDS,
+        )
 
     def clear(self) -> None:
-        """Erase the bar (before another message is written to the same stream)."""
-        if self._shown:
-            self._stream.write("\r\x1b[K")
-            self._stream.flush()
-            self._shown = False
-            self._next_draw = 0.0
+        """Erase the bar (before another message is written to the same stream); it is drawn
+        again at its next update."""
+        if self._bar is not None:
+            self._bar.clear()
+
+    def close(self) -> None:
+        """Erase the bar for good (at the end of the input)."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+def _screen(stream: TextIO) -> tuple[int, int]:
+    """The terminal's columns and rows; 80 and 24 when it does not say. A new pseudo-terminal
+    says 0 and 0, and with 0 rows tqdm draws nothing."""
+    try:
+        size = os.get_terminal_size(stream.fileno())
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return 80, 24
+    return size.columns or 80, size.lines or 24
+
+
+def _short(name: str) -> str:
+    """A file's name (not its directory), cut to 24 characters."""
+    name = os.path.basename(name) or name
+    return name if len(name) <= 24 else name[:23] + "…"
 
 
 @dataclass(slots=True)

@@ -49,20 +49,28 @@ class ReplayClock:
 
 @dataclass(frozen=True, slots=True)
 class ListedDecision:
-    """One non-allow decision as listed in the report."""
+    """One decision as listed in the report: the guard acted (``action`` is not allow) or
+    detected something (``detected``, what the ladder reached before the mode softened it; equal
+    to ``action`` in the enforce mode)."""
 
     index: int
     tool: str
     rule: str | None
     action: str
     count: int
+    detected: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.detected:
+            object.__setattr__(self, "detected", self.action)
 
 
 @dataclass(frozen=True, slots=True)
 class TimelineCall:
     """One call as drawn on a session's timeline. ``signature`` is empty for an untracked call;
     ``action`` is what the guard answered, ``detected`` what the ladder reached (they differ
-    only in the observe and advise modes)."""
+    only in the observe and advise modes); ``threshold`` the threshold the detected action was
+    reached at (0 for an allowed call)."""
 
     index: int
     tool: str
@@ -72,6 +80,7 @@ class TimelineCall:
     rule: str | None
     count: int
     repeated: bool
+    threshold: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,8 +162,10 @@ def _preview(canonical: object) -> str:
 class SessionReport:
     """What the guard would have done in one session (one session id and agent).
 
-    ``actions`` counts the non-allow decisions by action; ``timeline`` is kept only when the
-    replayer was asked for timelines (``replay --html``), for its first sessions."""
+    ``actions`` counts the non-allow decisions by action, ``detected`` what the ladder reached
+    before the mode softened it (equal in the enforce mode); ``decisions`` lists (and
+    ``decision_count`` counts) the calls where either is not allow. ``timeline`` is kept only
+    when the replayer was asked for timelines (``replay --html``), for its first sessions."""
 
     label: str
     calls: int = 0
@@ -163,6 +174,7 @@ class SessionReport:
     decisions: list[ListedDecision] = field(default_factory=list)
     decision_count: int = 0
     actions: dict[str, int] = field(default_factory=dict)
+    detected: dict[str, int] = field(default_factory=dict)
     blocked: int = 0
     blocked_seconds: float = 0.0
     blocked_timed: int = 0
@@ -321,6 +333,7 @@ class Replayer:
                     rule if action != "allow" or decision.detected.value != "allow" else None,
                     decision.count,
                     decision.repeated,
+                    decision.threshold,
                 ),
                 canonical,
             )
@@ -328,15 +341,24 @@ class Replayer:
 
     @staticmethod
     def _list(report: SessionReport, index: int, tool: str, decision: Decision) -> None:
-        """Add a non-allow decision for call ``index`` to the report's list and firsts."""
+        """Add a decision for call ``index`` that acted or detected something to the report's
+        list, counts and firsts (the firsts are of what the guard did)."""
         action = decision.action.value
+        # What the ladder reached; a decision that does not say is taken as what it does.
+        detected = decision.detected.value if decision.detected.value != "allow" else action
+        if action == "allow" and detected == "allow":
+            return
         rule = decision.rule.value if decision.rule is not None else None
+        report.decision_count += 1
         if action != "allow":
             report.first_index.setdefault(_first_key(action), index)
-            report.decision_count += 1
             report.actions[action] = report.actions.get(action, 0) + 1
-            if len(report.decisions) < MAX_LISTED_DECISIONS:
-                report.decisions.append(ListedDecision(index, tool, rule, action, decision.count))
+        if detected != "allow":
+            report.detected[detected] = report.detected.get(detected, 0) + 1
+        if len(report.decisions) < MAX_LISTED_DECISIONS:
+            report.decisions.append(
+                ListedDecision(index, tool, rule, action, decision.count, detected)
+            )
 
     def _signature(self, tool: str, arguments: object, decision: Decision) -> tuple[str, object]:
         """The call's signature (empty when the policy does not track it) and canonical
@@ -399,7 +421,7 @@ class Replayer:
             result=event.result,
             duration_seconds=event.duration_seconds,
         )
-        if post is None or post.action.value == "allow":
+        if post is None or (post.action.value == "allow" and post.detected.value == "allow"):
             return None
         self._list(call.report, call.index, call.tool, post)
         return call.report, call.index, post

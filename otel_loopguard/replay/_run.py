@@ -15,7 +15,13 @@ from ._events import CallFinished, CallStarted, Event
 from ._formats import format_by_name
 from ._reader import _BadLines, _Progress, _read_events
 from ._replayer import ReplayClock, Replayer
-from ._report import _json_line, format_session, format_totals
+from ._report import (
+    _json_line,
+    format_session,
+    format_session_summary,
+    format_totals,
+    summary_json_line,
+)
 
 if TYPE_CHECKING:
     from otel_loopguard.config import Mode, Policy
@@ -93,6 +99,7 @@ def run_replay(
     progress: bool | None = None,
     key_by: KeyBy | str = KeyBy.TRACE,
     html_path: str | None = None,
+    summary: bool = False,
 ) -> int:
     """Replay ``paths`` (``-`` is stdin; a directory is its ``*.jsonl`` files) through a fresh
     guard with ``policy`` and write the report; return the exit status (0 all input read, 1 some
@@ -101,12 +108,13 @@ def run_replay(
     ``mode`` overrides the policy's mode. ``key_by`` keys recorded traces' sessions by trace and
     agent (default) or by conversation, as the span processor and ``serve`` can. The policy's
     advisor is dropped: a replay reports where a rescue would trip but never buys advice.
-    ``progress`` forces the progress bar on or off (default: on when ``stderr`` is a terminal and
-    the input is large). ``html_path`` also writes the HTML report there (a timeline per
-    session; see :mod:`otel_loopguard.replay._html` for its bounds), besides the text or JSON
-    output. Raises :class:`UsageError` for a missing or unreadable path, an unknown format name
-    or an HTML file that cannot be written. An error writing to ``stdout`` (a closed pipe)
-    propagates.
+    ``progress`` forces the progress bar on or off (default: on when ``stderr`` is a terminal,
+    the input is large and the output is not JSON). ``html_path`` also writes the HTML report
+    there (a timeline per session; see :mod:`otel_loopguard.replay._html` for its bounds),
+    besides the text or JSON output. ``summary`` prints one line per session instead, its totals
+    and trips (text, or JSON with ``json_output``). Raises :class:`UsageError` for a missing or
+    unreadable path, an unknown format name or an HTML file that cannot be written. An error
+    writing to ``stdout`` (a closed pipe) propagates.
     """
     out = stdout if stdout is not None else sys.stdout
     err = stderr if stderr is not None else sys.stderr
@@ -138,6 +146,7 @@ def run_replay(
             keyed_by=keyed_by,
             html_out=html_out,
             html_path=html_path,
+            summary=summary,
         )
     finally:
         if html_out is not None:
@@ -157,6 +166,7 @@ def _replay(
     keyed_by: KeyBy,
     html_out: TextIO | None,
     html_path: str | None,
+    summary: bool,
 ) -> int:
     """The replay itself, once the inputs and options are checked (see :func:`run_replay`)."""
     from otel_loopguard.guard import LoopGuard
@@ -170,7 +180,9 @@ def _replay(
         timeline_sessions=_html.MAX_HTML_SESSIONS if timelines else 0,
         timeline_calls=_html.MAX_HTML_CALLS if timelines else 0,
     )
-    show_progress = err.isatty() if progress is None else progress
+    # Never with --json: its lines go to stdout as the replay runs, and on a terminal they
+    # would be drawn through the bar.
+    show_progress = (err.isatty() and not json_output) if progress is None else progress
     bar = _Progress(err, _input_size(inputs), show_progress)
     bad = _BadLines(err, bar)
 
@@ -184,7 +196,7 @@ def _replay(
         try:
             for event in _reading(label, _read_events(label, handle, fmt, bad, bar, keyed_by), bad):
                 started = replayer.handle(source, event)
-                if started is not None and json_output:
+                if started is not None and json_output and not summary:
                     report, index, decision = started
                     assert isinstance(
                         event, (CallStarted, CallFinished, CallDecidedAtStart, CallObserved)
@@ -195,16 +207,24 @@ def _replay(
             if handle is not source_in:
                 handle.close()
         bad.end_file(label)
-    bar.clear()
+    bar.close()
 
     reports = list(replayer.reports.values())
-    if not json_output:
+    if json_output and summary:
+        for report in reports:
+            out.write(summary_json_line(report))
+    elif not json_output:
         out.write(
             f"replay: {len(inputs)} input{'s' if len(inputs) != 1 else ''},"
             f" mode {policy.mode.value}\n\n"
         )
         for report in reports:
-            out.write(format_session(report))
+            if summary:
+                out.write(format_session_summary(report))
+            else:
+                out.write(format_session(report))
+                out.write("\n")
+        if summary:
             out.write("\n")
         out.write(format_totals(reports, len(inputs), bad.total))
     out.flush()
