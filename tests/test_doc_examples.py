@@ -1,12 +1,13 @@
 """Every example of README.md and docs/*.md runs as written (sybil).
 
 Python blocks (and ``<!-- invisible-code-block: python -->`` setup) run in one namespace per
-page, in order. ``sh`` blocks run with bash in a temporary directory per page (also ``HOME``),
-the test virtualenv's ``bin`` first on ``PATH``; each must exit 0 within its timeout. A command
-that serves until stopped (``otel-loopguard serve``, ``demo --metrics-port``) is started, must
-print its URL and answer on it, and is stopped when its block ends. JSON, YAML and TOML blocks
-are parsed (TOML through the package's own loader, so a stale field name fails). A block the
-test cannot run here follows ``<!-- not-run: REASON -->``; that list is pinned below.
+page, in order. ``sh`` and ``bash`` blocks (and the ``$`` lines of ``console`` blocks) run with
+bash in a temporary directory per page (also ``HOME``), the test virtualenv's ``bin`` first on
+``PATH``; each must exit 0 within its timeout. A command that serves until stopped
+(``otel-loopguard serve``, ``demo --metrics-port``) is started, must print its URL and answer on
+it, and is stopped when its block ends. JSON, YAML and TOML blocks are parsed (TOML through the
+package's own loader, so a stale field name fails). A block the test cannot run here follows
+``<!-- not-run: REASON -->``; that list is pinned below.
 """
 
 from __future__ import annotations
@@ -133,8 +134,15 @@ def stop(process: subprocess.Popen[bytes]) -> None:
             process.wait()
 
 
-def run_shell(example: Example) -> None:
+def run_console(example: Example) -> None:
+    """A console block: its `$ ` lines are the commands (the rest is their output)."""
+    lines = str(example.parsed).splitlines()
+    run_shell(example, "\n".join(line[2:] for line in lines if line.startswith("$ ")))
+
+
+def run_shell(example: Example, source: str | None = None) -> None:
     """Run a sh block: runs of ordinary commands as one bash script (set -e), servers aside."""
+    source = str(example.parsed) if source is None else source
     directory = workdir(example)
     env = shell_env(directory)
     servers: list[subprocess.Popen[bytes]] = []
@@ -160,10 +168,10 @@ def run_shell(example: Example) -> None:
         )
 
     try:
-        if "<<" in example.parsed:  # a heredoc: the block is one script
-            script.append(str(example.parsed))
+        if "<<" in source:  # a heredoc: the block is one script
+            script.append(source)
         else:
-            for line in commands(str(example.parsed)):
+            for line in commands(source):
                 if SERVES.search(line):
                     flush()
                     servers.append(start_server(line, directory, env, tuple(exports)))
@@ -197,6 +205,7 @@ PARSERS: list[Any] = [
     PythonCodeBlockParser(),
     CodeBlockParser("sh", run_shell),
     CodeBlockParser("bash", run_shell),
+    CodeBlockParser("console", run_console),
     CodeBlockParser("json", parse_json),
     CodeBlockParser("yaml", parse_yaml),
     CodeBlockParser("toml", parse_toml),
@@ -227,7 +236,7 @@ def test_every_example_of_the_page_runs(
 
 
 def test_every_code_block_has_a_known_language_and_not_run_blocks_are_the_expected_ones() -> None:
-    runnable = {"python", "sh", "bash", "json", "yaml", "toml"}
+    runnable = {"python", "sh", "bash", "console", "json", "yaml", "toml"}
     not_run = []
     for page in PAGES:
         text = page.read_text()
@@ -246,10 +255,15 @@ def test_every_code_block_has_a_known_language_and_not_run_blocks_are_the_expect
     assert not_run == EXPECTED_NOT_RUN
 
 
-def test_pages_that_run_shell_commands_leave_no_server_behind() -> None:
-    """The server helper really stops what it started (a serve on a free port)."""
+def test_a_started_server_answers_and_is_gone_once_stopped() -> None:
+    """The helper behind serve and demo --metrics-port: up on its URL, then stopped for good."""
     directory = Path(tempfile.mkdtemp(prefix="loopguard-docs-"))
     env = shell_env(directory)
     process = start_server("otel-loopguard serve --no-grpc --http-port 0 &", directory, env)
+    (log,) = directory.glob("server-*.log")
+    match = URL.search(log.read_text())
+    assert match is not None
     stop(process)
     assert process.returncode is not None
+    with pytest.raises(OSError):
+        urllib.request.urlopen(match.group(1) + "/healthz", timeout=2)
