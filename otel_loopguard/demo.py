@@ -365,9 +365,11 @@ def _play(
             rule = decision.rule.value if decision.rule is not None else "none"
             verdict += f"  rule {rule}, count {decision.count}"
             if action == "stop" and decision.rule is not Rule.STALL:
-                # What really came before the stop (its threshold is the policy's, not a count).
+                # A stop after denials: its threshold counts refused calls, not repeats.
                 refused = tally.refused
-                verdict += f" ({refused} call{'s' if refused != 1 else ''} refused before)"
+                verdict += f"; {refused} call{'s' if refused != 1 else ''} refused before"
+                if decision.threshold:
+                    verdict += f" (threshold {decision.threshold})"
             elif decision.threshold:
                 verdict += f" (threshold {decision.threshold})"
         if decision.blocks:

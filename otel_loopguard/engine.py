@@ -207,6 +207,7 @@ class SignatureState:
         "last_outcome",
         "looped",
         "novel_seen",
+        "refused",
         "same_outcomes",
     )
 
@@ -218,6 +219,9 @@ class SignatureState:
         self.failed = False  # the last known outcome was a failure
         self.novel_seen = 0  # the session's ``novel`` count at this signature's last attempt
         self.looped = False  # repeated once with nothing new since its previous attempt
+        # Attempts refused (they never ran) since last_outcome first came: the no_progress
+        # evidence counts them as repeats too (rules.Verdict.refused).
+        self.refused = 0
 
 
 class TrailCall:
@@ -390,6 +394,7 @@ class SessionState:
         "run_length",
         "signatures",
         "stopped",
+        "stop_threshold",
         "trail",
         "window",
     )
@@ -403,6 +408,8 @@ class SessionState:
         self.signatures: dict[str, SignatureState] = {}  # least recently used first
         self.denials = 0
         self.stopped = False
+        # The threshold of the stop that stopped the session (the later stops show it).
+        self.stop_threshold = 0
         self.pending: OrderedDict[str, Pending] | None = None
         self.advice: dict[str, str] | None = None  # args key -> advice, this epoch
         self.rescues = 0
@@ -431,6 +438,7 @@ class SessionState:
         self.novel = 0
         if clear_stop:
             self.stopped = False
+            self.stop_threshold = 0
 
     def mutated(self, key: str, outcome: str | None, policy: Policy) -> bool:
         """A mutating call of ``key`` succeeded with ``outcome``; return whether that is progress.
@@ -454,11 +462,19 @@ class SessionState:
         return True
 
     def record_attempt(
-        self, key: str, policy: Policy, *, blocked: bool, explores: bool = True
+        self,
+        key: str,
+        policy: Policy,
+        *,
+        blocked: bool,
+        explores: bool = True,
+        refused: bool = False,
     ) -> bool:
         """Count one tracked attempt of ``key``; return whether it repeats an earlier one.
-        ``explores``: a first attempt of ``key`` counts as exploration (a read that runs; not a
-        mutating call, which may fail and change nothing, nor a blocked one)."""
+        ``blocked``: the ladder blocked it (a denial, counted whatever the mode); ``refused``:
+        it does not run, so no outcome will come for it. ``explores``: a first attempt of
+        ``key`` counts as exploration (a read that runs; not a mutating call, which may fail
+        and change nothing, nor a blocked one)."""
         signatures = self.signatures
         signature = signatures.pop(key, None)
         repeated = signature is not None
@@ -486,6 +502,8 @@ class SessionState:
             del window[0]
         if blocked:
             self.denials += 1
+        if refused:
+            signature.refused += 1
         return repeated
 
     def _prune(self, limit: int) -> None:
@@ -515,6 +533,7 @@ class SessionState:
             signature.changed = signature.last_outcome is not None
             signature.last_outcome = outcome
             signature.same_outcomes = 1
+            signature.refused = 0
 
     def add_pending(self, ref: str, key: str, blocked: bool, mutating: bool) -> None:
         """Remember a hook attempt until its outcome arrives (``ref``: call id, else args key)."""
@@ -571,6 +590,7 @@ class SessionState:
                         s.failed,
                         s.novel_seen,
                         s.looped,
+                        s.refused,
                     ]
                     for key, s in signatures.items()
                 ],
@@ -580,6 +600,7 @@ class SessionState:
                 "redundant": self.redundant,
                 "denials": self.denials,
                 "stopped": self.stopped,
+                "stop_at": self.stop_threshold,
                 "pending": [
                     [ref, p.args_key, p.blocked, p.mutating, p.outstanding]
                     for ref, p in (self.pending or {}).items()
@@ -617,15 +638,18 @@ class SessionState:
         keys: list[str] = []
         signatures: dict[str, SignatureState] = {}
         for entry in _list(raw.get("sigs"), "sigs"):
-            # Five fields in states written before failures and exploration were remembered.
-            if not (isinstance(entry, list) and len(entry) in (5, 8)):
+            # Five fields in states written before failures and exploration were remembered,
+            # eight before refused attempts were.
+            if not (isinstance(entry, list) and len(entry) in (5, 8, 9)):
                 raise ValueError(f"session state: bad signature entry {entry!r}")
             key, count, last_outcome, same, changed = entry[:5]
             signature = SignatureState()
-            if len(entry) == 8:
+            if len(entry) >= 8:
                 signature.failed = _flag(entry[5], "failed")
                 signature.novel_seen = _count(entry[6], "novel seen")
                 signature.looped = _flag(entry[7], "looped")
+            if len(entry) == 9:
+                signature.refused = _count(entry[8], "refused")
             signature.count = _count(count, "count")
             signature.last_outcome = _optional_text(last_outcome, "last outcome")
             signature.same_outcomes = _count(same, "same outcomes")
@@ -645,6 +669,7 @@ class SessionState:
         state.redundant = _count(raw.get("redundant"), "redundant")
         state.denials = _count(raw.get("denials"), "denials")
         state.stopped = _flag(raw.get("stopped"), "stopped")
+        state.stop_threshold = _count(raw.get("stop_at", 0), "stop_at")
         pending: OrderedDict[str, Pending] = OrderedDict()
         for entry in _list(raw.get("pending"), "pending"):
             if not (isinstance(entry, list) and len(entry) == 5):

@@ -40,7 +40,7 @@ from .calls import (
     outcome_key,
     tool_name,
 )
-from .config import Mode, Policy, Rule, policy_from_env
+from .config import Mode, Policy, policy_from_env
 from .engine import (
     MAX_TRAIL_ARGUMENT_CHARS,
     MAX_TRAIL_OUTPUT_CHARS,
@@ -763,6 +763,7 @@ class LoopGuard:
                     stopped=state.stopped,
                     policy=policy,
                     stuck=stuck,
+                    stop_threshold=state.stop_threshold,
                 )
             # The first stop of a run (counted once in loopguard_stopped_runs_total; later calls
             # are decided stop again, and in observe mode they keep coming).
@@ -770,10 +771,11 @@ class LoopGuard:
             detected_block = step.action in BLOCKING_ACTIONS
             enforced_block = detected_block and policy.mode is Mode.ENFORCE and ran is None
             repeated = state.record_attempt(
-                key, policy, blocked=detected_block, explores=not mutating
+                key, policy, blocked=detected_block, explores=not mutating, refused=enforced_block
             )
-            if step.action is Action.STOP:
+            if newly_stopped:
                 state.stopped = True
+                state.stop_threshold = step.threshold
             post: Step | None = None
             if ran is not None:
                 # It ran (we only heard of it afterwards): its outcome, maybe progress.
@@ -848,12 +850,14 @@ class LoopGuard:
         # A rescue without advice is a denial, unless its ask is under way for a caller that did
         # not wait (a span's start): it stays a rescue, whose advice await_advice can wait for.
         if step.action is Action.RESCUE and advice is None and (wait_for_advice or ask is None):
-            threshold = (
-                step.threshold
-                if step.rule is Rule.STALL
-                else (policy.deny_threshold or step.threshold)
+            step = Step(
+                Action.DENY,
+                step.rule,
+                step.count,
+                step.deny_threshold or step.threshold,
+                denials=step.denials,
+                refused=step.refused,
             )
-            step = Step(Action.DENY, step.rule, step.count, threshold, denials=step.denials)
         if post is not None:
             return self._post_decision(post, name, key, sid, aid)
 
@@ -1078,6 +1082,7 @@ class LoopGuard:
         step = conclude(identical_failures(state, key), policy=self.policy)
         if step is not None:
             state.stopped = True
+            state.stop_threshold = step.threshold
         return step
 
     def _late_decision(
@@ -1101,6 +1106,7 @@ class LoopGuard:
         step = conclude(identical_failures(state, key), policy=self.policy)
         if step is not None:
             state.stopped = True
+            state.stop_threshold = step.threshold
         return step
 
     def _post_decision(

@@ -187,6 +187,12 @@ class Step:
     #: failed the same way.
     denials: int = 0
     failures: int = 0
+    #: Refused attempts among ``count`` (earlier ones: never this attempt) that the rule's own
+    #: count leaves out: no_progress compares results, and a refused attempt has none.
+    refused: int = 0
+    #: On a rescue: the deny threshold that applied, which a rescue without advice shows as
+    #: the denial it becomes.
+    deny_threshold: int = 0
 
 
 _ALLOW_STEP: Final = Step(Action.ALLOW)
@@ -201,9 +207,16 @@ def climb(
     stopped: bool,
     policy: Policy,
     stuck: Verdict | None = None,
+    stop_threshold: int = 0,
 ) -> Step:
     """Place the evidence on the ladder (pure). ``verdict`` is the strongest signature rule's,
-    ``stuck`` the no_progress rule's (same outcome), ``stalled`` the stall rule's.
+    ``stuck`` the no_progress rule's (same outcome), ``stalled`` the stall rule's;
+    ``stop_threshold``: for a session already stopped, the threshold of that stop.
+
+    The step's ``count`` is the attempts of the rule it names (:attr:`Verdict.attempts`: refused
+    repeats included, so it grows with every repeat); its ``threshold`` is the threshold of the
+    step taken: the reminder's, the deny threshold that applied, the rescue's, the stop's
+    (``stop_after_denials`` for a stop after denied attempts: that one counts denials).
 
     1. A session already told to stop gives stop; so does a stall verdict, or with
        ``rescue_on_stall`` a rescue (a stop once ``stop_after_denials`` is reached).
@@ -219,24 +232,34 @@ def climb(
        at the first threshold, detailed later.
     """
     if stopped:
+        shown = verdict
+        if stuck is not None and (shown is None or stuck.attempts > shown.attempts):
+            shown = stuck  # its refused repeats make it the longer evidence
         return Step(
             Action.STOP,
-            verdict.rule if verdict else None,
-            verdict.count if verdict else 1,
-            policy.stop_after_denials or 0,
+            shown.rule if shown else None,
+            shown.attempts if shown else 1,
+            stop_threshold or policy.stop_after_denials or 0,
             denials=denials,
+            refused=shown.refused if shown else 0,
         )
     if stalled is not None:
         stop_after = policy.stop_after_denials
+        stall_at = policy.stall_threshold
         if policy.rescue_on_stall and (stop_after is None or denials < stop_after):
             return Step(
-                Action.RESCUE, Rule.STALL, stalled.count, policy.stall_threshold, denials=denials
+                Action.RESCUE,
+                Rule.STALL,
+                stalled.count,
+                stall_at,
+                denials=denials,
+                deny_threshold=stall_at,
             )
-        return Step(Action.STOP, Rule.STALL, stalled.count, policy.stall_threshold, denials=denials)
+        return Step(Action.STOP, Rule.STALL, stalled.count, stall_at, denials=denials)
     if verdict is None:
         return _ALLOW_STEP
     count = verdict.count
-    allow = Step(Action.ALLOW, verdict.rule, count)
+    allow = Step(Action.ALLOW, verdict.rule, verdict.attempts, refused=verdict.refused)
     deny = policy.deny_threshold
     stuck_limit = policy.no_progress_threshold
     polling = False
@@ -256,16 +279,35 @@ def climb(
             block, threshold = verdict, deny
     if block is not None:
         stop_after = policy.stop_after_denials
+        attempts, refused = block.attempts, block.refused
         if stop_after is not None and denials >= stop_after:
-            return Step(Action.STOP, block.rule, block.count, stop_after, denials=denials)
+            return Step(
+                Action.STOP, block.rule, attempts, stop_after, denials=denials, refused=refused
+            )
         rescue = policy.rescue_threshold
         if rescue is not None and count >= rescue:
-            return Step(Action.RESCUE, block.rule, block.count, rescue, denials=denials)
+            return Step(
+                Action.RESCUE,
+                block.rule,
+                attempts,
+                rescue,
+                denials=denials,
+                refused=refused,
+                deny_threshold=threshold,
+            )
         if rescue is not None and stop_after is not None and denials + 1 >= stop_after:
             # The last refusal before the run ends: the advisor gets its one chance, also when
             # the stop comes before rescue_threshold (no_progress blocks from its 4th call).
-            return Step(Action.RESCUE, block.rule, block.count, threshold, denials=denials)
-        return Step(Action.DENY, block.rule, block.count, threshold, denials=denials)
+            return Step(
+                Action.RESCUE,
+                block.rule,
+                attempts,
+                threshold,
+                denials=denials,
+                refused=refused,
+                deny_threshold=threshold,
+            )
+        return Step(Action.DENY, block.rule, attempts, threshold, denials=denials, refused=refused)
     thresholds = policy.remind_thresholds
     if not thresholds and not polling:
         return allow
@@ -275,7 +317,15 @@ def climb(
         reached = (
             deny if polling and deny else max((t for t in thresholds if t <= count), default=0)
         )
-        return Step(Action.REMIND, verdict.rule, count, reached, detailed=detailed, polling=polling)
+        return Step(
+            Action.REMIND,
+            verdict.rule,
+            verdict.attempts,
+            reached,
+            detailed=detailed,
+            polling=polling,
+            refused=verdict.refused,
+        )
     return allow
 
 
@@ -301,13 +351,27 @@ def arguments_preview(canonical: bytes, limit: int) -> str:
     return f"{text[:limit]}… (+{len(text) - limit} more chars)"
 
 
-def _scope(rule: Rule | None, count: int, policy: Policy) -> str:
-    times = "once" if count == 1 else f"{count} times"
+def _times(count: int) -> str:
+    return "once" if count == 1 else f"{count} times"
+
+
+def _scope(
+    rule: Rule | None, count: int, policy: Policy, refused: int = 0, *, now: bool = True
+) -> str:
+    """How often, as the rule counts it: ``count`` attempts, ``now``: this one included;
+    ``refused``: earlier attempts that were refused (no_progress only)."""
+    times = _times(count)
     if rule is Rule.CONSECUTIVE:
         return f"{times} in a row"
     if rule is Rule.WINDOW:
         return f"{times} within your last {policy.window_size} tool calls"
     if rule is Rule.NO_PROGRESS:
+        if refused:
+            ran = count - refused - (1 if now else 0)
+            return (
+                f"{times}: it ran {_times(ran)} and returned the same result each time, and was"
+                f" refused {_times(refused)}{' before this call' if now else ''}"
+            )
         return f"{times}, and it returned the same result each time"
     return times
 
@@ -349,7 +413,7 @@ def message_for(
     if shown is Action.ALLOW:
         return ""
     name = f"`{tool}`"
-    scope = _scope(step.rule, step.count, policy)
+    scope = _scope(step.rule, step.count, policy, step.refused)
     if step.action is Action.STOP and shown is Action.STOP:
         if step.rule is Rule.STALL:
             return (
@@ -392,7 +456,7 @@ def message_for(
                 + _consequence(step, policy)
             )
         else:
-            earlier = _scope(step.rule, step.count - 1, policy)
+            earlier = _scope(step.rule, step.count - 1, policy, step.refused, now=False)
             text = (
                 f"{_PREFIX}Not run: {name} with these arguments was already called {earlier}."
                 " It was refused so that you do not spend another call on an answer you already"

@@ -4,7 +4,11 @@ A rule reads the history of the current progress epoch and the args key of the a
 decided, and returns a :class:`Verdict` (which rule, how strong the evidence is) or ``None``. Rules
 never log, count, raise, mutate or read global configuration: what they need is passed in.
 
-Counts include the attempt being decided, so "count 3" means "this would be the third".
+Counts include the attempt being decided, so "count 3" means "this would be the third". A
+refused attempt is an attempt too: the consecutive, window and stall counts include it; the
+no_progress count compares results, which a refused attempt has none of, so its verdict carries
+the refused attempts apart (:attr:`Verdict.refused`) and :attr:`Verdict.attempts` is the count
+people see.
 """
 
 from __future__ import annotations
@@ -44,10 +48,20 @@ class Trend(str, Enum):
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    """A rule's finding: ``count`` attempts count as evidence under ``rule``."""
+    """A rule's finding: ``count`` attempts count as evidence under ``rule`` (what thresholds
+    are compared with); ``refused``: attempts of the same evidence that were refused, so not in
+    ``count`` (only no_progress has them: a refused attempt returned no result to compare)."""
 
     rule: Rule
     count: int
+    refused: int = 0
+
+    @property
+    def attempts(self) -> int:
+        """The count shown to people: every attempt the evidence covers, refused ones included,
+        this one too. It grows by one with each repeat (until the evidence is reset: a new
+        result, a new epoch)."""
+        return self.count + self.refused
 
 
 class SignatureHistory(Protocol):
@@ -67,6 +81,8 @@ class SignatureHistory(Protocol):
     def novel_seen(self) -> int: ...  # the history's ``novel`` at this signature's last attempt
     @property
     def looped(self) -> bool: ...  # once repeated with nothing new since its previous attempt
+    @property
+    def refused(self) -> int: ...  # attempts refused (never ran) since last_outcome first came
 
 
 class History(Protocol):
@@ -113,12 +129,13 @@ def no_progress(history: History, key: str) -> Verdict | None:
     2. Count the attempts of this signature, latest first, that gave that same outcome without
        a different one in between (calls elsewhere in the session do not interrupt it).
     3. Add one for the attempt, which is expected to give it again.
-    A poll whose result changes every time keeps this count at 2.
+    A poll whose result changes every time keeps this count at 2. The attempts refused since
+    that result first came (they gave no result) are the verdict's ``refused``.
     """
     signature = history.signature(key)
     if signature is None or signature.last_outcome is None:
         return None
-    return Verdict(Rule.NO_PROGRESS, signature.same_outcomes + 1)
+    return Verdict(Rule.NO_PROGRESS, signature.same_outcomes + 1, signature.refused)
 
 
 def identical_failures(history: History, key: str) -> Verdict | None:

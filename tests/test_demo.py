@@ -329,6 +329,6 @@ def test_the_policy_line_and_the_stop_state_the_real_counts(stop_after: int) -> 
     assert len(denials) == stop_after
     (stop,) = _step_lines(text, "STOP")
     assert stop.endswith(
-        f"({stop_after} call{'s' if stop_after != 1 else ''} refused before)"
-        " - the tool does not run"
+        f"; {stop_after} call{'s' if stop_after != 1 else ''} refused before"
+        f" (threshold {stop_after}) - the tool does not run"
     )

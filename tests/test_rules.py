@@ -27,6 +27,7 @@ class Sig:
     failed: bool = False
     novel_seen: int = 0
     looped: bool = False
+    refused: int = 0
 
 
 @dataclass
