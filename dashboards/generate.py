@@ -261,7 +261,7 @@ def panels() -> list[Builder]:
             decimals=0,
         ),
         time_panel(
-            "Loops over time by rule and action",
+            "Loops over time by rule and action (/min)",
             "Non-allow decisions per minute, by the rule that fired and the action detected.",
             [
                 Query(
@@ -274,7 +274,7 @@ def panels() -> list[Builder]:
             legend_table=True,
         ),
         time_panel(
-            "Share of calls that are repeats",
+            "Share of calls that are repeats (%)",
             "Repeated calls / tracked calls. A healthy agent re-reads a little; a looping"
             " one climbs towards 1.",
             [
@@ -309,14 +309,14 @@ def panels() -> list[Builder]:
             (12, 12, 12, 8),
         ),
         time_panel(
-            "Repeated calls by tool",
+            "Repeated calls by tool (/min)",
             "Calls per minute whose arguments were already seen in the progress epoch.",
             [Query(f"sum by (tool) (rate({REPEATS}{FILTER}[$__rate_interval])) * 60", "{{tool}}")],
             (0, 20, 12, 8),
             legend_table=True,
         ),
         time_panel(
-            "Wasted seconds by tool",
+            "Wasted seconds by tool (s/min)",
             "Seconds per minute spent running repeated calls.",
             [Query(f"sum by (tool) (rate({WASTED}{FILTER}[$__rate_interval])) * 60", "{{tool}}")],
             (12, 20, 12, 8),
@@ -336,7 +336,7 @@ def panels() -> list[Builder]:
             decimals=0,
         ),
         time_panel(
-            "Duration of repeated calls",
+            "Duration of repeated calls (s)",
             "How long each repeated call ran: the mean (exact) and the 90th percentile"
             " (estimated within the histogram's buckets), all agents and tools.",
             [
@@ -355,7 +355,7 @@ def panels() -> list[Builder]:
             unit="s",
         ),
         time_panel(
-            "Rescues by outcome",
+            "Rescues by outcome (/min)",
             "Rescues per minute: advice bought, cached advice reused, failed asks, and"
             " asks refused by the budget or the cooldown.",
             [
@@ -368,7 +368,7 @@ def panels() -> list[Builder]:
             stacked=True,
         ),
         time_panel(
-            "Tracked sessions and evictions",
+            "Tracked sessions, and evictions (/min)",
             "Sessions held now, and sessions forgotten per minute (ttl: idle too long;"
             " capacity: max_sessions reached).",
             [
@@ -382,7 +382,7 @@ def panels() -> list[Builder]:
             (8, 36, 8, 8),
         ),
         time_panel(
-            "Internal errors",
+            "Internal errors (/min)",
             "Exceptions the guard caught per minute, by where (the call was allowed)."
             " Should stay at zero.",
             [

@@ -102,16 +102,29 @@ def test_repeat_counts_are_shown_as_whole_counts() -> None:
 def test_dashboard_has_the_panels_the_issue_asks_for() -> None:
     titles = {p["title"] for p in json.loads(COMMITTED.read_text())["panels"]}
     assert {
-        "Loops over time by rule and action",
+        "Loops over time by rule and action (/min)",
         "Top looping agents",
         "Top looping tools",
-        "Repeated calls by tool",
-        "Wasted seconds by tool",
-        "Share of calls that are repeats",
-        "Rescues by outcome",
-        "Tracked sessions and evictions",
-        "Internal errors",
+        "Repeated calls by tool (/min)",
+        "Wasted seconds by tool (s/min)",
+        "Share of calls that are repeats (%)",
+        "Rescues by outcome (/min)",
+        "Tracked sessions, and evictions (/min)",
+        "Internal errors (/min)",
     } <= titles
+
+
+def test_rate_panels_say_their_unit_in_the_title() -> None:
+    """A query that computes a rate says per what: "* 60" is per minute; a rate of seconds is
+    seconds per minute; a ratio of rates is a share."""
+    for panel in json.loads(COMMITTED.read_text())["panels"]:
+        exprs = [target["expr"] for target in panel["targets"]]
+        title = panel["title"]
+        if any("[$__rate_interval])) * 60" in expr for expr in exprs):
+            unit = "(s/min)" if panel["fieldConfig"]["defaults"].get("unit") == "s" else "/min)"
+            assert title.endswith(unit), title
+        elif any(" / sum(rate(" in expr for expr in exprs):
+            assert title.endswith(("(%)", "(s)")), title
 
 
 def test_panels_do_not_overlap_and_ids_are_unique() -> None:
