@@ -1,12 +1,12 @@
 """How each preset does on scripted agent behaviours: loops it should catch, work it should leave alone.
 
-    python benchmarks/preset_scenarios.py            # prints the markdown table in README.md
+    python benchmarks/preset_scenarios.py            # prints the markdown table in docs/how-it-decides.md
 
 Each scenario is a list of tool calls with their results, driven through the public hook API
 (before_tool, then after_tool when the call ran). For a loop, the cell gives the call number of
 the first block (deny, rescue or stop) and how many calls ran before it; for healthy work, the
-number of calls wrongly blocked (0 is right). tests/test_docs.py checks README.md shows this
-script's current output.
+number of calls wrongly blocked (0 is right). tests/test_docs.py checks docs/how-it-decides.md shows
+this script's current output.
 """
 
 from __future__ import annotations

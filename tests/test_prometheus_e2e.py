@@ -365,8 +365,8 @@ def _scrape_sum(url: str, name: str, **labels: str) -> float:
 
 
 def test_the_readme_demo_fills_the_dashboard(tmp_path: Path) -> None:
-    """README, "To watch it fill": run ``otel-loopguard demo --metrics-port PORT``, point
-    Prometheus at it, open the dashboard. Every panel the README names must show the demo's
+    """docs/metrics.md, "Watch the demo fill it": run ``otel-loopguard demo --metrics-port PORT``, point
+    Prometheus at it, open the dashboard. Every panel that page names must show the demo's
     first play, its first calls included (its series exist at zero before the first call and
     the story starts at the first scrape)."""
     port = free_port()
@@ -414,7 +414,7 @@ def test_the_readme_demo_fills_the_dashboard(tmp_path: Path) -> None:
             # Nothing of the first play is lost to the first scrape: increase() sees every call.
             assert shown["Tool calls"] and shown["Tool calls"][0] >= calls
             assert shown["Stopped runs"] and shown["Stopped runs"][0] >= 1
-            # The panels the README lists, filled by the demo (it has no advisor, evicts no
+            # The panels docs/metrics.md lists, filled by the demo (it has no advisor, evicts no
             # session and raises nothing: those panels show zeros).
             for title in (
                 "Repeat share",

@@ -1,7 +1,7 @@
 """The reliability suite of ``serve`` (issue 14): slowloris, hostile framing, concurrent big bodies
 under a memory ceiling, the in-flight byte budget, TLS with the real exporter, the token rules.
 
-Loopback only; each test is bounded (well under 60 s together). The README's "Service" section
+Loopback only; each test is bounded (well under 60 s together). docs/serve.md ("Limits")
 quotes these figures next to what the OpenTelemetry Collector promises.
 """
 

@@ -1,7 +1,7 @@
 """OTLP/HTTP and the decision API over HTTP: the only part of ``serve`` that knows the HTTP
 stack (uvicorn with the httptools parser, on an asyncio loop in one thread).
 
-Why uvicorn + httptools (measured, README "Service"): under 256-512 slowloris connections the
+Why uvicorn + httptools (measured, docs/serve.md "Limits"): under 256-512 slowloris connections the
 standard library's ``http.server`` answered nothing, while uvicorn with the deadline below kept
 answering every legitimate request; httptools (llhttp) refuses every hostile framing probe
 (duplicate or malformed ``Content-Length``, ``Content-Length`` with ``Transfer-Encoding``, bare
@@ -339,7 +339,7 @@ class _Exchange:
 
 
 class _App:
-    """The ASGI application: routes as the README's endpoint table says."""
+    """The ASGI application: routes as the endpoint table of docs/serve.md says."""
 
     def __init__(self, service: Service, executor: ThreadPoolExecutor) -> None:
         self._service = service
