@@ -376,3 +376,77 @@ def test_long_arguments_are_cut_in_the_legend(tmp_path: Path) -> None:
     text, _ = replay_html(tmp_path, [call(arguments={"q": "y" * 10_000})] * 2)
     assert "y" * 10_000 not in text
     assert "more chars)" in text
+
+
+# -- interaction (tests/test_replay_browser.py drives it in Chromium) ------------------------
+
+
+class Buttons(HTMLParser):
+    """The call cells that are buttons, and the index's session column in order."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(convert_charrefs=True)
+        self.buttons: list[dict[str, str | None]] = []
+        self.plain = 0
+        self.index: list[str] = []
+        self._cell = False
+        self._column = 0
+        self._in_body = False
+        self.feed(text)
+        self.close()
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        found = dict(attrs)
+        if tag == "span" and "c" in (found.get("class") or "").split():
+            if found.get("role") == "button":
+                self.buttons.append(found)
+            else:
+                self.plain += 1
+        elif tag == "tbody":
+            self._in_body = True
+        elif tag == "tr":
+            self._column = 0
+        elif tag == "td" and self._in_body:
+            self._column += 1
+            self._cell = self._column == 1
+            if self._cell:
+                self.index.append("")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "td":
+            self._cell = False
+        elif tag == "tbody":
+            self._in_body = False
+
+    def handle_data(self, data: str) -> None:
+        if self._cell:
+            self.index[-1] += data
+
+
+def test_calls_with_a_detection_are_buttons_with_their_detail(tmp_path: Path) -> None:
+    text, rows = replay_html(tmp_path, [call()] * 8, mode=Mode.ADVISE)
+    page = Buttons(text)
+    softened = [row for row in rows if row["action"] != "allow" or "detected" in row]
+    assert len(page.buttons) == len(softened) > 0
+    assert page.plain == len(rows) - len(softened)
+    for button, row in zip(page.buttons, softened):
+        assert button["tabindex"] == "0" and button["aria-expanded"] == "false"
+        assert button["id"] == f"s1c{row['index']}" and button["aria-controls"] == "d1"
+        detail = button["data-detail"] or ""
+        assert detail.startswith(f"call #{row['index']} grep [")
+        applied = row["action"]
+        assert f"applied {applied}, detected {row.get('detected', applied)};" in detail
+        assert f"count {row['count']}, threshold " in detail
+        assert not detail.endswith("threshold 0")
+    assert 'id="d1" role="region" aria-live="polite"' in text
+
+
+def test_the_index_lists_the_worst_session_first(tmp_path: Path) -> None:
+    lines = [call("healthy", "read", {"path": f"f{n}"}) for n in range(5)]
+    lines += [call("reminded")] * 3 + [call("stopped", "bash")] * 12 + [call("denied")] * 5
+    text, rows = replay_html(tmp_path, lines)
+    page = Buttons(text)
+    assert Page(text).sessions == ["healthy", "reminded", "stopped", "denied"]  # input order
+    assert page.index == ["stopped", "denied", "reminded", "healthy"]
+    last = {row["session"]: row["action"] for row in rows if row["action"] != "allow"}
+    assert last == {"reminded": "remind", "denied": "deny", "stopped": "stop"}
