@@ -2,7 +2,9 @@
 
 Three error zones (STYLE.md): a bad value given in code or in a config file raises ``ValueError``
 naming the field and the value; a bad ``LOOPGUARD_*`` environment value logs a warning naming the
-variable and keeps the value it would have replaced.
+variable and keeps the value it would have replaced. A name nothing reads (a typo: a field name,
+a ``LOOPGUARD_*`` variable, a plugin key) is refused, or for a variable warned about, with the
+closest known names ("did you mean ...?").
 
 Every field is declared once, on :class:`Policy`; its environment variable is
 ``LOOPGUARD_`` + the field name in upper case (see :func:`env_var`), and its TOML key is the field
@@ -12,6 +14,7 @@ name.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import logging
 import math
 import os
@@ -23,7 +26,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Final
 
-from .env import LOOPGUARD_PRESET, POLICY_PREFIX
+from .env import DECLARED, LOOPGUARD_PRESET, POLICY_PREFIX
 
 __all__ = [
     "AdvisorInput",
@@ -35,6 +38,7 @@ __all__ = [
     "DEFAULT_READ_OPERATIONS",
     "DEFAULT_SHELL_TOOLS",
     "ENV_PREFIX",
+    "KNOWN_VARIABLES",
     "Mode",
     "PRESETS",
     "Policy",
@@ -42,10 +46,12 @@ __all__ = [
     "RESCUE_PLUGIN_IGNORED_ARGS",
     "RESCUE_PLUGIN_MUTATING_TOOLS",
     "Rule",
+    "close_names",
     "env_var",
     "load_policy",
     "policy_from_env",
     "policy_from_mapping",
+    "unknown_variables",
     "validate_field",
     "wildcard_regex",
     "wildcard_union",
@@ -198,6 +204,30 @@ DEFAULT_MUTATING_COMMANDS: Final = (
 def env_var(field_name: str) -> str:
     """Return the environment variable that overrides the policy field ``field_name``."""
     return ENV_PREFIX + field_name.upper()
+
+
+def close_names(word: str, names: Iterable[str]) -> list[str]:
+    """The names in ``names`` closest to ``word`` (a typo's likely meaning), best first: up to
+    three by :func:`difflib.get_close_matches`, and of those only the ones nearly as close as
+    the best (``deny_treshold`` gives ``deny_threshold`` alone, not every ``*_threshold``).
+    Empty when none is close."""
+    names = list(names)
+    close = difflib.get_close_matches(word, names, n=3, cutoff=0.6)
+    if not close:
+        return []
+    ratios = [difflib.SequenceMatcher(None, word, name).ratio() for name in close]
+    return [name for name, ratio in zip(close, ratios) if ratio >= ratios[0] - 0.1]
+
+
+def _unknown(what: str, names: Iterable[str], known: Iterable[str]) -> str:
+    """``unknown <what>: a (did you mean b?), c``: each unknown name with its closest known
+    ones (:func:`close_names`; ``what`` takes an ``s`` for several)."""
+    names, known = sorted(names), sorted(known)
+    listed = []
+    for name in names:
+        close = close_names(name, known)
+        listed.append(name + (f" (did you mean {' or '.join(close)}?)" if close else ""))
+    return f"unknown {what}{'s' if len(names) > 1 else ''}: {', '.join(listed)}"
 
 
 def _wildcard_text(pattern: str) -> str:
@@ -523,13 +553,20 @@ class Policy:
         """Return a copy with ``changes`` applied (validated like a new policy)."""
         unknown = set(changes) - _FIELD_NAMES
         if unknown:
-            raise ValueError(f"unknown policy field(s): {', '.join(sorted(unknown))}")
+            raise ValueError(_unknown("policy field", unknown, _FIELD_NAMES))
         return dataclasses.replace(self, **changes)
 
 
 _SPECS: Final = dataclasses.fields(Policy)
 _FIELDS: Final = {f.name: f for f in _SPECS}
 _FIELD_NAMES: Final = frozenset(_FIELDS)
+
+#: Every ``LOOPGUARD_*`` variable something reads: one per policy field (:func:`env_var`) and
+#: those :mod:`otel_loopguard.env` declares. Any other is a typo (:func:`unknown_variables`).
+KNOWN_VARIABLES: Final = frozenset(map(env_var, _FIELDS)) | DECLARED
+_KNOWN_SUFFIXES: Final = {name[len(ENV_PREFIX) :]: name for name in KNOWN_VARIABLES}
+#: Unknown variables already warned about in this process (each is warned about once).
+_WARNED_VARIABLES: set[str] = set()
 
 
 def _kind(name: str) -> _Kind:
@@ -547,7 +584,7 @@ def validate_field(name: str, value: object, *, label: str | None = None) -> obj
     """
     spec = _FIELDS.get(name)
     if spec is None:
-        raise ValueError(f"unknown policy field: {name}")
+        raise ValueError(_unknown("policy field", [name], _FIELD_NAMES))
     return _valid(label or name, value, spec.metadata)
 
 
@@ -771,7 +808,7 @@ def policy_from_mapping(values: Mapping[str, object], base: Policy | None = None
     base = base if base is not None else PRESETS["default"]
     unknown = set(values) - _FIELD_NAMES
     if unknown:
-        raise ValueError(f"unknown policy field(s): {', '.join(sorted(unknown))}")
+        raise ValueError(_unknown("policy field", unknown, _FIELD_NAMES | {"preset"}))
     changes: dict[str, object] = {}
     for name, value in values.items():
         if value is False and _kind(name) in _OPTIONAL_KINDS:
@@ -808,13 +845,35 @@ def _parse_env(name: str, text: str) -> object:
     return int(text)
 
 
+def unknown_variables(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The ``LOOPGUARD_*`` variables in ``environ`` (default: ``os.environ``) that nothing reads
+    (not in :data:`KNOWN_VARIABLES`), sorted, each with its warning: the name (never the value,
+    which may be a secret) and the closest known names, ``<name> ignored: no such variable
+    (did you mean LOOPGUARD_DENY_THRESHOLD?)`` for a misspelt ``deny_threshold``."""
+    env = os.environ if environ is None else environ
+    found: dict[str, str] = {}
+    for name in sorted(env):
+        if not name.startswith(ENV_PREFIX) or name in KNOWN_VARIABLES:
+            continue
+        # Compared without the prefix every name shares (it would make every name look close).
+        close = close_names(name[len(ENV_PREFIX) :].upper(), _KNOWN_SUFFIXES)
+        hint = f" (did you mean {' or '.join(_KNOWN_SUFFIXES[c] for c in close)}?)" if close else ""
+        found[name] = f"{name} ignored: no such variable{hint}"
+    return found
+
+
 def policy_from_env(base: Policy | None = None, environ: Mapping[str, str] | None = None) -> Policy:
     """Apply ``LOOPGUARD_*`` overrides to ``base`` (default: the ``LOOPGUARD_PRESET`` preset).
 
     A bad value (unparsable, or one the policy rejects) logs a warning naming the variable and the
-    value, and keeps the value it would have replaced. Never raises.
+    value, and keeps the value it would have replaced. A variable nothing reads (a typo) logs a
+    warning naming it and the closest known names, once per name per process. Never raises.
     """
     env = os.environ if environ is None else environ
+    for name, warning in unknown_variables(env).items():
+        if name not in _WARNED_VARIABLES:
+            _WARNED_VARIABLES.add(name)
+            _log.warning("%s", warning)
     if base is None:
         preset = env.get(LOOPGUARD_PRESET, "default").strip() or "default"
         if preset not in PRESETS:

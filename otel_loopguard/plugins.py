@@ -28,7 +28,8 @@ Plugin key -> policy field (README "Migrating from the plugins" has the same tab
 Keys a configuration leaves out take the plugin's defaults: its preset's values, and for the
 rescue plugin ``askCommand`` ``~/.local/bin/ask-claude``, ``askModel`` ``opus`` and ``logFile``
 ``~/.llmbox/loop-rescue.jsonl`` (the preset itself runs no command and writes no file). A bad
-value raises ``ValueError`` naming the plugin's key and the value; an unknown key raises too.
+value raises ``ValueError`` naming the plugin's key and the value; an unknown key raises too,
+naming the closest known keys (``'nudgeat' (did you mean 'nudgeAt'?)``).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from .config import PRESETS, AdvisorInput, Policy, Rule, validate_field
+from .config import PRESETS, AdvisorInput, Policy, Rule, close_names, validate_field
 
 __all__ = [
     "DSH_LOOP_BRAKE_MAX_REPEATS",
@@ -140,9 +141,14 @@ def read_plugin_config(
     readers = _READERS[preset]
     unknown = sorted(set(config) - set(readers))
     if unknown:
+        listed = []
+        for key in unknown:
+            close = close_names(key, readers)
+            hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+            listed.append(repr(key) + hint)
         raise ValueError(
-            f"{display} config: unknown key(s) {', '.join(map(repr, unknown))}"
-            f" (known: {', '.join(readers)})"
+            f"{display} config: unknown key{'s' if len(unknown) > 1 else ''}"
+            f" {', '.join(listed)}; known: {', '.join(readers)}"
         )
     changes: dict[str, object] = {}
     try:

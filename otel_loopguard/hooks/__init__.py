@@ -2,9 +2,10 @@
 
 The host runs the command before and after each tool call and on each user prompt, with the
 event as JSON on stdin, and reads the answer as JSON on stdout: deny (the reason is shown to the
-model), a reminder (added to what the model reads), or stop. Each call is a new process; the
-session's state is kept in a SQLite file between calls (:mod:`.store`), or by a running
-``otel-loopguard serve`` (``--server URL``, :mod:`.remote`).
+model), a reminder (added to what the model reads), or stop; and a line for the user when the
+hook's own configuration cannot be used or an unknown ``LOOPGUARD_*`` variable is set. Each call
+is a new process; the session's state is kept in a SQLite file between calls (:mod:`.store`), or
+by a running ``otel-loopguard serve`` (``--server URL``, :mod:`.remote`).
 
 - :mod:`.hosts`: each host's events and answers (pure).
 - :mod:`.answers`: the answer protocol every entrance shares (the two backends below and serve's
@@ -23,7 +24,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from .answers import Backend, Unavailable
+from .answers import Backend, Misconfigured, Unavailable
 from .hosts import HOSTS, MAX_TEXT_CHARS, Answer, EventKind, HookEvent, Host, MalformedEvent
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ __all__ = [
     "LocalBackend",
     "MAX_TEXT_CHARS",
     "MalformedEvent",
+    "Misconfigured",
     "RemoteBackend",
     "STORE_ENV",
     "StoreError",

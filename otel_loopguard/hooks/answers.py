@@ -16,7 +16,8 @@ get the same answers from each, so the rules are here, once:
   counted only now gets :func:`after_the_fact` (it can only be reminded about, or the run
   stopped).
 - :class:`Backend` and :class:`Unavailable`: the role of a backend of the command hooks, and how
-  it says it cannot decide.
+  it says it cannot decide; :class:`Misconfigured` when the reason is the hook's own
+  configuration, which the user has to fix (so the host shows it to the user).
 
 Pure: no I/O, no state store, no HTTP; neither the runner nor the remote backend is imported.
 """
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Backend",
+    "Misconfigured",
     "Reminders",
     "Unavailable",
     "after_the_fact",
@@ -50,6 +52,14 @@ __all__ = [
 class Unavailable(Exception):
     """The guard cannot decide (policy or state store unusable, server not answering); the
     message says why."""
+
+
+class Misconfigured(Unavailable):
+    """The guard cannot decide because the hook's own configuration cannot be used (a policy
+    or plugin file, the command line, a token setting): the user has to fix it, so a call
+    allowed without a check is answered with the message for the user as well (with
+    ``--fail-closed`` the denial's reason carries it). The message names the file or option and
+    the problem."""
 
 
 class Backend(Protocol):

@@ -19,6 +19,12 @@ Facts from ``shared/reference/wire-and-hooks.md`` (checked against the hosts' ow
 
 Every answer is a JSON object; ``{}`` means "nothing to say" to all three. Texts are cut to
 :data:`MAX_TEXT_CHARS`.
+
+What the user must read (the hook's own configuration cannot be used, an unknown
+``LOOPGUARD_*`` variable) is :attr:`Answer.notice`, shown in each host's user-visible channel:
+the top-level ``systemMessage`` of all three (Claude Code's and Gemini CLI's common output
+field; in Codex's strict schema on ``PreToolUse``, ``PostToolUse`` and ``UserPromptSubmit``).
+Stderr is not such a channel: the hosts show it only when a hook fails.
 """
 
 from __future__ import annotations
@@ -84,10 +90,12 @@ class HookEvent:
 
 @dataclass(frozen=True, slots=True)
 class Answer:
-    """What to tell the host: allow (nothing), a reminder, a denial, or stop; and the text."""
+    """What to tell the host: allow (nothing), a reminder, a denial, or stop; and the text.
+    ``notice``: a line for the user (not the model), whatever the action; ``""``: none."""
 
     action: Action = Action.ALLOW
     message: str = ""
+    notice: str = ""
 
 
 ALLOWED: Final = Answer()
@@ -110,6 +118,8 @@ class Host(Protocol):
     pre_tool_context: bool
     #: The host's event names the guard acts on (install the hook for each); others get ``{}``.
     events: Mapping[str, EventKind]
+    #: The top-level answer field the host shows to the user (:attr:`Answer.notice`).
+    notice_field: str
 
     def parse(self, payload: object) -> HookEvent:
         """The event in ``payload`` (parsed stdin JSON); raises :class:`MalformedEvent`."""
@@ -213,11 +223,19 @@ def _blocks(action: Action) -> bool:
     return action in BLOCKING_ACTIONS
 
 
+def _with_notice(host: Host, answer: Answer, rendered: JSONObject) -> JSONObject:
+    """``rendered`` with the answer's notice in the host's user-visible field."""
+    if not answer.notice:
+        return rendered
+    return {**rendered, host.notice_field: cap_text(answer.notice)}
+
+
 class ClaudeCode:
     """Claude Code command hooks (``settings.json`` ``hooks``)."""
 
     name = "claude-code"
     pre_tool_context = False
+    notice_field = "systemMessage"
     events: Mapping[str, EventKind] = {
         "PreToolUse": EventKind.PRE_TOOL,
         "PostToolUse": EventKind.POST_TOOL,
@@ -242,6 +260,9 @@ class ClaudeCode:
         return _with_outcome(event, data.get("tool_response"), False, seconds)
 
     def render(self, event: HookEvent, answer: Answer) -> JSONObject:
+        return _with_notice(self, answer, self._render(event, answer))
+
+    def _render(self, event: HookEvent, answer: Answer) -> JSONObject:
         text = cap_text(answer.message)
         if event.kind is EventKind.PRE_TOOL and _blocks(answer.action):
             denial = _deny_permission(event, text)
@@ -260,6 +281,7 @@ class GeminiCli:
 
     name = "gemini-cli"
     pre_tool_context = False
+    notice_field = "systemMessage"
     events: Mapping[str, EventKind] = {
         "BeforeTool": EventKind.PRE_TOOL,
         "AfterTool": EventKind.POST_TOOL,
@@ -280,6 +302,9 @@ class GeminiCli:
         return _with_outcome(event, response, False)
 
     def render(self, event: HookEvent, answer: Answer) -> JSONObject:
+        return _with_notice(self, answer, self._render(event, answer))
+
+    def _render(self, event: HookEvent, answer: Answer) -> JSONObject:
         text = cap_text(answer.message)
         if event.kind is EventKind.PRE_TOOL and _blocks(answer.action):
             denial: JSONObject = {"decision": "deny", "reason": text}  # the model reads reason
@@ -297,6 +322,7 @@ class Codex:
 
     name = "codex"
     pre_tool_context = True
+    notice_field = "systemMessage"
     events: Mapping[str, EventKind] = {
         "PreToolUse": EventKind.PRE_TOOL,
         "PostToolUse": EventKind.POST_TOOL,
@@ -311,6 +337,9 @@ class Codex:
         return _with_outcome(event, data.get("tool_response"), None)
 
     def render(self, event: HookEvent, answer: Answer) -> JSONObject:
+        return _with_notice(self, answer, self._render(event, answer))
+
+    def _render(self, event: HookEvent, answer: Answer) -> JSONObject:
         # Only fields of Codex's strict output schema, and on PreToolUse only those it accepts
         # there (no continue/stopReason: a stop is a denial, see the module docstring).
         text = cap_text(answer.message)

@@ -13,6 +13,15 @@ timeout or another exit status as "allow" anyway, and an answer they cannot read
   or with ``--server`` the server does not answer a decision (down, too slow, a wrong token, an
   error status, not its JSON): a note on stderr, then allow (fail-open) or, with
   ``--fail-closed``, deny the tool call.
+- When that reason is the hook's own configuration (a policy or plugin file, the command line,
+  a token setting: :class:`~.answers.Misconfigured`) and the call is allowed (or the event is a
+  prompt), the user is told too, in the host's user-visible channel (:attr:`Answer.notice`,
+  :data:`MISCONFIGURED_TEXT`): stderr reaches the user only when a hook fails, so the guard
+  would otherwise be off without a word. With ``--fail-closed`` the denial's reason says it.
+  Not after a call: its pre-tool event already said it.
+- ``LOOPGUARD_*`` variables that nothing reads (typos) are named to the user the same way, with
+  the closest known names, on every pre-tool and prompt event: each invocation is a process of
+  its own, and a warning once per session would need the store, which may be the problem.
 - One session's saved state is unreadable: a note on stderr; that session starts afresh.
 
 Where decisions are made is the :class:`Backend` role. :class:`LocalBackend` runs a
@@ -24,6 +33,7 @@ keeps the sessions. Both give the host the same answers for the same events: the
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -33,18 +43,27 @@ from typing import BinaryIO, Final, TextIO
 
 import orjson
 
-from ..config import Policy, load_policy
+from ..config import Policy, load_policy, unknown_variables
 from ..engine import MAX_PENDING_CALLS, SessionState
 from ..env import LOOPGUARD_SERVE_TOKEN
 from ..guard import LoopGuard
 from ..policy import Action
-from .answers import Backend, Unavailable, answer_before, decide_after, decide_before
+from .answers import (
+    Backend,
+    Misconfigured,
+    Unavailable,
+    answer_before,
+    decide_after,
+    decide_before,
+)
 from .hosts import ALLOWED, HOSTS, Answer, EventKind, HookEvent, Host, MalformedEvent
 from .store import DEFAULT_BUSY_TIMEOUT_SECONDS, HookStore, StoreError, default_store_path
 
 __all__ = [
     "FAIL_CLOSED_TEXT",
     "MAX_STDIN_BYTES",
+    "MISCONFIGURED_TEXT",
+    "NOTICE_PREFIX",
     "Backend",
     "LocalBackend",
     "Unavailable",
@@ -62,6 +81,10 @@ FAIL_CLOSED_TEXT: Final = (
     "[loopguard] Not run: the loop guard could not check this call ({reason}) and is set to"
     " refuse calls it cannot check. Tell the user that the loop guard needs attention."
 )
+#: How a line for the user (:attr:`Answer.notice`) starts.
+NOTICE_PREFIX: Final = "[loopguard] "
+#: The user's line when the hook's configuration cannot be used and the call is allowed.
+MISCONFIGURED_TEXT: Final = "not checking tool calls until this is fixed: {reason}"
 _PROGRAM: Final = "otel-loopguard hook"
 
 Note = Callable[[str], None]
@@ -84,7 +107,7 @@ class LocalBackend:
             # Wall-clock time: session TTL and advisor cooldown span processes.
             guard = LoopGuard(policy, clock=time.time)
         except ValueError as exc:  # e.g. an advisor_command that cannot be split
-            raise Unavailable(f"policy: {exc}") from None
+            raise Misconfigured(f"policy: {exc}") from None
         key = orjson.dumps([host.name, event.session, event.agent]).decode()
         # A prompt without an agent is the user's: as guard.user_message(session) does, it
         # starts a new epoch (and lifts a stop) for the sub-agents' rows of the session too.
@@ -306,18 +329,23 @@ def _answer_json(
             f" ({', '.join(host.events)}); nothing to do"
         )
         return {}
+    # What the user is shown (not after a call: its pre-tool event showed it).
+    notices = (
+        list(unknown_variables(environ).values()) if event.kind is not EventKind.POST_TOOL else []
+    )
     try:
         if problem is not None:
-            raise Unavailable(problem)
+            raise Misconfigured(problem)
         backend: Backend
         if remote[0] is not None:
             backend = _remote_backend(remote, store, policy_sources, environ)
         else:
             try:
                 policy = load_policy(preset, config, environ, plugin_config)
-                path = Path(store).expanduser() if store else default_store_path(environ)
             except ValueError as exc:
-                raise Unavailable(f"policy: {exc}") from None
+                raise Misconfigured(f"policy: {exc}") from None
+            try:
+                path = Path(store).expanduser() if store else default_store_path(environ)
             except StoreError as exc:
                 raise Unavailable(str(exc)) from None
             backend = LocalBackend(policy, path, note)
@@ -333,6 +361,12 @@ def _answer_json(
                 else f"{exc}; nothing recorded"
             )
             answer = ALLOWED
+            if isinstance(exc, Misconfigured) and event.kind is not EventKind.POST_TOOL:
+                notices.insert(0, MISCONFIGURED_TEXT.format(reason=exc))
+    if notices:
+        # One line: the hosts show it as it is.
+        text = NOTICE_PREFIX + "; ".join(" ".join(notice.split()) for notice in notices)
+        answer = dataclasses.replace(answer, notice=text)
     return host.render(event, answer)
 
 
@@ -358,27 +392,27 @@ def _remote_backend(
         if value
     ]
     if local:
-        raise Unavailable(
+        raise Misconfigured(
             f"{', '.join(local)} cannot be combined with --server (the server keeps"
             f" the sessions and applies its own policy)"
         )
     if token is not None and token_file is not None:
-        raise Unavailable("--token and --token-file: give one")
+        raise Misconfigured("--token and --token-file: give one")
     if token_file is not None:
         try:
             with open(os.path.expanduser(token_file), encoding="utf-8") as file:
                 token = file.read().strip()
         except (OSError, UnicodeDecodeError) as exc:
-            raise Unavailable(f"--token-file: cannot read {token_file!r}: {exc}") from None
+            raise Misconfigured(f"--token-file: cannot read {token_file!r}: {exc}") from None
         if not token:
-            raise Unavailable(
+            raise Misconfigured(
                 f"--token-file {token_file!r}: the token is empty; give the server's token"
             )
     elif token is None:
         token = (os.environ if environ is None else environ).get(LOOPGUARD_SERVE_TOKEN)
         if token is not None and not token.strip():
             # A security setting: an empty one is an error, not "no token" (env.py).
-            raise Unavailable(
+            raise Misconfigured(
                 f"{LOOPGUARD_SERVE_TOKEN} is set but empty; give the server's token, or unset it"
             )
     try:
@@ -388,7 +422,7 @@ def _remote_backend(
             timeout_seconds=(DEFAULT_TIMEOUT_SECONDS if timeout is None else timeout),
         )
     except ValueError as exc:
-        raise Unavailable(str(exc)) from None
+        raise Misconfigured(str(exc)) from None
 
 
 def answer_usage_error(argv: Sequence[str], message: str) -> int:

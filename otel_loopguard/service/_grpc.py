@@ -7,12 +7,24 @@ offered to the ingest queue (:meth:`Service.accept`); a full queue or a draining
 ``RESOURCE_EXHAUSTED`` / ``UNAVAILABLE`` with a retry delay in the trailing metadata. An
 unexpected error is counted as the guard's internal error (``where="serve.grpc"``) and answered
 ``INTERNAL``.
+
+A port gRPC cannot bind is an ``OSError`` whose ``strerror`` says why (``Address already in
+use``), found by binding it the same way with a plain socket; the gRPC C core's own log line
+about it (written to file descriptor 2 before Python hears of the failure) is held back, since
+serve reports the failure in one line of its own. Whatever else the C core writes meanwhile, and
+everything when the port is bound, still reaches stderr.
 """
 
 from __future__ import annotations
 
+import errno
+import os
+import socket
+import sys
+import tempfile
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Final
+from typing import IO, TYPE_CHECKING, Any, Final
 
 from otel_loopguard.traces import BadSpan
 
@@ -62,9 +74,8 @@ class GrpcReceiver:
             if ":" not in options.host.strip("[]")
             else (f"[{options.host.strip('[]')}]")
         )
-        port = server.add_insecure_port(f"{host}:{options.grpc_port}")
-        if port == 0:
-            raise OSError(f"cannot bind gRPC on {host}:{options.grpc_port}")
+        assert options.grpc_port is not None, "no gRPC port to serve (--no-grpc)"
+        port = _add_port(server, host, options.grpc_port)
         self._server = server
         self.port: int = port
 
@@ -126,6 +137,91 @@ class GrpcReceiver:
         if outcome in ("ok", "partial"):
             return outcome, message, response_bytes(read.bad_spans, message)
         return outcome, message, b""
+
+
+def _add_port(server: Any, host: str, port: int) -> int:
+    """Bind ``host:port`` for ``server``; the port bound. ``OSError`` (with errno and strerror)
+    when it cannot be, the C core's log line about it held back (see the module docstring)."""
+    address = f"{host}:{port}"
+    failure: Exception | None = None
+    with _Fd2Held() as held:
+        try:
+            bound = int(server.add_insecure_port(address))
+        except RuntimeError as exc:  # grpcio >= 1.5x: "Failed to bind to address ..."
+            bound, failure = 0, exc
+        if bound:
+            held.release()  # nothing failed: whatever the C core said is shown
+        else:
+            held.release(drop=lambda line: b"add_port" in line or b"to add port" in line)
+    if bound:
+        return bound
+    code, reason = _bind_problem(host, port)
+    raise OSError(code, reason or f"gRPC could not bind it ({failure or 'no port added'})")
+
+
+def _bind_problem(host: str, port: int) -> tuple[int, str | None]:
+    """Why ``host:port`` cannot be bound, found by binding it as gRPC does (``SO_REUSEADDR``):
+    the errno and its text, or ``(0, None)`` when a plain socket binds it."""
+    try:
+        infos = socket.getaddrinfo(
+            host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except socket.gaierror as exc:
+        return errno.EADDRNOTAVAIL, f"cannot resolve {host!r}: {exc.strerror}"
+    for family, kind, proto, _, sockaddr in infos:
+        try:
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind(sockaddr)
+        except OSError as exc:
+            return exc.errno or 0, exc.strerror or str(exc)
+    return 0, None
+
+
+class _Fd2Held:
+    """File descriptor 2 redirected to a temporary file while the block runs (the gRPC C core
+    logs there, past Python's ``sys.stderr``); :meth:`release` writes what was caught back to
+    the real fd 2, but for the lines ``drop`` says are already reported. Without an fd 2 (a
+    daemon), nothing is redirected."""
+
+    def __init__(self) -> None:
+        self._saved: int | None = None
+        self._file: IO[bytes] | None = None
+
+    def __enter__(self) -> _Fd2Held:
+        try:
+            sys.stderr.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+        try:
+            self._saved = os.dup(2)
+        except OSError:
+            return self
+        self._file = tempfile.TemporaryFile()
+        os.dup2(self._file.fileno(), 2)
+        return self
+
+    def release(self, drop: Callable[[bytes], bool] | None = None) -> None:
+        """Restore fd 2 and write back what was caught (without the lines ``drop`` accepts)."""
+        saved, file = self._saved, self._file
+        if saved is None or file is None:
+            return
+        self._saved = self._file = None
+        os.dup2(saved, 2)
+        os.close(saved)
+        with file:
+            file.seek(0)
+            caught = file.read()
+        lines = caught.splitlines(keepends=True)
+        kept = b"".join(line for line in lines if drop is None or not drop(line))
+        if kept:
+            try:
+                os.write(2, kept)
+            except OSError:
+                pass
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()  # an exception inside: restore fd 2 and show everything
 
 
 def _retry_metadata(message: str) -> tuple[tuple[str, bytes], ...]:

@@ -187,7 +187,7 @@ class Service:
                 raise OSError(
                     getattr(exc, "errno", None) or 0,
                     f"cannot listen on {shown}:{port[1]} ({port[0]}): {reason}"
-                    f" (another port with {what})",
+                    f" (choose another with {what})",
                 ) from exc
             raise
         self._http.serve_in_background()
