@@ -923,8 +923,9 @@ def load_policy(
     ``LOOPGUARD_*`` environment overrides, then the plugin configuration file at
     ``plugin_config`` (read as :func:`otel_loopguard.plugins.load_plugin_config` does: its
     plugin's preset is the base instead of ``preset``), then the TOML file at ``config_path``
-    (top-level keys or a ``[loopguard]`` table). A bad preset name or file raises
-    ``ValueError`` naming it.
+    (top-level keys or a ``[loopguard]`` table; not both, and no other table). A bad preset
+    name or file raises ``ValueError`` naming it (an unknown key or table with the closest
+    known names).
     """
     if preset is not None and preset not in PRESETS:
         raise ValueError(f"preset: {preset!r} is not one of {', '.join(PRESETS)}")
@@ -957,6 +958,23 @@ def load_policy(
     table = data.get("loopguard", data)
     if not isinstance(table, dict):
         raise ValueError(f"config file {str(path)!r}: [loopguard] must be a table")
+    if table is data:
+        # No field takes a table: a table here is a misspelt [loopguard].
+        tables = sorted(key for key, value in data.items() if isinstance(value, dict))
+        if tables:
+            raise ValueError(
+                f"config file {str(path)!r}: "
+                + _unknown("table", tables, ["loopguard"])
+                + "; policy fields go at the top level or in [loopguard]"
+            )
+    else:
+        # Beside a [loopguard] table, top-level fields would be ignored without a word.
+        stray = sorted(set(data) & (_FIELD_NAMES | {"preset"}))
+        if stray:
+            raise ValueError(
+                f"config file {str(path)!r}: {', '.join(stray)} outside the [loopguard] table"
+                f" would be ignored; put {'it' if len(stray) == 1 else 'them'} in the table"
+            )
     try:
         return policy_from_mapping(table, policy)
     except ValueError as exc:

@@ -327,3 +327,25 @@ def test_an_unknown_variable_reaches_the_user_through_the_hook(tmp_path: Path, h
     # variable, nothing is said.
     assert hook(host, PRE[host], "--store", store, LOOPGUARD_DENY_TRESHOLD="2") == out
     assert "systemMessage" not in hook(host, PRE[host], "--store", store)
+
+
+def test_a_toml_table_typo_or_a_field_beside_the_table_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "loopguard.toml"
+    path.write_text('[loopgaurd]\nmode = "advise"\n')
+    with pytest.raises(ValueError) as caught:
+        load_policy(config_path=path, environ={})
+    assert str(caught.value) == (
+        f"config file {str(path)!r}: unknown table: loopgaurd (did you mean loopguard?);"
+        " policy fields go at the top level or in [loopguard]"
+    )
+    # Beside a [loopguard] table, a top-level field was ignored without a word.
+    path.write_text('deny_threshold = 3\n[loopguard]\nmode = "advise"\n')
+    with pytest.raises(ValueError) as caught:
+        load_policy(config_path=path, environ={})
+    assert str(caught.value) == (
+        f"config file {str(path)!r}: deny_threshold outside the [loopguard] table would be"
+        " ignored; put it in the table"
+    )
+    # Other tools' tables beside [loopguard] are theirs.
+    path.write_text('[tool.other]\nx = 1\n[loopguard]\nmode = "advise"\n')
+    assert load_policy(config_path=path, environ={}).mode.value == "advise"
