@@ -106,6 +106,8 @@ ATTR_TOOL_NAME: Final = "gen_ai.tool.name"
 ATTR_TOOL_CALL_ID: Final = "gen_ai.tool.call.id"
 
 _MAX_CACHED_FRAMES: Final = 4096
+#: Tool-span pipelines (providers) a processor keeps a decision tracer for; one in practice.
+_MAX_PIPELINES: Final = 16
 #: Post-call conclusions kept for framework adapters (:meth:`LoopGuardSpanProcessor.
 #: take_concluded`); the oldest is dropped beyond this (nobody took it: no adapter).
 _MAX_CONCLUDED: Final = 1024
@@ -203,10 +205,10 @@ class LoopGuardSpanProcessor(SpanProcessor):
         self._ttl_ns = int(span_ttl_seconds * 1e9)
         self._tracer_provider = tracer_provider
         # Where decision spans are started, with whether that provider runs its processors on a
-        # pool (see _emitter), made on first need: tracer_provider's; the last tool span's own
-        # pipeline (by the SDK span processor it ends through); the global provider's.
+        # pool (see _emitter), made on first need: tracer_provider's; the tool span's own
+        # provider's, by the SDK span processor its spans end through; the global provider's.
         self._explicit: tuple[trace.Tracer, bool] | None = None
-        self._pipeline: tuple[SpanProcessor, trace.Tracer, bool] | None = None
+        self._pipelines: dict[SpanProcessor, tuple[trace.Tracer, bool]] = {}
         self._global: tuple[trace.Tracer, bool] | None = None
         #: Decision spans sent to the global provider because the tool span's own provider could
         #: not be found (see the class docstring); the first is logged.
@@ -532,7 +534,8 @@ class LoopGuardSpanProcessor(SpanProcessor):
         limits, and its resource, but not the provider. A private ``TracerProvider`` is built
         on that same span processor (never shut down: the pipeline is the application's), so the
         decision span goes through every processor of the tool span's provider, with its sampler
-        and resource. One is kept, for the last pipeline seen. Never raises."""
+        and resource. One is kept per pipeline (a processor is on one provider in practice; at
+        most ``_MAX_PIPELINES``). Never raises."""
         if self._tracer_provider is not None:
             explicit = self._explicit
             if explicit is None:
@@ -543,9 +546,10 @@ class LoopGuardSpanProcessor(SpanProcessor):
         if live is None:
             reason = "this processor did not see the tool span start"
         elif isinstance(pipeline, (SynchronousMultiSpanProcessor, ConcurrentMultiSpanProcessor)):
-            known = self._pipeline
-            if known is not None and known[0] is pipeline:
-                return known[1], known[2]
+            pipelines = self._pipelines
+            known = pipelines.get(pipeline)
+            if known is not None:
+                return known
             try:
                 tracer, concurrent = _tracer_on(
                     TracerProvider(
@@ -559,7 +563,9 @@ class LoopGuardSpanProcessor(SpanProcessor):
             except Exception as exc:
                 reason = f"no tracer on its span processor ({type(exc).__name__}: {exc})"
             else:
-                self._pipeline = (pipeline, tracer, concurrent)
+                if len(pipelines) >= _MAX_PIPELINES:
+                    pipelines.clear()
+                pipelines[pipeline] = (tracer, concurrent)
                 return tracer, concurrent
         else:
             reason = f"the SDK span has no span processor pipeline ({type(pipeline).__name__})"

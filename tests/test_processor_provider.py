@@ -142,6 +142,29 @@ def test_decision_spans_reach_the_exporter_of_the_provider_the_processor_is_on(
     provider.shutdown()
 
 
+def test_one_processor_on_two_providers_sends_each_its_own_decisions(
+    global_spans: InMemorySpanExporter,
+) -> None:
+    first, first_exporter = provider_with_exporter("first")
+    second, second_exporter = provider_with_exporter("second")
+    processor = LoopGuardSpanProcessor(LoopGuard(PRESETS["default"]))
+    first.add_span_processor(processor)
+    second.add_span_processor(processor)
+    for _ in range(2):  # alternating: each provider's tracer is kept, none is mixed up
+        looping_agent(first.get_tracer("agent"))
+        looping_agent(second.get_tracer("agent"))
+    for exporter, name in ((first_exporter, "first"), (second_exporter, "second")):
+        decisions = decision_spans(exporter)
+        assert actions(decisions) == expected_actions() * 2
+        assert {s.resource.attributes["service.name"] for s in decisions} == {name}
+        agents = {s.context.trace_id for s in exporter.get_finished_spans() if s.name == AGENT}
+        assert {s.context.trace_id for s in decisions} == agents
+    assert global_spans.get_finished_spans() == ()
+    assert processor.decisions_to_global_provider == 0
+    first.shutdown()
+    second.shutdown()
+
+
 def test_the_pinned_sdk_span_carries_what_the_processor_reads() -> None:
     """The processor reaches the tool span's pipeline through the SDK span's private
     ``_span_processor``, ``_sampler`` and ``_limits``: an SDK release without them fails here
