@@ -163,8 +163,9 @@ class LoopGuardSpanProcessor(SpanProcessor):
     end) are started. Default: the tool span's own provider, reached through the SDK span
     (its private ``_span_processor``, ``_sampler`` and ``_limits``, read with ``getattr``), so
     they reach the exporters of the provider the processor is on. Where that cannot be read (a
-    tool span this processor did not see start, or an SDK without those attributes) they go to
-    the global provider: counted in :attr:`decisions_to_global_provider`, logged once.
+    tool span not tracked from its start: the processor was added later, or forgot it past
+    ``max_tracked_spans`` or ``span_ttl_seconds``; or an SDK without those attributes) they go
+    to the global provider: counted in :attr:`decisions_to_global_provider`, logged once.
     """
 
     def __init__(
@@ -544,7 +545,10 @@ class LoopGuardSpanProcessor(SpanProcessor):
         live = tracked() if tracked is not None else None
         pipeline = getattr(live, "_span_processor", None)
         if live is None:
-            reason = "this processor did not see the tool span start"
+            reason = (
+                "the tool span was not tracked from its start (the processor was added later, or"
+                " forgot it past max_tracked_spans or span_ttl_seconds)"
+            )
         elif isinstance(pipeline, (SynchronousMultiSpanProcessor, ConcurrentMultiSpanProcessor)):
             pipelines = self._pipelines
             known = pipelines.get(pipeline)
