@@ -138,8 +138,10 @@ def _add_replay(commands: argparse._SubParsersAction[_CommandParser]) -> None:
         description=(
             "Feed recorded tool calls through the guard and report, per session, every reminder,"
             " denial and stop it would have given, and what a deny would have saved. Input is"
-            " JSON lines in one of the input formats below, detected automatically. Exit status"
-            " 0 when all input was read, 1 when some lines were bad, 2 for usage errors."
+            " JSON lines in one of the input formats below, detected automatically. A large"
+            " input shows a progress bar on stderr when it is a terminal (not with --json)."
+            " Exit status 0 when all input was read, 1 when some lines were bad, 2 for usage"
+            " errors."
         ),
         epilog=_INPUT_FORMATS_EPILOG,
         formatter_class=_ReplayHelpFormatter,
@@ -154,7 +156,8 @@ def _add_replay(commands: argparse._SubParsersAction[_CommandParser]) -> None:
         "--json",
         action="store_true",
         help='print one JSON line per call: {"session", "index", "tool", "action", "rule",'
-        ' "count"}, nothing else on stdout',
+        ' "count"}, nothing else on stdout ("detected" too where the mode softened the'
+        ' action; "phase": "post" on a second line for a call decided after it ran)',
     )
     parser.add_argument(
         "--summary",
