@@ -52,6 +52,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--port", type=int, default=9464, help="metrics port (0: any free one)")
     args = parser.parse_args(argv)
+    if not 0 <= args.port <= 65535:
+        parser.error(f"--port {args.port}: a port is 0 to 65535")  # one line, exit 2
 
     guard = LoopGuard()  # setup: the "default" preset
     try:

@@ -161,3 +161,17 @@ def test_processor_with_metrics_example_on_a_busy_port_says_so_in_one_line() -> 
     assert len(lines) == 1, result.stderr
     assert f"127.0.0.1:{port}" in lines[0] and "in use" in lines[0], lines[0]
     assert "Traceback" not in result.stderr
+
+
+def test_processor_with_metrics_example_refuses_a_port_out_of_range_in_one_line() -> None:
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / "processor_with_metrics.py"), "--port", "70000"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=clean_environment(),
+    )
+    assert result.returncode == 2, result.stderr
+    assert "error: --port 70000: a port is 0 to 65535" in result.stderr
+    assert "Traceback" not in result.stderr
