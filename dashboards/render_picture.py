@@ -1,27 +1,27 @@
-"""Draw the dashboard's panels from a real Prometheus after a real demo run, as a PNG.
+"""Draw the dashboard's panels from a real Prometheus after a real demo run, as a page.
 
-    python dashboards/render_picture.py [--seconds 90] [--out docs/images/dashboard.png]
+    python docs/pictures.py dashboard [--seconds 100]   # docs/images/dashboard.png, recorded
+    python dashboards/render_picture.py [--seconds 100] # the same
 
 Grafana is not needed (nor installed here): the picture is drawn from the same queries.
 
 1. Runs ``python -m otel_loopguard demo --metrics-port PORT`` (the README's "To watch it fill")
-   and Debian's ``prometheus`` scraping it every second, for ``--seconds``.
+   and Debian's ``prometheus`` scraping it every second, for ``seconds``.
 2. Asks Prometheus for every panel query of ``generate.dashboard()``, with Grafana's variables
    filled in (``$__range``: the run; ``$__rate_interval``: :data:`RATE_INTERVAL`): stat and
    bar panels as instant queries at the end, time series as ``query_range`` over the run.
-3. Writes an HTML page laid out on the dashboard's grid: numbers, bars, and inline SVG line
-   charts drawn from the results (no JavaScript, no network).
-4. Screenshots it with ``chromium --headless --screenshot`` (Debian's ``chromium`` package).
+3. Returns an HTML page laid out on the dashboard's grid: numbers, bars, and inline SVG line
+   charts drawn from the results (no JavaScript, no network); ``docs/pictures.py``
+   screenshots it with headless chromium.
 """
 
 from __future__ import annotations
 
-import argparse
 import html
 import json
 import math
+import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -148,8 +148,8 @@ def _svg(
                     f' points="{" ".join(run)}"/>'
                 )
             elif run:
-                x, y = run[0].split(",")
-                parts.append(f'<circle cx="{x}" cy="{y}" r="2" fill="{color}"/>')
+                cx, cy = run[0].split(",")
+                parts.append(f'<circle cx="{cx}" cy="{cy}" r="2" fill="{color}"/>')
     parts.append("</svg>")
     return "".join(parts)
 
@@ -240,15 +240,14 @@ dashboards/loopguard.json; series at zero left out; not a Grafana screenshot)</s
 <div class="grid">{"".join(boxes)}</div></body></html>"""
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--seconds", type=int, default=90, help="how long the demo runs")
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "images" / "dashboard.png")
-    args = parser.parse_args(argv)
-    prometheus_bin, chromium = shutil.which("prometheus"), shutil.which("chromium")
-    if prometheus_bin is None or chromium is None:
-        print("needs Debian's prometheus and chromium packages", file=sys.stderr)
-        return 1
+def page_width() -> int:
+    """The page's width in pixels: the dashboard's 24 grid columns and the margins."""
+    return 24 * CELL + 16
+
+
+def dashboard_page(seconds: int, prometheus_bin: str) -> str:
+    """Run the demo with its metrics and ``prometheus_bin`` scraping them for ``seconds``;
+    return the page drawn from the dashboard's queries."""
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         demo_port, prom_port = _free_port(), _free_port()
@@ -276,43 +275,29 @@ def main(argv: list[str] | None = None) -> int:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
+        environment = {k: v for k, v in os.environ.items() if not k.startswith("LOOPGUARD_")}
         demo = subprocess.Popen(
             [sys.executable, "-m", "otel_loopguard", "demo", "--metrics-port", str(demo_port)],
             stdout=subprocess.DEVNULL,
             cwd=ROOT,
+            env=environment,
         )
         url = f"http://127.0.0.1:{prom_port}"
         try:
             start = time.time()
-            time.sleep(args.seconds)
+            time.sleep(seconds)
             end = time.time()
             time.sleep(2)  # the last scrape
-            page = render_html(url, generate.dashboard(), start, end)
+            return render_html(url, generate.dashboard(), start, end)
         finally:
             demo.terminate()
             prometheus.terminate()
             demo.wait(timeout=30)
             prometheus.wait(timeout=30)
-        (work / "dashboard.html").write_text(page)
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            [
-                chromium,
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--hide-scrollbars",
-                f"--screenshot={args.out.resolve()}",
-                f"--window-size={24 * CELL + 16},{44 * ROW + 48}",
-                (work / "dashboard.html").as_uri(),
-            ],
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
-    print(f"wrote {args.out} ({args.out.stat().st_size // 1024} KiB)")
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.path.insert(0, str(ROOT / "docs"))
+    import pictures
+
+    sys.exit(pictures.main(["dashboard", *sys.argv[1:]]))

@@ -1,21 +1,16 @@
-"""Capture the demo as a picture: ``python docs/capture_demo.py`` runs ``python -m otel_loopguard
-demo`` (no network, no keys), colours its guard lines as a terminal would, and screenshots the
-page with headless Chromium (Debian's ``chromium`` package) into ``docs/images/demo.png``.
+"""The demo's picture page: ``python -m otel_loopguard demo``'s output with its guard lines
+coloured as a terminal would; the text is the demo's real output, unedited.
 
-The text is the demo's real output, unedited; only colours are added.
+``python docs/capture_demo.py`` makes ``docs/images/demo.png`` (the same as
+``python docs/pictures.py demo``, which makes every picture and records its inputs).
 """
 
 from __future__ import annotations
 
-import argparse
 import html
-import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
 COLOURS = {"REMIND": "#e5c07b", "DENY": "#e06c75", "STOP": "#c678dd", "allow": "#98c379"}
 
 
@@ -37,44 +32,8 @@ def page(text: str) -> str:
     )
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "images" / "demo.png")
-    args = parser.parse_args()
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        print("needs Debian's chromium package", file=sys.stderr)
-        return 2
-    text = subprocess.run(
-        [sys.executable, "-m", "otel_loopguard", "demo"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-    ).stdout
-    height = 32 + 18 * (text.count("\n") + 1)
-    with tempfile.TemporaryDirectory() as work:
-        source = Path(work) / "demo.html"
-        source.write_text(page(text))
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            [
-                chromium,
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--hide-scrollbars",
-                f"--screenshot={args.out.resolve()}",
-                f"--window-size=980,{height}",
-                source.as_uri(),
-            ],
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
-    print(f"wrote {args.out} ({args.out.stat().st_size // 1024} KiB)")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import pictures
+
+    sys.exit(pictures.main(["demo"]))

@@ -74,8 +74,11 @@ class Decision:
 
     ``action`` is what the caller should do (already softened by the mode); ``detected`` is what
     the ladder reached before the mode was applied (equal in ``enforce`` mode). ``message`` is the
-    text for the model (empty for allow). ``count`` is the evidence count of ``rule`` including
-    this attempt; ``threshold`` the threshold the action was reached at; ``signature`` the
+    text for the model (empty for allow). ``count`` is the attempts of the call that ``rule``'s
+    evidence covers, this one and refused ones included: it grows by one with each repeat until
+    the evidence is reset (a new result, a new epoch). ``threshold`` is the threshold of the
+    step taken: the reminder's, the deny threshold that applied, the rescue's, the stop's
+    (``stop_after_denials``, which counts denied attempts, for a stop after them); ``signature`` the
     12-hex display prefix of the args key; ``repeated`` whether the args key was already seen in
     this epoch. ``hash_prefix``, on blocking decisions only, is the loop-brake plugin's call
     hash: the first 12 hex characters of sha256(tool + newline + canonical arguments JSON).
@@ -459,8 +462,8 @@ def message_for(
             earlier = _scope(step.rule, step.count - 1, policy, step.refused, now=False)
             text = (
                 f"{_PREFIX}Not run: {name} with these arguments was already called {earlier}."
-                " It was refused so that you do not spend another call on an answer you already"
-                " have. Use the earlier result, change the arguments, or take a different"
+                " This call was refused so that you do not spend another call on an answer you"
+                " already have. Use the earlier result, change the arguments, or take a different"
                 " approach; " + _consequence(step, policy)
             )
         text += arguments
