@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, NoReturn
 
 if TYPE_CHECKING:
     from otel_loopguard.config import Policy
@@ -583,6 +584,15 @@ def _version() -> str:
     return __version__
 
 
+class _ParseError(SystemExit):
+    """A subcommand's command line could not be parsed: exit status 2, with the error's text
+    fit to show a user (unknown words that are not options, perhaps a token, left out)."""
+
+    def __init__(self, shown: str) -> None:
+        super().__init__(2)
+        self.shown = shown
+
+
 class _CommandParser(argparse.ArgumentParser):
     """A subcommand's parser: an unknown option is its own error, with its own usage and the
     closest option it has (argparse would hand it to the top-level parser, whose usage names
@@ -593,8 +603,19 @@ class _CommandParser(argparse.ArgumentParser):
     ) -> tuple[argparse.Namespace, list[str]]:
         parsed, extras = super().parse_known_args(args, namespace)
         if extras:
-            self.error(f"unrecognized arguments: {' '.join(extras)}{self._suggestion(extras)}")
+            options = [word.split("=", 1)[0] for word in extras if word.startswith("-")]
+            suggestion = self._suggestion(extras)
+            self._shown = f"unrecognized arguments: {' '.join(options) or '…'}{suggestion}"
+            self.error(f"unrecognized arguments: {' '.join(extras)}{suggestion}")
         return parsed, extras
+
+    def error(self, message: str) -> NoReturn:
+        """Print the usage and the error as argparse does, and raise :class:`_ParseError`."""
+        self.print_usage(sys.stderr)
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        # the value the user gave is left out (it may be a token); the choices are kept
+        shown = getattr(self, "_shown", None) or re.sub(r"(got |: )'[^']*'", r"\1…", message)
+        raise _ParseError(shown)
 
     def _suggestion(self, extras: list[str]) -> str:
         import difflib
@@ -646,7 +667,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if code != 0 and words[:1] == ["hook"]:
             from otel_loopguard.hooks import answer_usage_error
 
-            return answer_usage_error(words[1:], "see the usage message above")
+            shown = exc.shown if isinstance(exc, _ParseError) else "see its usage: hook --help"
+            return answer_usage_error(words[1:], shown)
         return code
     handler: Handler | None = getattr(args, "handler", None)
     if handler is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -43,7 +44,9 @@ def test_bad_arguments_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str
 
 
 def test_console_script_runs() -> None:
-    script = shutil.which("otel-loopguard")
+    # the script installed beside the Python running the tests (its virtualenv), else on PATH
+    script = shutil.which("otel-loopguard", path=str(Path(sys.executable).parent))
+    script = script or shutil.which("otel-loopguard")
     assert script is not None, "the otel-loopguard console script is not installed"
     result = subprocess.run([script, "--version"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0

@@ -357,7 +357,9 @@ def test_the_token_from_a_file_and_a_bad_file_fails_open_or_closed(
         (missing, f"--token-file: cannot read {str(missing)!r}"),
     ):
         reply = remote(host, event, server, "--token-file", str(path), token=None)
-        assert reply.code == 0 and reply.out == {}
+        # Allowed, and the user is told: a setting of the hook's own to fix.
+        assert reply.code == 0 and set(reply.out) == {"systemMessage"}
+        assert reason in reply.out["systemMessage"]
         (line,) = note_lines(reply)
         assert reason in line and line.endswith("allowing the call (fail-open)"), line
         closed = remote(host, event, server, "--token-file", str(path), "--fail-closed")
@@ -546,7 +548,8 @@ def test_bad_server_options_still_answer_json(tmp_path: Path, server: str) -> No
         (("--timeout", "0"), "--timeout: expected a number of seconds > 0"),
     ]:
         reply = remote("claude-code", event, server, *args)
-        assert reply.out == {} and said in note_lines(reply)[0], reply.err
+        assert said in note_lines(reply)[0], reply.err
+        assert set(reply.out) == {"systemMessage"} and said in reply.out["systemMessage"]
         fail_closed_denial(
             "claude-code", said, remote("claude-code", event, server, *args, "--fail-closed").out
         )
@@ -556,7 +559,8 @@ def test_bad_server_options_still_answer_json(tmp_path: Path, server: str) -> No
         ("http://127.0.0.1:99999", "--server: bad port"),
     ]:
         reply = remote("claude-code", event, url)
-        assert reply.out == {} and said in note_lines(reply)[0], reply.err
+        assert said in note_lines(reply)[0], reply.err
+        assert set(reply.out) == {"systemMessage"} and said in reply.out["systemMessage"]
     assert not (tmp_path / "s.sqlite3").exists()
 
 

@@ -349,3 +349,14 @@ def test_a_toml_table_typo_or_a_field_beside_the_table_is_named(tmp_path: Path) 
     # Other tools' tables beside [loopguard] are theirs.
     path.write_text('[tool.other]\nx = 1\n[loopguard]\nmode = "advise"\n')
     assert load_policy(config_path=path, environ={}).mode.value == "advise"
+
+
+def test_a_hook_command_line_typo_tells_the_user_what_argparse_said_but_no_value() -> None:
+    out = hook("claude-code", PRE["claude-code"], "--tokn", "s3cret-token", "--fail-open")
+    text = notice("claude-code", out)
+    assert "bad command line (unrecognized arguments: --tokn --fail-open" in text
+    assert "(did you mean --token?)" in text
+    assert "s3cret-token" not in text  # a word that is not an option may be a secret
+    bad = hook("claude-code", PRE["claude-code"], "--timeout", "soon")
+    assert "bad command line (argument --timeout: expected a number" in notice("claude-code", bad)
+    assert "soon" not in notice("claude-code", bad)
