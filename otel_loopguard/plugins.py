@@ -452,7 +452,8 @@ def _read(path: Path) -> object:
         yaml: Any = importlib.import_module("yaml")
     except ImportError:
         raise ValueError(
-            "reading YAML needs PyYAML (pip install pyyaml); or give the plugin's"
+            "reading YAML needs PyYAML (the yaml extra: pip install '.[yaml]' in a checkout,"
+            " or pip install pyyaml); or give the plugin's"
             " entry as JSON (.json) or TOML (.toml)"
         ) from None
     try:

@@ -807,3 +807,13 @@ def test_a_command_hook_with_the_rescue_plugins_config_asks_with_the_prompt(
     (question,) = json.loads(asked.read_text())
     assert "Make the login test pass." in question
     assert "assert 401 == 200" in question and "pytest -x tests/test_api.py" in question
+
+
+def test_a_yaml_file_without_pyyaml_names_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "rescue.yaml"
+    path.write_text("window: 12\n")
+    monkeypatch.setitem(sys.modules, "yaml", None)  # as if PyYAML were not installed
+    with pytest.raises(ValueError, match=r"the yaml extra: pip install '\.\[yaml\]'"):
+        load_plugin_config(f"loop-rescue={path}")
