@@ -48,7 +48,7 @@ MAX_SESSIONS = 3
 #: The loop: the same call this many times in one agent run.
 LOOP_CALLS = 12
 #: Panels that read nothing the scenario does (zeros are expected there).
-QUIET_PANELS = {"Internal errors"}
+QUIET_PANELS = {"Internal errors (/min)"}
 
 
 @dataclass
@@ -421,18 +421,18 @@ def test_the_readme_demo_fills_the_dashboard(tmp_path: Path) -> None:
                 "Blocked calls",
                 "Wasted time",
                 "Tracked sessions",
-                "Loops over time by rule and action",
-                "Share of calls that are repeats",
+                "Loops over time by rule and action (/min)",
+                "Share of calls that are repeats (%)",
                 "Top looping agents",
                 "Top looping tools",
-                "Repeated calls by tool",
-                "Wasted seconds by tool",
+                "Repeated calls by tool (/min)",
+                "Wasted seconds by tool (s/min)",
                 "Repeat count at decisions",
-                "Duration of repeated calls",
-                "Tracked sessions and evictions",
+                "Duration of repeated calls (s)",
+                "Tracked sessions, and evictions (/min)",
             ):
                 assert shown[title] and max(shown[title]) > 0, (title, shown[title])
-            for title in ("Rescues by outcome", "Internal errors"):
+            for title in ("Rescues by outcome (/min)", "Internal errors (/min)"):
                 assert shown[title] and set(shown[title]) == {0.0}, (title, shown[title])
             # Whole repeat counts: the default preset reminds first at 3, never "2.5".
             counts = shown["Repeat count at decisions"]
