@@ -188,10 +188,12 @@ def test_the_page_renders_without_console_errors_and_lists_every_session(
         for action, header in ACTION_COLUMNS.items():
             assert int(row[header]) == counts[action], (session, action)
     assert sum(1 for counts in expected.values() if counts["stop"]) >= 10
-    # The first 100 sessions have a timeline; the worst, late in the input, is in the index.
+    # 100 sessions have a timeline, the worst ones: the worst of all, last in the input, too.
     sections = browser.find_elements(By.CSS_SELECTOR, "section.session")
     assert len(sections) == 100
-    assert sections[0].get_attribute("data-session") == "s000"
+    drawn = {section.get_attribute("data-session") for section in sections}
+    assert WORST in drawn
+    assert all(f"s{n:03d}" in drawn for n in range(3, SESSIONS, 10))  # every looping session
 
 
 def test_the_index_lists_the_worst_session_first(browser: WebDriver, tmp_path: Path) -> None:
@@ -273,6 +275,12 @@ def first_decision(session: str, lines: list[str], mode: Mode) -> tuple[int, Any
     raise AssertionError(f"nothing detected in {session}")
 
 
+def call_cell(browser: WebDriver, session: str, index: int) -> WebElement:
+    """The timeline cell of call ``index`` (1-based) of ``session``."""
+    section = browser.find_element(By.CSS_SELECTOR, f'section.session[data-session="{session}"]')
+    return browser.find_element(By.ID, f"{section.get_attribute('id')}c{index}")
+
+
 def detail_panel(browser: WebDriver, cell: WebElement) -> WebElement:
     panel_id = cell.get_attribute("aria-controls")
     assert panel_id
@@ -283,7 +291,7 @@ def test_a_click_opens_and_closes_a_calls_detail(browser: WebDriver, tmp_path: P
     page, _, lines = render(tmp_path)
     open_page(browser, page)
     index, decision = first_decision("s003", lines, Mode.ENFORCE)
-    cell = browser.find_element(By.ID, f"s4c{index}")  # s003 is the fourth session drawn
+    cell = call_cell(browser, "s003", index)
     assert cell.get_attribute("role") == "button" and cell.get_attribute("tabindex") == "0"
     assert cell.get_attribute("aria-expanded") == "false"
     panel = detail_panel(browser, cell)
@@ -299,10 +307,17 @@ def test_a_click_opens_and_closes_a_calls_detail(browser: WebDriver, tmp_path: P
     cell.click()
     assert cell.get_attribute("aria-expanded") == "false" and not panel.is_displayed()
     # A call without a detection is no button and opens nothing.
-    plain = browser.find_element(By.CSS_SELECTOR, "#s4 .c:not([data-detail])")
+    section = browser.find_element(By.CSS_SELECTOR, 'section.session[data-session="s003"]')
+    plain = section.find_element(By.CSS_SELECTOR, ".c:not([data-detail])")
     assert plain.get_attribute("tabindex") is None
     plain.click()
     assert not panel.is_displayed()
+    # The worst session, last in the input, opens too (its timeline was kept).
+    index, decision = first_decision(WORST, lines, Mode.ENFORCE)
+    worst = call_cell(browser, WORST, index)
+    worst.click()
+    assert worst.get_attribute("aria-expanded") == "true"
+    assert f"call #{index} bash" in detail_panel(browser, worst).text
     assert console_errors(browser) == []
 
 
@@ -315,7 +330,7 @@ def test_the_keyboard_opens_a_calls_detail_with_both_actions(
     assert softened, "advise mode softened nothing"
     row = softened[-1]
     assert row["action"] == "remind" and row["detected"] in ("deny", "stop")
-    cell = browser.find_element(By.ID, f"s14c{row['index']}")  # s013: the 14th drawn
+    cell = call_cell(browser, "s013", row["index"])
     browser.execute_script("arguments[0].focus()", cell)
     assert browser.switch_to.active_element == cell
     panel = detail_panel(browser, cell)
@@ -327,7 +342,7 @@ def test_the_keyboard_opens_a_calls_detail_with_both_actions(
     cell.send_keys(Keys.SPACE)
     assert cell.get_attribute("aria-expanded") == "false" and not panel.is_displayed()
     # The detail of an earlier call replaces it; the later one closes.
-    earlier = browser.find_element(By.ID, f"s14c{softened[0]['index']}")
+    earlier = call_cell(browser, "s013", softened[0]["index"])
     earlier.send_keys(Keys.ENTER)
     cell.send_keys(Keys.ENTER)
     assert earlier.get_attribute("aria-expanded") == "false"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -339,9 +340,26 @@ def test_sessions_and_calls_drawn_are_capped_and_the_file_says_so(
         f"Timeline cut: calls 6 to 8 not drawn ({dropped} decision"
         f"{'' if dropped == 1 else 's'} among them"
     ) in words
-    assert "Timelines cut: the first 2 sessions are drawn, 1 more session only listed" in words
+    assert "Timelines cut: the worst 2 sessions are drawn, 1 more session only listed" in words
     assert page.tags["a"] == 2  # the index links the drawn sessions, lists the third
     assert "s2" in page.text
+
+
+def test_the_worst_sessions_keep_their_timelines_even_when_they_start_last(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 2 timelines drawn, 4 kept while replaying: ten quiet sessions first (each call new), then
+    # a looping one. It starts when four quiet ones hold a timeline, takes a quiet one's place,
+    # and is drawn, first in the index; quiet sessions fill the other place.
+    monkeypatch.setattr(_html, "MAX_HTML_SESSIONS", 2)
+    quiet = [call(session=f"q{n}", arguments={"q": str(i)}) for n in range(10) for i in range(3)]
+    looping = [call(session="loop") for _ in range(9)]
+    text, _rows = replay_html(tmp_path, [*quiet, *looping])
+    page = Page(text)
+    assert "loop" in page.sessions and len(page.sessions) == 2
+    assert page.cells["loop"] == 9  # its whole timeline, from its first call
+    first_row = re.search(r"<tr><td>(.*?)</td>", text)
+    assert first_row is not None and re.fullmatch(r'<a href="#s\d">loop</a>', first_row.group(1))
 
 
 def test_the_replayer_keeps_no_timeline_unless_asked() -> None:
@@ -364,12 +382,15 @@ def test_the_replayer_bounds_what_a_timeline_keeps() -> None:
         replayer.handle(0, CallStarted(token, "b", None, "read", {"path": "x"}))
     first, second = replayer.reports.values()
     timeline = first.timeline
-    assert timeline is not None and second.timeline is None
+    assert timeline is not None and second.timeline is not None  # 2 kept while replaying
     assert len(timeline.calls) == 10 and timeline.calls_dropped == calls - 10
     # A prompt is marked before the call after it: the marks before calls 2 to 10 are kept.
     assert len(timeline.marks) == 9 and timeline.marks_dropped == calls - 9
     assert len(timeline.signatures) == MAX_TIMELINE_SIGNATURES
     assert timeline.other_signature_calls == calls - MAX_TIMELINE_SIGNATURES
+    # Once read, the one drawn is kept: "b", which loops; "a" (all calls new) drops its own.
+    replayer.keep_drawn_timelines()
+    assert first.timeline is None and second.timeline is not None
 
 
 def test_long_arguments_are_cut_in_the_legend(tmp_path: Path) -> None:

@@ -8,8 +8,9 @@ sorted worst first (by the strongest action detected, then how often) and sorts 
 ``tabindex``, ``aria-expanded``): a click, Enter or Space shows its detail (applied and detected
 action, rule, count, threshold) below the timeline; other calls have it as hover text only.
 Bounded: timelines are kept
-for the first :data:`MAX_HTML_SESSIONS` sessions, :data:`MAX_HTML_CALLS` calls each (the replayer
-keeps no more, see :class:`~otel_loopguard.replay.Timeline`); the session index lists at most
+for the :data:`MAX_HTML_SESSIONS` worst sessions (see :class:`~otel_loopguard.replay.Replayer`),
+:data:`MAX_HTML_CALLS` calls each (the replayer keeps no more, see
+:class:`~otel_loopguard.replay.Timeline`); the session index lists at most
 :data:`MAX_HTML_INDEX_ROWS` sessions. The file says where it was cut.
 """
 
@@ -319,8 +320,7 @@ def _session(number: int, report: SessionReport) -> str:
 def _worst(report: SessionReport) -> tuple[int, ...]:
     """The index's default order, worst first: the detected actions counted strongest first,
     then the calls a deny would have saved, then the calls."""
-    counts = tuple(report.detected.get(action, 0) for action, _ in reversed(ACTION_WORDS))
-    return (*counts, report.blocked, report.calls)
+    return report.severity()
 
 
 def _worst_cell(report: SessionReport) -> str:
@@ -438,7 +438,7 @@ def render_html(
     cut = ""
     if undrawn:
         cut = (
-            f'<p class="note">Timelines cut: the first {plural(len(sections), "session")}'
+            f'<p class="note">Timelines cut: the worst {plural(len(sections), "session")}'
             f" are drawn, {plural(undrawn, 'more session')} only listed in the index.</p>"
         )
     names = ", ".join(_text("<stdin>" if name == "-" else name) for name in inputs)

@@ -23,6 +23,11 @@ if TYPE_CHECKING:
 
 #: Non-allow decisions kept and listed per session; the rest are only counted.
 MAX_LISTED_DECISIONS: Final = 1_000
+#: The detected actions, strongest first (:meth:`SessionReport.severity`).
+SEVERITY_ORDER: Final = ("stop", "rescue", "deny", "remind")
+#: Timelines kept while replaying, per timeline drawn: room to keep the worst sessions' timelines
+#: when quiet ones started first (a quiet one is dropped for a newcomer).
+TIMELINE_CANDIDATES_FACTOR: Final = 2
 #: Distinct call signatures per session described in a timeline's legend; the rest are counted.
 MAX_TIMELINE_SIGNATURES: Final = 50
 #: Characters of canonical arguments kept per signature for a timeline's legend.
@@ -180,6 +185,12 @@ class SessionReport:
     blocked_timed: int = 0
     timeline: Timeline | None = None
 
+    def severity(self) -> tuple[int, ...]:
+        """Worst first, as the HTML index sorts: the detected actions counted strongest first
+        (stop, rescue, deny, remind), then the calls a deny would have saved, then the calls."""
+        counts = tuple(self.detected.get(action, 0) for action in SEVERITY_ORDER)
+        return (*counts, self.blocked, self.calls)
+
 
 @dataclass(slots=True)
 class _Open:
@@ -211,9 +222,13 @@ class Replayer:
     when it carried the arguments then (:class:`CallDecidedAtStart`), ``after_tool`` at its end
     (:class:`CallObserved`); the call's decision is whichever of the two returned one.
 
-    With ``timeline_sessions`` above 0, the first that many sessions also keep a
-    :class:`Timeline` of up to ``timeline_calls`` calls each (for ``replay --html``); memory
-    then stays within their product.
+    With ``timeline_sessions`` above 0, sessions also keep a :class:`Timeline` of up to
+    ``timeline_calls`` calls each (for ``replay --html``), at most
+    ``TIMELINE_CANDIDATES_FACTOR * timeline_sessions`` at a time: when a new session starts and
+    that many are kept, the timeline of the least severe session so far (fewest calls among
+    equals) is dropped for it, so the worst sessions keep theirs even when they start late in
+    the input (:meth:`keep_drawn_timelines` keeps the ``timeline_sessions`` worst). Memory stays
+    within ``TIMELINE_CANDIDATES_FACTOR * timeline_sessions * timeline_calls`` calls.
 
     A conclusion the guard reaches after a call ran (``after_tool`` returning a decision with
     ``phase`` ``post``, e.g. a stop at the third identical failure) is listed under the same call
@@ -234,8 +249,8 @@ class Replayer:
         self._open: dict[tuple[int, int], _Open] = {}
         self._timeline_sessions = timeline_sessions
         self._timeline_calls = timeline_calls
-        self._timelines = 0
-        self._timeline_keys: list[tuple[str, str | None]] = []  # at most timeline_sessions
+        # the sessions holding a timeline, in the order they started
+        self._timeline_keys: dict[tuple[str, str | None], None] = {}
         self._classifier = Classifier(guard.policy) if timeline_sessions > 0 else None
 
     def _report(self, session: str, agent: str | None) -> SessionReport:
@@ -244,11 +259,31 @@ class Replayer:
         if report is None:
             label = session if agent is None else f"{session}/{agent}"
             report = self.reports[key] = SessionReport(label)
-            if self._timelines < self._timeline_sessions:
-                self._timelines += 1
-                report.timeline = Timeline(self._timeline_calls)
-                self._timeline_keys.append(key)
+            if self._timeline_sessions > 0:
+                self._keep_timeline(key, report)
         return report
+
+    def _keep_timeline(self, key: tuple[str, str | None], report: SessionReport) -> None:
+        if len(self._timeline_keys) >= TIMELINE_CANDIDATES_FACTOR * self._timeline_sessions:
+            # min() keeps the first of equals: the earliest-started of the quietest sessions
+            dropped = min(
+                self._timeline_keys,
+                key=lambda kept: (self.reports[kept].severity(), self.reports[kept].calls),
+            )
+            self.reports[dropped].timeline = None
+            del self._timeline_keys[dropped]
+        report.timeline = Timeline(self._timeline_calls)
+        self._timeline_keys[key] = None
+
+    def keep_drawn_timelines(self) -> None:
+        """Once the input is read: keep the timelines of the ``timeline_sessions`` most severe
+        sessions that have one (those the HTML report draws), drop the others."""
+        ranked = sorted(
+            self._timeline_keys, key=lambda kept: self.reports[kept].severity(), reverse=True
+        )
+        for dropped in ranked[self._timeline_sessions :]:
+            self.reports[dropped].timeline = None
+            del self._timeline_keys[dropped]
 
     def _mark(self, session: str, agent: str | None, kind: str) -> None:
         # A session's first prompt comes before its first call: its report does not exist yet,

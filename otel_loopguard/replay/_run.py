@@ -229,6 +229,7 @@ def _replay(
         out.write(format_totals(reports, len(inputs), bad.total))
     out.flush()
     if html_out is not None:
+        replayer.keep_drawn_timelines()
         try:
             html_out.write(
                 _html.render_html(reports, inputs=inputs, policy=policy, bad_lines=bad.total)
