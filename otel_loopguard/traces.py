@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Final
 from .conventions import (
     ARGUMENTS_AT_START_CONVENTIONS,
     MISSING,
+    SpanAgent,
     SpanToolCall,
     agent_from_span,
     arguments_available_at_start,
@@ -60,6 +61,7 @@ __all__ = [
     "START_NAME_PREFIXES",
     "SpanLink",
     "SpanRef",
+    "SNAPSHOT_VERSION",
     "STATUS_CODE_ERROR",
     "TraceBuffer",
     "TraceEvent",
@@ -616,6 +618,79 @@ class TraceBuffer:
         self._complete.clear()
         return events
 
+    # -- state for --state-dir ---------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """The buffer's contents as plain data (dicts, lists, strings, numbers, ``None``, and
+        span attribute values as spans hold them: tuples for arrays, bytes), for
+        :meth:`restore` in another process. Versioned (``"version"``); pickle keeps it exactly.
+
+        The settings (``max_spans``, ``hold_seconds``, ``key_by``, ...) are not in it: they are
+        the restoring buffer's own. Times read from ``clock`` are kept as seconds before now
+        (when a trace last got a span) and seconds to go (when its tool spans are due), since
+        another process's clock has another origin."""
+        now = self._clock() if self._hold is not None else 0.0
+        return {
+            "version": SNAPSHOT_VERSION,
+            "traces": [
+                _trace_data(trace_id, trace, now) for trace_id, trace in self._traces.items()
+            ],
+            "complete": list(self._complete),
+            "spans": self._spans,
+            "order": self._order,
+            "seen": list(self._seen),
+            "seen_before": list(self._seen_before),
+            "duplicate_spans": self.duplicate_spans,
+            "replayed_early": self.replayed_early,
+            "flushed_early": self.flushed_early,
+            "agents_lost": self.agents_lost,
+        }
+
+    def restore(self, data: Mapping[str, Any]) -> None:
+        """Replace the buffer's contents with a :meth:`snapshot`'s. Raises ``ValueError`` naming
+        what is wrong when ``data`` is not a snapshot of this version; the buffer is then
+        unchanged."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"trace buffer snapshot: expected a mapping, got {short_value(data)}")
+        version = data.get("version")
+        if version != SNAPSHOT_VERSION:
+            raise ValueError(
+                f"trace buffer snapshot: version: expected {SNAPSHOT_VERSION}, got {version!r}"
+            )
+        now = self._clock() if self._hold is not None else 0.0
+        try:
+            traces = {int(item["id"]): _trace_back(item, now) for item in data["traces"]}
+            complete = {int(trace_id): None for trace_id in data["complete"]}
+            counts = [
+                int(data[name])
+                for name in (
+                    "spans",
+                    "order",
+                    "duplicate_spans",
+                    "replayed_early",
+                    "flushed_early",
+                    "agents_lost",
+                )
+            ]
+            seen = {int(key) for key in data["seen"]}
+            seen_before = {int(key) for key in data["seen_before"]}
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(
+                f"trace buffer snapshot: malformed ({type(exc).__name__}: {exc})"
+            ) from None
+        self._traces = traces
+        self._complete = complete
+        (
+            self._spans,
+            self._order,
+            self.duplicate_spans,
+            self.replayed_early,
+            self.flushed_early,
+            self.agents_lost,
+        ) = counts
+        self._seen = seen
+        self._seen_before = seen_before
+
     def _flush(self, trace_id: int, keep: bool = False) -> list[TraceEvent]:
         """The events of a trace's buffered tool spans; the trace is forgotten unless ``keep``
         (then its parent links, agents and resolved parents stay for its later spans)."""
@@ -709,6 +784,135 @@ class TraceBuffer:
             trace.due = None
         steps.sort(key=lambda step: step[0])
         return [event for _, event in steps]
+
+
+# -- TraceBuffer snapshots ---------------------------------------------------------------------
+
+#: Version of :meth:`TraceBuffer.snapshot`'s data; :meth:`TraceBuffer.restore` refuses others.
+SNAPSHOT_VERSION: Final = 1
+
+
+def _call_data(call: SpanToolCall | None) -> dict[str, Any] | None:
+    if call is None:
+        return None
+    data: dict[str, Any] = {
+        "tool": call.tool,
+        "result": call.result,
+        "is_error": call.is_error,
+        "call_id": call.call_id,
+        "agent_id": call.agent_id,
+        "agent_name": call.agent_name,
+        "conversation_id": call.conversation_id,
+        "convention": call.convention,
+    }
+    if call.arguments is not MISSING:  # absent: the span carried no arguments
+        data["arguments"] = call.arguments
+    return data
+
+
+def _call_back(data: Mapping[str, Any] | None) -> SpanToolCall | None:
+    if data is None:
+        return None
+    return SpanToolCall(
+        data["tool"],
+        data.get("arguments", MISSING),
+        data["result"],
+        data["is_error"],
+        data["call_id"],
+        data["agent_id"],
+        data["agent_name"],
+        data["conversation_id"],
+        data["convention"],
+    )
+
+
+def _tool_data(tool: _ToolSpan) -> dict[str, Any]:
+    ref = tool.ref
+    return {
+        "span_id": tool.span_id,
+        "parent_id": tool.parent_id,
+        "start_call": _call_data(tool.start_call),
+        # None: the same as the final attributes (a span read without its start, OTLP).
+        "start_attributes": (
+            None if tool.start_attributes is tool.attributes else dict(tool.start_attributes)
+        ),
+        "end_call": _call_data(tool.end_call),
+        "attributes": dict(tool.attributes),
+        "start_ns": tool.start_ns,
+        "end_ns": tool.end_ns,
+        "order": tool.order,
+        "ref": [ref.trace_id, ref.span_id, ref.parent_id, ref.parent_remote],
+    }
+
+
+def _tool_back(data: Mapping[str, Any]) -> _ToolSpan:
+    attributes = dict(data["attributes"])
+    start_attributes = data["start_attributes"]
+    trace_id, span_id, parent_id, parent_remote = data["ref"]
+    return _ToolSpan(
+        int(data["span_id"]),
+        data["parent_id"],
+        _call_back(data["start_call"]),
+        attributes if start_attributes is None else dict(start_attributes),
+        _call_back(data["end_call"]),
+        attributes,
+        int(data["start_ns"]),
+        int(data["end_ns"]),
+        int(data["order"]),
+        SpanRef(trace_id, span_id, parent_id, bool(parent_remote)),
+    )
+
+
+def _frame_data(frame: AgentFrame | None) -> list[Any] | None:
+    if frame is None:
+        return None
+    agent = frame.agent
+    return [frame.span_id, agent.agent_id, agent.agent_name, agent.conversation_id]
+
+
+def _frame_back(data: list[Any] | None) -> AgentFrame | None:
+    if data is None:
+        return None
+    span_id, agent_id, agent_name, conversation = data
+    return AgentFrame(int(span_id), SpanAgent(agent_id, agent_name, conversation))
+
+
+def _trace_data(trace_id: int, trace: _Trace, now: float) -> dict[str, Any]:
+    return {
+        "id": trace_id,
+        "parents": [[span_id, parent] for span_id, parent in trace.parents.items()],
+        "remote": list(trace.remote),
+        "agents": [
+            [span_id, view.name, dict(view.attributes), view.parent_id]
+            for span_id, view in trace.agents.items()
+        ],
+        "runs": [[span_id, start_ns, order] for span_id, (start_ns, order) in trace.runs.items()],
+        "given_until_ns": trace.given_until_ns,
+        "tools": [_tool_data(tool) for tool in trace.tools],
+        "resolved": [[parent, _frame_data(frame)] for parent, frame in trace.resolved.items()],
+        "agentless": list(trace.agentless),
+        "due_in": None if trace.due is None else trace.due - now,
+        "idle": now - trace.seen,
+    }
+
+
+def _trace_back(data: Mapping[str, Any], now: float) -> _Trace:
+    due_in = data["due_in"]
+    return _Trace(
+        parents={int(span_id): parent for span_id, parent in data["parents"]},
+        remote={int(span_id) for span_id in data["remote"]},
+        agents={
+            int(span_id): SpanView(name, dict(attributes), parent)
+            for span_id, name, attributes, parent in data["agents"]
+        },
+        runs={int(span_id): (int(start), int(order)) for span_id, start, order in data["runs"]},
+        given_until_ns=int(data["given_until_ns"]),
+        tools=[_tool_back(tool) for tool in data["tools"]],
+        resolved={parent: _frame_back(frame) for parent, frame in data["resolved"]},
+        agentless={int(span_id) for span_id in data["agentless"]},
+        due=None if due_in is None else now + float(due_in),
+        seen=now - float(data["idle"]),
+    )
 
 
 def _id_text(value: object, size: int, name: str, base64_too: bool) -> int:
