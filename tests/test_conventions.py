@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -1620,20 +1620,26 @@ def test_the_gate_reads_past_unhashable_and_str_subclass_values() -> None:
     assert tool_call_from_span("search", attributes) is None
 
 
+def _gate(table: tuple[ToolConvention, ...]) -> Callable[[str, Mapping[str, object]], object]:
+    """The gate compiled from ``table``, answering its gate bits on an open gate."""
+    dispatch = _dispatch._Dispatch(table)
+    return dispatch.gate(dispatch.gate_bits)
+
+
 def test_the_gate_is_derived_from_the_table() -> None:
     name, attributes = "fetch_tool web", {"my.kind": "tool_call"}  # no gate of today's table
     assert not may_be_tool_span(name, attributes)
-    assert not _dispatch._Dispatch(TOOL_CONVENTIONS).gate()(name, attributes)
+    assert not _gate(TOOL_CONVENTIONS)(name, attributes)
     for gate in (
         conventions.span_name_starts("fetch_tool "),
         conventions.attribute_is("my.kind", "tool_call"),
     ):
         table = (*TOOL_CONVENTIONS, ToolConvention(name="new", when=(gate,)))
-        assert _dispatch._Dispatch(table).gate()(name, attributes)
+        assert _gate(table)(name, attributes)
     # Removing an entry closes a gate only it had: "running tool" is Pydantic AI v2's alone.
     without = tuple(entry for entry in TOOL_CONVENTIONS if entry.name != "pydantic_ai_legacy")
     assert may_be_tool_span("running tool", {})
-    assert not _dispatch._Dispatch(without).gate()("running tool", {})
+    assert not _gate(without)("running tool", {})
 
 
 def test_the_span_processor_reads_exactly_the_spans_the_gate_opens_on(

@@ -5,16 +5,17 @@ entry (its *gate*: an attribute value, a span name or a span-name prefix) is ind
 key, value and name, so one pass over a handful of keys says which gates a span passes, and only
 the entries behind those gates are then tested, in table order, with their remaining conditions
 compiled to small functions. The result is the same as testing every entry's :class:`Condition`
-in order; ``tests/test_conventions.py`` checks that against the table. :func:`may_be_tool_span`
-is the tool table's gates alone, for callers that skip a span before gathering what
-:func:`tool_call_from_span` needs.
+in order; ``tests/test_conventions.py`` checks that against the table. The gate is one function,
+:meth:`_Dispatch.gate`, compiled per table: every reader calls it first, and
+:func:`may_be_tool_span` is the tool table's gate alone, for callers that skip a span before
+gathering what :func:`tool_call_from_span` needs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final, Generic, TypeVar
+from typing import Final, Generic, Literal, TypeVar
 
 from ._decoders import (
     _call_id,
@@ -54,6 +55,10 @@ _Check = Callable[[str, Mapping[str, object], _Events], bool]
 """A compiled :meth:`Condition.holds`: same arguments, same answer."""
 
 _Convention = TypeVar("_Convention", ToolConvention, AgentConvention)
+_Answer = TypeVar("_Answer")
+_Gate = Callable[[str, Mapping[str, object]], _Answer | Literal[False]]
+"""A table's gate (:meth:`_Dispatch.gate`): ``False``, or what it was given to answer on an open
+gate."""
 
 
 def _compile_check(condition: Condition) -> _Check:
@@ -167,10 +172,10 @@ class _Dispatch(Generic[_Convention]):
 
     Algorithm, per span:
 
-    1. :meth:`gate_bits`: one bit per distinct gate condition (the first condition of some
-       entry) that the span passes, found with one ``get`` per gate attribute key
-       (:attr:`attribute_gates`), one name lookup (:attr:`name_bits`) and one ``startswith``
-       (:attr:`prefixes`). No bit: not a span of this table, the common case.
+    1. :meth:`gate`: whether some gate condition (the first condition of some entry) opens,
+       found with one name lookup (:attr:`name_bits`), one ``startswith`` (:attr:`prefixes`)
+       and one ``get`` per gate attribute key (:attr:`attribute_gates`). None: not a span of
+       this table, the common case. Else :meth:`gate_bits`: one bit per gate the span passes.
     2. :meth:`match`: the entries whose gate-condition bits are all set, in table order
        (memoised per bit set), are tested with their remaining conditions, compiled to
        "steps": an attribute test run inline, or a small function; the first entry that passes
@@ -240,12 +245,8 @@ class _Dispatch(Generic[_Convention]):
 
     def gate_bits(self, name: str, attributes: Mapping[str, object]) -> int:
         """Bits of the gate conditions the span passes; 0 when none opens, or when ``name`` is
-        no ``str`` or ``attributes`` no mapping.
-
-        :func:`tool_call_from_span` and :func:`agent_from_span` inline this method, because a
-        call costs a sixth of rejecting a span, and :meth:`gate` answers ``!= 0`` of it; keep
-        the four alike.
-        """
+        no ``str`` or ``attributes`` no mapping. Called only once :meth:`gate` has opened (the
+        common "no gate" case never gets here)."""
         try:
             bits = self.name_bits[name] if name in self.name_bits else 0
             if name.startswith(self.prefixes):
@@ -268,16 +269,16 @@ class _Dispatch(Generic[_Convention]):
             return 0
         return bits | subclass_bits
 
-    def gate(self) -> Callable[[str, Mapping[str, object]], bool]:
-        """This table's gate as a function: ``gate(name, attributes)`` is
-        ``gate_bits(name, attributes) != 0``, for less (it stops at the first open gate)."""
+    def gate(self, opened: Callable[[str, Mapping[str, object]], _Answer]) -> _Gate[_Answer]:
+        """This table's gate, the one function every reader calls first: ``gate(opened)(name,
+        attributes)`` is ``opened(name, attributes)`` when the span passes the gate (the first
+        condition) of some entry, else ``False``: no entry can match it, whatever its events and
+        status. Written once here; each reader binds what it needs on an open gate
+        (:meth:`gate_bits`, or the type checks of :func:`may_be_tool_span`). Never raises."""
         name_bits, prefixes, attribute_gates = self.name_bits, self.prefixes, self.attribute_gates
         gate_bits = self.gate_bits
 
-        def passes_gate(name: str, attributes: Mapping[str, object]) -> bool:
-            """Whether the span passes the gate (the first condition) of some entry of the
-            table: ``False`` means no entry can match it, whatever its events and status.
-            Never raises."""
+        def passes_gate(name: str, attributes: Mapping[str, object]) -> _Answer | Literal[False]:
             try:
                 if not (name in name_bits or name.startswith(prefixes)):
                     for key, bits_by_value in attribute_gates:
@@ -292,11 +293,9 @@ class _Dispatch(Generic[_Convention]):
             except AttributeError:  # a name that is no str, attributes that are no mapping
                 return False
             except TypeError:  # an unhashable name or value: the general test
-                return gate_bits(name, attributes) != 0
-            # A gate is open; as in gate_bits, only for a str name and mapping attributes.
-            return (attributes.__class__ is dict or isinstance(attributes, Mapping)) and (
-                name.__class__ is str or isinstance(name, str)
-            )
+                if not gate_bits(name, attributes):
+                    return False
+            return opened(name, attributes)
 
         return passes_gate
 
@@ -335,17 +334,20 @@ def _or(bits: Iterable[int]) -> int:
 
 _TOOLS: Final = _Dispatch(TOOL_CONVENTIONS)
 _AGENTS: Final = _Dispatch(AGENT_CONVENTIONS)
-# The gate data the public functions read inline, as module globals (cheaper than attributes).
-_TOOL_ATTRIBUTE_GATES: Final = _TOOLS.attribute_gates
-_TOOL_NAME_BITS: Final = _TOOLS.name_bits
-_TOOL_PREFIXES: Final = _TOOLS.prefixes
-_TOOL_PREFIX_GATES: Final = _TOOLS.prefix_gates
-_AGENT_ATTRIBUTE_GATES: Final = _AGENTS.attribute_gates
-_AGENT_NAME_BITS: Final = _AGENTS.name_bits
-_AGENT_PREFIXES: Final = _AGENTS.prefixes
-_AGENT_PREFIX_GATES: Final = _AGENTS.prefix_gates
+_tool_gate_bits: Final = _TOOLS.gate(_TOOLS.gate_bits)
+_agent_gate_bits: Final = _AGENTS.gate(_AGENTS.gate_bits)
 
-may_be_tool_span: Final = _TOOLS.gate()
+
+def _str_name_and_mapping(name: str, attributes: Mapping[str, object]) -> bool:
+    """On an open gate: whether the types are those :meth:`_Dispatch.gate_bits` reads."""
+    return (attributes.__class__ is dict or isinstance(attributes, Mapping)) and (
+        name.__class__ is str or isinstance(name, str)
+    )
+
+
+may_be_tool_span: Final[Callable[[str, Mapping[str, object]], bool]] = _TOOLS.gate(
+    _str_name_and_mapping
+)
 """``may_be_tool_span(name, attributes)``: whether a span passes the gate of some
 :data:`TOOL_CONVENTIONS` entry (an attribute value, a span name or a span-name prefix), derived
 from the table here and nowhere else. ``False``: :func:`tool_call_from_span` returns ``None`` for
@@ -376,31 +378,8 @@ def tool_call_from_span(
     recognised tool spans. A plain ``dict`` of attributes is the fast case; any ``Mapping``
     works. Called on any thread, concurrently; never blocks, never raises.
     """
-    # _TOOLS.gate_bits, inline: this runs for every span the application ends. The types are
-    # checked after the gate, which a wrong type fails or raises on.
-    try:
-        bits = _TOOL_NAME_BITS[name] if name in _TOOL_NAME_BITS else 0
-        if name.startswith(_TOOL_PREFIXES):
-            for prefixes, bit in _TOOL_PREFIX_GATES:
-                if name.startswith(prefixes):
-                    bits |= bit
-        subclass_bits = 0
-        for key, bits_by_value in _TOOL_ATTRIBUTE_GATES:
-            value = attributes.get(key)
-            if value is None:
-                continue
-            if value.__class__ is str:
-                if value in bits_by_value:  # cheaper than get() for the usual miss
-                    bits |= bits_by_value[value]
-            elif isinstance(value, str):
-                subclass_bits |= bits_by_value.get(value, 0)
-    except (AttributeError, TypeError):  # a name that is no str, attributes that are no mapping
-        return None
+    bits = _tool_gate_bits(name, attributes)  # the types are checked once a gate is open
     if not bits:
-        return None
-    if attributes.__class__ is not dict and not isinstance(attributes, Mapping):
-        return None
-    if name.__class__ is not str and not isinstance(name, str):
         return None
     if (
         events.__class__ is not tuple
@@ -408,7 +387,7 @@ def tool_call_from_span(
         and not isinstance(events, Sequence)
     ):
         events = ()
-    convention = _TOOLS.match(bits | subclass_bits, name, attributes, events)
+    convention = _TOOLS.match(bits, name, attributes, events)
     if convention is None:
         return None
     return _read_tool_call(convention, name, attributes, events, status_error)
@@ -538,7 +517,7 @@ def arguments_available_at_start(name: str, attributes: Mapping[str, object]) ->
     every entrance decides them at their end), and for non-tool spans.
     Same cost as rejecting a span in :func:`tool_call_from_span`. Never raises.
     """
-    bits = _TOOLS.gate_bits(name, attributes)
+    bits = _tool_gate_bits(name, attributes)
     if not bits:
         return False
     convention = _TOOLS.match(bits, name, attributes, ())
@@ -555,29 +534,10 @@ def agent_from_span(name: str, attributes: Mapping[str, object]) -> SpanAgent | 
     OpenLLMetry agent/workflow spans. Same cost and threading contract as
     :func:`tool_call_from_span`.
     """
-    # _AGENTS.gate_bits, inline, as in tool_call_from_span (today's agent gates are all
-    # attribute values, so the name tests are skipped on a constant).
-    try:
-        bits = _AGENT_NAME_BITS[name] if _AGENT_NAME_BITS and name in _AGENT_NAME_BITS else 0
-        if _AGENT_PREFIXES and name.startswith(_AGENT_PREFIXES):
-            for prefixes, bit in _AGENT_PREFIX_GATES:
-                if name.startswith(prefixes):
-                    bits |= bit
-        subclass_bits = 0
-        for key, bits_by_value in _AGENT_ATTRIBUTE_GATES:
-            value = attributes.get(key)
-            if value is None:
-                continue
-            if value.__class__ is str:
-                if value in bits_by_value:
-                    bits |= bits_by_value[value]
-            elif isinstance(value, str):
-                subclass_bits |= bits_by_value.get(value, 0)
-    except (AttributeError, TypeError):
+    bits = _agent_gate_bits(name, attributes)
+    if not bits:
         return None
-    if not bits or not _is_mapping(attributes) or not _is_str(name):
-        return None
-    convention = _AGENTS.match(bits | subclass_bits, name, attributes, ())
+    convention = _AGENTS.match(bits, name, attributes, ())
     if convention is None:
         return None
     return SpanAgent(
