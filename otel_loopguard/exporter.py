@@ -73,24 +73,11 @@ from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import NonRecordingSpan, SpanContext, StatusCode, TraceFlags
 
-from .calls import SIGNATURE_CHARS, canonical_arguments, canonical_json
+from ._attributes import Shape, arguments_text, decision_attributes
 from .conventions import agent_from_span, may_be_tool_span
 from .guard import LoopGuard
-from .policy import Action, Decision, arguments_preview
-from .processor import (
-    ATTR_ACTION,
-    ATTR_ARGUMENTS,
-    ATTR_COUNT,
-    ATTR_MODE,
-    ATTR_PHASE,
-    ATTR_RULE,
-    ATTR_SIGNATURE,
-    ATTR_THRESHOLD,
-    ATTR_TOOL_CALL_ID,
-    ATTR_TOOL_NAME,
-    DECISION_EVENT,
-    SCOPE_NAME,
-)
+from .policy import Action, Decision
+from .processor import DECISION_EVENT, SCOPE_NAME
 from .spans import KeyBy
 from .traces import (
     MAX_BUFFERED_SPANS,
@@ -367,27 +354,16 @@ class LoopGuardSpanExporter(SpanExporter):
     def _attributes(
         self, decision: Decision, event: CallDecidedAtStart | CallObserved
     ) -> dict[str, Any]:
-        """The span processor's ``loopguard.decision`` event attributes (the tests compare them
-        with the processor's, attribute for attribute)."""
+        """The span processor's ``loopguard.decision`` event attributes (the same builder; the
+        tests compare them with the processor's, attribute for attribute)."""
         policy = self.guard.policy
-        attributes: dict[str, Any] = {
-            ATTR_ACTION: decision.detected.value,
-            ATTR_RULE: decision.rule.value if decision.rule else "none",
-            ATTR_COUNT: decision.count,
-            ATTR_THRESHOLD: decision.threshold,
-            ATTR_SIGNATURE: decision.signature[:SIGNATURE_CHARS],
-            ATTR_MODE: policy.mode.value,
-            ATTR_PHASE: decision.phase.value,
-            ATTR_TOOL_NAME: decision.tool,
-        }
-        if event.call_id:
-            attributes[ATTR_TOOL_CALL_ID] = event.call_id
-        if self.capture_arguments:
-            canonical = canonical_json(canonical_arguments(event.arguments, policy.ignored_args))
-            attributes[ATTR_ARGUMENTS] = arguments_preview(
-                canonical, policy.arguments_preview_chars
-            )
-        return attributes
+        return decision_attributes(
+            decision,
+            Shape.SPAN,
+            mode=policy.mode,
+            call_id=event.call_id,
+            arguments=arguments_text(event.arguments, policy) if self.capture_arguments else None,
+        )
 
     def _forward(self, spans: Sequence[ReadableSpan], decided: list[_Decided]) -> SpanExportResult:
         """Hand the batch and the decision spans on; outside the lock (a tracer's processors may

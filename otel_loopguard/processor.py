@@ -56,7 +56,7 @@ from opentelemetry.sdk.trace import (
 )
 from opentelemetry.trace import NonRecordingSpan, StatusCode
 
-from .calls import SIGNATURE_CHARS, canonical_arguments, canonical_json
+from ._attributes import Shape, arguments_text, decision_attributes
 from .conventions import (
     MISSING,
     SpanToolCall,
@@ -65,7 +65,7 @@ from .conventions import (
     tool_call_from_span,
 )
 from .guard import LoopGuard
-from .policy import Action, Decision, Phase, arguments_preview
+from .policy import Action, Decision, Phase
 from .spans import (
     START_NAME_PREFIXES,
     AgentFrame,
@@ -90,20 +90,6 @@ DECISION_EVENT: Final = "loopguard.decision"
 #: The instrumentation scope of the decision spans (the processor's and the exporter's); with
 #: their name, how the exporter knows its own spans when they come back through a provider.
 SCOPE_NAME: Final = "otel_loopguard"
-
-# Event attribute keys (DESIGN §6), declared once.
-ATTR_ACTION: Final = "loopguard.action"
-ATTR_RULE: Final = "loopguard.rule"
-ATTR_COUNT: Final = "loopguard.count"
-ATTR_THRESHOLD: Final = "loopguard.threshold"
-ATTR_SIGNATURE: Final = "loopguard.signature"
-ATTR_MODE: Final = "loopguard.mode"
-#: ``pre`` (before the call ran, or what the guard would have said then) or ``post`` (concluded
-#: from the call's result: :class:`~otel_loopguard.Phase`).
-ATTR_PHASE: Final = "loopguard.phase"
-ATTR_ARGUMENTS: Final = "loopguard.arguments"
-ATTR_TOOL_NAME: Final = "gen_ai.tool.name"
-ATTR_TOOL_CALL_ID: Final = "gen_ai.tool.call.id"
 
 _MAX_CACHED_FRAMES: Final = 4096
 #: Tool-span pipelines (providers) a processor keeps a decision tracer for; one in practice.
@@ -467,25 +453,14 @@ class LoopGuardSpanProcessor(SpanProcessor):
                 del concluded[next(iter(concluded))]
 
     def _event_attributes(self, decision: Decision, call: SpanToolCall) -> dict[str, Any]:
-        attributes: dict[str, Any] = {
-            ATTR_ACTION: decision.detected.value,
-            ATTR_RULE: decision.rule.value if decision.rule else "none",
-            ATTR_COUNT: decision.count,
-            ATTR_THRESHOLD: decision.threshold,
-            ATTR_SIGNATURE: decision.signature[:SIGNATURE_CHARS],
-            ATTR_MODE: self.guard.policy.mode.value,
-            ATTR_PHASE: decision.phase.value,
-            ATTR_TOOL_NAME: decision.tool,
-        }
-        if call.call_id:
-            attributes[ATTR_TOOL_CALL_ID] = call.call_id
-        if self.capture_arguments:
-            policy = self.guard.policy
-            canonical = canonical_json(canonical_arguments(call.arguments, policy.ignored_args))
-            attributes[ATTR_ARGUMENTS] = arguments_preview(
-                canonical, policy.arguments_preview_chars
-            )
-        return attributes
+        policy = self.guard.policy
+        return decision_attributes(
+            decision,
+            Shape.SPAN,
+            mode=policy.mode,
+            call_id=call.call_id,
+            arguments=arguments_text(call.arguments, policy) if self.capture_arguments else None,
+        )
 
     def _record(self, span: Span, decision: Decision, call: SpanToolCall) -> None:
         """At start: the decision goes on the (still open) tool span itself."""

@@ -17,6 +17,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, Final
 
+from otel_loopguard._attributes import Shape, decision_attributes
 from otel_loopguard.calls import bounded_id
 from otel_loopguard.guard import LoopGuard
 from otel_loopguard.hooks.answers import decide_after, decide_before
@@ -181,21 +182,7 @@ def decision_json(decision: Decision) -> dict[str, object]:
     """A decision as the decision API returns it; ``phase`` is ``post`` for a conclusion drawn
     from a call's result (``/after``), else ``pre``; ``hash_prefix`` is the loop-brake
     plugin's call hash prefix on a blocking decision, else empty."""
-    return {
-        "action": decision.action.value,
-        "blocks": decision.blocks,
-        "message": decision.message,
-        "rule": decision.rule.value if decision.rule is not None else None,
-        "count": decision.count,
-        "threshold": decision.threshold,
-        "signature": decision.signature,
-        "hash_prefix": decision.hash_prefix,
-        "tool": decision.tool,
-        "session": decision.session,
-        "repeated": decision.repeated,
-        "detected": decision.detected.value,
-        "phase": decision.phase.value,
-    }
+    return decision_attributes(decision, Shape.API)
 
 
 def _text(payload: Mapping[str, object], name: str, required: bool = False) -> Any:

@@ -27,7 +27,7 @@ from typing import Final, TextIO
 
 import orjson
 
-from otel_loopguard.calls import bounded_id
+from otel_loopguard._attributes import Shape, decision_attributes, log_fields_of_answer
 from otel_loopguard.policy import Action, Decision
 
 __all__ = [
@@ -114,37 +114,15 @@ def decision_fields(
 ) -> dict[str, object]:
     """The fields of a decision's log line (``session``, ``agent`` and ``tool`` as the caller
     named them: a first allow carries none of its own)."""
-    return {
-        "source": source,
-        "session": bounded_id(session),
-        "agent": None if agent is None else bounded_id(agent),
-        "tool": tool,
-        "action": decision.action.value,
-        "detected": decision.detected.value,
-        "rule": decision.rule.value if decision.rule is not None else None,
-        "count": decision.count,
-        "threshold": decision.threshold,
-        "signature": decision.signature or None,
-        "phase": decision.phase.value,
-    }
+    return decision_attributes(
+        decision, Shape.LOG, source=source, session=session, agent=agent, tool=tool
+    )
 
 
 def answer_fields(answer: Mapping[str, object], agent: str | None) -> dict[str, object]:
     """The fields of a decision's log line from the decision API's answer
     (:func:`~otel_loopguard.service._decisions.decision_json`) and the request's ``agent``."""
-    return {
-        "source": "api",
-        "session": answer.get("session"),
-        "agent": None if agent is None else bounded_id(agent),
-        "tool": answer.get("tool"),
-        "action": answer.get("action"),
-        "detected": answer.get("detected"),
-        "rule": answer.get("rule"),
-        "count": answer.get("count"),
-        "threshold": answer.get("threshold"),
-        "signature": answer.get("signature") or None,
-        "phase": answer.get("phase"),
-    }
+    return log_fields_of_answer(answer, agent)
 
 
 def log_decision(fields: Mapping[str, object]) -> None:
