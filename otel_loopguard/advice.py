@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Protocol
 
 from .config import AdvisorInput
+from .env import policy_variable
 
 if TYPE_CHECKING:
     import subprocess
@@ -61,8 +62,9 @@ MAX_RECENT_ARGUMENT_CHARS: Final = 200
 MAX_RECENT_OUTPUT_CHARS: Final = 200
 #: Each piece of advice already given in this epoch.
 MAX_EARLIER_ADVICE_CHARS: Final = 500
-#: The environment variable that gives a command advisor the policy's ``advisor_model``.
-MODEL_VARIABLE: Final = "LOOPGUARD_ADVISOR_MODEL"
+#: The environment variable that gives a command advisor the policy's ``advisor_model``: the
+#: field's own override variable (declared once, by :func:`otel_loopguard.env.policy_variable`).
+MODEL_VARIABLE: Final = policy_variable("advisor_model")
 
 _RULE_WORDS: Final = {
     "consecutive": "in a row",

@@ -16,11 +16,13 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Final
 
-from .config import Policy, Rule
+from .calls import SIGNATURE_CHARS
+from .config import Mode, Policy, Rule
 from .rules import Trend, Verdict
 
 __all__ = [
     "ALLOW",
+    "ALLOW_STEP",
     "BLOCKING_ACTIONS",
     "Action",
     "Decision",
@@ -30,8 +32,11 @@ __all__ = [
     "arguments_preview",
     "climb",
     "conclude",
+    "decide",
     "has_advice",
     "message_for",
+    "settle_rescue",
+    "soften",
     "with_advice",
     "without_arguments",
 ]
@@ -41,6 +46,8 @@ _PREFIX: Final = "[loopguard] "
 #: canonical JSON holds no newline), so that :func:`without_arguments` can drop it.
 _ARGUMENTS_LABEL: Final = "Arguments: "
 _ADVICE_HEADING: Final = "\n\nAdvice from a reviewer model:\n"
+#: Hex characters of the loop-brake plugin's call hash (:attr:`Decision.hash_prefix`).
+_HASH_PREFIX_CHARS: Final = 12
 
 
 class Action(str, Enum):
@@ -198,7 +205,8 @@ class Step:
     deny_threshold: int = 0
 
 
-_ALLOW_STEP: Final = Step(Action.ALLOW)
+#: The step of a call nothing repeats (the guard's common case skips :func:`climb` with it).
+ALLOW_STEP: Final = Step(Action.ALLOW)
 
 
 def climb(
@@ -260,7 +268,7 @@ def climb(
             )
         return Step(Action.STOP, Rule.STALL, stalled.count, stall_at, denials=denials)
     if verdict is None:
-        return _ALLOW_STEP
+        return ALLOW_STEP
     count = verdict.count
     allow = Step(Action.ALLOW, verdict.rule, verdict.attempts, refused=verdict.refused)
     deny = policy.deny_threshold
@@ -344,6 +352,93 @@ def conclude(failures: Verdict | None, *, policy: Policy) -> Step | None:
     if failures is None or limit is None or failures.count < limit:
         return None
     return Step(Action.STOP, failures.rule, failures.count, limit, failures=failures.count)
+
+
+def soften(action: Action, mode: Mode) -> Action:
+    """What a detected ``action`` becomes in ``mode`` (pure): ``observe`` allows every call,
+    ``advise`` turns a blocking action into a reminder, ``enforce`` keeps it."""
+    if mode is Mode.OBSERVE:
+        return Action.ALLOW
+    if mode is Mode.ADVISE and action in BLOCKING_ACTIONS:
+        return Action.REMIND
+    return action
+
+
+def settle_rescue(step: Step, advice: str | None, *, asking: bool = False) -> Step:
+    """What ``step`` is once its rescue's ask is settled (pure): a rescue without ``advice`` is
+    the denial it would have been (at its deny threshold), unless the ask is still ``asking``
+    for a caller that did not wait (a span's start): then it stays a rescue, whose advice the
+    host can still wait for. Any other step is returned as is."""
+    if step.action is not Action.RESCUE or advice is not None or asking:
+        return step
+    return Step(
+        Action.DENY,
+        step.rule,
+        step.count,
+        step.deny_threshold or step.threshold,
+        denials=step.denials,
+        refused=step.refused,
+    )
+
+
+def decide(
+    step: Step,
+    *,
+    tool: str,
+    key: str,
+    session: str,
+    policy: Policy,
+    canonical: bytes = b"",
+    advice: str | None = None,
+    repeated: bool = True,
+    phase: Phase = Phase.PRE,
+) -> Decision:
+    """The :class:`Decision` for ``step`` (pure): the step's action softened by the policy's
+    mode (:func:`soften`), its text (:func:`message_for`), the args ``key``'s display prefix, and
+    before a call (``pre``) that blocks the loop-brake plugin's ``hash_prefix``. An allow step
+    of a call not ``repeated`` is :data:`ALLOW`; an allowed repeat carries its rule and count.
+    A decision after the call ran (``post``) quotes no arguments and carries no hash."""
+    if step.action is Action.ALLOW:
+        if not repeated:
+            return ALLOW
+        return Decision(
+            Action.ALLOW,
+            rule=step.rule,
+            count=step.count,
+            signature=key[:SIGNATURE_CHARS],
+            tool=tool,
+            session=session,
+            repeated=True,
+            phase=phase,
+        )
+    action = soften(step.action, policy.mode)
+    message = (
+        "" if action is Action.ALLOW else message_for(step, tool, canonical, policy, advice, action)
+    )
+    blocks = phase is Phase.PRE and action in BLOCKING_ACTIONS
+    return Decision(
+        action=action,
+        message=message,
+        rule=step.rule,
+        count=step.count,
+        threshold=step.threshold,
+        signature=key[:SIGNATURE_CHARS],
+        tool=tool,
+        session=session,
+        repeated=repeated,
+        detected=step.action,
+        hash_prefix=_hash_prefix(tool, canonical) if blocks else "",
+        phase=phase,
+    )
+
+
+def _hash_prefix(tool: str, canonical: bytes) -> str:
+    """The loop-brake plugin's call hash: the first hex of sha256(tool + newline + canonical
+    JSON). Computed on blocking decisions only."""
+    import hashlib  # here: imported on the first block, not by every hook process
+
+    digest = hashlib.sha256(tool.encode("utf-8", "surrogatepass") + b"\n" + canonical)
+    return digest.hexdigest()[:_HASH_PREFIX_CHARS]
 
 
 def arguments_preview(canonical: bytes, limit: int) -> str:
