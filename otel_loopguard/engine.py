@@ -37,6 +37,7 @@ __all__ = [
     "ReportLedger",
     "SessionState",
     "SessionStore",
+    "STORE_SNAPSHOT_VERSION",
     "SignatureState",
     "Trail",
     "TrailCall",
@@ -62,6 +63,9 @@ _MAX_OPERATION_CHARS: Final = 64
 _EXPIRY_INTERVAL_SECONDS: Final = 1.0
 #: Version of the :meth:`SessionState.to_bytes` layout; other versions are refused on load.
 _SNAPSHOT_VERSION: Final = 1
+#: Version of the :meth:`SessionStore.snapshot` layout; :meth:`SessionStore.restore` refuses
+#: others.
+STORE_SNAPSHOT_VERSION: Final = 1
 
 
 def shell_command(arguments: object) -> str | None:
@@ -859,6 +863,47 @@ class SessionStore:
         self._next_expiry = float("-inf")
         self._expire(self.clock())
 
+    def snapshot(self) -> dict[str, object]:
+        """Every kept session as plain data, least recently used first: ``{"version": 1,
+        "sessions": [{"session", "agent", "state"}, ...]}`` (``agent`` ``None`` for a session's
+        own key; ``state`` the object :meth:`SessionState.to_bytes` writes). For
+        :meth:`restore` in another process."""
+        sessions = []
+        for key, state in self._sessions.items():
+            session, agent = key if type(key) is tuple else (key, None)
+            sessions.append(
+                {"session": session, "agent": agent, "state": orjson.loads(state.to_bytes())}
+            )
+        return {"version": STORE_SNAPSHOT_VERSION, "sessions": sessions}
+
+    def restore(self, data: object, policy: Policy) -> None:
+        """Replace the kept sessions with a :meth:`snapshot`'s (each state within ``policy``'s
+        bounds, as :meth:`SessionState.from_bytes` reads it; idle ones are kept as they were,
+        and expire at the next sweep). Raises ``ValueError`` naming what is wrong (an unknown
+        ``version`` names it); the store is then unchanged."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"session store snapshot: expected a mapping, got {data!r:.80}")
+        version = data.get("version")
+        if version != STORE_SNAPSHOT_VERSION:
+            raise ValueError(
+                f"session store snapshot: unknown version {version!r}"
+                f" (this is {STORE_SNAPSHOT_VERSION})"
+            )
+        sessions: OrderedDict[object, SessionState] = OrderedDict()
+        for entry in _list(data.get("sessions"), "sessions"):
+            if not isinstance(entry, Mapping):
+                raise ValueError(f"session store snapshot: bad session entry {entry!r:.80}")
+            session = _text(entry.get("session"), "session")
+            agent = _optional_text(entry.get("agent"), "agent")
+            state = SessionState.from_bytes(orjson.dumps(entry.get("state")), policy)
+            sessions[session if agent is None else (session, agent)] = state
+        while len(sessions) > self._max:
+            sessions.popitem(last=False)
+        self._sessions = sessions
+        self._agents = {}
+        for key in sessions:
+            self._index(key)
+
 
 #: A reported call: (args key, whether its first report lacked the outcome).
 Settled = tuple[str, bool]
@@ -938,3 +983,40 @@ class ReportLedger:
     def forget(self, store_key: object) -> None:
         """Drop a session's reported calls (a new run may reuse call ids)."""
         self._calls.pop(store_key, None)
+
+    def snapshot(self) -> list[list[object]]:
+        """The reported calls as plain data, least recently used session first: ``[[session,
+        agent, [[ref, args key, awaiting], ...]], ...]`` (``agent`` ``None`` for a session's own
+        key). For :meth:`restore`."""
+        out: list[list[object]] = []
+        for store_key, calls in self._calls.items():
+            session, agent = store_key if type(store_key) is tuple else (store_key, None)
+            out.append(
+                [session, agent, [[ref, key, awaiting] for ref, (key, awaiting) in calls.items()]]
+            )
+        return out
+
+    def restore(self, data: object) -> None:
+        """Replace the reported calls with a :meth:`snapshot`'s (within this ledger's bounds).
+        Raises ``ValueError`` naming what is wrong; the ledger is then unchanged."""
+        restored: OrderedDict[object, dict[str, Settled]] = OrderedDict()
+        for entry in _list(data, "reported calls"):
+            if not (isinstance(entry, list) and len(entry) == 3):
+                raise ValueError(f"session state: bad reported calls entry {entry!r:.80}")
+            session = _text(entry[0], "reported session")
+            agent = _optional_text(entry[1], "reported agent")
+            calls: dict[str, Settled] = {}
+            for call in _list(entry[2], "reported calls"):
+                if not (isinstance(call, list) and len(call) == 3):
+                    raise ValueError(f"session state: bad reported call {call!r:.80}")
+                ref, key, awaiting = call
+                calls[_text(ref, "reported ref")] = (
+                    _text(key, "reported key"),
+                    _flag(awaiting, "awaiting"),
+                )
+            while len(calls) > self._max_calls:
+                del calls[next(iter(calls))]
+            restored[session if agent is None else (session, agent)] = calls
+        while len(restored) > self._max_sessions:
+            restored.popitem(last=False)
+        self._calls = restored

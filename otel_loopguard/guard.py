@@ -4,26 +4,30 @@ Threading contract: every public method may be called from any application threa
 State updates happen under one short lock; canonicalisation, hashing, message building, metrics
 and advisor calls happen outside it. ``before_tool``/``after_tool``/``user_message``/``new_run``
 never raise: an internal error is logged once per kind, counted, and answered with ``allow``.
+
+The guard keeps the hook API and each session's bookkeeping; what a step on the ladder becomes
+is :mod:`otel_loopguard.policy`'s (:func:`~otel_loopguard.policy.decide`), what a decision
+reports is the reporter's (:mod:`otel_loopguard._reporter`), and the advisor's threads are
+:class:`otel_loopguard._asks.AdvisorPool`'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import inspect
 import logging
 import threading
 import time
 import weakref
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeVar, cast, overload
 
+from ._asks import AdvisorPool, clean_advice
+from ._reporter import Reporter, TripLine
+from ._wrap import wrap_tool
 from .advice import (
-    MAX_ADVICE_CHARS,
     MAX_QUESTION_ARGUMENT_CHARS,
     AdviceRequest,
     Advisor,
@@ -33,6 +37,7 @@ from .advice import (
 from .calls import (
     MAX_ID_CHARS,
     MAX_TOOL_NAME_CHARS,
+    SIGNATURE_CHARS,
     args_key,
     bounded_id,
     canonical_arguments,
@@ -55,17 +60,19 @@ from .engine import (
 from .metrics import MetricsServer, NoopRecorder, PrometheusRecorder, Recorder
 from .policy import (
     ALLOW,
+    ALLOW_STEP,
     BLOCKING_ACTIONS,
     Action,
     Decision,
-    LoopDetected,
     Phase,
     Step,
     arguments_preview,
     climb,
     conclude,
+    decide,
     has_advice,
     message_for,
+    settle_rescue,
     with_advice,
 )
 from .rules import evaluate, identical_failures, trend
@@ -75,23 +82,19 @@ __all__ = ["LoopGuard"]
 
 _log = logging.getLogger("otel_loopguard")
 
-_ALLOW_STEP: Final = Step(Action.ALLOW)
 #: Extra seconds a hook waits beyond a command advisor's own timeout, so the kill is reported.
 _ADVISOR_GRACE_SECONDS: Final = 2.0
-#: Asks made without waiting that :meth:`LoopGuard.await_advice` can still wait for.
-_MAX_UNWAITED_ASKS: Final = 256
 #: Calls remembered as reported, per session, so that a second report of the same call (a
 #: framework hook's and its span's, in either order) does not count it again; and sessions kept.
 _MAX_SETTLED_CALLS: Final = 64
 _MAX_SETTLED_SESSIONS: Final = 1024
+#: Version of :meth:`LoopGuard.snapshot`'s layout; :meth:`LoopGuard.restore` refuses others.
+SNAPSHOT_VERSION: Final = 1
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-
-def _clean_advice(advice: object) -> str | None:
-    if not isinstance(advice, str) or not advice.strip():
-        return None
-    return advice.strip()[:MAX_ADVICE_CHARS]
+#: A reserved ask: the session, its epoch then, and its cooldown before the reservation.
+_Ask = tuple[SessionState, int, float | None]
 
 
 def _text(value: object) -> str:
@@ -120,16 +123,6 @@ def _ended(error: bool | None) -> str:
     return "error" if error is True else "ok" if error is False else "ran"
 
 
-def _hash_prefix(tool: str, canonical: bytes) -> str:
-    """The loop-brake plugin's call hash: 12 hex of sha256(tool + newline + canonical JSON).
-    Computed on blocking decisions only."""
-    import hashlib  # here: imported on the first block, not by every hook process
-
-    return hashlib.sha256(tool.encode("utf-8", "surrogatepass") + b"\n" + canonical).hexdigest()[
-        :12
-    ]
-
-
 @dataclass(frozen=True, slots=True)
 class _Ran:
     """A call reported only after it ran: how ``after_tool`` classified and keyed it (so nothing
@@ -142,6 +135,44 @@ class _Ran:
     error: bool | None
     duration_seconds: float | None
     output: str | None = None  # cut result text, only when the guard keeps trails
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """One attempt, keyed: the tool's name, canonical arguments, args key, and the bounded
+    session and agent ids."""
+
+    name: str
+    canonical: bytes
+    key: str
+    sid: str
+    aid: str | None
+
+
+@dataclass(slots=True)
+class _Turn:
+    """What counting one attempt under the lock found; reported and decided off it."""
+
+    step: Step
+    repeated: bool
+    newly_stopped: bool
+    post: Step | None = None
+    advice: str | None = None
+    rescue_outcome: str | None = None
+    ask: _Ask | None = None
+    context: dict[str, Any] | None = None
+    evictions: list[str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    """How a reported call ended (``after_tool``'s report), with its call id as text."""
+
+    ref: str | None
+    outcome: str | None
+    error: bool | None
+    output: str | None
+    duration_seconds: float | None
 
 
 def _awaits(pending: Pending, outcome: str | None) -> bool:
@@ -189,7 +220,6 @@ class LoopGuard:
             self.policy.rescue_threshold is not None or self.policy.rescue_on_stall
         )
         self._clock = clock if clock is not None else time.monotonic
-        self._recorder: Recorder = recorder if recorder is not None else NoopRecorder()
         self._lock = threading.Lock()
         self._evictions: list[str] = []
         self._store = SessionStore(
@@ -199,12 +229,14 @@ class LoopGuard:
             on_evict=self._evictions.append,
         )
         self._classifier = Classifier(self.policy)
-        self.trip_log: TripLog | None = (
+        self._reporter = Reporter(
+            self.policy,
+            recorder if recorder is not None else NoopRecorder(),
             TripLog(self.policy.trip_log_path, arguments=self.policy.trip_log_arguments)
             if self.policy.trip_log_path
-            else None
+            else None,
         )
-        self._executor: ThreadPoolExecutor | None = None
+        self._asks = AdvisorPool()
         # Per thread, the last call before_tool keyed: (arguments object, tool, args key). An
         # after_tool with the very same objects reuses the key instead of hashing again.
         self._last = threading.local()
@@ -214,10 +246,12 @@ class LoopGuard:
         self._settled = ReportLedger(_MAX_SETTLED_SESSIONS, _MAX_SETTLED_CALLS)
         self._errors: dict[str, int] = {}
         self._logged: set[tuple[str, str]] = set()
-        # Asks nobody waited for (a rescue decided at a span's start), by (session, agent,
-        # signature), oldest first: await_advice can still wait for one.
-        self._unwaited: OrderedDict[tuple[str, str | None, str], Future[str | None]] = OrderedDict()
-        self._watch_sessions(self._recorder)
+        self._watch_sessions(self._reporter.recorder)
+
+    @property
+    def trip_log(self) -> TripLog | None:
+        """The trip log decisions are written to (``policy.trip_log_path``), or ``None``."""
+        return self._reporter.trip_log
 
     @classmethod
     def from_plugin_config(
@@ -325,14 +359,10 @@ class LoopGuard:
             if decision.action is not Action.RESCUE or has_advice(decision.message):
                 return decision
             sid, aid = self._ids(decision.session, agent)
-            with self._lock:
-                future = self._unwaited.pop((sid, aid, decision.signature), None)
+            future = self._asks.take((sid, aid, decision.signature))
             if future is None:
                 return decision
-            try:
-                advice = _clean_advice(future.result(timeout=self._advice_timeout()))
-            except (FutureTimeout, Exception):
-                return decision
+            advice, _ = self._asks.wait(future, self._advice_timeout())
             if not advice:
                 return decision
             return dataclasses.replace(decision, message=with_advice(decision.message, advice))
@@ -379,7 +409,7 @@ class LoopGuard:
                         trail = state.trail = Trail()
                     trail.new_task(task)
             for reason in evictions:
-                self._recorder.evicted(reason)
+                self._reporter.recorder.evicted(reason)
         except Exception as exc:
             self.report_internal_error("set_task", exc)
 
@@ -407,7 +437,7 @@ class LoopGuard:
                 self._store.expire()
                 evictions = self._take_evictions()
             for reason in evictions:
-                self._recorder.evicted(reason)
+                self._reporter.recorder.evicted(reason)
             return len(evictions)
         except Exception as exc:
             self.report_internal_error("expire_idle_sessions", exc)
@@ -425,7 +455,7 @@ class LoopGuard:
             state = self._store.get(self._store_key(*self._ids(session, agent)), create=False)
             evictions = self._take_evictions()
         for reason in evictions:
-            self._recorder.evicted(reason)
+            self._reporter.recorder.evicted(reason)
         return state
 
     def import_session(
@@ -439,49 +469,64 @@ class LoopGuard:
             self._store.put(self._store_key(*self._ids(session, agent)), state)
             evictions = self._take_evictions()
         for reason in evictions:
-            self._recorder.evicted(reason)
+            self._reporter.recorder.evicted(reason)
 
-    # -- for serve --state-dir (otel_loopguard.service._durable) ------------------------------
+    # -- state, for processes that keep it between runs (serve --state-dir) -----------------
 
-    def _dump_state(self, dump: Callable[[dict[str, Any]], bytes], extra: dict[str, Any]) -> bytes:
-        """``dump`` of every session, the report ledger and ``extra``, under the lock (so no
-        call is half applied in it)."""
+    def snapshot(self) -> dict[str, Any]:
+        """Every session the guard keeps and its report ledger, as plain data (dicts, lists,
+        strings, numbers, booleans, ``None``), taken under the lock so no call is half applied
+        in it. Versioned (``"version"``); give it back with :meth:`restore`. The policy, the
+        advisor and the metrics are not in it: they are the restoring guard's own."""
         with self._lock:
-            store = self._store
-            return dump(
-                {
-                    "sessions": store._sessions,
-                    "agents": store._agents,
-                    "settled": self._settled,
-                    **extra,
-                }
+            return {
+                "version": SNAPSHOT_VERSION,
+                "sessions": self._store.snapshot(),
+                "reported": self._settled.snapshot(),
+            }
+
+    def restore(self, data: Mapping[str, Any]) -> None:
+        """Replace the kept sessions and the report ledger with a :meth:`snapshot`'s (before
+        any call). Raises ``ValueError`` naming what is wrong (an unknown ``version`` names it);
+        the guard is then unchanged."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"guard snapshot: expected a mapping, got {type(data).__name__}")
+        version = data.get("version")
+        if version != SNAPSHOT_VERSION:
+            raise ValueError(
+                f"guard snapshot: unknown version {version!r} (this is {SNAPSHOT_VERSION})"
             )
-
-    def _load_state(self, state: Mapping[str, Any]) -> None:
-        """Take the sessions and the ledger of a :meth:`_dump_state` (before any call)."""
+        store = SessionStore(
+            self.policy.max_sessions,
+            self.policy.session_ttl_seconds,
+            self._clock,
+            on_evict=self._evictions.append,
+        )
+        store.restore(data.get("sessions"), self.policy)
+        settled = ReportLedger(_MAX_SETTLED_SESSIONS, _MAX_SETTLED_CALLS)
+        settled.restore(data.get("reported"))
         with self._lock:
-            store = self._store
-            store._sessions = state["sessions"]
-            store._agents = state["agents"]
-            self._settled = state["settled"]
+            self._store, self._settled = store, settled
 
-    def _replaying(self, advisor: Advisor | None) -> Callable[[], None]:
-        """Until the returned function is called: no metric, no trip line, and ``advisor``
-        answers (a restart applying its log again)."""
-        saved = (self._recorder, self.trip_log, self.advisor)
-        self._recorder, self.trip_log = NoopRecorder(), None
+    @contextmanager
+    def replaying(self, advisor: Advisor | None) -> Iterator[None]:
+        """While inside: no metric is counted, no trip line written, and ``advisor`` answers
+        for the guard's own (when it has one). For a host applying again inputs it logged (a
+        restart of ``serve --state-dir``): what they reported was reported the first time."""
+        reporter = self._reporter
+        saved = (reporter.recorder, reporter.trip_log, self.advisor)
+        reporter.recorder, reporter.trip_log = NoopRecorder(), None
         if self.advisor is not None:
             self.advisor = advisor
-
-        def done() -> None:
-            self._recorder, self.trip_log, self.advisor = saved
-
-        return done
+        try:
+            yield
+        finally:
+            reporter.recorder, reporter.trip_log, self.advisor = saved
 
     @property
     def recorder(self) -> Recorder:
         """Where the guard reports its metrics."""
-        return self._recorder
+        return self._reporter.recorder
 
     def serve_metrics(self, port: int, addr: str = "127.0.0.1") -> MetricsServer:
         """Serve Prometheus ``/metrics`` from a daemon thread on ``addr`` (loopback unless told
@@ -505,19 +550,18 @@ class LoopGuard:
         """Stop the advisor worker. Queued asks are abandoned; with ``wait``, an ask under way is
         waited for, so its advice is cached (or its budget refunded) before this returns. The
         guard stays usable."""
-        executor, self._executor = self._executor, None
-        if executor is not None:
-            executor.shutdown(wait=wait, cancel_futures=True)
+        self._asks.close(wait=wait)
 
     def _prometheus(self) -> PrometheusRecorder:
-        recorder = self._recorder
+        reporter = self._reporter
+        recorder = reporter.recorder
         if type(recorder) is NoopRecorder:
             fresh = PrometheusRecorder()  # built off the lock: the first build imports a library
             self._watch_sessions(fresh)
             with self._lock:
-                if type(self._recorder) is NoopRecorder:
-                    self._recorder = fresh
-                recorder = self._recorder
+                if type(reporter.recorder) is NoopRecorder:
+                    reporter.recorder = fresh
+                recorder = reporter.recorder
         if not isinstance(recorder, PrometheusRecorder):
             raise ValueError(
                 f"recorder: {type(recorder).__name__} has no Prometheus registry;"
@@ -588,112 +632,18 @@ class LoopGuard:
         """
         if on_block not in ("raise", "return"):
             raise ValueError(f"on_block: expected 'raise' or 'return', got {on_block!r}")
+        options: dict[str, Any] = dict(
+            tool=tool,
+            session=session,
+            agent=agent,
+            on_block=on_block,
+            append_reminders=append_reminders,
+        )
         if fn is None:
-            return lambda f: self.wrap(
-                f,
-                tool=tool,
-                session=session,
-                agent=agent,
-                on_block=on_block,
-                append_reminders=append_reminders,
-            )
+            return lambda f: self.wrap(f, **options)
         if not callable(fn):
             raise ValueError(f"fn: expected a callable, got {type(fn).__name__}")
-        name = tool or getattr(fn, "__name__", None) or type(fn).__name__
-        try:
-            signature: inspect.Signature | None = inspect.signature(fn)
-        except (TypeError, ValueError):
-            signature = None
-
-        def bind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> object:
-            if signature is None:
-                return {"args": list(args), "kwargs": kwargs}
-            try:
-                bound = signature.bind(*args, **kwargs)
-            except TypeError:
-                return {"args": list(args), "kwargs": kwargs}
-            bound.apply_defaults()
-            return dict(bound.arguments)
-
-        def session_id() -> str:
-            return session() if callable(session) else session
-
-        def blocked(decision: Decision) -> Any:
-            if on_block == "raise":
-                raise LoopDetected(decision)
-            return decision.message
-
-        def failed(arguments: object, sid: str, started: float, exc: BaseException) -> None:
-            post = self.after_tool(
-                name,
-                arguments,
-                session=sid,
-                agent=agent,
-                error=True,
-                result=repr(exc),
-                duration_seconds=time.perf_counter() - started,
-            )
-            if post is not None and post.blocks and on_block == "raise":
-                # The third identical failure: the run should end, not just see the error.
-                raise LoopDetected(post) from exc
-
-        def finish(
-            decision: Decision, arguments: object, sid: str, started: float, result: Any
-        ) -> Any:
-            post = self.after_tool(
-                name,
-                arguments,
-                session=sid,
-                agent=agent,
-                result=result,
-                duration_seconds=time.perf_counter() - started,
-            )
-            if post is not None and post.blocks:
-                # Concluded from this result (a stop after the call ran): the call ran, but the
-                # run ends here, as a blocked call would end it.
-                return blocked(post)
-            if post is not None and post.action is Action.REMIND:
-                decision = post
-            if append_reminders and decision.action is Action.REMIND and isinstance(result, str):
-                return f"{result}\n\n{decision.message}"
-            return result
-
-        if inspect.iscoroutinefunction(fn):
-            async_fn = cast(Callable[..., Awaitable[Any]], fn)
-
-            @functools.wraps(fn)
-            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                arguments = bind(args, kwargs)
-                sid = session_id()
-                decision = self.before_tool(name, arguments, session=sid, agent=agent)
-                if decision.blocks:
-                    return blocked(decision)
-                started = time.perf_counter()
-                try:
-                    result = await async_fn(*args, **kwargs)
-                except BaseException as exc:
-                    failed(arguments, sid, started, exc)
-                    raise
-                return finish(decision, arguments, sid, started, result)
-
-            return cast(F, async_wrapper)
-
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            arguments = bind(args, kwargs)
-            sid = session_id()
-            decision = self.before_tool(name, arguments, session=sid, agent=agent)
-            if decision.blocks:
-                return blocked(decision)
-            started = time.perf_counter()
-            try:
-                result = fn(*args, **kwargs)
-            except BaseException as exc:
-                failed(arguments, sid, started, exc)
-                raise
-            return finish(decision, arguments, sid, started, result)
-
-        return cast(F, wrapper)
+        return cast(F, wrap_tool(self, fn, **options))
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -726,7 +676,6 @@ class LoopGuard:
         """Count one attempt and decide. ``ran``: the attempt already ran (reported only when it
         ended, keyed by ``after_tool``), so its outcome is recorded at once and it is never
         pending; ``None`` for an attempt about to run."""
-        policy = self.policy
         name = tool if type(tool) is str and len(tool) <= MAX_TOOL_NAME_CHARS else tool_name(tool)
         if ran is None:
             known = self._key_call(name, arguments)
@@ -735,186 +684,129 @@ class LoopGuard:
             mutating, canonical, key = known
         else:
             mutating, canonical, key = ran.mutating, ran.canonical, ran.key
-        keep_trail = self._keep_trail
-        trail_arguments = _cut_utf8(canonical, MAX_TRAIL_ARGUMENT_CHARS) if keep_trail else ""
         store_key: object
         if type(session) is str and agent is None and len(session) <= MAX_ID_CHARS:
             sid, aid, store_key = session, None, session  # the common case, without the calls
         else:
             sid, aid = self._ids(session, agent)
             store_key = self._store_key(sid, aid)
-        ask: tuple[SessionState, int, float | None] | None = None
-        advice: str | None = None
-        rescue_outcome: str | None = None
+        call = _Call(name, canonical, key, sid, aid)
+        trail_arguments = _cut_utf8(canonical, MAX_TRAIL_ARGUMENT_CHARS) if self._keep_trail else ""
         with self._lock:
             state: SessionState = self._store.get(store_key)  # type: ignore[assignment]
             if ran is None:
                 # The kept ids (bounded), not the caller's: a long id only misses this memo.
                 self._last.call = (arguments, tool, sid, aid, key, state)
-            verdict, stuck, stalled = evaluate(state, key, policy)
-            if verdict is None and stalled is None and not state.stopped:
-                step = _ALLOW_STEP  # the common case: nothing repeats
-            else:
-                step = climb(
-                    verdict,
-                    stalled,
-                    trend(state.signature(key)),
-                    denials=state.denials,
-                    stopped=state.stopped,
-                    policy=policy,
-                    stuck=stuck,
-                    stop_threshold=state.stop_threshold,
-                )
-            # The first stop of a run (counted once in loopguard_stopped_runs_total; later calls
-            # are decided stop again, and in observe mode they keep coming).
-            newly_stopped = step.action is Action.STOP and not state.stopped
-            detected_block = step.action in BLOCKING_ACTIONS
-            enforced_block = detected_block and policy.mode is Mode.ENFORCE and ran is None
-            repeated = state.record_attempt(
-                key, policy, blocked=detected_block, explores=not mutating, refused=enforced_block
-            )
-            if newly_stopped:
-                state.stopped = True
-                state.stop_threshold = step.threshold
-            post: Step | None = None
-            if ran is not None:
-                # It ran (we only heard of it afterwards): its outcome, maybe progress.
-                post = self._ran(state, key, mutating, ran.outcome, ran.error)
-            else:
-                ref = key if call_id is None else _text(call_id)
-                state.add_pending(ref, key, enforced_block, mutating)
-                if call_id is not None and self._settled:
-                    self._settled.take(store_key, ref)  # a new attempt under a reused call id
-            if keep_trail:
-                trail = state.trail
-                if trail is None:
-                    trail = state.trail = Trail()
-                if ran is None:
-                    trail.add(
-                        name, trail_arguments, key, "refused" if enforced_block else None, None
-                    )
-                else:
-                    trail.add(name, trail_arguments, key, _ended(ran.error), ran.output)
-            context: dict[str, Any] | None = None
-            if step.action is Action.RESCUE:
-                advice, rescue_outcome, ask = self._reserve_rescue(state, key)
-                if ask is not None:
-                    context = self._context(state, key)
-            evictions = self._take_evictions() if self._evictions else None
-
-        recorder = self._recorder
-        if evictions:
-            for reason in evictions:
-                recorder.evicted(reason)
-        recorder.tool_call(aid, name, repeated)
-        if newly_stopped:
-            recorder.stopped_run(aid, name, step.rule.value if step.rule else "none")
-        if ran is not None and repeated and ran.duration_seconds:
-            recorder.wasted(aid, name, ran.duration_seconds)
-
-        escalation_failed = False
-        if ask is not None and context is not None:
-            request = AdviceRequest(
-                session=sid,
-                tool=name,
-                arguments_preview=arguments_preview(canonical, MAX_QUESTION_ARGUMENT_CHARS),
-                count=step.count,
-                rule=step.rule.value if step.rule else "",
-                denial=message_for(step, name, canonical, policy, action=Action.DENY),
-                agent=aid,
-                signature=key[:12],
-                model=policy.advisor_model,
-                **context,
-            )
-            trip: dict[str, Any] | None = None
-            if self.trip_log is not None and not wait_for_advice:
-                # Nobody waits for this ask: if it fails, its own line says so.
-                trip = dict(
-                    session=sid,
-                    agent=aid,
-                    tool=name,
-                    rule=request.rule or None,
-                    action=step.action.value,
-                    mode=policy.mode.value,
-                    count=step.count,
-                    threshold=step.threshold,
-                    signature=key[:12],
-                    kind="escalation-failed",
-                    arguments=arguments_preview(canonical, policy.arguments_preview_chars)
-                    if self.trip_log.arguments
-                    else None,
-                )
-            advice, escalation_failed = self._ask(ask, key, request, trip, wait_for_advice)
-        if rescue_outcome is not None:
-            recorder.rescue(rescue_outcome)
-        # A rescue without advice is a denial, unless its ask is under way for a caller that did
-        # not wait (a span's start): it stays a rescue, whose advice await_advice can wait for.
-        if step.action is Action.RESCUE and advice is None and (wait_for_advice or ask is None):
-            step = Step(
-                Action.DENY,
-                step.rule,
-                step.count,
-                step.deny_threshold or step.threshold,
-                denials=step.denials,
-                refused=step.refused,
-            )
-        if post is not None:
-            return self._post_decision(post, name, key, sid, aid)
-
-        if step.action is Action.ALLOW:
-            if not repeated:
-                return ALLOW
-            return Decision(
-                Action.ALLOW,
-                rule=step.rule,
-                count=step.count,
-                signature=key[:12],
-                tool=name,
-                session=sid,
-                repeated=True,
-            )
-        rule = step.rule.value if step.rule else None
-        recorder.decision(aid, name, rule or "none", step.action.value, step.count)
-        trip_log = self.trip_log
-        if trip_log is not None:
-            trip_log.write(
+            turn = self._count(state, store_key, call, mutating, call_id, ran, trail_arguments)
+        self._report_attempt(turn, call, ran)
+        advice, escalation_failed = turn.advice, False
+        if turn.ask is not None and turn.context is not None:
+            advice, escalation_failed = self._ask(turn.ask, call, turn, wait_for_advice)
+        if turn.rescue_outcome is not None:
+            self._reporter.recorder.rescue(turn.rescue_outcome)
+        step = settle_rescue(turn.step, advice, asking=not wait_for_advice and turn.ask is not None)
+        if turn.post is not None:
+            return self._post_decision(turn.post, name, key, sid, aid)
+        if step.action is not Action.ALLOW:
+            self._reporter.decided(
+                step,
                 session=sid,
                 agent=aid,
                 tool=name,
-                rule=rule,
-                action=step.action.value,
-                mode=policy.mode.value,
-                count=step.count,
-                threshold=step.threshold,
-                signature=key[:12],
-                arguments=arguments_preview(canonical, policy.arguments_preview_chars)
-                if trip_log.arguments
-                else None,
+                key=key,
+                canonical=canonical,
                 kind="escalation-failed" if escalation_failed else None,
             )
-        action: Action = step.action
-        if policy.mode is Mode.OBSERVE:
-            action = Action.ALLOW
-        elif policy.mode is Mode.ADVISE and action in BLOCKING_ACTIONS:
-            action = Action.REMIND
-        message = (
-            ""
-            if action is Action.ALLOW
-            else message_for(step, name, canonical, policy, advice, action=action)
-        )
-        return Decision(
-            action=action,
-            message=message,
-            rule=step.rule,
-            count=step.count,
-            threshold=step.threshold,
-            signature=key[:12],
+        return decide(
+            step,
             tool=name,
+            key=key,
             session=sid,
-            repeated=repeated,
-            detected=step.action,
-            hash_prefix=_hash_prefix(name, canonical) if action in BLOCKING_ACTIONS else "",
+            policy=self.policy,
+            canonical=canonical,
+            advice=advice,
+            repeated=turn.repeated,
         )
+
+    def _climb(self, state: SessionState, key: str) -> Step:
+        """Under the lock: where this attempt of ``key`` stands on the ladder."""
+        policy = self.policy
+        verdict, stuck, stalled = evaluate(state, key, policy)
+        if verdict is None and stalled is None and not state.stopped:
+            return ALLOW_STEP  # the common case: nothing repeats
+        return climb(
+            verdict,
+            stalled,
+            trend(state.signature(key)),
+            denials=state.denials,
+            stopped=state.stopped,
+            policy=policy,
+            stuck=stuck,
+            stop_threshold=state.stop_threshold,
+        )
+
+    def _count(
+        self,
+        state: SessionState,
+        store_key: object,
+        call: _Call,
+        mutating: bool,
+        call_id: object,
+        ran: _Ran | None,
+        trail_arguments: str,
+    ) -> _Turn:
+        """Under the lock: count the attempt in ``state``, keep it pending (or record how it
+        ran), and reserve an ask at rescue."""
+        policy = self.policy
+        key = call.key
+        step = self._climb(state, key)
+        # The first stop of a run (counted once in loopguard_stopped_runs_total; later calls
+        # are decided stop again, and in observe mode they keep coming).
+        newly_stopped = step.action is Action.STOP and not state.stopped
+        detected_block = step.action in BLOCKING_ACTIONS
+        enforced_block = detected_block and policy.mode is Mode.ENFORCE and ran is None
+        repeated = state.record_attempt(
+            key, policy, blocked=detected_block, explores=not mutating, refused=enforced_block
+        )
+        if newly_stopped:
+            state.stopped = True
+            state.stop_threshold = step.threshold
+        turn = _Turn(step, repeated, newly_stopped)
+        if ran is not None:
+            # It ran (we only heard of it afterwards): its outcome, maybe progress.
+            turn.post = self._ran(state, key, mutating, ran.outcome, ran.error)
+        else:
+            ref = key if call_id is None else _text(call_id)
+            state.add_pending(ref, key, enforced_block, mutating)
+            if call_id is not None and self._settled:
+                self._settled.take(store_key, ref)  # a new attempt under a reused call id
+        if self._keep_trail:
+            trail = state.trail
+            if trail is None:
+                trail = state.trail = Trail()
+            if ran is None:
+                refused = "refused" if enforced_block else None
+                trail.add(call.name, trail_arguments, key, refused, None)
+            else:
+                trail.add(call.name, trail_arguments, key, _ended(ran.error), ran.output)
+        if step.action is Action.RESCUE:
+            turn.advice, turn.rescue_outcome, turn.ask = self._reserve_rescue(state, key)
+            if turn.ask is not None:
+                turn.context = self._context(state, key)
+        turn.evictions = self._take_evictions() if self._evictions else None
+        return turn
+
+    def _report_attempt(self, turn: _Turn, call: _Call, ran: _Ran | None) -> None:
+        """Off the lock: the metrics of one counted attempt (before any decision's)."""
+        recorder = self._reporter.recorder
+        if turn.evictions:
+            for reason in turn.evictions:
+                recorder.evicted(reason)
+        recorder.tool_call(call.aid, call.name, turn.repeated)
+        if turn.newly_stopped:
+            self._reporter.stopped(turn.step, call.aid, call.name)
+        if ran is not None and turn.repeated and ran.duration_seconds:
+            recorder.wasted(call.aid, call.name, ran.duration_seconds)
 
     def _finish(
         self,
@@ -927,12 +819,14 @@ class LoopGuard:
         result: object,
         duration_seconds: float | None,
     ) -> Decision | None:
-        ref = _text(call_id) if call_id is not None else None
-        outcome = outcome_key(result, error)
-        output = _output_text(result) if self._keep_trail else None
+        done = _Outcome(
+            _text(call_id) if call_id is not None else None,
+            outcome_key(result, error),
+            error,
+            _output_text(result) if self._keep_trail else None,
+            duration_seconds,
+        )
         last = getattr(self._last, "call", None)
-        known_key: str | None = None
-        known_state: SessionState | None = None
         if (
             last is not None
             and last[0] is arguments
@@ -941,55 +835,99 @@ class LoopGuard:
             and last[3] == agent
         ):
             # The same objects this thread's last before_tool keyed: reuse its key and session.
-            known_key, known_state = last[4], last[5]
-        if ref is not None or known_key is not None:
-            # The store key is needed only with a call id, or without the state at hand.
-            store_key: object = (
-                self._store_key(*self._ids(session, agent))
-                if ref is not None or known_state is None
-                else None
-            )
-            with self._lock:
-                settled = self._settled.take(store_key, ref) if ref is not None else None
-                early: Step | None = None
-                state = None
-                if settled is not None:
-                    # This call was reported already (by the hook, or by its span): this report
-                    # only adds the outcome the first one lacked.
-                    early = self._late_outcome(store_key, settled, outcome, error)
-                else:
-                    state = known_state or self._store.get(store_key, create=False)
-                pending = None
-                if state is not None:
-                    if ref is not None:
-                        pending = state.take_pending(ref)
-                        if pending is not None:
-                            self._settled.settle(
-                                store_key, ref, pending.args_key, _awaits(pending, outcome)
-                            )
-                    if pending is None and known_key is not None:
-                        pending = state.take_pending(known_key)
-                        if pending is not None and ref is None:
-                            # Reported without an id: a second report of it (the span's, or the
-                            # hook's) is matched by its arguments and adds nothing.
-                            if store_key is None:
-                                store_key = self._store_key(*self._ids(session, agent))
-                            self._settled.settle(
-                                store_key, known_key, known_key, _awaits(pending, outcome)
-                            )
-                post = None
-                if pending is not None:
-                    post = self._apply_outcome(state, pending, outcome, error, output)  # type: ignore[arg-type]
+            matched, decision = self._finish_known(tool, session, agent, done, last[4], last[5])
+        elif done.ref is not None:
+            matched, decision = self._finish_known(tool, session, agent, done, None, None)
+        else:
+            matched, decision = False, None
+        if matched:
+            return decision
+        return self._finish_by_arguments(tool, arguments, session, agent, call_id, done)
+
+    def _finish_known(
+        self,
+        tool: object,
+        session: object,
+        agent: object,
+        done: _Outcome,
+        known_key: str | None,
+        known_state: SessionState | None,
+    ) -> tuple[bool, Decision | None]:
+        """A report of a call with an id, or keyed by this thread's last ``before_tool``: the
+        pending attempt it ends, or the earlier report it repeats. (whether it matched, what
+        the guard concludes)."""
+        ref = done.ref
+        early: Step | None = None
+        state: SessionState | None = None
+        pending: Pending | None = None
+        post: Step | None = None
+        # The store key is needed only with a call id, or without the state at hand.
+        store_key: object = (
+            self._store_key(*self._ids(session, agent))
+            if ref is not None or known_state is None
+            else None
+        )
+        with self._lock:
+            settled = self._settled.take(store_key, ref) if ref is not None else None
             if settled is not None:
-                return self._late_decision(early, tool, settled[0], session, agent)
+                # This call was reported already (by the hook, or by its span): this report
+                # only adds the outcome the first one lacked.
+                early = self._late_outcome(store_key, settled, done.outcome, done.error)
+            else:
+                state = known_state or self._store.get(store_key, create=False)
+                if state is not None:
+                    pending = self._take_known(state, store_key, done, known_key, session, agent)
+                if pending is not None:
+                    post = self._apply_outcome(state, pending, done)  # type: ignore[arg-type]
+        if settled is not None:
+            return True, self._late_decision(early, tool, settled[0], session, agent)
+        if pending is None:
+            return False, None
+        if done.duration_seconds:
+            self._record_wasted(state, pending, agent, tool, done.duration_seconds)
+        if post is None:
+            return True, None
+        name = tool_name(tool)
+        return True, self._post_decision(post, name, pending.args_key, *self._ids(session, agent))
+
+    def _take_known(
+        self,
+        state: SessionState,
+        store_key: object,
+        done: _Outcome,
+        known_key: str | None,
+        session: object,
+        agent: object,
+    ) -> Pending | None:
+        """Under the lock: the pending attempt a report ends, by its call id, else by the key
+        this thread's last ``before_tool`` gave it; settled in the ledger."""
+        ref, outcome = done.ref, done.outcome
+        pending = None
+        if ref is not None:
+            pending = state.take_pending(ref)
             if pending is not None:
-                if duration_seconds:
-                    self._record_wasted(state, pending, agent, tool, duration_seconds)
-                if post is None:
-                    return None
-                return self._post_decision(
-                    post, tool_name(tool), pending.args_key, *self._ids(session, agent)
-                )
+                self._settled.settle(store_key, ref, pending.args_key, _awaits(pending, outcome))
+        if pending is None and known_key is not None:
+            pending = state.take_pending(known_key)
+            if pending is not None and ref is None:
+                # Reported without an id: a second report of it (the span's, or the hook's)
+                # is matched by its arguments and adds nothing.
+                if store_key is None:
+                    store_key = self._store_key(*self._ids(session, agent))
+                self._settled.settle(store_key, known_key, known_key, _awaits(pending, outcome))
+        return pending
+
+    def _finish_by_arguments(
+        self,
+        tool: object,
+        arguments: object,
+        session: object,
+        agent: object,
+        call_id: object,
+        done: _Outcome,
+    ) -> Decision | None:
+        """A report matched by session and arguments: the pending attempt it ends, an earlier
+        report it repeats, or else a call heard of only now (counted as it ran)."""
         store_key = self._store_key(*self._ids(session, agent))
         name = tool_name(tool)
         keyed = self._key_call(name, arguments)
@@ -1002,43 +940,46 @@ class LoopGuard:
             state = self._store.get(store_key, create=False)
             pending = None
             if state is not None:
-                # The hook may have counted this call without an id (pending under its args key),
-                # or under an id this report does not carry: match it by session and arguments.
-                pending = state.take_pending(key)
-                if pending is not None and ref is None:
-                    # Counted without an id, reported without one: remember it, so that the
-                    # other report of the same call (hook or span, either order) adds nothing.
-                    self._settled.settle(store_key, key, key, _awaits(pending, outcome))
-                elif pending is None and state.pending:
-                    pending = self._settled.take_pending_by_args(
-                        state, store_key, key, outcome is None
-                    )
+                pending = self._take_by_arguments(state, store_key, key, done)
             post = None
             if pending is not None:
-                post = self._apply_outcome(state, pending, outcome, error, output)  # type: ignore[arg-type]
-            elif ref is None:
+                post = self._apply_outcome(state, pending, done)  # type: ignore[arg-type]
+            elif done.ref is None:
                 settled = self._settled.take_by_args(store_key, key)
                 if settled is not None:
                     # The hook reported this call with its id; this is the span's echo (or the
                     # other way round): it only adds an outcome the first report lacked.
-                    late = self._late_outcome(store_key, settled, outcome, error)
-        if pending is None and ref is None and settled is not None:
+                    late = self._late_outcome(store_key, settled, done.outcome, done.error)
+        if settled is not None:
             return self._late_decision(late, name, key, session, agent)
         if pending is not None:
-            if duration_seconds:
-                self._record_wasted(state, pending, agent, name, duration_seconds)
+            if done.duration_seconds:
+                self._record_wasted(state, pending, agent, name, done.duration_seconds)
             if post is None:
                 return None
             return self._post_decision(post, name, key, *self._ids(session, agent))
-        return self._attempt(
-            name,
-            arguments,
-            session,
-            agent,
-            call_id,
-            wait_for_advice=False,
-            ran=_Ran(mutating, canonical, key, outcome, error, duration_seconds, output),
+        ran = _Ran(
+            mutating, canonical, key, done.outcome, done.error, done.duration_seconds, done.output
         )
+        return self._attempt(
+            name, arguments, session, agent, call_id, wait_for_advice=False, ran=ran
+        )
+
+    def _take_by_arguments(
+        self, state: SessionState, store_key: object, key: str, done: _Outcome
+    ) -> Pending | None:
+        """Under the lock: the hook may have counted this call without an id (pending under its
+        args key), or under an id this report does not carry: match it by its arguments."""
+        pending = state.take_pending(key)
+        if pending is not None and done.ref is None:
+            # Counted without an id, reported without one: remember it, so that the other
+            # report of the same call (hook or span, either order) adds nothing.
+            self._settled.settle(store_key, key, key, _awaits(pending, done.outcome))
+        elif pending is None and state.pending:
+            pending = self._settled.take_pending_by_args(
+                state, store_key, key, done.outcome is None
+            )
+        return pending
 
     def _key_call(self, name: str, arguments: object) -> tuple[bool, bytes, str] | None:
         """(mutating, canonical JSON, args key) of a call of ``name``, or ``None`` when the
@@ -1050,19 +991,12 @@ class LoopGuard:
         canonical = canonical_json(value)
         return mutating, canonical, args_key(name, canonical)
 
-    def _apply_outcome(
-        self,
-        state: SessionState,
-        pending: Pending,
-        outcome: str | None,
-        error: bool | None,
-        output: str | None = None,
-    ) -> Step | None:
+    def _apply_outcome(self, state: SessionState, pending: Pending, done: _Outcome) -> Step | None:
         if pending.blocked:
             return None  # a denied call never ran: its "result" is our message, never progress
         if state.trail is not None:
-            state.trail.settle(pending.args_key, _ended(error), output)
-        return self._ran(state, pending.args_key, pending.mutating, outcome, error)
+            state.trail.settle(pending.args_key, _ended(done.error), done.output)
+        return self._ran(state, pending.args_key, pending.mutating, done.outcome, done.error)
 
     def _late_outcome(
         self, store_key: object, settled: Settled, outcome: str | None, error: bool | None
@@ -1077,13 +1011,7 @@ class LoopGuard:
         if state is None:
             return None
         state.record_outcome(key, outcome, failed=error is True)
-        if state.stopped:
-            return None
-        step = conclude(identical_failures(state, key), policy=self.policy)
-        if step is not None:
-            state.stopped = True
-            state.stop_threshold = step.threshold
-        return step
+        return self._conclude(state, key)
 
     def _late_decision(
         self, late: Step | None, tool: object, key: str, session: object, agent: object
@@ -1101,8 +1029,13 @@ class LoopGuard:
         state.record_outcome(key, outcome, failed=failed)
         if mutating and not failed and state.mutated(key, outcome, self.policy):
             return None
+        return self._conclude(state, key)
+
+    def _conclude(self, state: SessionState, key: str) -> Step | None:
+        """Under the lock: after a call of ``key`` ran, a stop when its failures say the run is
+        stuck (once: a session already told to stop is told so by the pre-call answers)."""
         if state.stopped:
-            return None  # already told to stop; the pre-call answers say so
+            return None
         step = conclude(identical_failures(state, key), policy=self.policy)
         if step is not None:
             state.stopped = True
@@ -1112,47 +1045,10 @@ class LoopGuard:
     def _post_decision(
         self, step: Step, name: str, key: str, sid: str, aid: str | None
     ) -> Decision:
-        """The :class:`Decision` for a post-call conclusion ``step``: counted, logged and
-        softened by the mode like a pre-call one."""
-        policy = self.policy
-        rule = step.rule.value if step.rule else None
-        self._recorder.decision(aid, name, rule or "none", step.action.value, step.count)
-        if step.action is Action.STOP:  # _ran concludes a stop only for a run not stopped yet
-            self._recorder.stopped_run(aid, name, rule or "none")
-        if self.trip_log is not None:
-            self.trip_log.write(
-                session=sid,
-                agent=aid,
-                tool=name,
-                rule=rule,
-                action=step.action.value,
-                mode=policy.mode.value,
-                count=step.count,
-                threshold=step.threshold,
-                signature=key[:12],
-                arguments=None,
-            )
-        action = step.action
-        if policy.mode is Mode.OBSERVE:
-            action = Action.ALLOW
-        elif policy.mode is Mode.ADVISE and action in BLOCKING_ACTIONS:
-            action = Action.REMIND
-        message = (
-            "" if action is Action.ALLOW else message_for(step, name, b"", policy, action=action)
-        )
-        return Decision(
-            action=action,
-            message=message,
-            rule=step.rule,
-            count=step.count,
-            threshold=step.threshold,
-            signature=key[:12],
-            tool=name,
-            session=sid,
-            repeated=True,
-            detected=step.action,
-            phase=Phase.POST,
-        )
+        """The :class:`Decision` for a post-call conclusion ``step``: reported, and softened by
+        the mode like a pre-call one."""
+        self._reporter.decided_after(step, session=sid, agent=aid, tool=name, key=key)
+        return decide(step, tool=name, key=key, session=sid, policy=self.policy, phase=Phase.POST)
 
     def _record_wasted(
         self,
@@ -1166,11 +1062,12 @@ class LoopGuard:
             return
         signature = state.signatures.get(pending.args_key)
         if signature is not None and signature.count > 1:
-            self._recorder.wasted(self._ids("", agent)[1], tool_name(tool), duration_seconds)
+            aid = self._ids("", agent)[1]
+            self._reporter.recorder.wasted(aid, tool_name(tool), duration_seconds)
 
     def _reserve_rescue(
         self, state: SessionState, key: str
-    ) -> tuple[str | None, str | None, tuple[SessionState, int, float | None] | None]:
+    ) -> tuple[str | None, str | None, _Ask | None]:
         """Under the lock: cached advice, or a reserved ask, or why not (budget, cooldown)."""
         if self.advisor is None:
             return None, None, None
@@ -1205,7 +1102,13 @@ class LoopGuard:
             context.update(
                 recent_calls=tuple(
                     CallRecord(
-                        c.tool, c.arguments, c.outcome, c.output, c.key[:12], c.times, c.refused
+                        c.tool,
+                        c.arguments,
+                        c.outcome,
+                        c.output,
+                        c.key[:SIGNATURE_CHARS],
+                        c.times,
+                        c.refused,
                     )
                     for c in trail.calls
                 ),
@@ -1215,44 +1118,51 @@ class LoopGuard:
             )
         return context
 
-    def _ask(
-        self,
-        ask: tuple[SessionState, int, float | None],
-        key: str,
-        request: AdviceRequest,
-        trip: dict[str, Any] | None,
-        wait: bool,
-    ) -> tuple[str | None, bool]:
+    def _ask(self, ask: _Ask, call: _Call, turn: _Turn, wait: bool) -> tuple[str | None, bool]:
         """Ask the advisor off the lock; wait only when ``wait`` (hooks), never for spans.
         Returns (advice, whether an ask waited for failed).
 
         The outcome (advice cached, or budget refunded) is settled by :meth:`_advice_done` when
         the ask ends, whether or not anyone waited for it; an ask nobody waited for that fails
         writes its own ``escalation-failed`` trip line."""
-        state, epoch, previous = ask
+        policy, step = self.policy, turn.step
         advisor = self.advisor
-        assert advisor is not None
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(
-                max_workers=2, thread_name_prefix="loopguard-advisor"
+        assert advisor is not None and turn.context is not None
+        request = AdviceRequest(
+            session=call.sid,
+            tool=call.name,
+            arguments_preview=arguments_preview(call.canonical, MAX_QUESTION_ARGUMENT_CHARS),
+            count=step.count,
+            rule=step.rule.value if step.rule else "",
+            denial=message_for(step, call.name, call.canonical, policy, action=Action.DENY),
+            agent=call.aid,
+            signature=call.key[:SIGNATURE_CHARS],
+            model=policy.advisor_model,
+            **turn.context,
+        )
+        # Nobody waits for an ask at a span's start: if it fails, its own trip line says so.
+        trip = None
+        if not wait:
+            trip = self._reporter.trip_line(
+                step,
+                session=call.sid,
+                agent=call.aid,
+                tool=call.name,
+                key=call.key,
+                canonical=call.canonical,
+                kind="escalation-failed",
             )
-        future: Future[str | None] = self._executor.submit(advisor, request)
-        future.add_done_callback(
-            lambda done: self._advice_done(done, state, epoch, previous, key, trip)
+        state, epoch, previous = ask
+        key = call.key
+        future = self._asks.submit(
+            advisor,
+            request,
+            lambda done: self._advice_done(done, state, epoch, previous, key, trip),
         )
         if not wait:
-            with self._lock:
-                unwaited = self._unwaited
-                unwaited[(request.session, request.agent, request.signature)] = future
-                while len(unwaited) > _MAX_UNWAITED_ASKS:
-                    unwaited.popitem(last=False)
+            self._asks.keep((request.session, request.agent, request.signature), future)
             return None, False
-        try:
-            advice = future.result(timeout=self._advice_timeout())
-        except (FutureTimeout, Exception):
-            return None, True
-        cleaned = _clean_advice(advice)
-        return cleaned, cleaned is None
+        return self._asks.wait(future, self._advice_timeout())
 
     def _advice_timeout(self) -> float:
         """How long a caller waits for an ask: the policy's advisor timeout, plus a grace for a
@@ -1270,16 +1180,14 @@ class LoopGuard:
         epoch: int,
         previous: float | None,
         key: str,
-        trip: dict[str, Any] | None,
+        trip: TripLine | None,
     ) -> None:
         """On the advisor thread: cache advice for this signature and epoch, or refund (and,
         for an ask nobody waited for, write its ``escalation-failed`` trip line)."""
         try:
             error = future.exception() if not future.cancelled() else None
             advice = (
-                None
-                if future.cancelled() or error is not None
-                else (_clean_advice(future.result()))
+                None if future.cancelled() or error is not None else clean_advice(future.result())
             )
             with self._lock:
                 if advice:
@@ -1291,9 +1199,9 @@ class LoopGuard:
                     state.rescues = max(0, state.rescues - 1)
                     if state.last_rescue_at is not None:
                         state.last_rescue_at = previous
-            self._recorder.rescue("advice" if advice else "failed")
-            if not advice and trip is not None and self.trip_log is not None:
-                self.trip_log.write(**trip)
+            self._reporter.recorder.rescue("advice" if advice else "failed")
+            if not advice:
+                self._reporter.write(trip)
             if error is not None:
                 self._internal_once("advisor", error)
         except Exception as exc:  # never let a callback kill the advisor thread
@@ -1327,7 +1235,7 @@ class LoopGuard:
                     self._settled.forget(key)  # a new run may reuse call ids
                 evictions = self._take_evictions()
             for reason in evictions:
-                self._recorder.evicted(reason)
+                self._reporter.recorder.evicted(reason)
         except Exception as exc:
             self.report_internal_error(where, exc)
 
@@ -1364,6 +1272,6 @@ class LoopGuard:
                     type(exc).__name__,
                     exc_info=exc,
                 )
-            self._recorder.internal_error(where)
+            self._reporter.recorder.internal_error(where)
         except Exception:  # pragma: no cover - logging itself failed; nothing left to do
             pass

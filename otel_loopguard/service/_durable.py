@@ -25,14 +25,21 @@ replay updates no metric and writes no decision line or trip line (they were mad
 crash). A torn last frame (the crash hit a write) ends the log; a damaged snapshot is moved aside
 to ``snapshot.corrupt-<UTC time>`` with a note on stderr, and the log is replayed alone.
 
-The snapshot is a pickle, so ``DIR`` must be trusted as the program is: it is refused when it, or
-the snapshot, belongs to another user or can be written by group or others.
+The snapshot is plain data (:data:`SNAPSHOT_VERSION`; dicts, lists, tuples, strings, bytes,
+numbers, booleans, ``None``: what :meth:`LoopGuard.snapshot
+<otel_loopguard.guard.LoopGuard.snapshot>`, :meth:`TraceBuffer.snapshot
+<otel_loopguard.traces.TraceBuffer.snapshot>` and the held reminders give), pickled and read back
+by an unpickler that loads no class or function at all (:func:`plain_loads`), so a snapshot
+cannot run code. The log's batches are still pickles of decoded spans, so ``DIR`` must be trusted
+as the program is: it is refused when it, or the snapshot, belongs to another user or can be
+written by group or others.
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
+import io
 import os
 import pickle
 import stat
@@ -54,12 +61,15 @@ __all__ = [
     "DECISION",
     "SNAPSHOT_INTERVAL_SECONDS",
     "SNAPSHOT_LOG_BYTES",
+    "SNAPSHOT_VERSION",
     "Gate",
     "Record",
     "Recovered",
     "ServiceClock",
     "StateDir",
     "StateError",
+    "plain_dumps",
+    "plain_loads",
 ]
 
 BATCH: Final = 1
@@ -69,6 +79,8 @@ ADVICE: Final = 3
 #: Seconds between snapshots while anything changes (the log between two is what a restart
 #: replays).
 SNAPSHOT_INTERVAL_SECONDS: Final = 30.0
+#: Version of the snapshot's plain data (``"version"``); a snapshot of another is set aside.
+SNAPSHOT_VERSION: Final = 1
 #: Log bytes after which a snapshot is taken sooner.
 SNAPSHOT_LOG_BYTES: Final = 64 * 1024 * 1024
 #: Seconds a request waits for its frame to be synced before it is answered as a failure.
@@ -459,7 +471,7 @@ class StateDir:
         ``keep_after``. ``OSError`` when it cannot be written (the old snapshot and the log stay
         as they were)."""
         state = {**state, "next_seq": covered + 1, "covered": covered}
-        payload = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+        payload = plain_dumps(state)
         temporary = self.path / "snapshot.tmp"
         with open(temporary, "wb") as file:
             os.fchmod(file.fileno(), 0o600)
@@ -528,10 +540,53 @@ def _read_snapshot(path: Path) -> dict[str, Any]:
     payload = data[start:]
     if len(payload) != length or zlib.crc32(payload) != crc:
         raise ValueError("damaged (length or checksum)")
-    state = pickle.loads(payload)
+    state = plain_loads(payload)
     if not isinstance(state, dict) or "next_seq" not in state:
         raise ValueError("no state in it")
     return state
+
+
+_PLAIN: Final = (dict, list, tuple, str, bytes, int, float, bool, type(None))
+
+
+def plain_dumps(data: object) -> bytes:
+    """``data``, plain data only (dicts, lists, tuples, strings, bytes, numbers, booleans,
+    ``None``), as a pickle :func:`plain_loads` reads. ``ValueError`` naming the first value of
+    another type (its path from the top)."""
+    _check_plain(data, "snapshot")
+    return pickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _check_plain(value: object, path: str) -> None:
+    kind = type(value)
+    if kind not in _PLAIN:
+        raise ValueError(f"{path}: {kind.__name__} is not plain data")
+    if kind is dict:
+        for key, item in value.items():  # type: ignore[attr-defined]
+            _check_plain(key, f"{path} key")
+            _check_plain(item, f"{path}[{key!r:.40}]")
+    elif kind is list or kind is tuple:
+        for index, item in enumerate(value):  # type: ignore[arg-type]
+            _check_plain(item, f"{path}[{index}]")
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Loads no global: a pickle that names any class or function (the only way a pickle runs
+    code) is refused."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise ValueError(f"not plain data: the snapshot names {module}.{name}")
+
+
+def plain_loads(payload: bytes) -> Any:
+    """A :func:`plain_dumps` pickle back; ``ValueError`` for one that names a class or
+    function (or any damage)."""
+    try:
+        return _PlainUnpickler(io.BytesIO(payload)).load()
+    except ValueError:
+        raise
+    except Exception as exc:
+        raise ValueError(f"not a plain-data pickle ({type(exc).__name__}: {exc})") from None
 
 
 def _read_frames(path: Path, into: list[Record]) -> tuple[int, str | None]:

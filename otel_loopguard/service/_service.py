@@ -40,7 +40,7 @@ import hmac
 import pickle
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
@@ -59,7 +59,9 @@ from ._durable import (
     DECISION,
     SNAPSHOT_INTERVAL_SECONDS,
     SNAPSHOT_LOG_BYTES,
+    SNAPSHOT_VERSION,
     Gate,
+    Record,
     ServiceClock,
     StateDir,
     StateError,
@@ -383,70 +385,15 @@ class Service:
             raise StateError(f"state_dir: cannot read {str(state.path)!r}: {exc}") from None
         for text in recovered.notes:
             note(text)
-        guard = self.guard
-        ingest = self._ingest
-        buffer = self._buffer
-        assert ingest is not None and buffer is not None
         snapshot = recovered.snapshot
-        applied_batches = applied_decisions = 0
-        whole: dict[str, Any] | None = None
         if snapshot is not None:
             try:
-                whole = pickle.loads(snapshot["state"])
-                if not isinstance(whole, dict) or not {
-                    "sessions",
-                    "agents",
-                    "settled",
-                    "held",
-                } <= set(whole):
-                    raise ValueError("not a service state")
-                whole["buffer"] = pickle.loads(snapshot["buffer"])
-                if not isinstance(whole["buffer"], dict):
-                    raise ValueError("not a trace buffer")
-            except Exception as exc:  # any unpickling error: the snapshot is damaged
+                self._restore(snapshot)
+            except Exception as exc:  # not a snapshot of this version: damaged
                 note(state.set_aside_snapshot(exc))
-                snapshot = whole = None
-        if snapshot is not None and whole is not None:
-            guard._load_state(whole)
-            self._decisions.held.restore(whole["held"])
-            for name, value in whole["buffer"].items():
-                setattr(buffer, name, value)
-            applied_batches = snapshot["batches"]
-            applied_decisions = snapshot["covered"]
-        answers: dict[str, deque[str | None]] = {}
-        for record in recovered.records:
-            if record.kind == ADVICE:
-                advice = orjson.loads(record.payload)
-                answers.setdefault(advice["key"], deque()).append(advice["answer"])
-        clock = self._clock
-        assert isinstance(clock, ServiceClock)
-        done = guard._replaying(_ReplayAdvisor(answers))
-        replayed = failed = 0
-        problem = ""
-        try:
-            for record in recovered.records:
-                clock.pin(record.time)
-                try:
-                    if record.kind == BATCH and record.seq > applied_batches:
-                        replayed += 1
-                        ingest.replay(pickle.loads(record.payload))
-                    elif record.kind == DECISION and record.seq > applied_decisions:
-                        replayed += 1
-                        call = orjson.loads(record.payload)
-                        try:
-                            self._decisions.decide(call["endpoint"], call["body"])
-                        except ValueError:
-                            pass  # answered 400 then too
-                except Exception as exc:  # one bad record must not keep the service down
-                    failed += 1
-                    problem = problem or f"record {record.seq}: {type(exc).__name__}: {exc}"
-                    guard.report_internal_error("serve.state", exc)
-            guard.close(wait=True)  # replayed asks: their advice settles before going on
-        finally:
-            clock.pin(None)
-            done()
-        if failed:
-            note(f"{failed:,} log records could not be applied again (first: {problem})")
+                snapshot = None
+        replayed = self._replay(recovered.records, snapshot)
+        guard = self.guard
         if guard.advisor is not None:
             guard.advisor = _RecordingAdvisor(guard.advisor, self)
         try:
@@ -460,6 +407,81 @@ class Service:
                 f"{str(state.path)!r}: loaded {'a snapshot and ' if snapshot else ''}"
                 f"{len(recovered.records):,} log records ({replayed:,} applied again)"
             )
+
+    def _restore(self, snapshot: Mapping[str, Any]) -> None:
+        """Take a snapshot's state (:meth:`_snapshot`) into the guard, the held reminders and
+        the trace buffer; ``ValueError`` naming what is wrong, with nothing taken."""
+        buffer = self._buffer
+        assert buffer is not None
+        version = snapshot.get("version")
+        if version != SNAPSHOT_VERSION:
+            raise ValueError(
+                f"service snapshot: unknown version {version!r} (this is {SNAPSHOT_VERSION})"
+            )
+        held = OrderedDict()
+        for entry in snapshot["held"]:
+            session, agent, signature, text = entry
+            held[(str(session), None if agent is None else str(agent), str(signature))] = str(text)
+        guard = self.guard
+        blank = guard.snapshot()
+        guard.restore(snapshot["guard"])
+        try:
+            buffer.restore(snapshot["buffer"])
+        except Exception:
+            guard.restore(blank)
+            raise
+        self._decisions.held.restore(held)
+
+    def _replay(self, records: list[Record], snapshot: Mapping[str, Any] | None) -> int:
+        """Apply again the log records a snapshot does not cover, on the clock of each, with
+        the advisor answering from the log (:meth:`LoopGuard.replaying`); how many."""
+        applied_batches = snapshot["batches"] if snapshot is not None else 0
+        applied_decisions = snapshot["covered"] if snapshot is not None else 0
+        answers: dict[str, deque[str | None]] = {}
+        for record in records:
+            if record.kind == ADVICE:
+                advice = orjson.loads(record.payload)
+                answers.setdefault(advice["key"], deque()).append(advice["answer"])
+        clock = self._clock
+        assert isinstance(clock, ServiceClock)
+        guard = self.guard
+        replayed = failed = 0
+        problem = ""
+        with guard.replaying(_ReplayAdvisor(answers)):
+            try:
+                for record in records:
+                    clock.pin(record.time)
+                    due = (record.kind == BATCH and record.seq > applied_batches) or (
+                        record.kind == DECISION and record.seq > applied_decisions
+                    )
+                    if not due:
+                        continue
+                    replayed += 1
+                    try:
+                        self._apply(record)
+                    except Exception as exc:  # one bad record must not keep the service down
+                        failed += 1
+                        problem = problem or f"record {record.seq}: {type(exc).__name__}: {exc}"
+                        guard.report_internal_error("serve.state", exc)
+                guard.close(wait=True)  # replayed asks: their advice settles before going on
+            finally:
+                clock.pin(None)
+        if failed:
+            note(f"{failed:,} log records could not be applied again (first: {problem})")
+        return replayed
+
+    def _apply(self, record: Record) -> None:
+        """Apply one logged batch or decision call again."""
+        if record.kind == BATCH:
+            ingest = self._ingest
+            assert ingest is not None
+            ingest.replay(pickle.loads(record.payload))
+            return
+        call = orjson.loads(record.payload)
+        try:
+            self._decisions.decide(call["endpoint"], call["body"])
+        except ValueError:
+            pass  # answered 400 then too
 
     def _checkpoint(self) -> None:
         """On the ingest thread, between batches: a snapshot when one is due."""
@@ -490,20 +512,23 @@ class Service:
                 return False
             covered, queued = state.covered(self._ingest.first_queued_seq)
             batches = covered if queued is None else queued - 1
-            data = self.guard._dump_state(
-                lambda whole: pickle.dumps(whole, protocol=pickle.HIGHEST_PROTOCOL),
-                {"held": self._decisions.held.saved()},
-            )
+            guard = self.guard.snapshot()
+            held = [[*key, text] for key, text in self._decisions.held.saved().items()]
         # The trace buffer after the gate: decisions never touch it, and only this thread (the
         # ingest thread, or a stopped service) adds to it, so it stays as of `batches` while
-        # decisions go on (pickling 50,000 held spans takes about a second).
-        spans = pickle.dumps(
-            {name: getattr(buffer, name) for name in type(buffer).__slots__ if name != "_clock"},
-            protocol=pickle.HIGHEST_PROTOCOL,
-        )
+        # decisions go on.
+        spans = buffer.snapshot()
         try:
             state.write_snapshot(
-                {"state": data, "buffer": spans, "batches": batches}, covered, batches
+                {
+                    "version": SNAPSHOT_VERSION,
+                    "guard": guard,
+                    "held": held,
+                    "buffer": spans,
+                    "batches": batches,
+                },
+                covered,
+                batches,
             )
         except OSError as exc:
             self.metrics.state_errors.labels("snapshot").inc()
