@@ -707,17 +707,7 @@ class LoopGuard:
         step = settle_rescue(turn.step, advice, asking=not wait_for_advice and turn.ask is not None)
         if turn.post is not None:
             return self._post_decision(turn.post, name, key, sid, aid)
-        if step.action is not Action.ALLOW:
-            self._reporter.decided(
-                step,
-                session=sid,
-                agent=aid,
-                tool=name,
-                key=key,
-                canonical=canonical,
-                kind="escalation-failed" if escalation_failed else None,
-            )
-        return decide(
+        decision = decide(
             step,
             tool=name,
             key=key,
@@ -727,6 +717,10 @@ class LoopGuard:
             advice=advice,
             repeated=turn.repeated,
         )
+        if step.action is not Action.ALLOW:
+            kind = "escalation-failed" if escalation_failed else None
+            self._reporter.decided(decision, aid, canonical, kind)
+        return decision
 
     def _climb(self, state: SessionState, key: str) -> Step:
         """Under the lock: where this attempt of ``key`` stands on the ladder."""
@@ -1047,8 +1041,11 @@ class LoopGuard:
     ) -> Decision:
         """The :class:`Decision` for a post-call conclusion ``step``: reported, and softened by
         the mode like a pre-call one."""
-        self._reporter.decided_after(step, session=sid, agent=aid, tool=name, key=key)
-        return decide(step, tool=name, key=key, session=sid, policy=self.policy, phase=Phase.POST)
+        decision = decide(
+            step, tool=name, key=key, session=sid, policy=self.policy, phase=Phase.POST
+        )
+        self._reporter.decided(decision, aid, None)
+        return decision
 
     def _record_wasted(
         self,
@@ -1142,16 +1139,16 @@ class LoopGuard:
         )
         # Nobody waits for an ask at a span's start: if it fails, its own trip line says so.
         trip = None
-        if not wait:
-            trip = self._reporter.trip_line(
+        if not wait and self._reporter.trip_log is not None:
+            asked = decide(
                 step,
-                session=call.sid,
-                agent=call.aid,
                 tool=call.name,
                 key=call.key,
+                session=call.sid,
+                policy=policy,
                 canonical=call.canonical,
-                kind="escalation-failed",
             )
+            trip = self._reporter.trip_line(asked, call.aid, call.canonical, "escalation-failed")
         state, epoch, previous = ask
         key = call.key
         future = self._asks.submit(
