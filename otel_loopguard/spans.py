@@ -14,12 +14,21 @@ traces shares one state; the agent name keeps sub-agents apart.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Final
 
-from .conventions import SpanAgent, SpanToolCall, agent_from_span, conversation_id
+from .conventions import (
+    AGENT_CONVENTIONS,
+    TOOL_CONVENTIONS,
+    AgentConvention,
+    SpanAgent,
+    SpanToolCall,
+    ToolConvention,
+    agent_from_span,
+    conversation_id,
+)
 
 __all__ = [
     "MAX_ANCESTRY_DEPTH",
@@ -34,11 +43,37 @@ __all__ = [
 #: Ancestors looked at when resolving a tool span's agent (a guard against cycles in bad input).
 MAX_ANCESTRY_DEPTH: Final = 64
 
+#: How many leading characters of a starting span's name the start gate compares: its users
+#: test ``name[:4] in START_NAME_PREFIXES`` (one slice and one set lookup per span).
+_START_NAME_CHARS: Final = 4
+
+
+def _start_name_prefixes(
+    *tables: Iterable[ToolConvention | AgentConvention],
+) -> frozenset[str]:
+    """The first :data:`_START_NAME_CHARS` characters of every entry's ``start_names``.
+
+    Raises ValueError for a start name shorter than that: no starting span's name would match.
+    """
+    prefixes = set()
+    for table in tables:
+        for entry in table:
+            for name in entry.start_names:
+                if len(name) < _START_NAME_CHARS:
+                    raise ValueError(
+                        f"convention {entry.name!r}: start name {name!r} is shorter than "
+                        f"{_START_NAME_CHARS} characters"
+                    )
+                prefixes.add(name[:_START_NAME_CHARS])
+    return frozenset(prefixes)
+
+
 #: The first four characters of the span names that may be a tool span with its arguments, or
-#: an agent run, when they start ("execute_tool ...", "invoke_agent ...", "running tool", "agent
-#: run", "call tool"): a cheap gate, so that only those spans are looked at in ``on_start``, and
-#: only those can have been decided at their start when a recording is read back.
-START_NAME_PREFIXES: Final = frozenset({"exec", "invo", "runn", "agen", "call"})
+#: an agent run, when they start ("execute_tool ...", "running tool", "invoke_agent ...", "agent
+#: run"): a cheap gate, so that only those spans are looked at in ``on_start``, and only those
+#: can have been decided at their start when a recording is read back. Derived from the
+#: ``start_names`` of the conventions tables, and nowhere else.
+START_NAME_PREFIXES: Final = _start_name_prefixes(TOOL_CONVENTIONS, AGENT_CONVENTIONS)
 
 
 class KeyBy(str, Enum):

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from otel_loopguard import conventions
 from otel_loopguard.conventions import (
     AGENT_CONVENTIONS,
+    ARGUMENTS_AT_START_CONVENTIONS,
     MAX_DECODE_CHARS,
     MISSING,
     TOOL_CONVENTIONS,
@@ -32,6 +33,7 @@ from otel_loopguard.conventions import (
     may_be_tool_span,
     tool_call_from_span,
 )
+from otel_loopguard.spans import START_NAME_PREFIXES, _start_name_prefixes
 
 from .conftest import SPAN_DUMPS
 
@@ -1698,3 +1700,49 @@ def test_wrong_types_are_rejected_after_the_gate_too() -> None:
     assert tool_call_from_span(tuple_name, {"gen_ai.operation.name": "execute_tool"}) is None
     call = tool_call_from_span("execute_tool x", {}, events=42)  # type: ignore[arg-type]
     assert call is not None and call.tool == "x"
+
+
+# -- The start gate (spans.START_NAME_PREFIXES), derived from the tables' start names ---------
+
+
+def test_every_start_name_of_the_tables_passes_the_start_gate() -> None:
+    entries: list[ToolConvention | AgentConvention] = [*TOOL_CONVENTIONS, *AGENT_CONVENTIONS]
+    declared = [(entry.name, name) for entry in entries for name in entry.start_names]
+    assert declared  # Pydantic AI's tool spans and GenAI agent runs are looked at when they start
+    for entry_name, start_name in declared:
+        for span_name in (start_name, f"{start_name}search"):
+            # As the processor and the recorded-trace reader test a starting span's name.
+            assert span_name[:4] in START_NAME_PREFIXES, (entry_name, span_name)
+
+
+def test_the_conventions_decided_at_start_are_those_with_start_names() -> None:
+    with_start_names = {entry.name for entry in TOOL_CONVENTIONS if entry.start_names}
+    assert (
+        with_start_names == ARGUMENTS_AT_START_CONVENTIONS == {"pydantic_ai", "pydantic_ai_legacy"}
+    )
+
+
+def test_the_start_gate_is_derived_from_the_tables() -> None:
+    assert _start_name_prefixes(TOOL_CONVENTIONS, AGENT_CONVENTIONS) == START_NAME_PREFIXES
+    assert "laun" not in START_NAME_PREFIXES
+    new = ToolConvention(
+        name="new",
+        when=(conventions.span_name_starts("launch_tool "),),
+        start_names=("launch_tool ",),
+    )
+    assert "laun" in _start_name_prefixes((*TOOL_CONVENTIONS, new), AGENT_CONVENTIONS)
+    # An entry without start names opens nothing at start: "call tool" (CrewAI) is decided at end.
+    assert "call" not in START_NAME_PREFIXES
+    short = ToolConvention(name="short", when=new.when, start_names=("go ",))
+    with pytest.raises(ValueError, match=r"'short'.*'go '"):
+        _start_name_prefixes((short,))
+
+
+@dump_cases
+def test_spans_decided_at_start_begin_with_their_entry_start_names(dump: Dump) -> None:
+    for span, call in _tool_spans(dump):
+        if not arguments_available_at_start(span.name_at_start, span.attributes_at_start):
+            continue
+        assert span.name_at_start[:4] in START_NAME_PREFIXES
+        (entry,) = {entry for entry in TOOL_CONVENTIONS if entry.name == call.convention}
+        assert span.name_at_start.startswith(entry.start_names), (entry.name, span.name_at_start)

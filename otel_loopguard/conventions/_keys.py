@@ -29,6 +29,8 @@ EXECUTE_TOOL_SPAN_PREFIX: Final = "execute_tool "
 INVOKE_AGENT_SPAN_PREFIX: Final = "invoke_agent "
 
 # Pydantic AI instrumentation version 2 ("running tool" spans).
+PYDANTIC_AI_LEGACY_TOOL_SPAN: Final = "running tool"
+PYDANTIC_AI_LEGACY_AGENT_SPAN: Final = "agent run"
 PYDANTIC_AI_LEGACY_ARGUMENTS: Final = "tool_arguments"
 PYDANTIC_AI_LEGACY_RESULT: Final = "tool_response"
 PYDANTIC_AI_LEGACY_AGENT_NAME: Final = "agent_name"

@@ -68,8 +68,10 @@ from ._keys import (
     OPERATION_EXECUTE_TOOL,
     OPERATION_INVOKE_AGENT,
     PYDANTIC_AI_LEGACY_AGENT_NAME,
+    PYDANTIC_AI_LEGACY_AGENT_SPAN,
     PYDANTIC_AI_LEGACY_ARGUMENTS,
     PYDANTIC_AI_LEGACY_RESULT,
+    PYDANTIC_AI_LEGACY_TOOL_SPAN,
     SMOLAGENTS_AGENT_MARKERS,
     SMOLAGENTS_RUN_SUFFIX,
     STRANDS_CHOICE_EVENT,
@@ -232,6 +234,11 @@ class ToolConvention:
     error_keys: tuple[str, ...] = ()
     skip_tools: frozenset[str] = field(default_factory=frozenset)
     """Tool names that mark an aggregate span rather than one call (ADK "(merged tools)")."""
+    start_names: tuple[str, ...] = ()
+    """Span names, or name prefixes, under which the instrumentation *starts* this entry's tool
+    spans with the arguments already set, so that they are decided at start. Empty: decided at
+    their end. :data:`ARGUMENTS_AT_START_CONVENTIONS` and the span processor's start gate
+    (:data:`otel_loopguard.spans.START_NAME_PREFIXES`) are derived from these."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,6 +250,11 @@ class AgentConvention:
     id_keys: tuple[str, ...] = (GEN_AI_AGENT_ID,)
     name_keys: tuple[str, ...] = (GEN_AI_AGENT_NAME,)
     name_from_span_name: Callable[[str], str | None] = _after_prefix(INVOKE_AGENT_SPAN_PREFIX)
+    start_names: tuple[str, ...] = ()
+    """Span names, or name prefixes, under which this entry's agent runs start with what marks
+    them (so that, keyed by conversation, the span processor starts a new run there). Empty: a
+    run is only seen when a tool span below it ends (a span named after the agent). The start
+    gate (:data:`otel_loopguard.spans.START_NAME_PREFIXES`) is derived from these."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -273,8 +285,9 @@ TOOL_CONVENTIONS: Final[tuple[ToolConvention, ...]] = (
     # Pydantic AI instrumentation version 2: arguments already at span start.
     ToolConvention(
         name="pydantic_ai_legacy",
-        when=(span_name_is("running tool"),),
+        when=(span_name_is(PYDANTIC_AI_LEGACY_TOOL_SPAN),),
         tool_from_span_name=_no_name,
+        start_names=(PYDANTIC_AI_LEGACY_TOOL_SPAN,),
         argument_keys=(PYDANTIC_AI_LEGACY_ARGUMENTS,),
         result_keys=(PYDANTIC_AI_LEGACY_RESULT,),
     ),
@@ -379,6 +392,7 @@ TOOL_CONVENTIONS: Final[tuple[ToolConvention, ...]] = (
     ToolConvention(
         name="pydantic_ai",
         when=(_EXECUTE_TOOL, attribute_present(LOGFIRE_MSG)),
+        start_names=(EXECUTE_TOOL_SPAN_PREFIX,),
     ),
     # Older OpenLIT releases wrote gen_ai.tool.args; current ones are plain "genai".
     ToolConvention(
@@ -410,15 +424,17 @@ TOOL_CONVENTIONS: Final[tuple[ToolConvention, ...]] = (
 )
 """Tool-span conventions, most specific first; the first entry whose conditions hold wins."""
 
-#: Conventions whose tool spans are decided at their start: the instrumentation starts them with
-#: the arguments already set, under a name the span processor's start gate looks at
-#: (:data:`otel_loopguard.spans.START_NAME_PREFIXES`): Pydantic AI. Others that also start tool
-#: spans with the arguments (OpenInference for Agno, smolagents, CrewAI's event listener) name
-#: them after the tool, so they are decided at their end, wherever they are read. A recording
-#: that does not say what a span carried at start (OTLP) can only have been decided at start
-#: for these. A test checks it against every fixture dump with
-#: :func:`arguments_available_at_start`.
-ARGUMENTS_AT_START_CONVENTIONS: Final = frozenset({"pydantic_ai", "pydantic_ai_legacy"})
+#: Conventions whose tool spans are decided at their start: those whose entries declare
+#: ``start_names`` (the instrumentation starts them with the arguments already set, under a name
+#: the span processor's start gate, :data:`otel_loopguard.spans.START_NAME_PREFIXES`, looks at):
+#: Pydantic AI. Others that also start tool spans with the arguments (OpenInference for Agno,
+#: smolagents, CrewAI's event listener) name them after the tool, so they are decided at their
+#: end, wherever they are read. A recording that does not say what a span carried at start
+#: (OTLP) can only have been decided at start for these. A test checks it against every fixture
+#: dump with :func:`arguments_available_at_start`.
+ARGUMENTS_AT_START_CONVENTIONS: Final = frozenset(
+    entry.name for entry in TOOL_CONVENTIONS if entry.start_names
+)
 
 
 AGENT_CONVENTIONS: Final[tuple[AgentConvention, ...]] = (
@@ -427,6 +443,7 @@ AGENT_CONVENTIONS: Final[tuple[AgentConvention, ...]] = (
         name="genai",
         when=(attribute_is(GEN_AI_OPERATION_NAME, OPERATION_INVOKE_AGENT),),
         name_keys=(GEN_AI_AGENT_NAME, PYDANTIC_AI_LEGACY_AGENT_NAME),
+        start_names=(INVOKE_AGENT_SPAN_PREFIX, PYDANTIC_AI_LEGACY_AGENT_SPAN),
     ),
     # CrewAI under OpenInference: the agent span ("<role>._execute_core", or
     # "<role>.<task>.execute" with the event listener) has the role as graph.node.id.
