@@ -1,4 +1,4 @@
-"""The guard's advisor threads: where asks run, and the asks nobody waited for.
+"""The guard's rescues: the advisor's threads, where asks run, and the asks nobody waited for.
 
 Two worker threads, started on the first ask. An ask made without waiting (a rescue decided at
 a span's start) is kept, by (session, agent, signature), so that
@@ -14,11 +14,18 @@ from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Final
+from typing import Any, Final
 
-from .advice import MAX_ADVICE_CHARS, AdviceRequest, Advisor
+from ._reporter import Reporter, TripLine
+from .advice import MAX_ADVICE_CHARS, AdviceRequest, Advisor, CallRecord, CommandAdvisor
+from .calls import SIGNATURE_CHARS
+from .config import Policy
+from .engine import SessionState
 
-__all__ = ["MAX_UNWAITED_ASKS", "AdvisorPool", "clean_advice"]
+__all__ = ["ADVISOR_GRACE_SECONDS", "MAX_UNWAITED_ASKS", "AdvisorPool", "Rescues", "clean_advice"]
+
+#: Extra seconds a hook waits beyond a command advisor's own timeout, so the kill is reported.
+ADVISOR_GRACE_SECONDS: Final = 2.0
 
 #: Asks made without waiting that :meth:`AdvisorPool.take` can still give back.
 MAX_UNWAITED_ASKS: Final = 256
@@ -95,3 +102,180 @@ class AdvisorPool:
         executor, self._executor = self._executor, None
         if executor is not None:
             executor.shutdown(wait=wait, cancel_futures=True)
+
+
+#: A reserved ask: the session, its epoch then, and its cooldown before the reservation.
+Reserved = tuple[SessionState, int, float | None]
+
+
+class Rescues:
+    """The rescue rung's asks for one guard: the budget and cooldown reserved per session, the
+    question built from what the session knows, the ask run on an :class:`AdvisorPool`, and
+    its answer cached for the signature and epoch (or the budget refunded).
+
+    ``lock`` is the guard's: :meth:`reserve` and :meth:`context` run under it, the rest takes
+    it only to settle an answer. ``on_error(where, exc)`` reports an internal error;
+    ``on_failure(kind, exc)`` an advisor's own failure (expected, logged once).
+    """
+
+    __slots__ = (
+        "_clock",
+        "_lock",
+        "_on_error",
+        "_on_failure",
+        "_policy",
+        "_reporter",
+        "advisor",
+        "pool",
+    )
+
+    def __init__(
+        self,
+        policy: Policy,
+        advisor: Advisor | None,
+        clock: Callable[[], float],
+        lock: threading.Lock,
+        reporter: Reporter,
+        on_error: Callable[[str, BaseException], None],
+        on_failure: Callable[[str, BaseException], None],
+    ) -> None:
+        self._policy = policy
+        self.advisor = advisor
+        self._clock = clock
+        self._lock = lock
+        self._reporter = reporter
+        self._on_error = on_error
+        self._on_failure = on_failure
+        self.pool = AdvisorPool()
+
+    def reserve(
+        self, state: SessionState, key: str
+    ) -> tuple[str | None, str | None, Reserved | None]:
+        """Under the lock: (cached advice, why no ask: ``cached``/``budget``/``cooldown``, or
+        the ask reserved)."""
+        if self.advisor is None:
+            return None, None, None
+        cached = state.advice.get(key) if state.advice else None
+        if cached is not None:
+            return cached, "cached", None
+        policy = self._policy
+        if state.rescues >= policy.max_rescues:
+            return None, "budget", None
+        now = self._clock()
+        if (
+            state.last_rescue_at is not None
+            and now - state.last_rescue_at < policy.cooldown_seconds
+        ):
+            return None, "cooldown", None
+        # Reserve the budget now; a failed ask refunds it (and the cooldown) in _done.
+        previous = state.last_rescue_at
+        state.rescues += 1
+        state.last_rescue_at = now
+        return None, None, (state, state.epoch, previous)
+
+    @staticmethod
+    def context(state: SessionState, key: str) -> dict[str, Any]:
+        """Under the lock: what the session knows for the advisor's question (a snapshot of
+        its trail; :class:`AdviceRequest` fields)."""
+        trail = state.trail
+        context: dict[str, Any] = {
+            "earlier_advice": tuple(state.advice.values()) if state.advice else (),
+            "refusals": state.denials,
+        }
+        if trail is not None:
+            context.update(
+                recent_calls=tuple(
+                    CallRecord(
+                        c.tool,
+                        c.arguments,
+                        c.outcome,
+                        c.output,
+                        c.key[:SIGNATURE_CHARS],
+                        c.times,
+                        c.refused,
+                    )
+                    for c in trail.calls
+                ),
+                task=trail.task,
+                latest_user_message=trail.latest_message,
+                latest_output=trail.latest_output(key),
+            )
+        return context
+
+    def ask(
+        self,
+        reserved: Reserved,
+        request: AdviceRequest,
+        key: str,
+        trip: TripLine | None,
+        wait: bool,
+    ) -> tuple[str | None, bool]:
+        """Ask the advisor off the lock; wait only when ``wait`` (hooks), never for spans.
+        Returns (advice, whether an ask waited for failed).
+
+        The outcome (advice cached, or budget refunded) is settled when the ask ends, whether
+        or not anyone waited for it; an ask nobody waited for that fails writes ``trip``, its
+        own ``escalation-failed`` trip line. One not waited for is kept for :meth:`awaited`."""
+        advisor = self.advisor
+        assert advisor is not None
+        state, epoch, previous = reserved
+        future = self.pool.submit(
+            advisor,
+            request,
+            lambda done: self._done(done, state, epoch, previous, key, trip),
+        )
+        if not wait:
+            self.pool.keep((request.session, request.agent, request.signature), future)
+            return None, False
+        return self.pool.wait(future, self.timeout())
+
+    def awaited(self, session: str, agent: str | None, signature: str) -> str | None:
+        """The advice of an ask made without waiting, waited for now (at most :meth:`timeout`);
+        ``None`` when it failed or is not known."""
+        future = self.pool.take((session, agent, signature))
+        if future is None:
+            return None
+        return self.pool.wait(future, self.timeout())[0]
+
+    def timeout(self) -> float:
+        """How long a caller waits for an ask: the policy's advisor timeout, plus a grace for a
+        command advisor, so its own timeout kills it and says so first. A wrapper (serve
+        --state-dir logs each answer) names the advisor it wraps ``inner``."""
+        timeout = self._policy.advisor_timeout_seconds
+        if isinstance(getattr(self.advisor, "inner", self.advisor), CommandAdvisor):
+            timeout += ADVISOR_GRACE_SECONDS
+        return timeout
+
+    def _done(
+        self,
+        future: Future[str | None],
+        state: SessionState,
+        epoch: int,
+        previous: float | None,
+        key: str,
+        trip: TripLine | None,
+    ) -> None:
+        """On the advisor thread: cache advice for this signature and epoch, or refund (and,
+        for an ask nobody waited for, write its ``escalation-failed`` trip line)."""
+        try:
+            error = future.exception() if not future.cancelled() else None
+            advice = (
+                None if future.cancelled() or error is not None else clean_advice(future.result())
+            )
+            with self._lock:
+                if advice:
+                    if state.epoch == epoch:
+                        if state.advice is None:
+                            state.advice = {}
+                        state.advice[key] = advice
+                else:
+                    state.rescues = max(0, state.rescues - 1)
+                    if state.last_rescue_at is not None:
+                        state.last_rescue_at = previous
+            self._reporter.recorder.rescue("advice" if advice else "failed")
+            if not advice:
+                self._reporter.write(trip)
+            if error is not None:
+                self._on_failure("advisor", error)
+        except Exception as exc:  # never let a callback kill the advisor thread
+            self._on_error("advisor_callback", exc)

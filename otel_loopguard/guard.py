@@ -19,19 +19,17 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeVar, cast, overload
 
-from ._asks import AdvisorPool, clean_advice
-from ._reporter import Reporter, TripLine
+from ._asks import Rescues, Reserved
+from ._reporter import Reporter
 from ._wrap import wrap_tool
 from .advice import (
     MAX_QUESTION_ARGUMENT_CHARS,
     AdviceRequest,
     Advisor,
-    CallRecord,
     CommandAdvisor,
 )
 from .calls import (
@@ -82,8 +80,6 @@ __all__ = ["LoopGuard"]
 
 _log = logging.getLogger("otel_loopguard")
 
-#: Extra seconds a hook waits beyond a command advisor's own timeout, so the kill is reported.
-_ADVISOR_GRACE_SECONDS: Final = 2.0
 #: Calls remembered as reported, per session, so that a second report of the same call (a
 #: framework hook's and its span's, in either order) does not count it again; and sessions kept.
 _MAX_SETTLED_CALLS: Final = 64
@@ -92,9 +88,6 @@ _MAX_SETTLED_SESSIONS: Final = 1024
 SNAPSHOT_VERSION: Final = 1
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-#: A reserved ask: the session, its epoch then, and its cooldown before the reservation.
-_Ask = tuple[SessionState, int, float | None]
 
 
 def _text(value: object) -> str:
@@ -159,7 +152,7 @@ class _Turn:
     post: Step | None = None
     advice: str | None = None
     rescue_outcome: str | None = None
-    ask: _Ask | None = None
+    ask: Reserved | None = None
     context: dict[str, Any] | None = None
     evictions: list[str] | None = None
 
@@ -214,7 +207,6 @@ class LoopGuard:
             )
         if advisor is not None and not callable(advisor):
             raise ValueError(f"advisor: expected a callable, got {type(advisor).__name__}")
-        self.advisor = advisor
         # Trails cost a little per call: only a guard that can ask an advisor keeps them.
         self._keep_trail = advisor is not None and (
             self.policy.rescue_threshold is not None or self.policy.rescue_on_stall
@@ -236,7 +228,15 @@ class LoopGuard:
             if self.policy.trip_log_path
             else None,
         )
-        self._asks = AdvisorPool()
+        self._rescues = Rescues(
+            self.policy,
+            advisor,
+            self._clock,
+            self._lock,
+            self._reporter,
+            self.report_internal_error,
+            self._internal_once,
+        )
         # Per thread, the last call before_tool keyed: (arguments object, tool, args key). An
         # after_tool with the very same objects reuses the key instead of hashing again.
         self._last = threading.local()
@@ -247,6 +247,15 @@ class LoopGuard:
         self._errors: dict[str, int] = {}
         self._logged: set[tuple[str, str]] = set()
         self._watch_sessions(self._reporter.recorder)
+
+    @property
+    def advisor(self) -> Advisor | None:
+        """Asked for advice at rescue (``None``: a rescue is a denial); may be replaced."""
+        return self._rescues.advisor
+
+    @advisor.setter
+    def advisor(self, advisor: Advisor | None) -> None:
+        self._rescues.advisor = advisor
 
     @property
     def trip_log(self) -> TripLog | None:
@@ -359,10 +368,7 @@ class LoopGuard:
             if decision.action is not Action.RESCUE or has_advice(decision.message):
                 return decision
             sid, aid = self._ids(decision.session, agent)
-            future = self._asks.take((sid, aid, decision.signature))
-            if future is None:
-                return decision
-            advice, _ = self._asks.wait(future, self._advice_timeout())
+            advice = self._rescues.awaited(sid, aid, decision.signature)
             if not advice:
                 return decision
             return dataclasses.replace(decision, message=with_advice(decision.message, advice))
@@ -550,7 +556,7 @@ class LoopGuard:
         """Stop the advisor worker. Queued asks are abandoned; with ``wait``, an ask under way is
         waited for, so its advice is cached (or its budget refunded) before this returns. The
         guard stays usable."""
-        self._asks.close(wait=wait)
+        self._rescues.pool.close(wait=wait)
 
     def _prometheus(self) -> PrometheusRecorder:
         reporter = self._reporter
@@ -784,9 +790,9 @@ class LoopGuard:
             else:
                 trail.add(call.name, trail_arguments, key, _ended(ran.error), ran.output)
         if step.action is Action.RESCUE:
-            turn.advice, turn.rescue_outcome, turn.ask = self._reserve_rescue(state, key)
+            turn.advice, turn.rescue_outcome, turn.ask = self._rescues.reserve(state, key)
             if turn.ask is not None:
-                turn.context = self._context(state, key)
+                turn.context = Rescues.context(state, key)
         turn.evictions = self._take_evictions() if self._evictions else None
         return turn
 
@@ -1062,60 +1068,7 @@ class LoopGuard:
             aid = self._ids("", agent)[1]
             self._reporter.recorder.wasted(aid, tool_name(tool), duration_seconds)
 
-    def _reserve_rescue(
-        self, state: SessionState, key: str
-    ) -> tuple[str | None, str | None, _Ask | None]:
-        """Under the lock: cached advice, or a reserved ask, or why not (budget, cooldown)."""
-        if self.advisor is None:
-            return None, None, None
-        cached = state.advice.get(key) if state.advice else None
-        if cached is not None:
-            return cached, "cached", None
-        policy = self.policy
-        if state.rescues >= policy.max_rescues:
-            return None, "budget", None
-        now = self._clock()
-        if (
-            state.last_rescue_at is not None
-            and now - state.last_rescue_at < policy.cooldown_seconds
-        ):
-            return None, "cooldown", None
-        # Reserve the budget now; a failed ask refunds it (and the cooldown) in _advice_done.
-        previous = state.last_rescue_at
-        state.rescues += 1
-        state.last_rescue_at = now
-        return None, None, (state, state.epoch, previous)
-
-    @staticmethod
-    def _context(state: SessionState, key: str) -> dict[str, Any]:
-        """Under the lock: what the session knows for the advisor's question (a snapshot of
-        its trail; :class:`AdviceRequest` fields)."""
-        trail = state.trail
-        context: dict[str, Any] = {
-            "earlier_advice": tuple(state.advice.values()) if state.advice else (),
-            "refusals": state.denials,
-        }
-        if trail is not None:
-            context.update(
-                recent_calls=tuple(
-                    CallRecord(
-                        c.tool,
-                        c.arguments,
-                        c.outcome,
-                        c.output,
-                        c.key[:SIGNATURE_CHARS],
-                        c.times,
-                        c.refused,
-                    )
-                    for c in trail.calls
-                ),
-                task=trail.task,
-                latest_user_message=trail.latest_message,
-                latest_output=trail.latest_output(key),
-            )
-        return context
-
-    def _ask(self, ask: _Ask, call: _Call, turn: _Turn, wait: bool) -> tuple[str | None, bool]:
+    def _ask(self, ask: Reserved, call: _Call, turn: _Turn, wait: bool) -> tuple[str | None, bool]:
         """Ask the advisor off the lock; wait only when ``wait`` (hooks), never for spans.
         Returns (advice, whether an ask waited for failed).
 
@@ -1149,60 +1102,7 @@ class LoopGuard:
                 canonical=call.canonical,
             )
             trip = self._reporter.trip_line(asked, call.aid, call.canonical, "escalation-failed")
-        state, epoch, previous = ask
-        key = call.key
-        future = self._asks.submit(
-            advisor,
-            request,
-            lambda done: self._advice_done(done, state, epoch, previous, key, trip),
-        )
-        if not wait:
-            self._asks.keep((request.session, request.agent, request.signature), future)
-            return None, False
-        return self._asks.wait(future, self._advice_timeout())
-
-    def _advice_timeout(self) -> float:
-        """How long a caller waits for an ask: the policy's advisor timeout, plus a grace for a
-        command advisor, so its own timeout kills it and says so first. A wrapper (serve
-        --state-dir logs each answer) names the advisor it wraps ``inner``."""
-        timeout = self.policy.advisor_timeout_seconds
-        if isinstance(getattr(self.advisor, "inner", self.advisor), CommandAdvisor):
-            timeout += _ADVISOR_GRACE_SECONDS
-        return timeout
-
-    def _advice_done(
-        self,
-        future: Future[str | None],
-        state: SessionState,
-        epoch: int,
-        previous: float | None,
-        key: str,
-        trip: TripLine | None,
-    ) -> None:
-        """On the advisor thread: cache advice for this signature and epoch, or refund (and,
-        for an ask nobody waited for, write its ``escalation-failed`` trip line)."""
-        try:
-            error = future.exception() if not future.cancelled() else None
-            advice = (
-                None if future.cancelled() or error is not None else clean_advice(future.result())
-            )
-            with self._lock:
-                if advice:
-                    if state.epoch == epoch:
-                        if state.advice is None:
-                            state.advice = {}
-                        state.advice[key] = advice
-                else:
-                    state.rescues = max(0, state.rescues - 1)
-                    if state.last_rescue_at is not None:
-                        state.last_rescue_at = previous
-            self._reporter.recorder.rescue("advice" if advice else "failed")
-            if not advice:
-                self._reporter.write(trip)
-            if error is not None:
-                self._internal_once("advisor", error)
-        except Exception as exc:  # never let a callback kill the advisor thread
-            self.report_internal_error("advisor_callback", exc)
+        return self._rescues.ask(ask, request, call.key, trip, wait)
 
     def _reset(
         self, session: object, agent: object, where: str, text: object = None, *, task: bool = False

@@ -89,7 +89,7 @@ SYNC_TIMEOUT_SECONDS: Final = 10.0
 _PREFIX: Final = struct.Struct("<II")  # payload length, CRC-32 of the head and the payload
 _HEAD: Final = struct.Struct("<QdB")  # sequence number, clock time, kind
 _FRAME_SIZE: Final = _PREFIX.size + _HEAD.size
-_SNAPSHOT_MAGIC: Final = b"otel-loopguard snapshot 1\n"
+_SNAPSHOT_MAGIC: Final = b"otel-loopguard snapshot 2\n"
 _SNAPSHOT_HEAD: Final = struct.Struct("<QI")  # payload length, CRC-32 of the payload
 _MAX_FRAME: Final = 1 << 31
 
