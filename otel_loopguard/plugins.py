@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from .config import PRESETS, AdvisorInput, Policy, Rule, close_names, validate_field
+from ._settings import PRESETS, AdvisorInput, Policy, Rule, close_names, validate_field
 
 __all__ = [
     "DSH_LOOP_BRAKE_MAX_REPEATS",
