@@ -32,7 +32,7 @@ from ._options import RETRY_AFTER_SECONDS
 from .proto import RPC_RESOURCE_EXHAUSTED, proto_spans, response_bytes
 
 if TYPE_CHECKING:
-    from ._service import Service
+    from ._seam import ServiceSeam
 
 __all__ = ["GRPC_WORKERS", "MAX_CONCURRENT_RPCS", "GrpcReceiver"]
 
@@ -48,7 +48,7 @@ class GrpcReceiver:
     """The gRPC port of ``service``, bound (``OSError`` when it cannot be); serves from
     :meth:`start`."""
 
-    def __init__(self, service: Service) -> None:
+    def __init__(self, service: ServiceSeam) -> None:
         import grpc
 
         self._service = service

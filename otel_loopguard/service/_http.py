@@ -63,7 +63,7 @@ from .proto import (
 
 if TYPE_CHECKING:
     from ._budget import ByteBudget
-    from ._service import Service
+    from ._seam import ServiceSeam
 
 __all__ = ["CONNECTION_TIMEOUT_SECONDS", "HTTP_WORKERS", "HTTPReceiver", "bind_http"]
 
@@ -87,7 +87,7 @@ _Receive = Callable[[], Awaitable[_Message]]
 _Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 
-def bind_http(service: Service) -> HTTPReceiver:
+def bind_http(service: ServiceSeam) -> HTTPReceiver:
     """Bind the HTTP port of ``service`` (``OSError`` when it cannot; ``ValueError`` when its
     TLS certificate or key cannot be loaded); serve with :meth:`HTTPReceiver.serve_in_background`.
     """
@@ -177,7 +177,7 @@ class HTTPReceiver:
     """The HTTP port of a :class:`Service`, bound; :meth:`serve_in_background` serves it from a
     daemon thread, :meth:`stop` stops it."""
 
-    def __init__(self, service: Service) -> None:
+    def __init__(self, service: ServiceSeam) -> None:
         options = service.options
         self.service = service
         self.protocol = self._protocol(service)
@@ -226,7 +226,7 @@ class HTTPReceiver:
         self._thread: threading.Thread | None = None
 
     @staticmethod
-    def _protocol(service: Service) -> type[_DeadlineProtocol]:
+    def _protocol(service: ServiceSeam) -> type[_DeadlineProtocol]:
         options = service.options
         timeouts = service.metrics.requests.labels("http", "timeout")
         return type(
@@ -341,7 +341,7 @@ class _Exchange:
 class _App:
     """The ASGI application: routes as the endpoint table of docs/serve.md says."""
 
-    def __init__(self, service: Service, executor: ThreadPoolExecutor) -> None:
+    def __init__(self, service: ServiceSeam, executor: ThreadPoolExecutor) -> None:
         self._service = service
         self._executor = executor
 
@@ -538,7 +538,7 @@ def _content_length(exchange: _Exchange, limit: int) -> int:
 
 
 def _ingest(
-    service: Service, headers: Mapping[str, str], body: bytes, as_json: bool, taken: int
+    service: ServiceSeam, headers: Mapping[str, str], body: bytes, as_json: bool, taken: int
 ) -> tuple[str, bytes, int]:
     """Decode, read and queue one OTLP body: ``(outcome, answer body, bytes taken from the
     budget)``; raises :class:`_Reject`."""
@@ -630,7 +630,7 @@ def _spans(body: bytes, as_json: bool) -> OtlpSpans:
         raise _Reject(400, RPC_INVALID_ARGUMENT, str(exc), "bad_request") from None
 
 
-def _decide(service: Service, endpoint: str, body: bytes) -> dict[str, object]:
+def _decide(service: ServiceSeam, endpoint: str, body: bytes) -> dict[str, object]:
     try:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
