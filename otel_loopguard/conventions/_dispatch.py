@@ -63,44 +63,9 @@ gate."""
 
 def _compile_check(condition: Condition) -> _Check:
     """A function answering exactly as ``condition.holds``, without its dispatch on ``on``."""
-    keys, values = condition.keys, condition.values
+    keys = condition.keys
     if condition.on is On.ATTRIBUTE:
-        if len(keys) == 1:
-            (key,) = keys
-            if values is None:
-
-                def has_attribute(
-                    name: str, attributes: Mapping[str, object], events: _Events
-                ) -> bool:
-                    return attributes.get(key) is not None
-
-                return has_attribute
-
-            def attribute_in(name: str, attributes: Mapping[str, object], events: _Events) -> bool:
-                value = attributes.get(key)
-                return isinstance(value, str) and value in values
-
-            return attribute_in
-        if values is None:
-
-            def has_any_attribute(
-                name: str, attributes: Mapping[str, object], events: _Events
-            ) -> bool:
-                for key in keys:
-                    if attributes.get(key) is not None:
-                        return True
-                return False
-
-            return has_any_attribute
-
-        def any_attribute_in(name: str, attributes: Mapping[str, object], events: _Events) -> bool:
-            for key in keys:
-                value = attributes.get(key)
-                if isinstance(value, str) and value in values:
-                    return True
-            return False
-
-        return any_attribute_in
+        return _compile_attribute_check(keys, condition.values)
     if condition.on is On.SPAN_NAME:
 
         def name_in(name: str, attributes: Mapping[str, object], events: _Events) -> bool:
@@ -122,6 +87,43 @@ def _compile_check(condition: Condition) -> _Check:
         return False
 
     return has_event
+
+
+def _compile_attribute_check(keys: tuple[str, ...], values: frozenset[str] | None) -> _Check:
+    """:func:`_compile_check` of an ``On.ATTRIBUTE`` condition: one key or several, with or
+    without values."""
+    if len(keys) == 1:
+        (key,) = keys
+        if values is None:
+
+            def has_attribute(name: str, attributes: Mapping[str, object], events: _Events) -> bool:
+                return attributes.get(key) is not None
+
+            return has_attribute
+
+        def attribute_in(name: str, attributes: Mapping[str, object], events: _Events) -> bool:
+            value = attributes.get(key)
+            return isinstance(value, str) and value in values
+
+        return attribute_in
+    if values is None:
+
+        def has_any_attribute(name: str, attributes: Mapping[str, object], events: _Events) -> bool:
+            for key in keys:
+                if attributes.get(key) is not None:
+                    return True
+            return False
+
+        return has_any_attribute
+
+    def any_attribute_in(name: str, attributes: Mapping[str, object], events: _Events) -> bool:
+        for key in keys:
+            value = attributes.get(key)
+            if isinstance(value, str) and value in values:
+                return True
+        return False
+
+    return any_attribute_in
 
 
 def _all_of(checks: Sequence[_Check]) -> _Check | None:
@@ -404,11 +406,30 @@ def _read_tool_call(
     tool = _first_text(attributes, convention.tool_keys) or convention.tool_from_span_name(name)
     if tool is None or tool in convention.skip_tools:
         return None
+    arguments, argument_call_id = _read_arguments(convention, attributes, events)
+    result, result_call_id, result_error = _read_result(convention, attributes, events)
+    if convention.error_keys:
+        flagged = _flag(attributes, convention.error_keys)
+        if flagged is not None and result_error is not True:
+            result_error = flagged
+    return SpanToolCall(
+        tool,
+        arguments,
+        result,
+        _is_error(attributes, events, status_error, result_error),
+        _read_call_id(convention, attributes) or argument_call_id or result_call_id,
+        _first_text(attributes, convention.agent_id_keys),
+        _first_text(attributes, convention.agent_name_keys),
+        _conversation_id(attributes),
+        convention.name,
+    )
 
-    # json_arguments and text_result reveal nothing but the value: apply their decoding
-    # directly rather than through an _Unwrapped (the common case, and the cheaper one).
-    arguments: object = MISSING
-    argument_call_id = None
+
+def _read_arguments(
+    convention: ToolConvention, attributes: Mapping[str, object], events: _Events
+) -> tuple[object, str | None]:
+    """The decoded arguments (:data:`MISSING` when the span carries none) and the call id their
+    encoding holds, if any."""
     raw_arguments = None
     for key in convention.argument_keys:  # _first_present, inline
         raw_arguments = attributes.get(key)
@@ -416,17 +437,22 @@ def _read_tool_call(
             break
     if raw_arguments is None and convention.argument_event is not None:
         raw_arguments = _event_value(events, *convention.argument_event)
-    if raw_arguments is not None:
-        arguments_shape = convention.arguments_shape
-        if arguments_shape is json_arguments:
-            arguments = decode_json(raw_arguments)
-        else:
-            unwrapped = arguments_shape(raw_arguments, attributes)
-            arguments, argument_call_id = unwrapped.value, unwrapped.call_id
+    if raw_arguments is None:
+        return MISSING, None
+    arguments_shape = convention.arguments_shape
+    # json_arguments reveals nothing but the value: its decoding is applied directly rather
+    # than through an _Unwrapped (the common case, and the cheaper one).
+    if arguments_shape is json_arguments:
+        return decode_json(raw_arguments), None
+    unwrapped = arguments_shape(raw_arguments, attributes)
+    return unwrapped.value, unwrapped.call_id
 
-    result: object = None
-    result_call_id = None
-    result_error = None
+
+def _read_result(
+    convention: ToolConvention, attributes: Mapping[str, object], events: _Events
+) -> tuple[object, str | None, bool | None]:
+    """The decoded result (``None`` when the span carries none), the call id and the error
+    flag its encoding holds, if any."""
     raw_result = None
     for key in convention.result_keys:  # _first_present, inline
         raw_result = attributes.get(key)
@@ -434,48 +460,30 @@ def _read_tool_call(
             break
     if raw_result is None and convention.result_event is not None:
         raw_result = _event_value(events, *convention.result_event)
-    if raw_result is not None:
-        result_shape = convention.result_shape
-        if result_shape is text_result:
-            result = decode_json(raw_result)
-            if isinstance(result, list):  # _join_text_blocks leaves everything else as is
-                result = _join_text_blocks(result)
-        else:
-            unwrapped = result_shape(raw_result)
-            result, result_call_id, result_error = (
-                unwrapped.value,
-                unwrapped.call_id,
-                unwrapped.is_error,
-            )
+    if raw_result is None:
+        return None, None, None
+    result_shape = convention.result_shape
+    if result_shape is text_result:  # as json_arguments above
+        result = decode_json(raw_result)
+        if isinstance(result, list):  # _join_text_blocks leaves everything else as is
+            result = _join_text_blocks(result)
+        return result, None, None
+    unwrapped = result_shape(raw_result)
+    return unwrapped.value, unwrapped.call_id, unwrapped.is_error
 
-    if convention.error_keys:
-        flagged = _flag(attributes, convention.error_keys)
-        if flagged is not None and result_error is not True:
-            result_error = flagged
 
-    call_id = None
+def _read_call_id(convention: ToolConvention, attributes: Mapping[str, object]) -> str | None:
+    """The first usable call id among the entry's ``call_id_keys``."""
     for key in convention.call_id_keys:
         value = attributes.get(key)
         if value.__class__ is str:  # _call_id(value), inline for the usual str
             if value and value not in _CALL_ID_PLACEHOLDERS:
-                call_id = value
-                break
+                return value
         elif value is not None:
             call_id = _call_id(value)
             if call_id is not None:
-                break
-
-    return SpanToolCall(
-        tool,
-        arguments,
-        result,
-        _is_error(attributes, events, status_error, result_error),
-        call_id or argument_call_id or result_call_id,
-        _first_text(attributes, convention.agent_id_keys),
-        _first_text(attributes, convention.agent_name_keys),
-        _conversation_id(attributes),
-        convention.name,
-    )
+                return call_id
+    return None
 
 
 def _is_error(
