@@ -593,11 +593,23 @@ def _valid(name: str, value: object, metadata: Mapping[str, Any]) -> Any:
     """Validate one field value by its kind; return it normalised (the same object when
     nothing changes). Raises ``ValueError`` naming ``name`` and the value."""
     kind: _Kind = metadata["kind"]
-    minimum: int = metadata["minimum"]
     if kind in _OPTIONAL_KINDS and value is None:
         return value
     if kind is _Kind.CHOICE:
         return _enum(metadata["choices"], name, value)
+    if kind in _COLLECTION_KINDS:
+        return _valid_collection(kind, name, value, metadata["minimum"])
+    _check_single(kind, name, value, metadata["minimum"])
+    return value
+
+
+_COLLECTION_KINDS: Final = frozenset(
+    {_Kind.RULES, _Kind.THRESHOLDS, _Kind.PATTERNS, _Kind.REGEXES, _Kind.NAMES}
+)
+
+
+def _valid_collection(kind: _Kind, name: str, value: object, minimum: int) -> Any:
+    """:func:`_valid` for a kind of :data:`_COLLECTION_KINDS`: a tuple or set, normalised."""
     if kind is _Kind.RULES:
         return frozenset(_enum(Rule, name, item) for item in _as_tuple(name, value))
     if kind is _Kind.THRESHOLDS:
@@ -607,6 +619,22 @@ def _valid(name: str, value: object, metadata: Mapping[str, Any]) -> Any:
         if len(set(items)) != len(items):
             raise ValueError(f"{name}: duplicate thresholds in {list(items)!r}")
         return tuple(sorted(items))
+    if kind is _Kind.PATTERNS:
+        # Literal apart from *, tool-name patterns always compile.
+        return _str_tuple(name, value)
+    if kind is _Kind.REGEXES:
+        patterns = _str_tuple(name, value)
+        for pattern in patterns:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"{name}: pattern {pattern!r} does not compile: {exc}") from None
+        return patterns
+    return frozenset(_str_tuple(name, value))  # _Kind.NAMES
+
+
+def _check_single(kind: _Kind, name: str, value: object, minimum: int) -> None:
+    """:func:`_valid` for a single value (a number, a string, a flag): kept as given."""
     if kind in (_Kind.THRESHOLD, _Kind.OPTIONAL_THRESHOLD):
         _threshold(name, value, minimum)
     elif kind is _Kind.COUNT:
@@ -617,19 +645,6 @@ def _valid(name: str, value: object, metadata: Mapping[str, Any]) -> Any:
         _non_negative_float(name, value)
     elif kind is _Kind.POSITIVE_SECONDS:
         _positive_float(name, value)
-    elif kind is _Kind.PATTERNS:
-        # Literal apart from *, tool-name patterns always compile.
-        return _str_tuple(name, value)
-    elif kind is _Kind.REGEXES:
-        patterns = _str_tuple(name, value)
-        for pattern in patterns:
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise ValueError(f"{name}: pattern {pattern!r} does not compile: {exc}") from None
-        return patterns
-    elif kind is _Kind.NAMES:
-        return frozenset(_str_tuple(name, value))
     elif kind is _Kind.COMMAND:
         if not isinstance(value, str):
             raise ValueError(f"{name}: expected a string, got {value!r}")
@@ -637,10 +652,8 @@ def _valid(name: str, value: object, metadata: Mapping[str, Any]) -> Any:
         if not isinstance(value, str) or not value:
             what = "a file path" if kind is _Kind.PATH else "a non-empty string"
             raise ValueError(f"{name}: expected {what}, got {value!r}")
-    elif kind is _Kind.FLAG:
-        if not isinstance(value, bool):
-            raise ValueError(f"{name}: expected true or false, got {value!r}")
-    return value
+    elif kind is _Kind.FLAG and not isinstance(value, bool):
+        raise ValueError(f"{name}: expected true or false, got {value!r}")
 
 
 def _enum(kind: type[Enum], name: str, value: object) -> Any:
