@@ -177,20 +177,7 @@ def _read_events(
     # Parse the first records ahead to sniff the format, then replay them in order.
     head: list[tuple[int, object, str | None]] = []
     if fmt is None:
-        records = 0
-        for lineno, line in lines:
-            progress.advance(len(line))
-            if lineno == 1 and line.startswith(b"\xef\xbb\xbf"):
-                line = line[3:]
-            if not line.strip():
-                continue
-            try:
-                head.append((lineno, _parse(line), None))
-                records += 1
-            except BadRecord as exc:
-                head.append((lineno, None, str(exc)))
-            if records >= SNIFF_RECORDS:
-                break
+        head = _sniff(lines, progress)
         fmt = detect_format(record for _, record, problem in head if problem is None)
     decoder = fmt.decoder(key_by=key_by) if fmt.traces else fmt.decoder()
 
@@ -210,12 +197,7 @@ def _read_events(
             bad.bad(name, lineno, problem)
         else:
             yield from decode(lineno, record)
-    for lineno, line in lines:
-        progress.advance(len(line))
-        if lineno == 1 and line.startswith(b"\xef\xbb\xbf"):
-            line = line[3:]
-        if not line.strip():
-            continue
+    for lineno, line in _records(lines, progress):
         try:
             record = _parse(line)
         except BadRecord as exc:
@@ -223,3 +205,34 @@ def _read_events(
             continue
         yield from decode(lineno, record)
     yield from decoder.finish()
+
+
+def _records(
+    lines: Iterator[tuple[int, bytes]], progress: _Progress
+) -> Iterator[tuple[int, bytes]]:
+    """The numbered lines that are not blank, a byte-order mark cut from the first, each counted
+    by ``progress`` as it is read."""
+    for lineno, line in lines:
+        progress.advance(len(line))
+        if lineno == 1 and line.startswith(b"\xef\xbb\xbf"):
+            line = line[3:]
+        if line.strip():
+            yield lineno, line
+
+
+def _sniff(
+    lines: Iterator[tuple[int, bytes]], progress: _Progress
+) -> list[tuple[int, object, str | None]]:
+    """The first records read ahead to sniff the format (up to :data:`SNIFF_RECORDS` parsed),
+    each ``(line number, record, None)`` or ``(line number, None, problem)``."""
+    head: list[tuple[int, object, str | None]] = []
+    records = 0
+    for lineno, line in _records(lines, progress):
+        try:
+            head.append((lineno, _parse(line), None))
+            records += 1
+        except BadRecord as exc:
+            head.append((lineno, None, str(exc)))
+        if records >= SNIFF_RECORDS:
+            break
+    return head
