@@ -1,0 +1,881 @@
+"""The guard's machinery behind :class:`~otel_loopguard.guard.LoopGuard`'s hook API.
+
+One lock over the session store and the report ledger. Under it: count an attempt, keep it
+pending, end it with its outcome (matching a second report of one call, by id or arguments, so
+it counts once), start a new epoch. Off it: key the call (canonical arguments), decide
+(:func:`otel_loopguard.policy.decide`), report (:class:`~otel_loopguard._reporter.Reporter`),
+ask the advisor (:class:`~otel_loopguard._asks.Rescues`). Never called but through the guard,
+which catches what it raises.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Final, cast
+
+from ._asks import Rescues, Reserved
+from ._reporter import Reporter
+from .advice import (
+    MAX_QUESTION_ARGUMENT_CHARS,
+    AdviceRequest,
+    Advisor,
+)
+from .calls import (
+    MAX_ID_CHARS,
+    MAX_TOOL_NAME_CHARS,
+    SIGNATURE_CHARS,
+    args_key,
+    bounded_id,
+    canonical_arguments,
+    canonical_json,
+    outcome_key,
+    tool_name,
+)
+from .config import Mode, Policy
+from .engine import (
+    MAX_TRAIL_ARGUMENT_CHARS,
+    MAX_TRAIL_OUTPUT_CHARS,
+    Classifier,
+    Pending,
+    ReportLedger,
+    SessionState,
+    SessionStore,
+    Settled,
+    Trail,
+)
+from .metrics import NoopRecorder, PrometheusRecorder, Recorder
+from .policy import (
+    ALLOW,
+    ALLOW_STEP,
+    BLOCKING_ACTIONS,
+    Action,
+    Decision,
+    Phase,
+    Step,
+    arguments_preview,
+    climb,
+    conclude,
+    decide,
+    has_advice,
+    message_for,
+    settle_rescue,
+    with_advice,
+)
+from .rules import evaluate, identical_failures, trend
+from .triplog import TripLog
+
+__all__ = ["SNAPSHOT_VERSION", "GuardCore"]
+
+_log = logging.getLogger("otel_loopguard")
+
+#: Calls remembered as reported, per session, so that a second report of the same call (a
+#: framework hook's and its span's, in either order) does not count it again; and sessions kept.
+_MAX_SETTLED_CALLS: Final = 64
+_MAX_SETTLED_SESSIONS: Final = 1024
+#: Version of :meth:`LoopGuard.snapshot`'s layout; :meth:`LoopGuard.restore` refuses others.
+SNAPSHOT_VERSION: Final = 1
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else tool_name(value)
+
+
+def _cut_utf8(data: bytes, limit: int) -> str:
+    """The first ``limit`` characters of UTF-8 ``data``, decoding no more than needed."""
+    return data[: limit * 4].decode("utf-8", "ignore")[:limit]
+
+
+def _output_text(result: object) -> str | None:
+    """A call's result as text for the advisor's question, cut (``None`` when there is none).
+    Only a guard that keeps trails pays for this."""
+    if result is None:
+        return None
+    if type(result) is str:
+        return result[:MAX_TRAIL_OUTPUT_CHARS]
+    if isinstance(result, (bytes, bytearray)):
+        return _cut_utf8(bytes(result[: MAX_TRAIL_OUTPUT_CHARS * 4]), MAX_TRAIL_OUTPUT_CHARS)
+    return _cut_utf8(canonical_json(canonical_arguments(result)), MAX_TRAIL_OUTPUT_CHARS)
+
+
+def _ended(error: bool | None) -> str:
+    """How a call that ran ended, as the advisor's question says it."""
+    return "error" if error is True else "ok" if error is False else "ran"
+
+
+@dataclass(frozen=True, slots=True)
+class _Ran:
+    """A call reported only after it ran: how ``after_tool`` classified and keyed it (so nothing
+    is computed twice) and how it ended."""
+
+    mutating: bool
+    canonical: bytes
+    key: str
+    outcome: str | None
+    error: bool | None
+    duration_seconds: float | None
+    output: str | None = None  # cut result text, only when the guard keeps trails
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """One attempt, keyed: the tool's name, canonical arguments, args key, and the bounded
+    session and agent ids."""
+
+    name: str
+    canonical: bytes
+    key: str
+    sid: str
+    aid: str | None
+
+
+@dataclass(slots=True)
+class _Turn:
+    """What counting one attempt under the lock found; reported and decided off it."""
+
+    step: Step
+    repeated: bool
+    newly_stopped: bool
+    post: Step | None = None
+    advice: str | None = None
+    rescue_outcome: str | None = None
+    ask: Reserved | None = None
+    context: dict[str, Any] | None = None
+    evictions: list[str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    """How a reported call ended (``after_tool``'s report), with its call id as text."""
+
+    ref: str | None
+    outcome: str | None
+    error: bool | None
+    output: str | None
+    duration_seconds: float | None
+
+
+def _awaits(pending: Pending, outcome: str | None) -> bool:
+    """Whether a reported call still lacks its outcome (a blocked call never has one)."""
+    return outcome is None and not pending.blocked and not pending.mutating
+
+
+class GuardCore:
+    """What a :class:`~otel_loopguard.guard.LoopGuard` keeps and does; see the module."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        advisor: Advisor | None,
+        clock: Callable[[], float] | None,
+        recorder: Recorder | None,
+    ) -> None:
+        self.policy: Final = policy
+        # Trails cost a little per call: only a guard that can ask an advisor keeps them.
+        self._keep_trail = advisor is not None and (
+            self.policy.rescue_threshold is not None or self.policy.rescue_on_stall
+        )
+        self._clock = clock if clock is not None else time.monotonic
+        self._lock = threading.Lock()
+        self._evictions: list[str] = []
+        self.store = SessionStore(
+            self.policy.max_sessions,
+            self.policy.session_ttl_seconds,
+            self._clock,
+            on_evict=self._evictions.append,
+        )
+        self._classifier = Classifier(self.policy)
+        self.reporter = Reporter(
+            self.policy,
+            recorder if recorder is not None else NoopRecorder(),
+            TripLog(self.policy.trip_log_path, arguments=self.policy.trip_log_arguments)
+            if self.policy.trip_log_path
+            else None,
+        )
+        self.rescues = Rescues(
+            self.policy,
+            advisor,
+            self._clock,
+            self._lock,
+            self.reporter,
+            self.report_internal_error,
+            self._internal_once,
+        )
+        # Per thread, the last call before_tool keyed: (arguments object, tool, args key). An
+        # after_tool with the very same objects reuses the key instead of hashing again.
+        self._last = threading.local()
+        # Hook attempts whose outcome is in: session key -> {call id: args key}, oldest first. A
+        # second report of such a call (by its id, or by its arguments when it carries no id, as
+        # OpenInference tool spans do) only returns None. Cleared per session on a new run.
+        self._settled = ReportLedger(_MAX_SETTLED_SESSIONS, _MAX_SETTLED_CALLS)
+        self._errors: dict[str, int] = {}
+        self._logged: set[tuple[str, str]] = set()
+        self._watch_sessions(self.reporter.recorder)
+
+    # -- for the guard's public methods ------------------------------------------------------
+
+    def await_advice(self, decision: Decision, agent: str | None) -> Decision:
+        try:
+            if decision.action is not Action.RESCUE or has_advice(decision.message):
+                return decision
+            sid, aid = self._ids(decision.session, agent)
+            advice = self.rescues.awaited(sid, aid, decision.signature)
+            if not advice:
+                return decision
+            return dataclasses.replace(decision, message=with_advice(decision.message, advice))
+        except Exception as exc:
+            self.report_internal_error("await_advice", exc)
+            return decision
+
+    def set_task(self, session: str, task: str, agent: str | None) -> None:
+        if not self._keep_trail or not isinstance(task, str) or not task.strip():
+            return
+        try:
+            with self._lock:
+                state = self.store.get(self._store_key(*self._ids(session, agent)))
+                evictions = self._take_evictions()
+                if state is not None:
+                    trail = state.trail
+                    if trail is None:
+                        trail = state.trail = Trail()
+                    trail.new_task(task)
+            self._evicted(evictions)
+        except Exception as exc:
+            self.report_internal_error("set_task", exc)
+
+    def errors(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._errors)
+
+    def count_sessions(self) -> int:
+        self.expire()
+        with self._lock:
+            return len(self.store)
+
+    def expire(self) -> int:
+        try:
+            with self._lock:
+                self.store.expire()
+                evictions = self._take_evictions()
+            self._evicted(evictions)
+            return len(evictions)
+        except Exception as exc:
+            self.report_internal_error("expire_idle_sessions", exc)
+            return 0
+
+    def export_session(self, session: str, agent: str | None) -> SessionState | None:
+        with self._lock:
+            state = self.store.get(self._store_key(*self._ids(session, agent)), create=False)
+            evictions = self._take_evictions()
+        self._evicted(evictions)
+        return state
+
+    def import_session(self, session: str, state: SessionState, agent: str | None) -> None:
+        with self._lock:
+            self.store.put(self._store_key(*self._ids(session, agent)), state)
+            evictions = self._take_evictions()
+        self._evicted(evictions)
+
+    def _evicted(self, evictions: list[str]) -> None:
+        for reason in evictions:
+            self.reporter.recorder.evicted(reason)
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "version": SNAPSHOT_VERSION,
+                "sessions": self.store.snapshot(),
+                "reported": self._settled.snapshot(),
+            }
+
+    def restore(self, data: Mapping[str, Any]) -> None:
+        if not isinstance(data, Mapping):
+            raise ValueError(f"guard snapshot: expected a mapping, got {type(data).__name__}")
+        version = data.get("version")
+        if version != SNAPSHOT_VERSION:
+            raise ValueError(
+                f"guard snapshot: unknown version {version!r} (this is {SNAPSHOT_VERSION})"
+            )
+        store = SessionStore(
+            self.policy.max_sessions,
+            self.policy.session_ttl_seconds,
+            self._clock,
+            on_evict=self._evictions.append,
+        )
+        store.restore(data.get("sessions"), self.policy)
+        settled = ReportLedger(_MAX_SETTLED_SESSIONS, _MAX_SETTLED_CALLS)
+        settled.restore(data.get("reported"))
+        with self._lock:
+            self.store, self._settled = store, settled
+
+    @contextmanager
+    def replaying(self, advisor: Advisor | None) -> Iterator[None]:
+        reporter, rescues = self.reporter, self.rescues
+        saved = (reporter.recorder, reporter.trip_log, rescues.advisor)
+        reporter.recorder, reporter.trip_log = NoopRecorder(), None
+        if rescues.advisor is not None:
+            rescues.advisor = advisor
+        try:
+            yield
+        finally:
+            reporter.recorder, reporter.trip_log, rescues.advisor = saved
+
+    def prometheus(self) -> PrometheusRecorder:
+        """The Prometheus recorder, installed now if there was none (metrics served later)."""
+        reporter = self.reporter
+        recorder = reporter.recorder
+        if type(recorder) is NoopRecorder:
+            fresh = PrometheusRecorder()  # built off the lock: the first build imports a library
+            self._watch_sessions(fresh)
+            with self._lock:
+                if type(reporter.recorder) is NoopRecorder:
+                    reporter.recorder = fresh
+                recorder = reporter.recorder
+        if not isinstance(recorder, PrometheusRecorder):
+            raise ValueError(
+                f"recorder: {type(recorder).__name__} has no Prometheus registry;"
+                " serve its metrics the way that recorder does"
+            )
+        return recorder
+
+    def _watch_sessions(self, recorder: object) -> None:
+        """Hand the recorder a reader of the session count (without keeping the guard alive).
+        Looked up on the type: a recorder that answers any attribute is not asked."""
+        observe = getattr(type(recorder), "observe_sessions", None)
+        if observe is None:
+            return
+        ref = weakref.ref(self)
+
+        def count() -> int:
+            core = ref()
+            return core.count_sessions() if core is not None else 0
+
+        observe(recorder, count)
+
+    # -- deciding -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _ids(session: object, agent: object) -> tuple[str, str | None]:
+        sid = session if type(session) is str else _text(session)
+        aid = agent if agent is None or type(agent) is str else _text(agent)
+        if len(sid) > MAX_ID_CHARS:
+            sid = bounded_id(sid)
+        if aid is not None and len(aid) > MAX_ID_CHARS:
+            aid = bounded_id(aid)
+        return sid, aid
+
+    @staticmethod
+    def _store_key(sid: str, aid: str | None) -> object:
+        # The session string alone when there is no agent (the common case, and less memory).
+        return sid if aid is None else (sid, aid)
+
+    def attempt(
+        self,
+        tool: object,
+        arguments: object,
+        session: object,
+        agent: object,
+        call_id: object,
+        *,
+        wait_for_advice: bool,
+        ran: _Ran | None = None,
+    ) -> Decision:
+        """Count one attempt and decide. ``ran``: the attempt already ran (reported only when it
+        ended, keyed by ``after_tool``), so its outcome is recorded at once and it is never
+        pending; ``None`` for an attempt about to run."""
+        name = tool if type(tool) is str and len(tool) <= MAX_TOOL_NAME_CHARS else tool_name(tool)
+        if ran is None:
+            known = self._key_call(name, arguments)
+            if known is None:
+                return ALLOW
+            mutating, canonical, key = known
+        else:
+            mutating, canonical, key = ran.mutating, ran.canonical, ran.key
+        store_key: object
+        if type(session) is str and agent is None and len(session) <= MAX_ID_CHARS:
+            sid, aid, store_key = session, None, session  # the common case, without the calls
+        else:
+            sid, aid = self._ids(session, agent)
+            store_key = self._store_key(sid, aid)
+        call = _Call(name, canonical, key, sid, aid)
+        trail_arguments = _cut_utf8(canonical, MAX_TRAIL_ARGUMENT_CHARS) if self._keep_trail else ""
+        with self._lock:
+            state: SessionState = self.store.get(store_key)  # type: ignore[assignment]
+            if ran is None:
+                # The kept ids (bounded), not the caller's: a long id only misses this memo.
+                self._last.call = (arguments, tool, sid, aid, key, state)
+            turn = self._count(state, store_key, call, mutating, call_id, ran, trail_arguments)
+        self._report_attempt(turn, call, ran)
+        advice, escalation_failed = turn.advice, False
+        if turn.ask is not None and turn.context is not None:
+            advice, escalation_failed = self._ask(turn.ask, call, turn, wait_for_advice)
+        if turn.rescue_outcome is not None:
+            self.reporter.recorder.rescue(turn.rescue_outcome)
+        step = settle_rescue(turn.step, advice, asking=not wait_for_advice and turn.ask is not None)
+        if turn.post is not None:
+            return self._post_decision(turn.post, name, key, sid, aid)
+        decision = decide(
+            step,
+            tool=name,
+            key=key,
+            session=sid,
+            policy=self.policy,
+            canonical=canonical,
+            advice=advice,
+            repeated=turn.repeated,
+        )
+        if step.action is not Action.ALLOW:
+            kind = "escalation-failed" if escalation_failed else None
+            self.reporter.decided(decision, aid, canonical, kind)
+        return decision
+
+    def _climb(self, state: SessionState, key: str) -> Step:
+        """Under the lock: where this attempt of ``key`` stands on the ladder."""
+        policy = self.policy
+        verdict, stuck, stalled = evaluate(state, key, policy)
+        if verdict is None and stalled is None and not state.stopped:
+            return ALLOW_STEP  # the common case: nothing repeats
+        return climb(
+            verdict,
+            stalled,
+            trend(state.signature(key)),
+            denials=state.denials,
+            stopped=state.stopped,
+            policy=policy,
+            stuck=stuck,
+            stop_threshold=state.stop_threshold,
+        )
+
+    def _count(
+        self,
+        state: SessionState,
+        store_key: object,
+        call: _Call,
+        mutating: bool,
+        call_id: object,
+        ran: _Ran | None,
+        trail_arguments: str,
+    ) -> _Turn:
+        """Under the lock: count the attempt in ``state``, keep it pending (or record how it
+        ran), and reserve an ask at rescue."""
+        policy = self.policy
+        key = call.key
+        step = self._climb(state, key)
+        # The first stop of a run (counted once in loopguard_stopped_runs_total; later calls
+        # are decided stop again, and in observe mode they keep coming).
+        newly_stopped = step.action is Action.STOP and not state.stopped
+        detected_block = step.action in BLOCKING_ACTIONS
+        enforced_block = detected_block and policy.mode is Mode.ENFORCE and ran is None
+        repeated = state.record_attempt(
+            key, policy, blocked=detected_block, explores=not mutating, refused=enforced_block
+        )
+        if newly_stopped:
+            state.stopped = True
+            state.stop_threshold = step.threshold
+        turn = _Turn(step, repeated, newly_stopped)
+        if ran is not None:
+            # It ran (we only heard of it afterwards): its outcome, maybe progress.
+            turn.post = self._ran(state, key, mutating, ran.outcome, ran.error)
+        else:
+            ref = key if call_id is None else _text(call_id)
+            state.add_pending(ref, key, enforced_block, mutating)
+            if call_id is not None and self._settled:
+                self._settled.take(store_key, ref)  # a new attempt under a reused call id
+        if self._keep_trail:
+            trail = state.trail
+            if trail is None:
+                trail = state.trail = Trail()
+            if ran is None:
+                refused = "refused" if enforced_block else None
+                trail.add(call.name, trail_arguments, key, refused, None)
+            else:
+                trail.add(call.name, trail_arguments, key, _ended(ran.error), ran.output)
+        if step.action is Action.RESCUE:
+            turn.advice, turn.rescue_outcome, turn.ask = self.rescues.reserve(state, key)
+            if turn.ask is not None:
+                turn.context = Rescues.context(state, key)
+        turn.evictions = self._take_evictions() if self._evictions else None
+        return turn
+
+    def _report_attempt(self, turn: _Turn, call: _Call, ran: _Ran | None) -> None:
+        """Off the lock: the metrics of one counted attempt (before any decision's)."""
+        recorder = self.reporter.recorder
+        if turn.evictions:
+            for reason in turn.evictions:
+                recorder.evicted(reason)
+        recorder.tool_call(call.aid, call.name, turn.repeated)
+        if turn.newly_stopped:
+            self.reporter.stopped(turn.step, call.aid, call.name)
+        if ran is not None and turn.repeated and ran.duration_seconds:
+            recorder.wasted(call.aid, call.name, ran.duration_seconds)
+
+    def finish(
+        self,
+        tool: object,
+        arguments: object,
+        session: object,
+        agent: object,
+        call_id: object,
+        error: bool | None,
+        result: object,
+        duration_seconds: float | None,
+    ) -> Decision | None:
+        done = _Outcome(
+            _text(call_id) if call_id is not None else None,
+            outcome_key(result, error),
+            error,
+            _output_text(result) if self._keep_trail else None,
+            duration_seconds,
+        )
+        last = getattr(self._last, "call", None)
+        if (
+            last is not None
+            and last[0] is arguments
+            and last[1] is tool
+            and last[2] == session
+            and last[3] == agent
+        ):
+            # The same objects this thread's last before_tool keyed: reuse its key and session.
+            matched, decision = self._finish_known(tool, session, agent, done, last[4], last[5])
+        elif done.ref is not None:
+            matched, decision = self._finish_known(tool, session, agent, done, None, None)
+        else:
+            matched, decision = False, None
+        if matched:
+            return decision
+        return self._finish_by_arguments(tool, arguments, session, agent, call_id, done)
+
+    def _finish_known(
+        self,
+        tool: object,
+        session: object,
+        agent: object,
+        done: _Outcome,
+        known_key: str | None,
+        known_state: SessionState | None,
+    ) -> tuple[bool, Decision | None]:
+        """A report of a call with an id, or keyed by this thread's last ``before_tool``: the
+        pending attempt it ends, or the earlier report it repeats. (whether it matched, what
+        the guard concludes)."""
+        ref = done.ref
+        early: Step | None = None
+        state: SessionState | None = None
+        pending: Pending | None = None
+        post: Step | None = None
+        # The store key is needed only with a call id, or without the state at hand.
+        store_key: object = (
+            self._store_key(*self._ids(session, agent))
+            if ref is not None or known_state is None
+            else None
+        )
+        with self._lock:
+            settled = self._settled.take(store_key, ref) if ref is not None else None
+            if settled is not None:
+                # This call was reported already (by the hook, or by its span): this report
+                # only adds the outcome the first one lacked.
+                early = self._late_outcome(store_key, settled, done.outcome, done.error)
+            else:
+                state = known_state or self.store.get(store_key, create=False)
+                if state is not None:
+                    pending = self._take_known(state, store_key, done, known_key, session, agent)
+                if pending is not None:
+                    post = self._apply_outcome(state, pending, done)  # type: ignore[arg-type]
+        if settled is not None:
+            return True, self._late_decision(early, tool, settled[0], session, agent)
+        if pending is None:
+            return False, None
+        if done.duration_seconds:
+            self._record_wasted(state, pending, agent, tool, done.duration_seconds)
+        if post is None:
+            return True, None
+        name = tool_name(tool)
+        return True, self._post_decision(post, name, pending.args_key, *self._ids(session, agent))
+
+    def _take_known(
+        self,
+        state: SessionState,
+        store_key: object,
+        done: _Outcome,
+        known_key: str | None,
+        session: object,
+        agent: object,
+    ) -> Pending | None:
+        """Under the lock: the pending attempt a report ends, by its call id, else by the key
+        this thread's last ``before_tool`` gave it; settled in the ledger."""
+        ref, outcome = done.ref, done.outcome
+        pending = None
+        if ref is not None:
+            pending = state.take_pending(ref)
+            if pending is not None:
+                self._settled.settle(store_key, ref, pending.args_key, _awaits(pending, outcome))
+        if pending is None and known_key is not None:
+            pending = state.take_pending(known_key)
+            if pending is not None and ref is None:
+                # Reported without an id: a second report of it (the span's, or the hook's)
+                # is matched by its arguments and adds nothing.
+                if store_key is None:
+                    store_key = self._store_key(*self._ids(session, agent))
+                self._settled.settle(store_key, known_key, known_key, _awaits(pending, outcome))
+        return pending
+
+    def _finish_by_arguments(
+        self,
+        tool: object,
+        arguments: object,
+        session: object,
+        agent: object,
+        call_id: object,
+        done: _Outcome,
+    ) -> Decision | None:
+        """A report matched by session and arguments: the pending attempt it ends, an earlier
+        report it repeats, or else a call heard of only now (counted as it ran)."""
+        store_key = self._store_key(*self._ids(session, agent))
+        name = tool_name(tool)
+        keyed = self._key_call(name, arguments)
+        if keyed is None:
+            return None
+        mutating, canonical, key = keyed
+        settled = None
+        late: Step | None = None
+        with self._lock:
+            state = self.store.get(store_key, create=False)
+            pending = None
+            if state is not None:
+                pending = self._take_by_arguments(state, store_key, key, done)
+            post = None
+            if pending is not None:
+                post = self._apply_outcome(state, pending, done)  # type: ignore[arg-type]
+            elif done.ref is None:
+                settled = self._settled.take_by_args(store_key, key)
+                if settled is not None:
+                    # The hook reported this call with its id; this is the span's echo (or the
+                    # other way round): it only adds an outcome the first report lacked.
+                    late = self._late_outcome(store_key, settled, done.outcome, done.error)
+        if settled is not None:
+            return self._late_decision(late, name, key, session, agent)
+        if pending is not None:
+            if done.duration_seconds:
+                self._record_wasted(state, pending, agent, name, done.duration_seconds)
+            if post is None:
+                return None
+            return self._post_decision(post, name, key, *self._ids(session, agent))
+        ran = _Ran(
+            mutating, canonical, key, done.outcome, done.error, done.duration_seconds, done.output
+        )
+        return self.attempt(
+            name, arguments, session, agent, call_id, wait_for_advice=False, ran=ran
+        )
+
+    def _take_by_arguments(
+        self, state: SessionState, store_key: object, key: str, done: _Outcome
+    ) -> Pending | None:
+        """Under the lock: the hook may have counted this call without an id (pending under its
+        args key), or under an id this report does not carry: match it by its arguments."""
+        pending = state.take_pending(key)
+        if pending is not None and done.ref is None:
+            # Counted without an id, reported without one: remember it, so that the other
+            # report of the same call (hook or span, either order) adds nothing.
+            self._settled.settle(store_key, key, key, _awaits(pending, done.outcome))
+        elif pending is None and state.pending:
+            pending = self._settled.take_pending_by_args(
+                state, store_key, key, done.outcome is None
+            )
+        return pending
+
+    def _key_call(self, name: str, arguments: object) -> tuple[bool, bytes, str] | None:
+        """(mutating, canonical JSON, args key) of a call of ``name``, or ``None`` when the
+        policy does not track it."""
+        value = canonical_arguments(arguments, self.policy.ignored_args)
+        tracked, mutating = self._classifier.classify(name, value)
+        if not tracked:
+            return None
+        canonical = canonical_json(value)
+        return mutating, canonical, args_key(name, canonical)
+
+    def _apply_outcome(self, state: SessionState, pending: Pending, done: _Outcome) -> Step | None:
+        if pending.blocked:
+            return None  # a denied call never ran: its "result" is our message, never progress
+        if state.trail is not None:
+            state.trail.settle(pending.args_key, _ended(done.error), done.output)
+        return self._ran(state, pending.args_key, pending.mutating, done.outcome, done.error)
+
+    def _late_outcome(
+        self, store_key: object, settled: Settled, outcome: str | None, error: bool | None
+    ) -> Step | None:
+        """Under the lock: a second report of a call whose first report lacked its outcome (a
+        span without the result, before the hook's report) adds the outcome now, and may
+        conclude the run is stuck (a stop after the call ran). Nothing else is counted again."""
+        key, awaiting = settled
+        if not awaiting or outcome is None:
+            return None
+        state = self.store.get(store_key, create=False)
+        if state is None:
+            return None
+        state.record_outcome(key, outcome, failed=error is True)
+        return self._conclude(state, key)
+
+    def _late_decision(
+        self, late: Step | None, tool: object, key: str, session: object, agent: object
+    ) -> Decision | None:
+        if late is None:
+            return None
+        return self._post_decision(late, tool_name(tool), key, *self._ids(session, agent))
+
+    def _ran(
+        self, state: SessionState, key: str, mutating: bool, outcome: str | None, error: bool | None
+    ) -> Step | None:
+        """Under the lock: a call of ``key`` ran with ``outcome``. Record it, start a new epoch
+        when it made progress, and return the post-call conclusion (a stop), if any."""
+        failed = error is True
+        state.record_outcome(key, outcome, failed=failed)
+        if mutating and not failed and state.mutated(key, outcome, self.policy):
+            return None
+        return self._conclude(state, key)
+
+    def _conclude(self, state: SessionState, key: str) -> Step | None:
+        """Under the lock: after a call of ``key`` ran, a stop when its failures say the run is
+        stuck (once: a session already told to stop is told so by the pre-call answers)."""
+        if state.stopped:
+            return None
+        step = conclude(identical_failures(state, key), policy=self.policy)
+        if step is not None:
+            state.stopped = True
+            state.stop_threshold = step.threshold
+        return step
+
+    def _post_decision(
+        self, step: Step, name: str, key: str, sid: str, aid: str | None
+    ) -> Decision:
+        """The :class:`Decision` for a post-call conclusion ``step``: reported, and softened by
+        the mode like a pre-call one."""
+        decision = decide(
+            step, tool=name, key=key, session=sid, policy=self.policy, phase=Phase.POST
+        )
+        self.reporter.decided(decision, aid, None)
+        return decision
+
+    def _record_wasted(
+        self,
+        state: SessionState | None,
+        pending: Pending,
+        agent: object,
+        tool: object,
+        duration_seconds: float,
+    ) -> None:
+        if pending.blocked or state is None:
+            return
+        signature = state.signatures.get(pending.args_key)
+        if signature is not None and signature.count > 1:
+            aid = self._ids("", agent)[1]
+            self.reporter.recorder.wasted(aid, tool_name(tool), duration_seconds)
+
+    def _ask(self, ask: Reserved, call: _Call, turn: _Turn, wait: bool) -> tuple[str | None, bool]:
+        """Ask the advisor off the lock; wait only when ``wait`` (hooks), never for spans.
+        Returns (advice, whether an ask waited for failed).
+
+        The outcome (advice cached, or budget refunded) is settled by :meth:`_advice_done` when
+        the ask ends, whether or not anyone waited for it; an ask nobody waited for that fails
+        writes its own ``escalation-failed`` trip line."""
+        policy, step = self.policy, turn.step
+        advisor = self.rescues.advisor
+        assert advisor is not None and turn.context is not None
+        request = AdviceRequest(
+            session=call.sid,
+            tool=call.name,
+            arguments_preview=arguments_preview(call.canonical, MAX_QUESTION_ARGUMENT_CHARS),
+            count=step.count,
+            rule=step.rule.value if step.rule else "",
+            denial=message_for(step, call.name, call.canonical, policy, action=Action.DENY),
+            agent=call.aid,
+            signature=call.key[:SIGNATURE_CHARS],
+            model=policy.advisor_model,
+            **turn.context,
+        )
+        # Nobody waits for an ask at a span's start: if it fails, its own trip line says so.
+        trip = None
+        if not wait and self.reporter.trip_log is not None:
+            asked = decide(
+                step,
+                tool=call.name,
+                key=call.key,
+                session=call.sid,
+                policy=policy,
+                canonical=call.canonical,
+            )
+            trip = self.reporter.trip_line(asked, call.aid, call.canonical, "escalation-failed")
+        return self.rescues.ask(ask, request, call.key, trip, wait)
+
+    def reset(
+        self, session: object, agent: object, where: str, text: object = None, *, task: bool = False
+    ) -> None:
+        """A new progress epoch, with the stop lifted, for ``session`` and ``agent``; with no
+        agent named, for the session and every agent kept in it (a user speaks to the whole
+        session; calls made with ``agent=`` are kept per agent)."""
+        try:
+            keep_text = self._keep_trail and isinstance(text, str) and text.strip()
+            with self._lock:
+                sid, aid = self._ids(session, agent)
+                store_key = self._store_key(sid, aid)
+                store = self.store
+                keys = [store_key] if aid is not None else [store_key, *store.agent_keys(sid)]
+                for key in keys:
+                    state = store.get(key, create=key is store_key)
+                    if state is not None:
+                        state.new_epoch(clear_stop=True)
+                        if keep_text:
+                            trail = state.trail
+                            if trail is None:
+                                trail = state.trail = Trail()
+                            if task:
+                                trail.new_task(cast(str, text))
+                            else:
+                                trail.user_message(cast(str, text))
+                    self._settled.forget(key)  # a new run may reuse call ids
+                evictions = self._take_evictions()
+            for reason in evictions:
+                self.reporter.recorder.evicted(reason)
+        except Exception as exc:
+            self.report_internal_error(where, exc)
+
+    def _take_evictions(self) -> list[str]:
+        if not self._evictions:
+            return []
+        taken = list(self._evictions)
+        self._evictions.clear()
+        return taken
+
+    def _internal_once(self, kind: str, exc: BaseException) -> None:
+        """Log an advisor failure once per kind (it is expected, not an internal error)."""
+        signature = (kind, type(exc).__name__)
+        if signature not in self._logged:
+            self._logged.add(signature)
+            _log.warning(
+                "loopguard %s unavailable: %s (further such failures are not logged)", kind, exc
+            )
+
+    def report_internal_error(self, where: str, exc: BaseException) -> None:
+        """The seam for adapters that catch an exception on the hot path: count it under
+        ``where`` (``internal_errors``, ``loopguard_internal_errors_total``) and log it once per
+        (place, exception type). Never raises."""
+        try:
+            with self._lock:
+                self._errors[where] = self._errors.get(where, 0) + 1
+                first = (where, type(exc).__name__) not in self._logged
+                self._logged.add((where, type(exc).__name__))
+            if first:
+                _log.error(
+                    "loopguard internal error in %s; falling back to allow"
+                    " (further %s errors here are counted, not logged)",
+                    where,
+                    type(exc).__name__,
+                    exc_info=exc,
+                )
+            self.reporter.recorder.internal_error(where)
+        except Exception:  # pragma: no cover - logging itself failed; nothing left to do
+            pass
