@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from otel_loopguard.config import Mode, Policy
 
     from ._events import InputFormat
+    from ._replayer import SessionReport
 
 
 class UsageError(Exception):
@@ -214,19 +215,7 @@ def _replay(
         for report in reports:
             out.write(summary_json_line(report))
     elif not json_output:
-        out.write(
-            f"replay: {len(inputs)} input{'s' if len(inputs) != 1 else ''},"
-            f" mode {policy.mode.value}\n\n"
-        )
-        for report in reports:
-            if summary:
-                out.write(format_session_summary(report))
-            else:
-                out.write(format_session(report))
-                out.write("\n")
-        if summary:
-            out.write("\n")
-        out.write(format_totals(reports, len(inputs), bad.total))
+        _write_text(out, reports, len(inputs), policy, bad.total, summary=summary)
     out.flush()
     if html_out is not None:
         replayer.keep_drawn_timelines()
@@ -238,17 +227,44 @@ def _replay(
         except OSError as exc:
             raise UsageError(f"cannot write {html_path}: {exc.strerror or exc}") from None
         err.write(f"otel-loopguard replay: HTML report written to {html_path}\n")
-    if bad.total or bad.unreadable_files:
-        parts = []
-        if bad.total:
-            parts.append(f"{bad.total} bad line{'s' if bad.total != 1 else ''} skipped")
-        if bad.unreadable_files:
-            parts.append(
-                f"{bad.unreadable_files} file{'s' if bad.unreadable_files != 1 else ''} unreadable"
-            )
-        err.write(
-            f"otel-loopguard replay: {' and '.join(parts)}; not all input was read"
-            " (exit status 1)\n"
+    return _exit_status(bad, err)
+
+
+def _write_text(
+    out: TextIO,
+    reports: list[SessionReport],
+    inputs: int,
+    policy: Policy,
+    bad_lines: int,
+    *,
+    summary: bool,
+) -> None:
+    """The text report: a header, each session (in full, or one line each with ``summary``),
+    the totals."""
+    out.write(f"replay: {inputs} input{'s' if inputs != 1 else ''}, mode {policy.mode.value}\n\n")
+    for report in reports:
+        if summary:
+            out.write(format_session_summary(report))
+        else:
+            out.write(format_session(report))
+            out.write("\n")
+    if summary:
+        out.write("\n")
+    out.write(format_totals(reports, inputs, bad_lines))
+
+
+def _exit_status(bad: _BadLines, err: TextIO) -> int:
+    """0 when every input was read; else 1, after a note on ``err`` of what was not."""
+    if not (bad.total or bad.unreadable_files):
+        return 0
+    parts = []
+    if bad.total:
+        parts.append(f"{bad.total} bad line{'s' if bad.total != 1 else ''} skipped")
+    if bad.unreadable_files:
+        parts.append(
+            f"{bad.unreadable_files} file{'s' if bad.unreadable_files != 1 else ''} unreadable"
         )
-        return 1
-    return 0
+    err.write(
+        f"otel-loopguard replay: {' and '.join(parts)}; not all input was read (exit status 1)\n"
+    )
+    return 1
