@@ -61,7 +61,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -71,13 +71,19 @@ from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import NonRecordingSpan, SpanContext, StatusCode, TraceFlags
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from ._attributes import Shape, arguments_text, decision_attributes
 from .conventions import agent_from_span, may_be_tool_span
 from .guard import LoopGuard
 from .policy import Action, Decision
-from .processor import DECISION_EVENT, SCOPE_NAME
+from .processor import (
+    DECISION_EVENT,
+    SCOPE_NAME,
+    span_attributes,
+    span_events,
+    span_failed,
+)
 from .spans import KeyBy
 from .traces import (
     MAX_BUFFERED_SPANS,
@@ -110,22 +116,6 @@ YIELD_EVERY_NS: Final = 500_000
 _log = logging.getLogger("otel_loopguard")
 
 _SAMPLED: Final = TraceFlags(TraceFlags.SAMPLED)
-_NO_ATTRIBUTES: Final[Mapping[str, object]] = {}
-
-
-def _plain(attributes: Any) -> Mapping[str, Any]:
-    """The SDK's ``BoundedAttributes`` as its inner dict (read only; every missing-key lookup
-    through the wrapper raises and catches a KeyError), or the mapping as it is."""
-    inner = getattr(attributes, "_dict", None)
-    if type(inner) is dict:
-        return inner
-    return attributes if attributes is not None else _NO_ATTRIBUTES
-
-
-def _span_attributes(span: ReadableSpan) -> Mapping[str, Any]:
-    """A finished span's attributes, without the read-only proxy of the public property."""
-    inner = _plain(getattr(span, "_attributes", None))
-    return inner if inner else (span.attributes or _NO_ATTRIBUTES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,13 +298,12 @@ class LoopGuardSpanExporter(SpanExporter):
                 # In-process, a span whose parent is in another process is its trace's local
                 # root: it ends after every span under it, so its trace is complete here.
                 parent_id = parent.span_id if parent is not None and not parent.is_remote else None
-                attributes = _span_attributes(span)
+                attributes = span_attributes(span)
                 if not may_be_tool_span(name, attributes) and (
                     agent_from_span(name, attributes) is None
                 ):
                     add_link(context.trace_id, context.span_id, parent_id)
                     continue
-                status = span.status
                 add(
                     RecordedSpan(
                         context.trace_id,
@@ -322,8 +311,8 @@ class LoopGuardSpanExporter(SpanExporter):
                         parent_id,
                         name,
                         attributes,
-                        tuple((event.name, _plain(event.attributes)) for event in span.events),
-                        status is not None and status.status_code is StatusCode.ERROR,
+                        span_events(span),
+                        span_failed(span),
                         span.start_time or 0,
                         span.end_time or 0,
                     )

@@ -35,12 +35,11 @@ when a tool span under it needs its agent.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
 
@@ -57,13 +56,15 @@ from opentelemetry.sdk.trace import (
 from opentelemetry.trace import NonRecordingSpan, StatusCode
 
 from ._attributes import Shape, arguments_text, decision_attributes
-from .conventions import (
-    MISSING,
-    SpanToolCall,
-    arguments_available_at_start,
-    may_be_tool_span,
-    tool_call_from_span,
+from ._span_calls import (
+    call_at_end,
+    call_at_start,
+    call_ended,
+    call_started,
+    duration_seconds,
+    run_started,
 )
+from .conventions import MISSING, SpanToolCall, may_be_tool_span
 from .guard import LoopGuard
 from .policy import Action, Decision, Phase
 from .spans import (
@@ -102,6 +103,8 @@ _MAX_CONCLUDED: Final = 1024
 # fixed-size object made in C, so tracking costs about a dict insert.
 _track: Final = weakref.ref
 
+_NO_ATTRIBUTES: Final[Mapping[str, Any]] = {}
+
 _NO_CALL: Final = SpanToolCall("", MISSING, None, None, None, None, None, None, "hook")
 
 # Decisions made at span start, by span id, for current_decision(); removed at span end.
@@ -122,18 +125,42 @@ def current_decision() -> Decision | None:
     return _START_DECISIONS.get(span.get_span_context().span_id)
 
 
-def _attributes(span: ReadableSpan) -> Mapping[str, Any]:
-    """The span's attributes as a plain dict where possible.
+def _sdk_attributes(attributes: Any) -> Mapping[str, Any]:
+    """The SDK's ``BoundedAttributes`` as its inner dict (read only), or the mapping as it is.
 
     The SDK's ``attributes`` property wraps its ``BoundedAttributes`` (which wraps a dict) in a
     read-only proxy; every missing-key lookup through those layers raises and catches a
-    KeyError. On the hot path we read the inner dict (read only), and fall back to the public
-    property when the SDK's internals differ.
+    KeyError. On the hot path we read the inner dict, and fall back to the mapping given when
+    the SDK's internals differ.
     """
+    inner = getattr(attributes, "_dict", None)
+    if type(inner) is dict:
+        return inner
+    return attributes if attributes is not None else _NO_ATTRIBUTES
+
+
+def span_attributes(span: ReadableSpan) -> Mapping[str, Any]:
+    """A span's attributes (its inner dict, as :func:`_sdk_attributes`; else the public
+    property). Shared with the exporter."""
     inner = getattr(getattr(span, "_attributes", None), "_dict", None)
     if type(inner) is dict:
         return inner
-    return span.attributes or {}
+    return span.attributes or _NO_ATTRIBUTES
+
+
+def span_events(span: ReadableSpan) -> tuple[tuple[str, Mapping[str, Any]], ...]:
+    """A finished span's events as the conventions read them: (name, attributes) pairs."""
+    events = span.events
+    if not events:
+        return ()
+    return tuple((event.name, _sdk_attributes(event.attributes)) for event in events)
+
+
+def span_failed(span: ReadableSpan) -> bool:
+    """Whether a finished span's status is ERROR (the conventions read a call's failure from
+    it, with the span's own attributes and events)."""
+    status = span.status
+    return status is not None and status.status_code is StatusCode.ERROR
 
 
 class LoopGuardSpanProcessor(SpanProcessor):
@@ -252,7 +279,7 @@ class LoopGuardSpanProcessor(SpanProcessor):
             span_id = context.span_id
             tracked = self._open.pop(span_id, None)
             name = span.name
-            attributes = _attributes(span)
+            attributes = span_attributes(span)
             if not may_be_tool_span(name, attributes):  # most spans end here
                 return
             self._end(span, name, attributes, span_id, context.trace_id, tracked)
@@ -282,7 +309,7 @@ class LoopGuardSpanProcessor(SpanProcessor):
         if not context.is_valid:
             return None
         frame = nearest_agent(context.span_id, self._view)
-        attributes = _attributes(span) if isinstance(span, ReadableSpan) else {}
+        attributes = span_attributes(span) if isinstance(span, ReadableSpan) else {}
         return session_for(_NO_CALL, context.trace_id, frame, self.key_by, attributes)
 
     def take_concluded(self, session: str, agent: str | None, signature: str) -> Decision | None:
@@ -341,7 +368,7 @@ class LoopGuardSpanProcessor(SpanProcessor):
         if span is None:
             return None
         parent = span.parent
-        return SpanView(span.name, _attributes(span), parent.span_id if parent else None)
+        return SpanView(span.name, span_attributes(span), parent.span_id if parent else None)
 
     def _keys(
         self, call: SpanToolCall, span: ReadableSpan, trace_id: int, attributes: Mapping[str, Any]
@@ -361,34 +388,21 @@ class LoopGuardSpanProcessor(SpanProcessor):
 
     def _start(self, span: Span, name: str, span_id: int, trace_id: int) -> None:
         """A span that may be an agent run or a tool span with its arguments already set."""
-        attributes = _attributes(span)
-        if not arguments_available_at_start(name, attributes):
+        attributes = span_attributes(span)
+        call = call_at_start(name, attributes)
+        if call is None:
             if self.key_by is KeyBy.CONVERSATION:
-                self._maybe_new_run(span, name, attributes, trace_id)
-            return
-        call = tool_call_from_span(name, attributes, (), None)
-        if call is None or call.arguments is MISSING:
+                run = run_started(name, attributes)
+                if run is not None:
+                    self.guard.new_run(run[0], agent=run[1])
             return
         session, agent = self._keys(call, span, trace_id, attributes)
-        decision = self.guard.decide_at_span_start(
-            call.tool, call.arguments, session, agent, call.call_id
-        )
-        self._started[span_id] = (session, agent, call.call_id)
+        keys = (session, agent, call.call_id)
+        decision = call_started(self.guard, call.tool, call.arguments, keys)
+        self._started[span_id] = keys
         _START_DECISIONS[span_id] = decision
         if decision.detected is not Action.ALLOW:
             self._record(span, decision, call)
-
-    def _maybe_new_run(
-        self, span: Span, name: str, attributes: Mapping[str, Any], trace_id: int
-    ) -> None:
-        from .conventions import agent_from_span, conversation_id
-
-        agent = agent_from_span(name, attributes)
-        if agent is None:
-            return
-        conversation = agent.conversation_id or conversation_id(attributes)
-        if conversation:
-            self.guard.new_run(conversation, agent=agent.agent_name or agent.agent_id)
 
     def _end(
         self,
@@ -406,41 +420,25 @@ class LoopGuardSpanProcessor(SpanProcessor):
         started = self._started.pop(span_id, None)
         if started is not None:
             _START_DECISIONS.pop(span_id, None)
-        events: Sequence[tuple[str, Mapping[str, Any]]] = (
-            [(event.name, event.attributes or {}) for event in span.events] if span.events else ()
-        )
-        status = span.status
-        error = status is not None and status.status_code is StatusCode.ERROR
-        call = tool_call_from_span(name, attributes, events, error)
+        call = call_at_end(name, attributes, span_events(span), span_failed(span))
         if call is None:
             return
-        if call.arguments is MISSING:
-            # Recognised, but no arguments on the span (content capture off, or an
-            # instrumentation that publishes none): a call of the tool without arguments when
-            # the policy counts those, else skipped (as replay, serve and the exporter do).
-            if not self.guard.policy.count_calls_without_arguments:
-                return
-            call = dataclasses.replace(call, arguments={})
-        if started is not None:
-            session, agent, call_id = started
-        else:
-            session, agent = self._keys(call, span, trace_id, attributes)
-            call_id = call.call_id
-        duration = None
-        if span.end_time is not None and span.start_time is not None:
-            duration = max(0.0, (span.end_time - span.start_time) / 1e9)
-        decision = self.guard.after_tool(
+        ended = call_ended(
+            self.guard,
             call.tool,
             call.arguments,
-            session=session,
-            agent=agent,
-            call_id=call_id,
-            error=call.is_error,
-            result=call.result,
-            duration_seconds=duration,
+            started
+            if started is not None
+            else lambda: (*self._keys(call, span, trace_id, attributes), call.call_id),
+            call.is_error,
+            call.result,
+            duration_seconds(span.start_time, span.end_time),
         )
+        if ended is None:
+            return
+        (session, agent, _), arguments, decision = ended
         if decision is not None and decision.detected is not Action.ALLOW:
-            self._record_after(span, decision, call, tracked)
+            self._record_after(span, decision, call.call_id, arguments, tracked)
             if decision.phase is Phase.POST and decision.action is not Action.ALLOW:
                 self._conclude(session, agent, decision)
 
@@ -452,25 +450,30 @@ class LoopGuardSpanProcessor(SpanProcessor):
             while len(concluded) > _MAX_CONCLUDED:
                 del concluded[next(iter(concluded))]
 
-    def _event_attributes(self, decision: Decision, call: SpanToolCall) -> dict[str, Any]:
+    def _event_attributes(
+        self, decision: Decision, call_id: str | None, arguments: object
+    ) -> dict[str, Any]:
         policy = self.guard.policy
         return decision_attributes(
             decision,
             Shape.SPAN,
             mode=policy.mode,
-            call_id=call.call_id,
-            arguments=arguments_text(call.arguments, policy) if self.capture_arguments else None,
+            call_id=call_id,
+            arguments=arguments_text(arguments, policy) if self.capture_arguments else None,
         )
 
     def _record(self, span: Span, decision: Decision, call: SpanToolCall) -> None:
         """At start: the decision goes on the (still open) tool span itself."""
-        span.add_event(DECISION_EVENT, self._event_attributes(decision, call))
+        span.add_event(
+            DECISION_EVENT, self._event_attributes(decision, call.call_id, call.arguments)
+        )
 
     def _record_after(
         self,
         span: ReadableSpan,
         decision: Decision,
-        call: SpanToolCall,
+        call_id: str | None,
+        arguments: object,
         tracked: weakref.ref[Span] | None = None,
     ) -> None:
         """At end: a short ``loopguard.decision`` span, a sibling of the tool span (a child of
@@ -483,7 +486,7 @@ class LoopGuardSpanProcessor(SpanProcessor):
         ``ConcurrentMultiSpanProcessor`` (whose pool runs this ``on_end``, and would be waited on
         by a span started here) the decision span is emitted from one thread of this processor
         instead, moments later; ``shutdown`` waits for it."""
-        attributes = self._event_attributes(decision, call)
+        attributes = self._event_attributes(decision, call_id, arguments)
         span_context = span.get_span_context()
         if span_context is None:
             return

@@ -23,15 +23,21 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
+from ._span_calls import (
+    Keys,
+    call_at_end,
+    call_at_start,
+    call_ended,
+    call_started,
+    duration_seconds,
+    run_started,
+)
 from .conventions import (
     ARGUMENTS_AT_START_CONVENTIONS,
     MISSING,
     SpanAgent,
     SpanToolCall,
     agent_from_span,
-    arguments_available_at_start,
-    conversation_id,
-    tool_call_from_span,
 )
 from .spans import (
     START_NAME_PREFIXES,
@@ -170,24 +176,21 @@ def feed(guard: LoopGuard, event: TraceEvent) -> Decision | None:
     call is then skipped, as the span processor skips it). Never raises (the guard's hook
     contract)."""
     if isinstance(event, CallDecidedAtStart):
-        return guard.decide_at_span_start(
-            event.tool, event.arguments, event.session, event.agent, event.call_id
-        )
+        keys = (event.session, event.agent, event.call_id)
+        return call_started(guard, event.tool, event.arguments, keys)
     if isinstance(event, RunStarted):
         guard.new_run(event.session, agent=event.agent)
         return None
-    if event.without_arguments and not guard.policy.count_calls_without_arguments:
-        return None
-    return guard.after_tool(
+    ended = call_ended(
+        guard,
         event.tool,
-        event.arguments,
-        session=event.session,
-        agent=event.agent,
-        call_id=event.call_id,
-        error=event.error,
-        result=event.result,
-        duration_seconds=event.duration_seconds,
+        MISSING if event.without_arguments else event.arguments,
+        (event.session, event.agent, event.call_id),
+        event.error,
+        event.result,
+        event.duration_seconds,
     )
+    return None if ended is None else ended.decision
 
 
 # --------------------------------------------------------------------------------------------
@@ -328,28 +331,19 @@ class _Trace:
 
 def _tool_span(span: RecordedSpan, local_parent: int | None, order: int) -> _ToolSpan | None:
     """The calls the span processor would find in ``span`` at start and at end, or ``None``."""
-    end_call = tool_call_from_span(span.name, span.attributes, span.events, span.status_error)
+    end_call = call_at_end(span.name, span.attributes, span.events, span.status_error)
     start_name = span.name if span.start_name is None else span.start_name
     start_attributes = span.attributes if span.start_attributes is None else span.start_attributes
     start_call = None
-    unknown_start = span.start_attributes is None
     # Judged by its final attributes (OTLP), only a span of an instrumentation that starts tool
     # spans with their arguments can have been decided at start.
     # (The final attributes hold the arguments for every convention: judged by them alone, calls
     # the processor decides at end would be decided at start.)
-    may_start = not unknown_start or (
-        end_call is not None and end_call.convention in ARGUMENTS_AT_START_CONVENTIONS
-    )
-    if (
-        may_start
-        and start_name[:4] in START_NAME_PREFIXES
-        and arguments_available_at_start(start_name, start_attributes)
-    ):
-        start_call = tool_call_from_span(start_name, start_attributes, (), None)
-        if start_call is not None and (
-            start_call.arguments is MISSING
-            or (unknown_start and start_call.convention not in ARGUMENTS_AT_START_CONVENTIONS)
-        ):
+    if span.start_attributes is not None:
+        start_call = call_at_start(start_name, start_attributes)
+    elif end_call is not None and end_call.convention in ARGUMENTS_AT_START_CONVENTIONS:
+        start_call = call_at_start(start_name, start_attributes)
+        if start_call is not None and start_call.convention not in ARGUMENTS_AT_START_CONVENTIONS:
             start_call = None
     if start_call is None and end_call is None:
         return None
@@ -710,15 +704,12 @@ class TraceBuffer:
             if start_ns < trace.given_until_ns:
                 continue  # its calls were judged already: a new epoch now would split them
             view = trace.agents[span_id]
-            run = agent_from_span(view.name, view.attributes)
-            if run is None:
-                continue
-            conversation = run.conversation_id or conversation_id(view.attributes)
-            if conversation:
+            run = run_started(view.name, view.attributes)
+            if run is not None:
                 steps.append(
                     (
                         (start_ns, 0, trace.depth(span_id), order),
-                        RunStarted(conversation, run.agent_name or run.agent_id, start_ns / 1e9),
+                        RunStarted(run[0], run[1], start_ns / 1e9),
                     )
                 )
         for tool in trace.tools:
@@ -726,8 +717,8 @@ class TraceBuffer:
             frame = trace.agent_of(tool.parent_id)
             if keep and frame is None and tool.parent_id is not None:
                 trace.agentless.add(tool.parent_id)
-            duration = max(0.0, (tool.end_ns - tool.start_ns) / 1e9)
-            started: tuple[str, str | None, str | None] | None = None
+            duration = duration_seconds(tool.start_ns, tool.end_ns)
+            started: Keys | None = None
             call = tool.start_call
             if call is not None:
                 session, agent = session_for(call, trace_id, frame, key_by, tool.start_attributes)
@@ -754,8 +745,7 @@ class TraceBuffer:
                 else:
                     session, agent = session_for(call, trace_id, frame, key_by, tool.attributes)
                     call_id = call.call_id
-                # No arguments on the span: a call of the tool without arguments, which feed()
-                # counts only when the policy says so (count_calls_without_arguments).
+                # No arguments on the span: fed as such (call_ended's rule).
                 without_arguments = call.arguments is MISSING
                 steps.append(
                     (
@@ -915,7 +905,7 @@ def _trace_back(data: Mapping[str, Any], now: float) -> _Trace:
     )
 
 
-def _id_text(value: object, size: int, name: str, base64_too: bool) -> int:
+def read_id(value: object, size: int, name: str, base64_too: bool) -> int:
     """A trace (16 bytes) or span (8 bytes) id from hex, or base64 of the right length."""
     digits = 2 * size
     if isinstance(value, str) and len(value) == digits and _HEX.fullmatch(value):
@@ -939,13 +929,13 @@ def _id_text(value: object, size: int, name: str, base64_too: bool) -> int:
     return number
 
 
-def _parent_id(value: object, name: str, base64_too: bool) -> int | None:
+def read_parent_id(value: object, name: str, base64_too: bool) -> int | None:
     if value is None or value == "":
         return None
-    return _id_text(value, 8, name, base64_too)
+    return read_id(value, 8, name, base64_too)
 
 
-def _nanos(value: object, name: str, text_too: bool) -> int:
+def read_nanos(value: object, name: str, text_too: bool) -> int:
     """Nanoseconds since the epoch, an unsigned 64-bit integer (OTLP JSON: also its decimal
     string)."""
     number: int | None = None
@@ -972,53 +962,75 @@ def _any_value(value: object, where: str, depth: int) -> object:
         raise BadSpan(f"{where}: value must be an AnyValue object, got {short_value(value)}")
     if depth > MAX_VALUE_DEPTH:
         raise BadSpan(f"{where}: value nested more than {MAX_VALUE_DEPTH} levels deep")
-    if "stringValue" in value:
-        text = value["stringValue"]
-        if not isinstance(text, str):
-            raise BadSpan(f"{where}: stringValue must be a string, got {short_value(text)}")
-        return text
-    if "boolValue" in value:
-        flag = value["boolValue"]
-        if not isinstance(flag, bool):
-            raise BadSpan(f"{where}: boolValue must be true or false, got {short_value(flag)}")
-        return flag
-    if "intValue" in value:
-        number = value["intValue"]
-        if isinstance(number, int) and not isinstance(number, bool):
-            return number
-        if isinstance(number, str) and _DECIMAL.fullmatch(number):
-            return int(number)
-        raise BadSpan(
-            f"{where}: intValue must be an integer or its decimal string, got {short_value(number)}"
-        )
-    if "doubleValue" in value:
-        double = value["doubleValue"]
-        if isinstance(double, (int, float)) and not isinstance(double, bool):
-            return float(double)
-        if isinstance(double, str):
-            try:
-                return float(double)  # "NaN", "Infinity", "-Infinity", or a number as text
-            except ValueError:
-                pass
-        raise BadSpan(f"{where}: doubleValue must be a number, got {short_value(double)}")
-    if "arrayValue" in value:
-        array = value["arrayValue"]
-        items = _values_list(array, where, "arrayValue")
-        return tuple(_any_value(item, where, depth + 1) for item in items)
-    if "kvlistValue" in value:
-        pairs = _values_list(value["kvlistValue"], where, "kvlistValue")
-        return _otlp_attributes(pairs, where, depth + 1)
-    if "bytesValue" in value:
-        encoded = value["bytesValue"]
-        try:
-            if not isinstance(encoded, str):
-                raise ValueError
-            return base64.b64decode(encoded, validate=True)
-        except ValueError:
-            raise BadSpan(
-                f"{where}: bytesValue must be base64 text, got {short_value(encoded)}"
-            ) from None
+    for kind, decode in _ANY_VALUE_KINDS:
+        if kind in value:
+            return decode(value[kind], where, depth)
     return None
+
+
+def _string_value(text: object, where: str, depth: int) -> object:
+    if not isinstance(text, str):
+        raise BadSpan(f"{where}: stringValue must be a string, got {short_value(text)}")
+    return text
+
+
+def _bool_value(flag: object, where: str, depth: int) -> object:
+    if not isinstance(flag, bool):
+        raise BadSpan(f"{where}: boolValue must be true or false, got {short_value(flag)}")
+    return flag
+
+
+def _int_value(number: object, where: str, depth: int) -> object:
+    if isinstance(number, int) and not isinstance(number, bool):
+        return number
+    if isinstance(number, str) and _DECIMAL.fullmatch(number):
+        return int(number)
+    raise BadSpan(
+        f"{where}: intValue must be an integer or its decimal string, got {short_value(number)}"
+    )
+
+
+def _double_value(double: object, where: str, depth: int) -> object:
+    if isinstance(double, (int, float)) and not isinstance(double, bool):
+        return float(double)
+    if isinstance(double, str):
+        try:
+            return float(double)  # "NaN", "Infinity", "-Infinity", or a number as text
+        except ValueError:
+            pass
+    raise BadSpan(f"{where}: doubleValue must be a number, got {short_value(double)}")
+
+
+def _array_value(array: object, where: str, depth: int) -> object:
+    items = _values_list(array, where, "arrayValue")
+    return tuple(_any_value(item, where, depth + 1) for item in items)
+
+
+def _kvlist_value(pairs: object, where: str, depth: int) -> object:
+    return _otlp_attributes(_values_list(pairs, where, "kvlistValue"), where, depth + 1)
+
+
+def _bytes_value(encoded: object, where: str, depth: int) -> object:
+    try:
+        if not isinstance(encoded, str):
+            raise ValueError
+        return base64.b64decode(encoded, validate=True)
+    except ValueError:
+        raise BadSpan(
+            f"{where}: bytesValue must be base64 text, got {short_value(encoded)}"
+        ) from None
+
+
+#: The fields of an ``AnyValue``, in the order they are looked for, with their decoders.
+_ANY_VALUE_KINDS: Final[tuple[tuple[str, Callable[[object, str, int], object]], ...]] = (
+    ("stringValue", _string_value),
+    ("boolValue", _bool_value),
+    ("intValue", _int_value),
+    ("doubleValue", _double_value),
+    ("arrayValue", _array_value),
+    ("kvlistValue", _kvlist_value),
+    ("bytesValue", _bytes_value),
+)
 
 
 def _values_list(container: object, where: str, kind: str) -> list[object]:
@@ -1087,9 +1099,9 @@ def _otlp_status_error(value: object) -> bool:
 def _otlp_span(raw: object) -> RecordedSpan:
     if not isinstance(raw, dict):
         raise BadSpan(f"a span must be an object, got {short_value(raw)}")
-    trace_id = _id_text(_required(raw, "traceId"), 16, "traceId", True)
-    span_id = _id_text(_required(raw, "spanId"), 8, "spanId", True)
-    parent_id = _parent_id(raw.get("parentSpanId"), "parentSpanId", True)
+    trace_id = read_id(_required(raw, "traceId"), 16, "traceId", True)
+    span_id = read_id(_required(raw, "spanId"), 8, "spanId", True)
+    parent_id = read_parent_id(raw.get("parentSpanId"), "parentSpanId", True)
     flags = raw.get("flags")
     # SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE (0x100) and SPAN_FLAGS_CONTEXT_IS_REMOTE (0x200).
     remote = (
@@ -1101,8 +1113,8 @@ def _otlp_span(raw: object) -> RecordedSpan:
     name = raw.get("name", "")
     if not isinstance(name, str):
         raise BadSpan(f"'name' must be a string, got {short_value(name)}")
-    start = _nanos(_required(raw, "startTimeUnixNano"), "startTimeUnixNano", True)
-    end = _nanos(_required(raw, "endTimeUnixNano"), "endTimeUnixNano", True)
+    start = read_nanos(_required(raw, "startTimeUnixNano"), "startTimeUnixNano", True)
+    end = read_nanos(_required(raw, "endTimeUnixNano"), "endTimeUnixNano", True)
     return RecordedSpan(
         trace_id,
         span_id,

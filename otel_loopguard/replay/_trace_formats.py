@@ -14,10 +14,10 @@ from ..traces import (
     STATUS_CODE_ERROR,
     RecordedSpan,
     TraceBuffer,
-    _id_text,
-    _nanos,
-    _parent_id,
     otlp_json_spans,
+    read_id,
+    read_nanos,
+    read_parent_id,
 )
 from ..traces import short_value as _short
 from ._events import BadRecord, Event, _get
@@ -97,11 +97,11 @@ def _dump_span(record: Mapping[str, Any]) -> RecordedSpan:
     name = _get(record, "name")
     if not isinstance(name, str):
         raise BadRecord(f"'name' must be a string, got {_short(name)}")
-    trace_id = _id_text(_get(record, "trace_id"), 16, "trace_id", False)
-    span_id = _id_text(_get(record, "span_id"), 8, "span_id", False)
-    parent_id = _parent_id(record.get("parent_span_id"), "parent_span_id", False)
-    start = _nanos(_get(record, "start_time_ns"), "start_time_ns", False)
-    end = _nanos(_get(record, "end_time_ns"), "end_time_ns", False)
+    trace_id = read_id(_get(record, "trace_id"), 16, "trace_id", False)
+    span_id = read_id(_get(record, "span_id"), 8, "span_id", False)
+    parent_id = read_parent_id(record.get("parent_span_id"), "parent_span_id", False)
+    start = read_nanos(_get(record, "start_time_ns"), "start_time_ns", False)
+    end = read_nanos(_get(record, "end_time_ns"), "end_time_ns", False)
     attributes = _sdk_attributes(_get(record, "attributes"), "attributes")
     start_name = record.get("name_at_start")
     if start_name is not None and not isinstance(start_name, str):

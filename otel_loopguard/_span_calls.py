@@ -1,0 +1,134 @@
+"""The one way from a span to the guard: what a span (open or ended) is as tool calls and agent
+runs, and the guard calls it makes.
+
+Every entrance goes through here: the span processor on the live span (at its start and at its
+end), and, through :mod:`otel_loopguard.traces` (its trace buffer and :func:`~otel_loopguard.
+traces.feed`), the exporter, ``serve`` and ``replay`` on finished spans. So which spans are
+decided at start, how a call is read from a span (its failure included: the conventions read
+it), how a call without arguments counts and which keys a call's end reuses from its start are
+each written once, here.
+
+Pure: the package's own modules only, no OpenTelemetry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Final, NamedTuple
+
+from .conventions import (
+    MISSING,
+    SpanToolCall,
+    agent_from_span,
+    arguments_available_at_start,
+    conversation_id,
+    tool_call_from_span,
+)
+from .spans import START_NAME_PREFIXES
+
+if TYPE_CHECKING:
+    from .guard import LoopGuard
+    from .policy import Decision
+
+__all__ = [
+    "Ended",
+    "Keys",
+    "call_at_end",
+    "call_at_start",
+    "call_ended",
+    "call_started",
+    "duration_seconds",
+    "run_started",
+]
+
+#: What a call is counted under: session, agent and call id. A call decided at its span's start
+#: keeps its start's keys for its end.
+Keys = tuple[str, str | None, str | None]
+
+
+class Ended(NamedTuple):
+    """A call reported at its span's end: its keys, the arguments it was counted with (``{}``
+    for a span recognised without arguments) and the guard's decision (``None`` when the end
+    only added the outcome of a call decided at start)."""
+
+    keys: Keys
+    arguments: object
+    decision: Decision | None
+
+
+#: A span's end reads its call from its final attributes, its events and whether it failed.
+call_at_end: Final = tool_call_from_span
+
+
+def call_at_start(name: str, attributes: Mapping[str, object]) -> SpanToolCall | None:
+    """The tool call a span carries at its start, with its arguments (decided then, before it
+    runs), or ``None``: most spans (the start gate, a name prefix, stops them at once), tool
+    spans whose arguments come later, and spans recognised without arguments."""
+    if name[:4] not in START_NAME_PREFIXES or not arguments_available_at_start(name, attributes):
+        return None
+    call = tool_call_from_span(name, attributes, (), None)
+    if call is None or call.arguments is MISSING:
+        return None
+    return call
+
+
+def run_started(name: str, attributes: Mapping[str, object]) -> tuple[str, str | None] | None:
+    """The conversation and agent of an agent run a span starts, when it names its
+    conversation (keyed by conversation, a run starts a new progress epoch); else ``None``."""
+    run = agent_from_span(name, attributes)
+    if run is None:
+        return None
+    conversation = run.conversation_id or conversation_id(attributes)
+    if not conversation:
+        return None
+    return conversation, run.agent_name or run.agent_id
+
+
+def duration_seconds(start_ns: int | None, end_ns: int | None) -> float | None:
+    """A span's duration (what denying its call would have saved); ``None`` when unknown."""
+    if start_ns is None or end_ns is None:
+        return None
+    return max(0.0, (end_ns - start_ns) / 1e9)
+
+
+def call_started(guard: LoopGuard, tool: str, arguments: object, keys: Keys) -> Decision:
+    """Decide a call at its span's start, under ``keys`` (which its end reuses): counted then,
+    never waiting for an advisor. Never raises (the guard's hook contract)."""
+    session, agent, call_id = keys
+    return guard.decide_at_span_start(tool, arguments, session, agent, call_id)
+
+
+def call_ended(
+    guard: LoopGuard,
+    tool: str,
+    arguments: object,
+    keys: Keys | Callable[[], Keys],
+    error: bool | None,
+    result: object,
+    duration: float | None,
+) -> Ended | None:
+    """Report a call at its span's end (``after_tool``): counted now, or only its outcome added
+    when it was decided at start (the decision is then ``None``). ``arguments``
+    :data:`~otel_loopguard.conventions.MISSING`: the span was recognised without arguments
+    (content capture off, or an instrumentation that publishes none), a call of the tool without
+    arguments (``{}``) when the policy counts those, else skipped: ``None``. ``keys``: or the
+    function that finds them, called only for a call reported. Never raises (the guard's hook
+    contract)."""
+    if arguments is MISSING:
+        if not guard.policy.count_calls_without_arguments:
+            return None
+        arguments = {}
+    if not isinstance(keys, tuple):
+        keys = keys()
+    session, agent, call_id = keys
+    decision = guard.after_tool(
+        tool,
+        arguments,
+        session=session,
+        agent=agent,
+        call_id=call_id,
+        error=error,
+        result=result,
+        duration_seconds=duration,
+    )
+    return Ended(keys, arguments, decision)
