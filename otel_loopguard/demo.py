@@ -167,6 +167,16 @@ class _Tally:
     refused: int = 0  # calls denied (or rescued) in the current progress epoch
     finished_ok: bool = False
 
+    def count(self, action: str) -> int:
+        """Count one call the guard answered with ``action``; its number in the story."""
+        self.calls += 1
+        self.counts[action] = self.counts.get(action, 0) + 1
+        if action != "allow":
+            self.first_step.setdefault(action, self.calls)
+        if action in ("deny", "rescue"):
+            self.refused += 1
+        return self.calls
+
 
 class _Clock:
     """The guard's clock in the demo: it moves by each tool's pretend duration, never sleeps."""
@@ -321,62 +331,22 @@ def _play(
     rounds: int | None,
 ) -> int:
     """The story once, told step by step; with ``server``, then again until interrupted."""
-    from otel_loopguard.config import Rule
-
     tally = _Tally()
-
-    screen.line(
-        style("bold", "otel-loopguard demo") + ": a scripted agent gets stuck; a real"
-        " LoopGuard watches every tool call."
-    )
-    screen.line(
-        f"policy: {('preset ' + preset) if preset else 'from --config'} ({_ladder(policy)})"
-    )
-    if server is not None:
-        screen.line(f"metrics: {server.url}")
-        screen.line(
-            textwrap.fill(
-                f"Waiting for the first scrape: point Prometheus at {server.host}:{server.port}"
-                " (a static target). The story starts then, so the dashboard sees every call.",
-                screen.width,
-            )
-        )
-        while not watch.scraped.is_set():
-            sleep(SCRAPE_POLL_SECONDS)
-    screen.line()
+    _introduce(policy, screen, style, sleep, preset, server, watch)
     screen.line("user: test_parse_minutes fails since yesterday; please fix it")
     screen.line()
 
     def step(call: _Call) -> Decision:
         if pause:
             sleep(pause)
-        tally.calls += 1
-        number = tally.calls
         decision = guard.before_tool(
             call.tool, dict(call.arguments), session=_SESSION, agent=DEMO_AGENT
         )
         action = decision.action.value
-        tally.counts[action] = tally.counts.get(action, 0) + 1
-        if action != "allow":
-            tally.first_step.setdefault(action, number)
+        refused_before = tally.refused
+        number = tally.count(action)
         screen.line(f"{number:>4}  {_call_text(call)}")
-        verdict = style(action, action.upper() if action != "allow" else action)
-        if action != "allow":
-            rule = decision.rule.value if decision.rule is not None else "none"
-            verdict += f"  rule {rule}, count {decision.count}"
-            if action == "stop" and decision.rule is not Rule.STALL:
-                # A stop after denials: its threshold counts refused calls, not repeats.
-                refused = tally.refused
-                verdict += f"; {refused} call{'s' if refused != 1 else ''} refused before"
-                if decision.threshold:
-                    verdict += f" (threshold {decision.threshold})"
-            elif decision.threshold:
-                verdict += f" (threshold {decision.threshold})"
-        if decision.blocks:
-            verdict += " - the tool does not run"
-        screen.line(f"       guard: {verdict}")
-        if action in ("deny", "rescue"):
-            tally.refused += 1
+        screen.line(f"       guard: {_verdict(decision, refused_before, style)}")
         if decision.blocks:
             tally.saved_seconds += call.seconds
             if action == "stop":
@@ -455,6 +425,57 @@ def _play(
             + ", ".join(f"{count} {action}" for action, count in tally.counts.items())
         )
     return 0
+
+
+def _introduce(
+    policy: Policy,
+    screen: _Screen,
+    style: _Style,
+    sleep: Callable[[float], None],
+    preset: str | None,
+    server: MetricsServer | None,
+    watch: _ScrapeWatch,
+) -> None:
+    """The demo's first lines; with ``server``, returns once Prometheus has scraped it."""
+    screen.line(
+        style("bold", "otel-loopguard demo") + ": a scripted agent gets stuck; a real"
+        " LoopGuard watches every tool call."
+    )
+    screen.line(
+        f"policy: {('preset ' + preset) if preset else 'from --config'} ({_ladder(policy)})"
+    )
+    if server is not None:
+        screen.line(f"metrics: {server.url}")
+        screen.line(
+            textwrap.fill(
+                f"Waiting for the first scrape: point Prometheus at {server.host}:{server.port}"
+                " (a static target). The story starts then, so the dashboard sees every call.",
+                screen.width,
+            )
+        )
+        while not watch.scraped.is_set():
+            sleep(SCRAPE_POLL_SECONDS)
+    screen.line()
+
+
+def _verdict(decision: Decision, refused: int, style: _Style) -> str:
+    """The guard's line for one call: its action, and for a step its rule, count and
+    threshold (``refused``: the calls refused since the last user message)."""
+    from otel_loopguard.config import Rule
+
+    action = decision.action.value
+    verdict = style(action, action.upper() if action != "allow" else action)
+    if action != "allow":
+        rule = decision.rule.value if decision.rule is not None else "none"
+        verdict += f"  rule {rule}, count {decision.count}"
+        if action == "stop" and decision.rule is not Rule.STALL:
+            # A stop after denials: its threshold counts refused calls, not repeats.
+            verdict += f"; {refused} call{'s' if refused != 1 else ''} refused before"
+        if decision.threshold:
+            verdict += f" (threshold {decision.threshold})"
+    if decision.blocks:
+        verdict += " - the tool does not run"
+    return verdict
 
 
 def _summary(tally: _Tally) -> list[str]:
