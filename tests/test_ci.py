@@ -151,6 +151,7 @@ def _machine_python(tmp_path: Path) -> Path:
     return python
 
 
+@pytest.mark.slow
 def test_a_package_only_the_machine_has_fails_the_ci_steps(tmp_path: Path) -> None:
     root = _project(tmp_path, {"test_ok.py": PASSING, "test_machine.py": MACHINE_ONLY_TEST})
     (root / "pyproject.toml").write_text(

@@ -1418,6 +1418,7 @@ events = st.lists(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(
     name=span_names,
@@ -1504,6 +1505,7 @@ compiled_attribute_maps = st.dictionaries(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=600, deadline=None)
 @given(
     name=span_names | st.sampled_from(list(Marker)),

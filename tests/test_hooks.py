@@ -669,6 +669,7 @@ def test_a_bad_policy_or_command_line_still_answers_json(tmp_path: Path) -> None
 # -- concurrency --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_concurrent_invocations_on_one_store_lose_no_count(tmp_path: Path) -> None:
     """8 processes at a time on one fresh store, all on one session: every attempt counted
     once, every post matched to its pre."""
@@ -705,6 +706,7 @@ def test_concurrent_invocations_on_one_store_lose_no_count(tmp_path: Path) -> No
 # -- the trip log, from hook processes ----------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_hook_decisions_are_written_to_the_trip_log(tmp_path: Path) -> None:
     store = tmp_path / "hooks.sqlite3"
     trips = tmp_path / "trips.jsonl"
@@ -871,6 +873,7 @@ def test_readme_settings_install_every_event_each_host_adapter_acts_on() -> None
 # -- rescue: advice bought once, kept across hook processes ---------------------------------------
 
 
+@pytest.mark.slow
 def test_rescue_advice_is_asked_once_and_reused_by_later_processes(tmp_path: Path) -> None:
     store = tmp_path / "hooks.sqlite3"
     asked = tmp_path / "asked.txt"

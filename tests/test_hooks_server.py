@@ -411,6 +411,7 @@ def test_a_dead_server_fails_open_at_once(host: str) -> None:
     fail_closed_denial(host, "connection refused", closed.out)
 
 
+@pytest.mark.slow
 def test_a_server_that_never_answers_is_given_up_on_after_the_timeout() -> None:
     with socket.socket() as silent:  # accepts connections (the backlog), never answers
         silent.bind(("127.0.0.1", 0))
@@ -503,6 +504,7 @@ def test_error_statuses_and_answers_that_are_not_the_apis_fail_open_or_closed(
     fail_closed_denial("claude-code", said, closed.out)
 
 
+@pytest.mark.slow
 def test_what_the_hook_sends(fake: str) -> None:
     for host in HOSTS:
         assert remote(host, PRE_EVENTS[host], f"{fake}/ok") == Reply(0, {}, "")
@@ -711,6 +713,7 @@ def test_the_stop_after_the_third_identical_failure_is_the_same_from_the_server(
     assert kind(host, local[stop_at + 1].out) == "stop"
 
 
+@pytest.mark.slow
 def test_the_prompt_reaches_the_servers_advisor_as_the_task(tmp_path: Path) -> None:
     """With ``--server`` the user's prompt goes to the server (cut to what the guard keeps),
     so its advisor is told the task, as a local hook's advisor is."""

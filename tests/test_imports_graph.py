@@ -122,7 +122,7 @@ def test_the_graph_sees_every_kind_of_import() -> None:
     assert len(graph) > 40
     # Under TYPE_CHECKING, and inside a function, count too: check with a module of each kind.
     found_type_checking = found_lazy = False
-    for module, path in _module_names().items():
+    for path in _module_names().values():
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING"):

@@ -667,6 +667,7 @@ FUZZ_MAX_TRACKED_SPANS = 1000
 FUZZ_POLICY = DEFAULT.replace(max_sessions=50)
 
 
+@pytest.mark.slow
 def test_fuzz_nothing_escapes_and_memory_stays_bounded(quiet_sdk: None) -> None:
     """100,000 spans of hostile shapes through two processors (keyed by trace, with argument
     capture; keyed by conversation), one provider, shared across all examples so that the bounds
@@ -947,6 +948,7 @@ def retained_after_abandoned_spans(attribute_chars: int) -> tuple[int, LoopGuard
     return after - before, processor
 
 
+@pytest.mark.slow
 def test_abandoned_spans_cost_a_bounded_size_whatever_they_carry() -> None:
     """Regression (issue 14): the processor held every open span, so 10,000 spans of 100 KB
     never ended kept about 1 GB alive. It now keeps a weak reference per open span."""
@@ -1150,6 +1152,7 @@ def concurrent_provider() -> TracerProvider:
     return TracerProvider(active_span_processor=ConcurrentMultiSpanProcessor(num_threads=4))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "make_provider", [synchronous_provider, concurrent_provider], ids=["synchronous", "concurrent"]
 )

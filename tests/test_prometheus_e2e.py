@@ -223,6 +223,7 @@ class Agent:
                 span.end(end_time=started + int(CALL_SECONDS * 1e9))
 
 
+@pytest.mark.slow
 def test_dashboard_queries_against_a_real_prometheus(
     target: tuple[LoopGuard, PrometheusRecorder, str], prometheus: PrometheusServer
 ) -> None:
@@ -364,6 +365,7 @@ def _scrape_sum(url: str, name: str, **labels: str) -> float:
     )
 
 
+@pytest.mark.slow
 def test_the_readme_demo_fills_the_dashboard(tmp_path: Path) -> None:
     """docs/metrics.md, "Watch the demo fill it": run ``otel-loopguard demo --metrics-port PORT``, point
     Prometheus at it, open the dashboard. Every panel that page names must show the demo's

@@ -6,6 +6,7 @@ import math
 import random
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -35,6 +36,7 @@ def shuffled(value: Any, rng: random.Random) -> Any:
     return value
 
 
+@pytest.mark.slow
 @given(json_values, st.randoms())
 def test_key_order_never_matters(value: Any, rng: random.Random) -> None:
     a = ToolCall.build("tool", value, session="s")
@@ -42,6 +44,7 @@ def test_key_order_never_matters(value: Any, rng: random.Random) -> None:
     assert a.args_key == b.args_key
 
 
+@pytest.mark.slow
 @given(st.dictionaries(st.text(max_size=6), json_values, max_size=4), st.randoms())
 def test_json_string_and_object_give_one_key(value: dict[str, Any], rng: random.Random) -> None:
     import json
@@ -128,6 +131,7 @@ anything = st.one_of(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 @given(anything, anything, anything, anything, anything, anything, st.none() | st.booleans())
 def test_no_input_makes_the_hooks_raise(
@@ -168,6 +172,7 @@ agent_steps = st.lists(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
 @given(agent_steps, st.sampled_from(sorted(PRESETS)))
 # The whole ladder up to stop, then a different call (still stopped) and a prompt (lifted):

@@ -444,6 +444,7 @@ def test_unknown_format_is_a_usage_error(
     assert "format: 'xml' is not one of claude-code, transcript" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("options", [["--json"], []], ids=["json", "text"])
 def test_broken_pipe_ends_quietly(tmp_path: Path, options: list[str]) -> None:
     """`replay big.jsonl | head -1`: the reader goes away; the replay ends quietly, and the
@@ -782,6 +783,7 @@ _LINES = st.lists(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(lines=_LINES, forced=st.sampled_from([None, "transcript", "claude-code"]))
 def test_any_input_gives_a_report_never_an_exception(

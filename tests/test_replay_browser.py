@@ -172,6 +172,7 @@ def trips(rows: list[dict[str, Any]]) -> dict[str, Counter[str]]:
 # -- rendering and content --------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_page_renders_without_console_errors_and_lists_every_session(
     browser: WebDriver, tmp_path: Path
 ) -> None:
@@ -208,6 +209,7 @@ def test_the_index_lists_the_worst_session_first(browser: WebDriver, tmp_path: P
     assert shown[-1]["worst detected"] == "-"
 
 
+@pytest.mark.slow
 def test_every_column_sorts_the_index(browser: WebDriver, tmp_path: Path) -> None:
     page, _, _ = render(tmp_path)
     open_page(browser, page)

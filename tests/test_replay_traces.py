@@ -917,6 +917,7 @@ _SPANS = (
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     requests=st.lists(st.lists(_SPANS, max_size=4), max_size=4),

@@ -67,6 +67,7 @@ def test_a_busy_grpc_port_shows_no_grpc_core_log_line(held_port: int) -> None:
     assert os.strerror(errno.EADDRINUSE) in done.stderr
 
 
+@pytest.mark.slow
 def test_a_free_grpc_port_still_serves_and_stops_cleanly() -> None:
     process = subprocess.Popen(
         [*SERVE, "--http-port", "0", "--grpc-port", "0"],

@@ -102,6 +102,7 @@ def _exporter(kind: str, service: Service) -> SpanExporter:
     return HttpExporter(endpoint=url, timeout=10)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("kind", "batched"),
     [
@@ -874,6 +875,7 @@ def test_a_taken_port_is_an_error_naming_it_and_leaves_nothing_running(tmp_path:
 # -- the command line --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cli_serve_reads_the_toml_policy_and_stops_on_sigterm(tmp_path: Path) -> None:
     import queue
     import signal
@@ -1169,6 +1171,7 @@ def test_json_log_lines_are_one_object_each_with_the_decisions_fields() -> None:
     assert entry["time"].endswith("Z") and "T" in entry["time"]
 
 
+@pytest.mark.slow
 def test_cli_serve_logs_json_lines_and_names_a_taken_port(tmp_path: Path) -> None:
     import queue
     import signal

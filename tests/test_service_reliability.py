@@ -115,6 +115,7 @@ def _raw_post(path: str, body: bytes, content_type: str) -> bytes:
     ).encode() + body
 
 
+@pytest.mark.slow
 def test_slowloris_and_slow_bodies_do_not_turn_the_guard_off(service: Service) -> None:
     """256 connections dribbling headers and 64 dribbling a body (4 bytes a second) while OTLP
     exports and hook decisions keep coming: every slow connection is closed within the request
@@ -358,6 +359,7 @@ def _vm_hwm_mb(pid: int) -> float:
     raise AssertionError("no VmHWM")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc/PID/status")
 def test_concurrent_big_bodies_stay_under_a_memory_ceiling() -> None:
     body = _big_json_body(17 << 20)

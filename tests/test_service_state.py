@@ -147,6 +147,7 @@ class Script:
         return answers
 
 
+@pytest.mark.slow
 def test_kill_9_and_restart_lose_nothing_and_counts_go_on(tmp_path: Path) -> None:
     script = Script()
     with serving() as control:
@@ -175,6 +176,7 @@ def test_kill_9_and_restart_lose_nothing_and_counts_go_on(tmp_path: Path) -> Non
     assert stat.S_IMODE(state.stat().st_mode) == 0o700
 
 
+@pytest.mark.slow
 def test_a_torn_last_frame_is_cut_and_the_rest_replayed(tmp_path: Path) -> None:
     state = tmp_path / "state"
     with serving("--state-dir", str(state)) as first:
@@ -192,6 +194,7 @@ def test_a_torn_last_frame_is_cut_and_the_rest_replayed(tmp_path: Path) -> None:
         assert second.stop() == 0
 
 
+@pytest.mark.slow
 def test_a_damaged_snapshot_is_moved_aside_with_a_note(tmp_path: Path) -> None:
     state = tmp_path / "state"
     with serving("--state-dir", str(state)) as first:
@@ -208,6 +211,7 @@ def test_a_damaged_snapshot_is_moved_aside_with_a_note(tmp_path: Path) -> None:
     assert list(state.glob("snapshot.corrupt-*"))
 
 
+@pytest.mark.slow
 def test_one_serve_per_directory_and_an_untrusted_one_is_refused(tmp_path: Path) -> None:
     state = tmp_path / "state"
     with serving("--state-dir", str(state)) as first:
@@ -281,6 +285,7 @@ def test_a_log_that_cannot_be_written_is_answered_503_never_200(
         assert again.stop() == 0
 
 
+@pytest.mark.slow
 def test_a_snapshot_with_batches_still_queued_replays_each_input_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -352,6 +357,7 @@ def _advised_calls(port: int, args: dict[str, Any], times: int) -> list[Any]:
     return decisions
 
 
+@pytest.mark.slow
 def test_cached_advice_cooldowns_and_held_reminders_survive_kill_9(tmp_path: Path) -> None:
     """The advisor is asked once for a loop, before the crash; after the restart the same loop
     gets the same advice without a second ask, a second loop within the cooldown gets none (as
@@ -408,6 +414,7 @@ def test_cached_advice_cooldowns_and_held_reminders_survive_kill_9(tmp_path: Pat
     assert got == expected
 
 
+@pytest.mark.slow
 def test_state_of_another_version_is_set_aside_and_a_bad_record_is_skipped(
     tmp_path: Path,
 ) -> None:

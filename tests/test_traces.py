@@ -193,6 +193,7 @@ def test_bad_max_seen_spans_is_refused(bad: object) -> None:
         TraceBuffer(max_seen_spans=bad)  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 def test_a_million_distinct_trace_ids_stay_within_the_bounds() -> None:
     clock = FakeClock()
     buffer = TraceBuffer(hold_seconds=HOLD, clock=clock)
