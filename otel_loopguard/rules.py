@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Protocol
+from typing import Final, Protocol
 
 from .config import Policy, Rule
 
@@ -29,6 +29,7 @@ __all__ = [
     "evaluate",
     "identical_failures",
     "no_progress",
+    "no_progress_after_failures",
     "stall",
     "trend",
     "window",
@@ -138,8 +139,9 @@ def no_progress(history: History, key: str) -> Verdict | None:
     return Verdict(Rule.NO_PROGRESS, signature.same_outcomes + 1, signature.refused)
 
 
-def identical_failures(history: History, key: str) -> Verdict | None:
-    """After an attempt of ``key`` ran: how many times in a row it failed the same way.
+def no_progress_after_failures(history: History, key: str) -> Verdict | None:
+    """After an attempt of ``key`` ran: a ``NO_PROGRESS`` verdict counting how many times in a
+    row it failed the same way.
 
     The finished calls of this signature that gave its latest outcome, when that outcome is a
     failure (a failure whose text differs only in volatile parts is the same failure: see
@@ -150,6 +152,10 @@ def identical_failures(history: History, key: str) -> Verdict | None:
     if signature is None or signature.last_outcome is None or not signature.failed:
         return None
     return Verdict(Rule.NO_PROGRESS, signature.same_outcomes)
+
+
+#: The former name of :func:`no_progress_after_failures`, kept while its callers move (issue 22).
+identical_failures: Final = no_progress_after_failures
 
 
 def stall(history: History, key: str, threshold: int) -> Verdict | None:

@@ -104,14 +104,16 @@ def test_disabled_rules_give_nothing() -> None:
     assert evaluate(history, "a", policy) == (None, None, None)
 
 
-def test_identical_failures_count_only_a_failing_latest_outcome() -> None:
-    from otel_loopguard.rules import identical_failures
+def test_no_progress_after_failures_counts_only_a_failing_latest_outcome() -> None:
+    from otel_loopguard.rules import identical_failures, no_progress_after_failures
+
+    assert identical_failures is no_progress_after_failures  # the former name, for now
 
     failing = Hist(sigs={"a": Sig(last_outcome="E", same_outcomes=3, failed=True)})
-    assert identical_failures(failing, "a") == Verdict(Rule.NO_PROGRESS, 3)
+    assert no_progress_after_failures(failing, "a") == Verdict(Rule.NO_PROGRESS, 3)
     passing = Hist(sigs={"a": Sig(last_outcome="R", same_outcomes=3)})
-    assert identical_failures(passing, "a") is None
-    assert identical_failures(Hist(), "a") is None
+    assert no_progress_after_failures(passing, "a") is None
+    assert no_progress_after_failures(Hist(), "a") is None
 
 
 def test_a_successful_reread_after_new_calls_is_no_evidence() -> None:
