@@ -183,3 +183,28 @@ def test_serve_loads_a_snapshot_written_by_this_version_and_counts_go_on(
         assert server.stop() == 0
     finally:
         server.close()
+
+
+def test_a_logged_batch_is_plain_data_and_comes_back_equal() -> None:
+    from otel_loopguard.service._durable import batch_of, batch_payload
+    from otel_loopguard.traces import OtlpSpans, RecordedSpan
+
+    span = RecordedSpan(
+        (1 << 127) + 5,
+        7,
+        None,
+        "execute_tool grep",
+        {"gen_ai.tool.name": "grep", "tags": ("a", "b"), "raw": b"\x01", "n": 2.5},
+        (("event", {"k": 1}),),
+        True,
+        10,
+        20,
+        parent_remote=True,
+    )
+    read = OtlpSpans([span], ["spans[1]: bad"], 1, [((1 << 100), 3, None, False)])
+    back = batch_of(batch_payload(read))
+    assert back == read
+    # The payload names no class: the plain unpickler reads it.
+    assert plain_loads(batch_payload(read))[0][0][0] == (1 << 127) + 5
+    with pytest.raises(ValueError, match="not a logged batch"):
+        batch_of(pickle.dumps(read))

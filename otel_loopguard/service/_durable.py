@@ -5,7 +5,8 @@ Two kinds of file in ``DIR`` (made ``0700``; one ``serve`` at a time, held by an
 
 - ``wal-<first sequence number>.log``, the write-ahead log: one frame per input, appended before
   the input is answered. A frame is ``<length, CRC-32, sequence number, clock time, kind>`` and
-  its payload: an accepted batch of spans (``BATCH``: the decoded spans, pickled), a decision API
+  its payload: an accepted batch of spans (``BATCH``: the decoded spans as plain data,
+  :func:`batch_payload`), a decision API
   call (``DECISION``: its endpoint and JSON body) or an advisor's answer (``ADVICE``). Frames are
   written by one thread and made durable with ``fdatasync`` in groups (a group commit): every
   request that arrived while the previous group was being synced is in the next one, so a sync
@@ -25,18 +26,19 @@ replay updates no metric and writes no decision line or trip line (they were mad
 crash). A torn last frame (the crash hit a write) ends the log; a damaged snapshot is moved aside
 to ``snapshot.corrupt-<UTC time>`` with a note on stderr, and the log is replayed alone.
 
-The snapshot is plain data (:data:`SNAPSHOT_VERSION`; dicts, lists, tuples, strings, bytes,
+The snapshot and the log's batches are plain data (dicts, lists, tuples, strings, bytes,
 numbers, booleans, ``None``: what :meth:`LoopGuard.snapshot
 <otel_loopguard.guard.LoopGuard.snapshot>`, :meth:`TraceBuffer.snapshot
-<otel_loopguard.traces.TraceBuffer.snapshot>` and the held reminders give), pickled and read back
-by an unpickler that loads no class or function at all (:func:`plain_loads`), so a snapshot
-cannot run code. The log's batches are still pickles of decoded spans, so ``DIR`` must be trusted
-as the program is: it is refused when it, or the snapshot, belongs to another user or can be
-written by group or others.
+<otel_loopguard.traces.TraceBuffer.snapshot>`, the held reminders and each span's fields give),
+pickled and read back by an unpickler that loads no class or function at all
+(:func:`plain_loads`): reading a state directory cannot run code. The snapshot says its version
+(:data:`SNAPSHOT_VERSION`). ``DIR`` is still refused when it, or the snapshot, belongs to another
+user or can be written by group or others: another user could change what is counted.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fcntl
 import io
@@ -55,6 +57,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from otel_loopguard.traces import OtlpSpans, RecordedSpan
+
 __all__ = [
     "ADVICE",
     "BATCH",
@@ -68,6 +72,8 @@ __all__ = [
     "ServiceClock",
     "StateDir",
     "StateError",
+    "batch_of",
+    "batch_payload",
     "plain_dumps",
     "plain_loads",
 ]
@@ -255,13 +261,13 @@ class StateDir:
             raise StateError(f"state_dir: cannot read {str(path)!r}: {exc}") from None
         if info.st_uid != os.geteuid():
             raise StateError(
-                f"state_dir: {str(path)!r} belongs to another user (uid {info.st_uid}); the"
-                f" snapshot is loaded as code would be, so {what} must be this user's"
+                f"state_dir: {str(path)!r} belongs to another user (uid {info.st_uid}); it"
+                f" decides what is counted, so {what} must be this user's"
             )
         if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
             raise StateError(
-                f"state_dir: {str(path)!r} can be written by group or others; the snapshot is"
-                f" loaded as code would be (chmod go-w it)"
+                f"state_dir: {str(path)!r} can be written by group or others; it decides what"
+                f" is counted (chmod go-w it)"
             )
 
     def _segment_files(self) -> list[tuple[int, Path]]:
@@ -617,3 +623,29 @@ def _read_frames(path: Path, into: list[Record]) -> tuple[int, str | None]:
 def note(text: str) -> None:
     """One line on stderr about the state directory."""
     print(f"otel-loopguard serve: state_dir: {text}", file=sys.stderr, flush=True)
+
+
+#: A recorded span's fields, in order: how a batch's spans are written in the log.
+_SPAN_FIELDS: Final = tuple(item.name for item in dataclasses.fields(RecordedSpan))
+
+
+def batch_payload(read: OtlpSpans) -> bytes:
+    """An accepted batch for the log (``BATCH``): its spans' fields, problems, bad-span count
+    and parent links, as plain data (:func:`batch_of` reads it)."""
+    spans = [tuple(getattr(span, name) for name in _SPAN_FIELDS) for span in read.spans]
+    data = (spans, read.problems, read.bad_spans, read.links)
+    return pickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def batch_of(payload: bytes) -> OtlpSpans:
+    """A :func:`batch_payload` back; ``ValueError`` for anything else."""
+    try:
+        spans, problems, bad_spans, links = plain_loads(payload)
+        return OtlpSpans(
+            [RecordedSpan(*row) for row in spans],
+            [str(problem) for problem in problems],
+            int(bad_spans),
+            [(int(a), int(b), None if c is None else int(c), bool(d)) for a, b, c, d in links],
+        )
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"not a logged batch ({exc})") from None

@@ -37,7 +37,6 @@ server keeps serving.
 from __future__ import annotations
 
 import hmac
-import pickle
 import threading
 import time
 from collections import OrderedDict, deque
@@ -65,6 +64,8 @@ from ._durable import (
     ServiceClock,
     StateDir,
     StateError,
+    batch_of,
+    batch_payload,
     note,
 )
 from ._grpc import GrpcReceiver
@@ -371,7 +372,7 @@ class Service:
         """Queue a batch and log it, in one step: the queue's order is the log's."""
         ingest = self._ingest
         assert ingest is not None
-        payload = pickle.dumps(read, protocol=pickle.HIGHEST_PROTOCOL)  # off the lock
+        payload = batch_payload(read)  # off the lock
         seq = state.append(BATCH, self._clock(), payload, lambda seq: ingest.offer(read, seq))
         return seq != 0, seq
 
@@ -475,7 +476,7 @@ class Service:
         if record.kind == BATCH:
             ingest = self._ingest
             assert ingest is not None
-            ingest.replay(pickle.loads(record.payload))
+            ingest.replay(batch_of(record.payload))
             return
         call = orjson.loads(record.payload)
         try:
