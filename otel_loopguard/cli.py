@@ -360,6 +360,17 @@ def _run_hook(args: argparse.Namespace) -> int:
 
 
 def _add_serve(commands: argparse._SubParsersAction[_CommandParser]) -> None:
+    from otel_loopguard._serve_defaults import (
+        DEFAULT_GRPC_PORT,
+        DEFAULT_HOLD_SECONDS,
+        DEFAULT_HTTP_PORT,
+        DEFAULT_MAX_BODY_BYTES,
+        DEFAULT_MAX_CONNECTIONS,
+        DEFAULT_MAX_INFLIGHT_BYTES,
+        DEFAULT_MAX_QUEUED_SPANS,
+        DEFAULT_REQUEST_TIMEOUT_SECONDS,
+    )
+
     parser = commands.add_parser(
         "serve",
         help="receive OTLP traces, detect loops, answer decisions over HTTP (any language)",
@@ -384,14 +395,14 @@ def _add_serve(commands: argparse._SubParsersAction[_CommandParser]) -> None:
         "--http-port",
         metavar="PORT",
         type=_port,
-        default=4318,
+        default=DEFAULT_HTTP_PORT,
         help="OTLP/HTTP, decisions, /metrics, /healthz (default: %(default)s; 0: any free port)",
     )
     parser.add_argument(
         "--grpc-port",
         metavar="PORT",
         type=_port,
-        default=4317,
+        default=DEFAULT_GRPC_PORT,
         help="OTLP/gRPC (default: %(default)s; 0: any free port)",
     )
     parser.add_argument("--no-grpc", action="store_true", help="do not serve OTLP/gRPC")
@@ -434,7 +445,7 @@ def _add_serve(commands: argparse._SubParsersAction[_CommandParser]) -> None:
         "--hold-seconds",
         metavar="SECONDS",
         type=_non_negative_seconds,
-        default=11.0,  # service.DEFAULT_HOLD_SECONDS (a test keeps them equal)
+        default=DEFAULT_HOLD_SECONDS,
         help="how long a tool span waits for its trace's root span before it is judged with"
         " the ancestors known so far; above the exporters' batch delay (5 s by default),"
         " else runs lose their agent (default: %(default)s)",
@@ -451,7 +462,7 @@ def _add_serve(commands: argparse._SubParsersAction[_CommandParser]) -> None:
         "--max-queued-spans",
         metavar="N",
         type=int,
-        default=100_000,
+        default=DEFAULT_MAX_QUEUED_SPANS,
         help="accepted spans waiting for the guard before clients get 429 /"
         " RESOURCE_EXHAUSTED (default: %(default)s)",
     )
@@ -459,14 +470,14 @@ def _add_serve(commands: argparse._SubParsersAction[_CommandParser]) -> None:
         "--max-body-bytes",
         metavar="N",
         type=int,
-        default=20 * 1024 * 1024,
+        default=DEFAULT_MAX_BODY_BYTES,
         help="largest request body, after gzip (default: %(default)s)",
     )
     parser.add_argument(
         "--max-inflight-bytes",
         metavar="N",
         type=int,
-        default=32 * 1024 * 1024,
+        default=DEFAULT_MAX_INFLIGHT_BYTES,
         help="request body bytes being read or decoded at once, HTTP and gRPC together, before"
         " clients get 429 / RESOURCE_EXHAUSTED with a retry delay (default: %(default)s)",
     )
@@ -474,14 +485,14 @@ def _add_serve(commands: argparse._SubParsersAction[_CommandParser]) -> None:
         "--max-connections",
         metavar="N",
         type=int,
-        default=1024,
+        default=DEFAULT_MAX_CONNECTIONS,
         help="open HTTP connections; one more is closed at once (default: %(default)s)",
     )
     parser.add_argument(
         "--request-timeout",
         metavar="SECONDS",
         type=_non_negative_seconds,
-        default=10.0,
+        default=DEFAULT_REQUEST_TIMEOUT_SECONDS,
         help="seconds to receive a whole HTTP request, headers and body; a slower one gets 408"
         " and is closed (default: %(default)s)",
     )
@@ -545,34 +556,27 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 
 def _serve_token(args: argparse.Namespace, variable: str) -> str | None:
-    """The token from --token (with a warning: ps shows it), --token-file or the variable. An
-    empty one is refused wherever it comes from: it would turn authentication off."""
+    """The token from --token (with a warning: ps shows it), --token-file or the variable
+    (:func:`otel_loopguard._token.read_token`). An empty one is refused wherever it comes from:
+    it would turn authentication off."""
+    from otel_loopguard._token import EmptyToken, read_token
+
+    try:
+        found = read_token(args.token, args.token_file, variable=variable)
+    except EmptyToken as exc:
+        raise _UsageError(
+            f"{exc}, which would turn authentication off; give a token, or unset it to serve"
+            " without one"
+        ) from None
+    except ValueError as exc:
+        raise _UsageError(str(exc)) from None
     if args.token is not None:
         print(
             f"{PROG} serve: warning: --token can be read by other users in ps; use --token-file"
             f" or {variable}",
             file=sys.stderr,
         )
-        token: str = args.token
-        where = "--token"
-    elif args.token_file is not None:
-        try:
-            with open(args.token_file, encoding="utf-8") as file:
-                token = file.read().strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise _UsageError(f"--token-file: cannot read {args.token_file!r}: {exc}") from None
-        where = f"--token-file {args.token_file!r}"
-    elif variable in os.environ:
-        token = os.environ[variable]
-        where = variable
-    else:
-        return None
-    if not token.strip():
-        raise _UsageError(
-            f"{where}: the token is empty, which would turn authentication off; give a token,"
-            f" or unset it to serve without one"
-        )
-    return token
+    return None if found is None else found[0]
 
 
 # -- main --------------------------------------------------------------------------------------

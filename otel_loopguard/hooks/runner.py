@@ -34,7 +34,6 @@ keeps the sessions. Both give the host the same answers for the same events: the
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -43,6 +42,7 @@ from typing import BinaryIO, Final, TextIO
 
 import orjson
 
+from .._token import EmptyToken, read_token
 from ..config import Policy, load_policy, unknown_variables
 from ..engine import MAX_PENDING_CALLS, SessionState
 from ..env import LOOPGUARD_SERVE_TOKEN
@@ -398,23 +398,18 @@ def _remote_backend(
         )
     if token is not None and token_file is not None:
         raise Misconfigured("--token and --token-file: give one")
-    if token_file is not None:
-        try:
-            with open(os.path.expanduser(token_file), encoding="utf-8") as file:
-                token = file.read().strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise Misconfigured(f"--token-file: cannot read {token_file!r}: {exc}") from None
-        if not token:
-            raise Misconfigured(
-                f"--token-file {token_file!r}: the token is empty; give the server's token"
-            )
-    elif token is None:
-        token = (os.environ if environ is None else environ).get(LOOPGUARD_SERVE_TOKEN)
-        if token is not None and not token.strip():
+    try:
+        found = read_token(token, token_file, environ)
+    except EmptyToken as exc:
+        if exc.where == LOOPGUARD_SERVE_TOKEN:
             # A security setting: an empty one is an error, not "no token" (env.py).
             raise Misconfigured(
                 f"{LOOPGUARD_SERVE_TOKEN} is set but empty; give the server's token, or unset it"
-            )
+            ) from None
+        raise Misconfigured(f"{exc}; give the server's token") from None
+    except ValueError as exc:
+        raise Misconfigured(str(exc)) from None
+    token = None if found is None else found[0]
     try:
         return RemoteBackend(
             url,
