@@ -114,6 +114,12 @@ def test_plain_loads_refuses_any_pickle_that_names_a_class_or_function() -> None
         plain_loads(b"garbage")
 
 
+def test_the_committed_layout_is_this_versions() -> None:
+    """The layout marker depends on the snapshot's version and a recorded span's fields only:
+    a change to either sets every state directory aside (add a ``v2/`` then)."""
+    assert (DATA / "layout").read_text(encoding="utf-8").strip() == layout()
+
+
 def test_the_committed_snapshot_is_read_as_plain_data() -> None:
     from otel_loopguard.service._durable import _read_snapshot
 
@@ -137,10 +143,9 @@ def test_serve_loads_a_snapshot_written_by_this_version_and_counts_go_on(
     require_serve_prerequisites()
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
-    shutil.copy(DATA / "snapshot", state / "snapshot")
-    os.chmod(state / "snapshot", 0o600)
-    # The log's layout marker: this version's (the snapshot carries its own version).
-    (state / "layout").write_text(layout() + "\n", encoding="utf-8")
+    for name in ("snapshot", "layout"):
+        shutil.copy(DATA / name, state / name)
+        os.chmod(state / name, 0o600)
 
     def decide(port: int, endpoint: str, **body: Any) -> Any:
         answer = request(

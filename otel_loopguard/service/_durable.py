@@ -188,25 +188,16 @@ class Recovered:
 
 
 def layout() -> str:
-    """What the pickles in a state directory depend on: the package version and the fields of
-    every class of the modules whose objects are kept (sessions, ledger, trace buffer, spans).
-    A directory written with another layout is set aside, not loaded (:meth:`StateDir.recover`).
-    """
-    import dataclasses
+    """What the files of a state directory depend on, beyond the versions the snapshot's parts
+    carry (each part refuses another version of its own, and the snapshot is then set aside):
+    the snapshot's :data:`SNAPSHOT_VERSION` and the fields of a recorded span (the log's
+    batches, :func:`batch_payload`). No private attribute of any class: renaming one changes
+    nothing here. A directory written with another layout is set aside, not loaded
+    (:meth:`StateDir.recover`)."""
     import hashlib
 
-    from otel_loopguard import __version__, calls, engine, spans, traces
-
-    parts = [__version__]
-    for module in (calls, engine, spans, traces):
-        for name, value in sorted(vars(module).items()):
-            if isinstance(value, type) and value.__module__ == module.__name__:
-                if dataclasses.is_dataclass(value):
-                    fields = [f.name for f in dataclasses.fields(value)]
-                else:
-                    fields = list(getattr(value, "__slots__", ()))
-                parts.append(f"{module.__name__}.{name}:{','.join(fields)}")
-    return f"{__version__}:{hashlib.sha256(chr(10).join(parts).encode()).hexdigest()[:16]}"
+    fields = ",".join(_SPAN_FIELDS)
+    return f"state-{SNAPSHOT_VERSION}:{hashlib.sha256(fields.encode()).hexdigest()[:16]}"
 
 
 def _utc_stamp() -> str:
@@ -280,9 +271,8 @@ class StateDir:
 
     def recover(self) -> Recovered:
         """The snapshot (None without one) and every log frame, in order; a torn last frame
-        ends the log (the file is cut there). State written by another version (another
-        :func:`layout`) is moved to ``DIR/previous-<UTC time>/`` with a note, and not loaded:
-        pickles are not read across versions."""
+        ends the log (the file is cut there). State written with another :func:`layout` is
+        moved to ``DIR/previous-<UTC time>/`` with a note, and not loaded."""
         out = Recovered()
         self._set_aside_other_layout(out)
         snapshot_path = self.path / "snapshot"
