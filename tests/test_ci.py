@@ -52,6 +52,7 @@ PASSING = "def test_ok() -> None:\n    assert 1 + 1 == 2\n"
 FAILING = "def test_broken() -> None:\n    assert 1 + 1 == 3\n"
 
 
+@pytest.mark.slow
 def test_a_failing_test_fails_the_test_step_and_the_type_check_does_not_run(tmp_path: Path) -> None:
     root = _project(tmp_path, {"test_ok.py": PASSING, "test_broken.py": FAILING})
     done = _run_test_step(root)
@@ -65,6 +66,7 @@ def test_a_collection_error_fails_the_test_step(tmp_path: Path) -> None:
     assert _run_test_step(root).returncode != 0
 
 
+@pytest.mark.slow
 def test_no_test_collected_fails_the_test_step(tmp_path: Path) -> None:
     root = _project(tmp_path, {"helpers.py": "VALUE = 1\n"})
     done = _run_test_step(root)
@@ -72,6 +74,7 @@ def test_no_test_collected_fails_the_test_step(tmp_path: Path) -> None:
     assert "no tests ran" in done.stdout
 
 
+@pytest.mark.slow
 def test_a_type_error_fails_the_test_step(tmp_path: Path) -> None:
     root = _project(tmp_path, {"test_ok.py": PASSING}, module='X: int = "not an int"\n')
     done = _run_test_step(root)
@@ -95,6 +98,7 @@ def test_unformatted_code_fails_the_test_step(tmp_path: Path) -> None:
     assert "would be reformatted" in done.stdout + done.stderr
 
 
+@pytest.mark.slow
 def test_a_clean_project_passes_the_test_step(tmp_path: Path) -> None:
     root = _project(tmp_path, {"test_ok.py": PASSING})
     done = _run_test_step(root)

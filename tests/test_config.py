@@ -219,6 +219,7 @@ def test_config_file_beats_environment(tmp_path: Path) -> None:
     assert policy.deny_threshold == 9 and policy.window_size == 30
 
 
+@pytest.mark.slow
 def test_wildcard_union_matches_when_any_pattern_does() -> None:
     from hypothesis import given, settings
     from hypothesis import strategies as st

@@ -216,6 +216,7 @@ def name(page: Path) -> str:
     return page.relative_to(ROOT).as_posix()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", PAGES, ids=name)
 def test_every_example_of_the_page_runs(
     page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -255,6 +256,7 @@ def test_every_code_block_has_a_known_language_and_not_run_blocks_are_the_expect
     assert not_run == EXPECTED_NOT_RUN
 
 
+@pytest.mark.slow
 def test_a_started_server_answers_and_is_gone_once_stopped() -> None:
     """The helper behind serve and demo --metrics-port: up on its URL, then stopped for good."""
     directory = Path(tempfile.mkdtemp(prefix="loopguard-docs-"))

@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 from types import ModuleType
 
+import pytest
 import tomllib
 
 from otel_loopguard.config import PRESETS, Policy, env_var, load_policy, validate_field
@@ -112,6 +113,7 @@ def test_strings_round_trip_through_toml() -> None:
 # -- examples/processor_with_metrics.py ------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_processor_with_metrics_example_serves_the_loop() -> None:
     process = subprocess.Popen(
         [sys.executable, str(EXAMPLES / "processor_with_metrics.py"), "--port", "0"],

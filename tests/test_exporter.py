@@ -213,6 +213,7 @@ def test_sub_agents_and_several_traces_match_the_processor() -> None:
     same_sessions(expected.sessions, exporter_run(records, batch=False).sessions)
 
 
+@pytest.mark.slow
 def test_the_guards_metrics_are_the_processors() -> None:
     def samples(
         recorder: PrometheusRecorder,

@@ -210,6 +210,7 @@ def context(name: str, text: str) -> dict[str, Any]:
 # -- Claude Code ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_claude_code_allow_remind_deny_stop_and_a_prompt_lifts_the_stop(tmp_path: Path) -> None:
     store = tmp_path / "hooks.sqlite3"
     mirror = Mirror()
@@ -259,6 +260,7 @@ def test_claude_code_allow_remind_deny_stop_and_a_prompt_lifts_the_stop(tmp_path
     assert hook("claude-code", claude_pre("Bash", BASH_TESTS, "toolu_91"), store).out == {}
 
 
+@pytest.mark.slow
 def test_claude_code_failures_sub_agents_and_sessions_have_their_own_chains(tmp_path: Path) -> None:
     store = tmp_path / "hooks.sqlite3"
     mirror = Mirror()
@@ -321,6 +323,7 @@ def test_claude_code_failures_sub_agents_and_sessions_have_their_own_chains(tmp_
             assert post.out == {}
 
 
+@pytest.mark.slow
 def test_a_user_prompt_lifts_a_stopped_sub_agent_too(tmp_path: Path) -> None:
     """The user's prompt (no agent) starts a new epoch for every agent of the session, as
     ``guard.user_message(session)`` and the ``--server`` backend do: a sub-agent stopped by
@@ -386,6 +389,7 @@ def test_claude_code_events_it_does_not_act_on_are_answered_empty_with_a_note(
 # -- Gemini CLI -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_gemini_cli_allow_remind_deny_stop(tmp_path: Path) -> None:
     store = tmp_path / "hooks.sqlite3"
     mirror = Mirror()
@@ -426,6 +430,7 @@ def test_gemini_cli_allow_remind_deny_stop(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.slow
 def test_gemini_cli_tool_errors_are_outcomes(tmp_path: Path) -> None:
     store = tmp_path / "hooks.sqlite3"
     mirror = Mirror()
@@ -460,6 +465,7 @@ def test_gemini_cli_tool_errors_are_outcomes(tmp_path: Path) -> None:
 # -- Codex --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_codex_remind_before_the_call_deny_and_stop_within_the_strict_schema(
     tmp_path: Path,
 ) -> None:
@@ -519,6 +525,7 @@ def test_hosts_on_the_command_line_are_the_hosts_of_the_package() -> None:
 # -- texts are capped -------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_texts_are_cut_to_the_hosts_limit(tmp_path: Path) -> None:
     store = tmp_path / "hooks.sqlite3"
     env = clean_env(LOOPGUARD_PRESET="brake", LOOPGUARD_ARGUMENTS_PREVIEW_CHARS="50000")
@@ -538,6 +545,7 @@ def test_texts_are_cut_to_the_hosts_limit(tmp_path: Path) -> None:
 PRE_EVENT_NAMES = {"claude-code": "PreToolUse", "gemini-cli": "BeforeTool", "codex": "PreToolUse"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "raw",
     [
@@ -585,6 +593,7 @@ def fail_closed_denial(host: str, reason_part: str, out: dict[str, Any]) -> str:
     return text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("host", list(HOSTS))
 def test_a_corrupt_store_is_moved_aside_and_rebuilt(tmp_path: Path, host: str) -> None:
     store = tmp_path / "hooks.sqlite3"
@@ -640,6 +649,7 @@ def test_an_unwritable_store_path_fails_open_or_closed(tmp_path: Path) -> None:
     assert hook("claude-code", post, store, "--fail-closed").out == {}
 
 
+@pytest.mark.slow
 def test_a_bad_policy_or_command_line_still_answers_json(tmp_path: Path) -> None:
     store = tmp_path / "hooks.sqlite3"
     event = PRE_EVENTS["claude-code"]

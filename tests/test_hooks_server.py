@@ -269,6 +269,7 @@ def texts(out: dict[str, Any]) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("host", list(HOSTS))
 def test_the_server_backend_answers_every_event_as_the_sqlite_backend(
     server: str, tmp_path: Path, host: str
@@ -305,6 +306,7 @@ def test_the_server_backend_answers_every_event_as_the_sqlite_backend(
 # -- failures of the server: the rules of a broken store -----------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("host", list(HOSTS))
 def test_a_wrong_or_missing_token_fails_open_or_closed(server: str, host: str) -> None:
     event = PRE_EVENTS[host]
@@ -338,6 +340,7 @@ def test_a_wrong_or_missing_token_fails_open_or_closed(server: str, host: str) -
     assert right == Reply(0, {}, "")
 
 
+@pytest.mark.slow
 def test_the_token_from_a_file_and_a_bad_file_fails_open_or_closed(
     server: str, tmp_path: Path
 ) -> None:
@@ -478,6 +481,7 @@ def fake() -> Iterator[str]:
     httpd.server_close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("case", "said"),
     [
@@ -542,6 +546,7 @@ def test_what_the_hook_sends(fake: str) -> None:
     assert bodies[4] == {"session": "sess-1", "agent": None, "text": "hi"}
 
 
+@pytest.mark.slow
 def test_bad_server_options_still_answer_json(tmp_path: Path, server: str) -> None:
     event = PRE_EVENTS["claude-code"]
     for args, said in [
@@ -675,6 +680,7 @@ def failing_events(host: str, session: str) -> list[dict[str, Any]]:
     return events
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("host", ["claude-code", "gemini-cli"])
 def test_the_stop_after_the_third_identical_failure_is_the_same_from_the_server(
     server: str, tmp_path: Path, host: str

@@ -11,6 +11,7 @@ importing one of its modules) is not an edge.
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +23,11 @@ ROOT = PACKAGE.name
 #: Cycles that only another change can break, each with the file that must break it. Empty: a
 #: new cycle fails the test, and so does a listed one that is gone.
 ALLOWED_CYCLES: dict[tuple[str, ...], str] = {}
+
+
+@functools.cache
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), str(path))
 
 
 def _module_names() -> dict[str, Path]:
@@ -37,7 +43,7 @@ def _module_names() -> dict[str, Path]:
 def _imported(module: str, path: Path, modules: dict[str, Path]) -> Iterator[str]:
     """The package modules ``module`` names in any import statement, anywhere in its source."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(_tree(path)):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name in modules:
@@ -101,7 +107,7 @@ def cycles(graph: dict[str, set[str]]) -> list[tuple[str, ...]]:
 
 def _shortest_cycle(graph: dict[str, set[str]], component: set[str]) -> tuple[str, ...]:
     start = min(component)
-    paths = {start: (start,)}
+    paths: dict[str, tuple[str, ...]] = {start: (start,)}
     frontier = [start]
     while frontier:  # breadth first, inside the component, back to start
         following = []
@@ -123,8 +129,7 @@ def test_the_graph_sees_every_kind_of_import() -> None:
     # Under TYPE_CHECKING, and inside a function, count too: check with a module of each kind.
     found_type_checking = found_lazy = False
     for path in _module_names().values():
-        tree = ast.parse(path.read_text())
-        for node in ast.walk(tree):
+        for node in ast.walk(_tree(path)):
             if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING"):
                 for inner in ast.walk(node):
                     if isinstance(inner, ast.ImportFrom) and inner.level:

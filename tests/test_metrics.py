@@ -606,6 +606,7 @@ def test_stopped_runs_exist_at_zero_from_a_tools_first_call_and_per_agent() -> N
     assert stopped_runs(recorder, "coder") == stopped_runs(recorder, "reviewer") == 1
 
 
+@pytest.mark.slow
 def test_a_global_series_budget_holds_for_150_agents_by_150_tools() -> None:
     from otel_loopguard.metrics import DEFAULT_MAX_SERIES, OTHER
     from otel_loopguard.metrics.prometheus import SERIES_PER_PAIR

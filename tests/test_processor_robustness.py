@@ -799,6 +799,7 @@ def agent_span(tracer: Tracer, name: str, parent: Span | None = None) -> Span:
     return span
 
 
+@pytest.mark.slow
 def test_spans_never_ended_are_forgotten_and_counted() -> None:
     max_spans = 1000
     counter = CallCounter()

@@ -197,6 +197,7 @@ def test_the_page_renders_without_console_errors_and_lists_every_session(
     assert all(f"s{n:03d}" in drawn for n in range(3, SESSIONS, 10))  # every looping session
 
 
+@pytest.mark.slow
 def test_the_index_lists_the_worst_session_first(browser: WebDriver, tmp_path: Path) -> None:
     page, rows, _ = render(tmp_path)
     open_page(browser, page)
@@ -289,6 +290,7 @@ def detail_panel(browser: WebDriver, cell: WebElement) -> WebElement:
     return browser.find_element(By.ID, panel_id)
 
 
+@pytest.mark.slow
 def test_a_click_opens_and_closes_a_calls_detail(browser: WebDriver, tmp_path: Path) -> None:
     page, _, lines = render(tmp_path)
     open_page(browser, page)
@@ -323,6 +325,7 @@ def test_a_click_opens_and_closes_a_calls_detail(browser: WebDriver, tmp_path: P
     assert console_errors(browser) == []
 
 
+@pytest.mark.slow
 def test_the_keyboard_opens_a_calls_detail_with_both_actions(
     browser: WebDriver, tmp_path: Path
 ) -> None:

@@ -777,6 +777,7 @@ def test_metrics_and_health(service: Service) -> None:
     assert request(service.http_port, "GET", "/healthz").json() == {"status": "ok"}
 
 
+@pytest.mark.slow
 def test_idle_sessions_are_dropped_on_a_quiet_server(tmp_path: Path) -> None:
     clock = FakeClock()
     policy = DEFAULT.replace(session_ttl_seconds=60)
