@@ -2,7 +2,8 @@
 
 Every metric is declared once, in :data:`METRICS` (DESIGN §7), with the label values known in
 advance; the recorders (:mod:`.prometheus`, :mod:`.otel`) and the dashboards build from it.
-Imports nothing beyond the standard library and :mod:`otel_loopguard.config`.
+Imports nothing beyond the standard library, :mod:`otel_loopguard.config` and the ``Action``
+enum of :mod:`otel_loopguard.policy`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from enum import Enum
 from typing import Final, Protocol
 
 from ..config import Rule
+from ..policy import Action
 
 
 class Recorder(Protocol):
@@ -195,7 +197,7 @@ METRICS: Final = (
 RULES: Final = tuple(rule.value for rule in Rule)
 #: The actions a decision is reported with (allow never is). A stop after an earlier stop in the
 #: epoch has no rule: it reports ``rule="none"``.
-ACTIONS: Final = ("remind", "deny", "rescue", "stop")
+ACTIONS: Final = tuple(action.value for action in Action if action is not Action.ALLOW)
 RESCUE_OUTCOMES: Final = ("advice", "cached", "failed", "budget", "cooldown")
 EVICTION_REASONS: Final = ("ttl", "capacity")
 #: Where the guard, the span processor and the span exporter catch exceptions
