@@ -236,6 +236,7 @@ def test_demo_with_metrics_waits_for_the_first_scrape_with_series_at_zero() -> N
     assert scraper.pauses.count(METRICS_STEP_SECONDS) >= steps
 
 
+@pytest.mark.slow
 def test_demo_serves_its_metrics_and_plays_again_until_interrupted() -> None:
     out = io.StringIO()
     scraper = _Scraper(out, interrupt_after=2)

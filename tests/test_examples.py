@@ -144,6 +144,7 @@ def test_processor_with_metrics_example_serves_the_loop() -> None:
     ) in metrics
 
 
+@pytest.mark.slow
 def test_processor_with_metrics_example_on_a_busy_port_says_so_in_one_line() -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
         taken.bind(("127.0.0.1", 0))
@@ -165,6 +166,7 @@ def test_processor_with_metrics_example_on_a_busy_port_says_so_in_one_line() -> 
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_processor_with_metrics_example_refuses_a_port_out_of_range_in_one_line() -> None:
     result = subprocess.run(
         [sys.executable, str(EXAMPLES / "processor_with_metrics.py"), "--port", "70000"],

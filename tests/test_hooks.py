@@ -367,6 +367,7 @@ def test_a_user_prompt_lifts_a_stopped_sub_agent_too(tmp_path: Path) -> None:
     assert other.out["continue"] is False
 
 
+@pytest.mark.slow
 def test_claude_code_events_it_does_not_act_on_are_answered_empty_with_a_note(
     tmp_path: Path,
 ) -> None:
@@ -635,6 +636,7 @@ def test_a_store_still_corrupt_after_the_rebuild_is_an_error(tmp_path: Path) -> 
     assert len(list(tmp_path.glob("hooks.sqlite3.corrupt-*"))) == 2
 
 
+@pytest.mark.slow
 def test_an_unwritable_store_path_fails_open_or_closed(tmp_path: Path) -> None:
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("a file where the store's directory should be")
@@ -833,6 +835,7 @@ def test_the_default_store_is_used_and_private(tmp_path: Path) -> None:
         assert connection.execute("SELECT count(*) FROM sessions").fetchone()[0] == 1
 
 
+@pytest.mark.slow
 def test_sessions_idle_beyond_the_ttl_are_dropped_when_a_new_one_arrives(tmp_path: Path) -> None:
     store = tmp_path / "hooks.sqlite3"
     hook("claude-code", claude_pre("Bash", BASH_TESTS, "t1", session="old"), store)
@@ -846,6 +849,7 @@ def test_sessions_idle_beyond_the_ttl_are_dropped_when_a_new_one_arrives(tmp_pat
     assert keys == ["new"]
 
 
+@pytest.mark.slow
 def test_an_unreadable_session_row_starts_that_session_afresh(tmp_path: Path) -> None:
     store = tmp_path / "hooks.sqlite3"
     event = claude_pre("Bash", BASH_TESTS, "t1")

@@ -372,6 +372,7 @@ def test_the_token_from_a_file_and_a_bad_file_fails_open_or_closed(
     assert both.code == 0 and "not allowed with argument" in both.err
 
 
+@pytest.mark.slow
 def test_after_a_call_or_at_a_prompt_a_failure_records_nothing_and_denies_nothing(
     server: str,
 ) -> None:
@@ -398,6 +399,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("host", list(HOSTS))
 def test_a_dead_server_fails_open_at_once(host: str) -> None:
     url = f"http://127.0.0.1:{free_port()}"

@@ -124,21 +124,14 @@ def _shortest_cycle(graph: dict[str, set[str]], component: set[str]) -> tuple[st
 
 def test_the_graph_sees_every_kind_of_import() -> None:
     graph = import_graph()
-    assert "otel_loopguard.guard" in graph["otel_loopguard"]  # an import at the top
     assert len(graph) > 40
-    # Under TYPE_CHECKING, and inside a function, count too: check with a module of each kind.
-    found_type_checking = found_lazy = False
-    for path in _module_names().values():
-        for node in ast.walk(_tree(path)):
-            if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING"):
-                for inner in ast.walk(node):
-                    if isinstance(inner, ast.ImportFrom) and inner.level:
-                        found_type_checking = True
-            if isinstance(node, ast.FunctionDef):
-                for inner in ast.walk(node):
-                    if isinstance(inner, ast.ImportFrom) and inner.level:
-                        found_lazy = True
-    assert found_type_checking and found_lazy
+    assert "otel_loopguard.guard" in graph["otel_loopguard"]  # at the top of the module
+    # Under `if TYPE_CHECKING:` (service/_seam.py types against the options only there).
+    assert "otel_loopguard.service._options" in graph["otel_loopguard.service._seam"]
+    # Inside a function (load_policy imports plugins only when a plugin config is given).
+    assert "otel_loopguard.plugins" in graph["otel_loopguard.config"]
+    # `from . import x` names the module x, not the package.
+    assert "otel_loopguard.replay._html" in graph["otel_loopguard.replay._run"]
 
 
 def test_cycles_are_found_and_named() -> None:

@@ -72,6 +72,7 @@ tracked_calls = st.lists(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
 @given(tracked_calls, st.lists(st.integers(0, 40), max_size=15))
 def test_untracked_calls_are_transparent(
@@ -98,6 +99,7 @@ def test_untracked_calls_are_transparent(
     assert decide(True) == decide(False)
 
 
+@pytest.mark.slow
 @settings(max_examples=100)
 @given(tracked_calls, tracked_calls, st.randoms())
 def test_sessions_are_isolated(

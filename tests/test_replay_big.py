@@ -114,6 +114,7 @@ def test_a_large_file_shows_a_progress_bar_on_a_terminal(tmp_path: Path) -> None
     assert "total: 1 file, 40 sessions" in result.stdout
 
 
+@pytest.mark.slow
 def test_no_progress_bar_through_a_pipe(tmp_path: Path) -> None:
     path = big_file(tmp_path)
     result, stderr = replay_cli(str(path), stderr_terminal=False)
@@ -122,6 +123,7 @@ def test_no_progress_bar_through_a_pipe(tmp_path: Path) -> None:
     assert "total: 1 file, 40 sessions" in result.stdout
 
 
+@pytest.mark.slow
 def test_no_progress_bar_with_json_even_on_a_terminal(tmp_path: Path) -> None:
     path = big_file(tmp_path)
     result, terminal = replay_cli("--json", str(path), stderr_terminal=True)
@@ -201,6 +203,7 @@ def test_tqdm_is_imported_only_to_draw_a_bar(tmp_path: Path) -> None:
 # -- --summary --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_summary_prints_one_line_per_session(tmp_path: Path) -> None:
     path = write(tmp_path, looping())
     result, _ = replay_cli("--summary", str(path), stderr_terminal=False)
@@ -219,6 +222,7 @@ def test_summary_prints_one_line_per_session(tmp_path: Path) -> None:
     assert "consecutive" not in result.stdout and "consecutive" in full.stdout  # no call list
 
 
+@pytest.mark.slow
 def test_summary_json_agrees_with_the_per_call_json(tmp_path: Path) -> None:
     path = write(tmp_path, looping())
     result, _ = replay_cli("--summary", "--json", str(path), stderr_terminal=False)
@@ -256,6 +260,7 @@ def test_summary_json_agrees_with_the_per_call_json(tmp_path: Path) -> None:
 # -- what the advise and observe modes detected -----------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", [Mode.ADVISE, Mode.OBSERVE])
 def test_softened_lines_show_what_was_detected(tmp_path: Path, mode: Mode) -> None:
     path = write(tmp_path, looping())

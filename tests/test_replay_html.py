@@ -229,6 +229,7 @@ def test_recorded_traces_are_drawn(tmp_path: Path) -> None:
     assert page.cells == dict(Counter(row["session"] for row in rows))
 
 
+@pytest.mark.slow
 def test_cli_writes_the_file_and_keeps_stdout(tmp_path: Path) -> None:
     path = write(tmp_path, looping_sessions())
     report = tmp_path / "out.html"

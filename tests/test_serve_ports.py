@@ -41,6 +41,7 @@ def refused(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("option", "other", "what"),
     [("--grpc-port", "--http-port", "OTLP/gRPC"), ("--http-port", "--grpc-port", "OTLP/HTTP")],

@@ -344,6 +344,7 @@ def _gzip_bomb(inflated: int) -> bytes:
     return b"".join(parts) + packer.flush()
 
 
+@pytest.mark.slow
 def test_bad_input_gets_the_right_status_and_the_server_keeps_serving(service: Service) -> None:
     port = service.http_port
     good = _proto_request(20)
@@ -939,6 +940,7 @@ def test_cli_serve_reads_the_toml_policy_and_stops_on_sigterm(tmp_path: Path) ->
             process.wait(timeout=10)
 
 
+@pytest.mark.slow
 def test_cli_serve_refuses_an_open_address_without_a_token(tmp_path: Path) -> None:
     import subprocess
     import sys

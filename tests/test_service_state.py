@@ -237,6 +237,7 @@ def _refused(state_dir: Path) -> str:
     return refused.stderr
 
 
+@pytest.mark.slow
 def test_a_log_that_cannot_be_written_is_answered_503_never_200(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -459,6 +460,7 @@ def test_state_of_another_version_is_set_aside_and_a_bad_record_is_skipped(
         assert third.stop() == 0
 
 
+@pytest.mark.slow
 def test_spans_accepted_over_grpc_are_logged_too(tmp_path: Path) -> None:
     """The gRPC receiver answers OK only once the batch is in the log, as HTTP does: a crash
     right after (here: the directory closed without a last snapshot) loses none of it."""

@@ -255,6 +255,7 @@ def notice(host: str, out: dict[str, Any]) -> str:
     return text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("host", list(HOSTS))
 def test_a_hook_with_a_typo_in_its_config_tells_the_user(tmp_path: Path, host: str) -> None:
     config = tmp_path / "typo.toml"
@@ -314,6 +315,7 @@ def test_a_hook_whose_store_fails_still_answers_as_before(tmp_path: Path) -> Non
     assert hook("claude-code", PRE["claude-code"], "--store", str(blocker / "s")) == {}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("host", list(HOSTS))
 def test_an_unknown_variable_reaches_the_user_through_the_hook(tmp_path: Path, host: str) -> None:
     store = str(tmp_path / "hooks.sqlite3")
