@@ -14,7 +14,7 @@ Pure: the package's own modules only, no OpenTelemetry.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Final, NamedTuple
+from typing import TYPE_CHECKING, Final
 
 from .conventions import (
     MISSING,
@@ -46,14 +46,10 @@ __all__ = [
 Keys = tuple[str, str | None, str | None]
 
 
-class Ended(NamedTuple):
-    """A call reported at its span's end: its keys, the arguments it was counted with (``{}``
-    for a span recognised without arguments) and the guard's decision (``None`` when the end
-    only added the outcome of a call decided at start)."""
-
-    keys: Keys
-    arguments: object
-    decision: Decision | None
+#: A call reported at its span's end: its keys, the arguments it was counted with (``{}`` for a
+#: span recognised without arguments) and the guard's decision (``None`` when the end only
+#: added the outcome of a call decided at start). A plain tuple: made on the hot path.
+Ended = tuple[Keys, object, "Decision | None"]
 
 
 #: A span's end reads its call from its final attributes, its events and whether it failed.
@@ -131,4 +127,4 @@ def call_ended(
         result=result,
         duration_seconds=duration,
     )
-    return Ended(keys, arguments, decision)
+    return keys, arguments, decision

@@ -190,7 +190,7 @@ def feed(guard: LoopGuard, event: TraceEvent) -> Decision | None:
         event.result,
         event.duration_seconds,
     )
-    return None if ended is None else ended.decision
+    return None if ended is None else ended[2]
 
 
 # --------------------------------------------------------------------------------------------

@@ -58,8 +58,8 @@ def test_a_call_without_arguments_counts_only_when_the_policy_says_so() -> None:
     counting = LoopGuard(PRESETS["default"].replace(count_calls_without_arguments=True))
     ended = [call_ended(counting, "search", MISSING, keys, None, "r", 0.5) for _ in range(3)]
     assert found == [1, 1, 1]
-    assert all(e is not None and e.arguments == {} and e.keys == ("s", None, None) for e in ended)
-    decisions = [e.decision for e in ended if e is not None]
+    assert all(e is not None and e[:2] == (("s", None, None), {}) for e in ended)
+    decisions = [e[2] for e in ended if e is not None]
     assert decisions[-1] is not None and decisions[-1].count == 3
 
 
@@ -69,7 +69,7 @@ def test_an_end_after_a_start_adds_only_the_outcome() -> None:
     decision = call_started(guard, "search", {"q": "x"}, keys)
     assert decision.action is Action.ALLOW
     ended = call_ended(guard, "search", {"q": "x"}, keys, False, "r", 1.0)
-    assert ended is not None and ended.keys == keys and ended.decision is None
+    assert ended == (keys, {"q": "x"}, None)
 
 
 def test_runs_and_durations() -> None:
