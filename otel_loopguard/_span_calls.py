@@ -5,8 +5,9 @@ Every entrance goes through here: the span processor on the live span (at its st
 end), and, through :mod:`otel_loopguard.traces` (its trace buffer and :func:`~otel_loopguard.
 traces.feed`), the exporter, ``serve`` and ``replay`` on finished spans. So which spans are
 decided at start, how a call is read from a span (its failure included: the conventions read
-it), how a call without arguments counts and which keys a call's end reuses from its start are
-each written once, here.
+it), how a call without arguments counts, and what a call is counted under (:data:`Keys`, which a
+call decided at start keeps for its end) are each written once, here. Session keys themselves
+come from :func:`otel_loopguard.spans.session_for`.
 
 Pure: the package's own modules only, no OpenTelemetry.
 """
