@@ -109,7 +109,7 @@ def _ended(error: bool | None) -> str:
     return "error" if error is True else "ok" if error is False else "ran"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Ran:
     """A call reported only after it ran: how ``after_tool`` classified and keyed it (so nothing
     is computed twice) and how it ended."""
@@ -123,7 +123,7 @@ class _Ran:
     output: str | None = None  # cut result text, only when the guard keeps trails
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Call:
     """One attempt, keyed: the tool's name, canonical arguments, args key, and the bounded
     session and agent ids."""
@@ -150,7 +150,7 @@ class _Turn:
     evictions: list[str] | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Outcome:
     """How a reported call ended (``after_tool``'s report), with its call id as text."""
 
@@ -412,6 +412,8 @@ class GuardCore:
                 self._last.call = (arguments, tool, sid, aid, key, state)
             turn = self._count(state, store_key, call, mutating, call_id, ran, trail_arguments)
         self._report_attempt(turn, call, ran)
+        if turn.step is ALLOW_STEP and not turn.repeated and turn.post is None:
+            return ALLOW  # the common case: a call nothing repeats, before it ran
         advice, escalation_failed = turn.advice, False
         if turn.ask is not None and turn.context is not None:
             advice, escalation_failed = self._ask(turn.ask, call, turn, wait_for_advice)
