@@ -198,14 +198,22 @@ class GuardCore:
             if self.policy.trip_log_path
             else None,
         )
+        # The rescues report errors back here through a weak reference: no cycle keeps a
+        # dropped guard (and the session gauge reading it) alive until the next collection.
+        ref = weakref.ref(self)
+
+        def on_error(where: str, exc: BaseException) -> None:
+            core = ref()
+            if core is not None:
+                core.report_internal_error(where, exc)
+
+        def on_failure(kind: str, exc: BaseException) -> None:
+            core = ref()
+            if core is not None:
+                core._internal_once(kind, exc)
+
         self.rescues = Rescues(
-            self.policy,
-            advisor,
-            self._clock,
-            self._lock,
-            self.reporter,
-            self.report_internal_error,
-            self._internal_once,
+            self.policy, advisor, self._clock, self._lock, self.reporter, on_error, on_failure
         )
         # Per thread, the last call before_tool keyed: (arguments object, tool, args key). An
         # after_tool with the very same objects reuses the key instead of hashing again.

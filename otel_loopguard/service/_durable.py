@@ -464,8 +464,8 @@ class StateDir:
     def write_snapshot(self, state: dict[str, Any], covered: int, keep_after: int) -> None:
         """Write ``state`` (every frame up to ``covered`` applied in it, but the batches after
         ``keep_after``), start a new log file, and delete the files that hold nothing after
-        ``keep_after``. ``OSError`` when it cannot be written (the old snapshot and the log stay
-        as they were)."""
+        ``keep_after``. ``OSError`` when it cannot be written, ``ValueError`` when ``state`` is
+        not plain data (:func:`plain_dumps`; the old snapshot and the log stay as they were)."""
         state = {**state, "next_seq": covered + 1, "covered": covered}
         payload = plain_dumps(state)
         temporary = self.path / "snapshot.tmp"

@@ -531,7 +531,7 @@ class Service:
                 covered,
                 batches,
             )
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: a part that is not plain data
             self.metrics.state_errors.labels("snapshot").inc()
             note(f"cannot write a snapshot in {str(state.path)!r}: {exc}; the log keeps growing")
             return False
