@@ -68,7 +68,7 @@ from .policy import (
     settle_rescue,
     with_advice,
 )
-from .rules import evaluate, identical_failures, trend
+from .rules import evaluate, no_progress_after_failures, trend
 from .triplog import TripLog
 
 __all__ = ["SNAPSHOT_VERSION", "GuardCore"]
@@ -753,7 +753,7 @@ class GuardCore:
         stuck (once: a session already told to stop is told so by the pre-call answers)."""
         if state.stopped:
             return None
-        step = conclude(identical_failures(state, key), policy=self.policy)
+        step = conclude(no_progress_after_failures(state, key), policy=self.policy)
         if step is not None:
             state.stopped = True
             state.stop_threshold = step.threshold

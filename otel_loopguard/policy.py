@@ -342,7 +342,7 @@ def climb(
 
 def conclude(failures: Verdict | None, *, policy: Policy) -> Step | None:
     """After a call ran (pure): a stop when ``failures`` (:func:`~otel_loopguard.rules.
-    identical_failures`) reached ``failure_stop_threshold``, else nothing.
+    no_progress_after_failures`) reached ``failure_stop_threshold``, else nothing.
 
     The same call failing the same way is stronger evidence than the same call succeeding: the
     result already shows the next try will fail too, so the run ends now rather than after more
