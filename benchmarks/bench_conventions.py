@@ -1,4 +1,4 @@
-"""Cost per span of recognising tool calls and agents (otel_loopguard.conventions).
+"""Cost per span of recognising tool calls and agents (otel_loopguard._conventions).
 
     python benchmarks/bench_conventions.py [--repeat 15] [--baseline OLD_CONVENTIONS]
 
@@ -17,8 +17,9 @@ real framework dumps in ``tests/data/spans`` (the non-blocked file of each instr
 Each figure is the median, and the best, over --repeat short runs of the time per call, in
 microseconds; on a shared machine the best is the steadier figure. With --baseline (another
 copy of the conventions package, e.g. ``mkdir /tmp/old && git archive HEAD
-otel_loopguard/conventions | tar -x -C /tmp/old`` then ``--baseline
-/tmp/old/otel_loopguard/conventions``, or of the single-module ``conventions.py`` it replaced)
+otel_loopguard/_conventions | tar -x -C /tmp/old`` then ``--baseline
+/tmp/old/otel_loopguard/_conventions``; ``otel_loopguard/conventions`` in commits before it was
+made private, or the single-module ``conventions.py`` it replaced)
 both are measured side by side, alternating, and the ratio of medians is printed.
 """
 
@@ -39,7 +40,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # measure the code next to this script, whatever is installed
 
-from otel_loopguard import conventions  # noqa: E402
+from otel_loopguard import _conventions as conventions  # noqa: E402
 
 SPAN_DUMPS = REPO / "tests" / "data" / "spans"
 DUMPS = (

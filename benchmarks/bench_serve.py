@@ -478,10 +478,10 @@ def bare_parse(bodies: list[bytes]) -> float:
 def pieces(bodies: list[bytes]) -> tuple[float, float]:
     """Seconds to decode, and to ingest (buffer, conventions, guard), every body in process."""
     from otel_loopguard import LoopGuard
+    from otel_loopguard._traces import TraceBuffer
     from otel_loopguard.metrics import PrometheusRecorder
     from otel_loopguard.service._ingest import Ingest
-    from otel_loopguard.service.proto import proto_spans
-    from otel_loopguard.traces import TraceBuffer
+    from otel_loopguard.service._proto import proto_spans
 
     started = time.perf_counter()
     decoded = [proto_spans(body) for body in bodies]

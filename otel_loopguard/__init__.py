@@ -7,10 +7,10 @@ modules are listed in CONTRIBUTING.md, and those named ``_x`` are internal.
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 from typing import Any as _Any
 
-from .advice import AdviceRequest, Advisor, AdvisorError, CallRecord, CommandAdvisor
+from ._advice import AdviceRequest, Advisor, AdvisorError, CallRecord, CommandAdvisor
+from ._guard import LoopGuard
+from ._policy import Action, Decision, LoopDetected, Phase
 from .config import PRESETS, AdvisorInput, Mode, Policy, Rule, load_policy
-from .guard import LoopGuard
-from .policy import Action, Decision, LoopDetected, Phase
 
 if _TYPE_CHECKING:
     from .exporter import LoopGuardSpanExporter

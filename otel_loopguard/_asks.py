@@ -2,7 +2,7 @@
 
 Two worker threads, started on the first ask. An ask made without waiting (a rescue decided at
 a span's start) is kept, by (session, agent, signature), so that
-:meth:`~otel_loopguard.guard.LoopGuard.await_advice` can still wait for it; the oldest is
+:meth:`~otel_loopguard._guard.LoopGuard.await_advice` can still wait for it; the oldest is
 forgotten beyond :data:`MAX_UNWAITED_ASKS`. What an ask's answer does to a session (advice
 cached, or the budget refunded) is the guard's: it passes a callback.
 """
@@ -16,11 +16,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Final
 
+from ._advice import MAX_ADVICE_CHARS, AdviceRequest, Advisor, CallRecord, CommandAdvisor
+from ._calls import SIGNATURE_CHARS
+from ._engine import SessionState
 from ._reporter import Reporter, TripLine
-from .advice import MAX_ADVICE_CHARS, AdviceRequest, Advisor, CallRecord, CommandAdvisor
-from .calls import SIGNATURE_CHARS
 from .config import Policy
-from .engine import SessionState
 
 __all__ = ["ADVISOR_GRACE_SECONDS", "MAX_UNWAITED_ASKS", "AdvisorPool", "Rescues", "clean_advice"]
 

@@ -1,6 +1,6 @@
 """A decision's fields as each place shows them, from one table.
 
-A :class:`~otel_loopguard.policy.Decision` is shown in four shapes (:class:`Shape`): the
+A :class:`~otel_loopguard._policy.Decision` is shown in four shapes (:class:`Shape`): the
 ``loopguard.decision`` span event and span attributes (the span processor and the exporter), the
 fields of ``serve``'s decision log line, the decision API's answer, and a trip-log line.
 :data:`FIELDS` says, once per fact, how its value is read and under which name each shape shows
@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Final
 
-from .calls import SIGNATURE_CHARS, bounded_id, canonical_arguments, canonical_json
+from ._calls import SIGNATURE_CHARS, bounded_id, canonical_arguments, canonical_json
+from ._policy import Decision, arguments_preview
 from .config import Mode, Policy
 from .metrics._spec import NO_RULE
-from .policy import Decision, arguments_preview
 
 __all__ = [
     "ATTR_ACTION",
@@ -69,7 +69,7 @@ class Shape(Enum):
     LOG = "log"
     #: The decision API's answer (``POST /v1/decisions/...``).
     API = "api"
-    #: A trip-log line (:meth:`otel_loopguard.triplog.TripLog.write`'s arguments): its
+    #: A trip-log line (:meth:`otel_loopguard._triplog.TripLog.write`'s arguments): its
     #: ``action`` is what was detected, before the mode softened it.
     TRIP = "trip"
 

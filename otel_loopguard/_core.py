@@ -1,9 +1,9 @@
-"""The guard's machinery behind :class:`~otel_loopguard.guard.LoopGuard`'s hook API.
+"""The guard's machinery behind :class:`~otel_loopguard._guard.LoopGuard`'s hook API.
 
 One lock over the session store and the report ledger. Under it: count an attempt, keep it
 pending, end it with its outcome (matching a second report of one call, by id or arguments, so
 it counts once), start a new epoch. Off it: key the call (canonical arguments), decide
-(:func:`otel_loopguard.policy.decide`), report (:class:`~otel_loopguard._reporter.Reporter`),
+(:func:`otel_loopguard._policy.decide`), report (:class:`~otel_loopguard._reporter.Reporter`),
 ask the advisor (:class:`~otel_loopguard._asks.Rescues`). Never called but through the guard,
 which catches what it raises.
 """
@@ -20,14 +20,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Final, cast
 
-from ._asks import Rescues, Reserved
-from ._reporter import Reporter
-from .advice import (
+from ._advice import (
     MAX_QUESTION_ARGUMENT_CHARS,
     AdviceRequest,
     Advisor,
 )
-from .calls import (
+from ._asks import Rescues, Reserved
+from ._calls import (
     MAX_ID_CHARS,
     MAX_TOOL_NAME_CHARS,
     SIGNATURE_CHARS,
@@ -38,8 +37,7 @@ from .calls import (
     outcome_key,
     tool_name,
 )
-from .config import Mode, Policy
-from .engine import (
+from ._engine import (
     MAX_TRAIL_ARGUMENT_CHARS,
     MAX_TRAIL_OUTPUT_CHARS,
     Classifier,
@@ -50,8 +48,7 @@ from .engine import (
     Settled,
     Trail,
 )
-from .metrics import NoopRecorder, PrometheusRecorder, Recorder
-from .policy import (
+from ._policy import (
     ALLOW,
     ALLOW_STEP,
     BLOCKING_ACTIONS,
@@ -68,8 +65,11 @@ from .policy import (
     settle_rescue,
     with_advice,
 )
-from .rules import evaluate, no_progress_after_failures, trend
-from .triplog import TripLog
+from ._reporter import Reporter
+from ._rules import evaluate, no_progress_after_failures, trend
+from ._triplog import TripLog
+from .config import Mode, Policy
+from .metrics import NoopRecorder, PrometheusRecorder, Recorder
 
 __all__ = ["SNAPSHOT_VERSION", "GuardCore"]
 
@@ -167,7 +167,7 @@ def _awaits(pending: Pending, outcome: str | None) -> bool:
 
 
 class GuardCore:
-    """What a :class:`~otel_loopguard.guard.LoopGuard` keeps and does; see the module."""
+    """What a :class:`~otel_loopguard._guard.LoopGuard` keeps and does; see the module."""
 
     def __init__(
         self,

@@ -2,7 +2,7 @@
 
 The one place that knows which metrics a decision counts; its trip line is the decision's
 :attr:`~otel_loopguard._attributes.Shape.TRIP` shape (:func:`~otel_loopguard._attributes.
-decision_attributes`). The guard decides (:func:`otel_loopguard.policy.decide`) and hands the
+decision_attributes`). The guard decides (:func:`otel_loopguard._policy.decide`) and hands the
 decision here, off its lock.
 """
 
@@ -11,15 +11,15 @@ from __future__ import annotations
 from typing import Any
 
 from ._attributes import Shape, decision_attributes
+from ._policy import Action, Decision, Phase, Step, arguments_preview
+from ._triplog import TripLog
 from .config import Policy
 from .metrics import Recorder
 from .metrics._spec import NO_RULE
-from .policy import Action, Decision, Phase, Step, arguments_preview
-from .triplog import TripLog
 
 __all__ = ["Reporter", "TripLine"]
 
-#: The fields of one trip line (:meth:`otel_loopguard.triplog.TripLog.write`'s arguments).
+#: The fields of one trip line (:meth:`otel_loopguard._triplog.TripLog.write`'s arguments).
 TripLine = dict[str, Any]
 
 

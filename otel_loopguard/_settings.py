@@ -10,7 +10,7 @@ Every field is declared once, on :class:`Policy`; its environment variable is
 ``LOOPGUARD_`` + the field name in upper case (see :func:`env_var`), and its TOML key is the field
 name. Private: :mod:`otel_loopguard.config` is the public face, and it adds the loading of a
 command-line entrance's policy (:func:`~otel_loopguard.config.load_policy`), which reads plugin
-configurations (:mod:`otel_loopguard.plugins`, which builds on this module).
+configurations (:mod:`otel_loopguard._plugins`, which builds on this module).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Final
 
-from .env import DECLARED, LOOPGUARD_PRESET, POLICY_PREFIX, policy_variable
+from ._env import DECLARED, LOOPGUARD_PRESET, POLICY_PREFIX, policy_variable
 
 __all__ = [
     "FIELD_NAMES",
@@ -203,7 +203,7 @@ DEFAULT_MUTATING_COMMANDS: Final = (
 
 
 #: ``env_var(field_name)``: the environment variable that overrides the policy field
-#: ``field_name`` (``LOOPGUARD_`` + the name in upper case), declared in :mod:`otel_loopguard.env`.
+#: ``field_name`` (``LOOPGUARD_`` + the name in upper case), declared in :mod:`otel_loopguard._env`.
 env_var: Final = policy_variable
 
 
@@ -563,7 +563,7 @@ _FIELDS: Final = {f.name: f for f in _SPECS}
 FIELD_NAMES: Final = frozenset(_FIELDS)
 
 #: Every ``LOOPGUARD_*`` variable something reads: one per policy field (:func:`env_var`) and
-#: those :mod:`otel_loopguard.env` declares. Any other is a typo (:func:`unknown_variables`).
+#: those :mod:`otel_loopguard._env` declares. Any other is a typo (:func:`unknown_variables`).
 KNOWN_VARIABLES: Final = frozenset(map(env_var, _FIELDS)) | DECLARED
 _KNOWN_SUFFIXES: Final = {name[len(ENV_PREFIX) :]: name for name in KNOWN_VARIABLES}
 #: Unknown variables already warned about in this process (each is warned about once).

@@ -2,12 +2,12 @@
 runs, and the guard calls it makes.
 
 Every entrance goes through here: the span processor on the live span (at its start and at its
-end), and, through :mod:`otel_loopguard.traces` (its trace buffer and :func:`~otel_loopguard.
+end), and, through :mod:`otel_loopguard._traces` (its trace buffer and :func:`~otel_loopguard.
 traces.feed`), the exporter, ``serve`` and ``replay`` on finished spans. So which spans are
 decided at start, how a call is read from a span (its failure included: the conventions read
 it), how a call without arguments counts, and what a call is counted under (:data:`Keys`, which a
 call decided at start keeps for its end) are each written once, here. Session keys themselves
-come from :func:`otel_loopguard.spans.session_for`.
+come from :func:`otel_loopguard._spans.session_for`.
 
 Pure: the package's own modules only, no OpenTelemetry.
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Final
 
-from .conventions import (
+from ._conventions import (
     MISSING,
     SpanToolCall,
     agent_from_span,
@@ -25,11 +25,11 @@ from .conventions import (
     conversation_id,
     tool_call_from_span,
 )
-from .spans import START_NAME_PREFIXES
+from ._spans import START_NAME_PREFIXES
 
 if TYPE_CHECKING:
-    from .guard import LoopGuard
-    from .policy import Decision
+    from ._guard import LoopGuard
+    from ._policy import Decision
 
 __all__ = [
     "Ended",
@@ -106,7 +106,7 @@ def call_ended(
 ) -> Ended | None:
     """Report a call at its span's end (``after_tool``): counted now, or only its outcome added
     when it was decided at start (the decision is then ``None``). ``arguments``
-    :data:`~otel_loopguard.conventions.MISSING`: the span was recognised without arguments
+    :data:`~otel_loopguard._conventions.MISSING`: the span was recognised without arguments
     (content capture off, or an instrumentation that publishes none), a call of the tool without
     arguments (``{}``) when the policy counts those, else skipped: ``None``. ``keys``: or the
     function that finds them, called only for a call reported. Never raises (the guard's hook

@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping
 from typing import Final
 
-from .env import LOOPGUARD_SERVE_TOKEN
+from ._env import LOOPGUARD_SERVE_TOKEN
 
 __all__ = ["EmptyToken", "read_token"]
 

@@ -1,5 +1,5 @@
-"""Plain Python tool functions guarded by a :class:`~otel_loopguard.guard.LoopGuard`
-(:meth:`LoopGuard.wrap <otel_loopguard.guard.LoopGuard.wrap>` documents the behaviour)."""
+"""Plain Python tool functions guarded by a :class:`~otel_loopguard._guard.LoopGuard`
+(:meth:`LoopGuard.wrap <otel_loopguard._guard.LoopGuard.wrap>` documents the behaviour)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal, Protocol, cast
 
-from .policy import Action, Decision, LoopDetected
+from ._policy import Action, Decision, LoopDetected
 
 __all__ = ["wrap_tool"]
 

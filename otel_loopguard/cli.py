@@ -255,7 +255,7 @@ def _add_demo(commands: argparse._SubParsersAction[_CommandParser]) -> None:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    from otel_loopguard.demo import MetricsServeError, run_demo
+    from otel_loopguard._demo import MetricsServeError, run_demo
 
     # The demo is self-contained: LOOPGUARD_* settings meant for a real agent do not apply.
     policy = _load_policy(args, use_environment=False)

@@ -9,7 +9,7 @@ closest known names ("did you mean ...?").
 Every field is declared once, on :class:`Policy`; its environment variable is
 ``LOOPGUARD_`` + the field name in upper case (see :func:`env_var`), and its TOML key is the field
 name. :class:`Policy`, the presets and the environment are declared in a private module below
-:mod:`otel_loopguard.plugins`; this one adds :func:`load_policy`, which may read a plugin's
+:mod:`otel_loopguard._plugins`; this one adds :func:`load_policy`, which may read a plugin's
 configuration, so that imports point one way.
 """
 
@@ -89,7 +89,7 @@ def load_policy(
 
     Order, later wins: the preset (``preset``, else ``LOOPGUARD_PRESET``, else ``default``), then
     ``LOOPGUARD_*`` environment overrides, then the plugin configuration file at
-    ``plugin_config`` (read as :func:`otel_loopguard.plugins.load_plugin_config` does: its
+    ``plugin_config`` (read as :func:`otel_loopguard._plugins.load_plugin_config` does: its
     plugin's preset is the base instead of ``preset``), then the TOML file at ``config_path``
     (top-level keys or a ``[loopguard]`` table; not both, and no other table). A bad preset
     name or file raises ``ValueError`` naming it (an unknown key or table with the closest
@@ -102,7 +102,7 @@ def load_policy(
             raise ValueError(
                 "a preset and a plugin config both choose the base policy; give one of them"
             )
-        from .plugins import load_plugin_config  # only a plugin config needs it
+        from ._plugins import load_plugin_config  # only a plugin config needs it
 
         plugin = load_plugin_config(plugin_config, environ)
         policy = plugin.policy(policy_from_env(PRESETS[plugin.preset], environ))

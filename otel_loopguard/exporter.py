@@ -14,9 +14,9 @@ decision spans::
 
 The application's thread only enqueues the finished span (the ``BatchSpanProcessor``'s own
 cost); this exporter runs on the processor's worker thread. It feeds the finished spans through
-the same conventions (:mod:`otel_loopguard.conventions`), session keys
-(:mod:`otel_loopguard.spans`), ordered trace buffer (:class:`~otel_loopguard.traces.TraceBuffer`)
-and guard calls (:func:`~otel_loopguard.traces.feed`) as ``otel-loopguard serve`` and ``replay``,
+the same conventions (:mod:`otel_loopguard._conventions`), session keys
+(:mod:`otel_loopguard._spans`), ordered trace buffer (:class:`~otel_loopguard._traces.TraceBuffer`)
+and guard calls (:func:`~otel_loopguard._traces.feed`) as ``otel-loopguard serve`` and ``replay``,
 so its decisions and the guard's metrics are theirs.
 
 Ordering. A batch carries spans in the order they ended: children before their parents, the
@@ -74,18 +74,11 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from ._attributes import Shape, arguments_text, decision_attributes
-from .conventions import agent_from_span, may_be_tool_span
-from .guard import LoopGuard
-from .policy import Action, Decision
-from .processor import (
-    DECISION_EVENT,
-    SCOPE_NAME,
-    span_attributes,
-    span_events,
-    span_failed,
-)
-from .spans import KeyBy
-from .traces import (
+from ._conventions import agent_from_span, may_be_tool_span
+from ._guard import LoopGuard
+from ._policy import Action, Decision
+from ._spans import KeyBy
+from ._traces import (
     MAX_BUFFERED_SPANS,
     CallDecidedAtStart,
     CallObserved,
@@ -94,6 +87,13 @@ from .traces import (
     TraceBuffer,
     TraceEvent,
     feed,
+)
+from .processor import (
+    DECISION_EVENT,
+    SCOPE_NAME,
+    span_attributes,
+    span_events,
+    span_failed,
 )
 
 __all__ = [

@@ -1,7 +1,7 @@
 """LoopGuardSpanProcessor: tool calls from the spans an application already emits.
 
 ``provider.add_span_processor(LoopGuardSpanProcessor())`` is all it takes. Tool spans of the
-common instrumentations (see :mod:`otel_loopguard.conventions`) are fed to a :class:`LoopGuard`;
+common instrumentations (see :mod:`otel_loopguard._conventions`) are fed to a :class:`LoopGuard`;
 its decisions become ``loopguard.decision`` span events.
 
 Threading contract (the SDK's): ``on_start`` and ``on_end`` are called on the thread that starts
@@ -56,6 +56,9 @@ from opentelemetry.sdk.trace import (
 from opentelemetry.trace import NonRecordingSpan, StatusCode
 
 from ._attributes import Shape, arguments_text, decision_attributes
+from ._conventions import MISSING, SpanToolCall, may_be_tool_span
+from ._guard import LoopGuard
+from ._policy import Action, Decision, Phase
 from ._span_calls import (
     call_at_end,
     call_at_start,
@@ -64,10 +67,7 @@ from ._span_calls import (
     duration_seconds,
     run_started,
 )
-from .conventions import MISSING, SpanToolCall, may_be_tool_span
-from .guard import LoopGuard
-from .policy import Action, Decision, Phase
-from .spans import (
+from ._spans import (
     START_NAME_PREFIXES,
     AgentFrame,
     KeyBy,
@@ -169,7 +169,7 @@ class LoopGuardSpanProcessor(SpanProcessor):
     ``guard``: share one with the hook API; default: a new guard with the ``default`` preset and
     ``LOOPGUARD_*`` overrides.
     ``key_by``: ``"trace"`` (trace + agent; default) or ``"conversation"`` (see
-    :mod:`otel_loopguard.spans`).
+    :mod:`otel_loopguard._spans`).
     ``capture_arguments``: add the canonical arguments (cut to the policy's preview length) to
     decision events; off by default, since arguments may hold secrets.
     ``tracer_provider``: where the ``loopguard.decision`` spans (decisions made at a tool span's

@@ -22,11 +22,11 @@ from otel_loopguard import (
     LoopGuard,
     Policy,
 )
-from otel_loopguard.advice import (
+from otel_loopguard._advice import (
     MAX_QUESTION_CHARS,
     CallRecord,
 )
-from otel_loopguard.engine import (
+from otel_loopguard._engine import (
     MAX_TASK_CHARS,
     MAX_TRAIL_ARGUMENT_CHARS,
     MAX_TRAIL_CALLS,

@@ -14,8 +14,8 @@ from otel_loopguard._attributes import (
     decision_attributes,
     log_fields_of_answer,
 )
+from otel_loopguard._policy import Action, Decision, Phase
 from otel_loopguard.config import PRESETS, Mode, Rule
-from otel_loopguard.policy import Action, Decision, Phase
 
 DENY = Decision(
     Action.REMIND,  # softened by advise mode

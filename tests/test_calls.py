@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from otel_loopguard.calls import (
+from otel_loopguard._calls import (
     MAX_DEPTH,
     MAX_PARSE_CHARS,
     MAX_TOOL_NAME_CHARS,

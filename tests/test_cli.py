@@ -56,7 +56,7 @@ def test_console_script_runs() -> None:
 def test_importing_the_cli_does_not_import_subcommands() -> None:
     code = (
         "import sys, otel_loopguard.cli; "
-        "print(sorted(m for m in ('otel_loopguard.replay', 'otel_loopguard.demo') "
+        "print(sorted(m for m in ('otel_loopguard.replay', 'otel_loopguard._demo') "
         "if m in sys.modules))"
     )
     result = subprocess.run(

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from otel_loopguard import PRESETS, Action, LoopGuard, Mode, Policy, Rule, load_policy
+from otel_loopguard._engine import Classifier
 from otel_loopguard.config import (
     DEFAULT_FINAL_ANSWER_TOOLS,
     env_var,
     policy_from_env,
     wildcard_regex,
 )
-from otel_loopguard.engine import Classifier
 
 
 def test_policy_is_frozen() -> None:

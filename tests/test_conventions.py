@@ -1,4 +1,4 @@
-"""Tests for otel_loopguard.conventions: real framework dumps, hand-written spans, fuzzing."""
+"""Tests for otel_loopguard._conventions: real framework dumps, hand-written spans, fuzzing."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from otel_loopguard import conventions
-from otel_loopguard.conventions import (
+from otel_loopguard import _conventions as conventions
+from otel_loopguard._conventions import (
     AGENT_CONVENTIONS,
     ARGUMENTS_AT_START_CONVENTIONS,
     MAX_DECODE_CHARS,
@@ -33,7 +33,7 @@ from otel_loopguard.conventions import (
     may_be_tool_span,
     tool_call_from_span,
 )
-from otel_loopguard.spans import START_NAME_PREFIXES, _start_name_prefixes
+from otel_loopguard._spans import START_NAME_PREFIXES, _start_name_prefixes
 
 from .conftest import SPAN_DUMPS
 

@@ -23,9 +23,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from otel_loopguard import PRESETS, Action, Decision, LoopGuard, Phase, Policy, Rule
-from otel_loopguard.advice import AdviceRequest
-from otel_loopguard.demo import run_demo
-from otel_loopguard.engine import SessionState
+from otel_loopguard._advice import AdviceRequest
+from otel_loopguard._demo import run_demo
+from otel_loopguard._engine import SessionState
 from otel_loopguard.processor import DECISION_EVENT, LoopGuardSpanProcessor
 
 DEFAULT = PRESETS["default"]

@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 
 from otel_loopguard import Decision, LoopGuard
-from otel_loopguard.config import PRESETS
-from otel_loopguard.demo import (
+from otel_loopguard._demo import (
     DEMO_AGENT,
     MAX_LOOP_CALLS,
     METRICS_ROUND_PAUSE_SECONDS,
@@ -22,6 +21,7 @@ from otel_loopguard.demo import (
     TERMINAL_DELAY_SECONDS,
     run_demo,
 )
+from otel_loopguard.config import PRESETS
 
 
 class _Terminal(io.StringIO):

@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from otel_loopguard import PRESETS, Action, LoopGuard
-from otel_loopguard.calls import failure_text, outcome_key
-from otel_loopguard.engine import Classifier
-from otel_loopguard.policy import Phase
+from otel_loopguard._calls import failure_text, outcome_key
+from otel_loopguard._engine import Classifier
+from otel_loopguard._policy import Phase
 
 from .conftest import threshold
 

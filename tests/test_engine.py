@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from otel_loopguard import PRESETS
-from otel_loopguard.engine import (
+from otel_loopguard._engine import (
     MAX_PENDING_CALLS,
     Classifier,
     SessionState,

@@ -19,12 +19,12 @@ from opentelemetry.sdk.trace.export import (
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from otel_loopguard import LoopGuardSpanExporter
+from otel_loopguard._conventions import tool_call_from_span
+from otel_loopguard._guard import LoopGuard
+from otel_loopguard._policy import Decision
 from otel_loopguard.config import PRESETS
-from otel_loopguard.conventions import tool_call_from_span
 from otel_loopguard.exporter import DEFAULT_HOLD_SECONDS, SCOPE_NAME
-from otel_loopguard.guard import LoopGuard
 from otel_loopguard.metrics import PrometheusRecorder
-from otel_loopguard.policy import Decision
 from otel_loopguard.processor import DECISION_EVENT, LoopGuardSpanProcessor
 
 from .conftest import FakeClock

@@ -456,7 +456,7 @@ def test_a_post_call_reminder_has_no_empty_arguments_line() -> None:
 def test_huge_session_ids_and_agent_names_are_kept_in_a_short_hash_form() -> None:
     import tracemalloc
 
-    from otel_loopguard.calls import MAX_ID_CHARS, bounded_id
+    from otel_loopguard._calls import MAX_ID_CHARS, bounded_id
 
     guard = LoopGuard(DEFAULT)
     tracemalloc.start()
@@ -481,7 +481,7 @@ def test_huge_session_ids_and_agent_names_are_kept_in_a_short_hash_form() -> Non
 
 
 def test_an_id_at_the_bound_is_kept_as_it_is() -> None:
-    from otel_loopguard.calls import MAX_ID_CHARS, bounded_id
+    from otel_loopguard._calls import MAX_ID_CHARS, bounded_id
 
     at = "x" * MAX_ID_CHARS
     above = at + "x"

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from otel_loopguard import PRESETS, Action, Decision, LoopGuard, Policy
-from otel_loopguard.engine import SessionState
+from otel_loopguard._engine import SessionState
 from otel_loopguard.hooks import (
     HOSTS,
     MAX_TEXT_CHARS,
@@ -31,7 +31,7 @@ from otel_loopguard.hooks import (
     EventKind,
     default_store_path,
 )
-from otel_loopguard.hooks.runner import FAIL_CLOSED_TEXT
+from otel_loopguard.hooks._runner import FAIL_CLOSED_TEXT
 
 DEFAULT = PRESETS["default"]
 REMIND_AT = DEFAULT.remind_thresholds[0]
@@ -611,7 +611,7 @@ def test_a_corrupt_store_is_moved_aside_and_rebuilt(tmp_path: Path, host: str) -
 
 
 def test_a_store_still_corrupt_after_the_rebuild_is_an_error(tmp_path: Path) -> None:
-    from otel_loopguard.hooks.store import HookStore, StoreError
+    from otel_loopguard.hooks._store import HookStore, StoreError
 
     path = tmp_path / "hooks.sqlite3"
     path.write_bytes(b"garbage" * 100)

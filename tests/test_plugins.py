@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 
 from otel_loopguard import PRESETS, Action, Decision, LoopDetected, LoopGuard, Mode, Policy, Rule
-from otel_loopguard.config import load_policy, policy_from_env
-from otel_loopguard.plugins import (
+from otel_loopguard._plugins import (
     DSH_LOOP_BRAKE_MAX_REPEATS,
     RESCUE_PLUGIN_DEFAULTS,
     load_plugin_config,
     read_plugin_config,
 )
+from otel_loopguard.config import load_policy, policy_from_env
 
 from .conftest import Call, FakeClock, Transcript, run
 

@@ -55,9 +55,9 @@ from opentelemetry.trace import (
 
 from otel_loopguard import PRESETS, Action, Decision, LoopGuard, Mode, Rule
 from otel_loopguard import processor as processor_module
-from otel_loopguard.conventions import MAX_DECODE_CHARS
+from otel_loopguard._conventions import MAX_DECODE_CHARS
+from otel_loopguard._spans import KeyBy
 from otel_loopguard.processor import DECISION_EVENT, LoopGuardSpanProcessor
-from otel_loopguard.spans import KeyBy
 
 DEFAULT = PRESETS["default"]
 

@@ -33,7 +33,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client.parser import text_string_to_metric_families
 
 from otel_loopguard import PRESETS, LoopGuard, LoopGuardSpanProcessor
-from otel_loopguard.demo import DEMO_AGENT
+from otel_loopguard._demo import DEMO_AGENT
 from otel_loopguard.metrics import PrometheusRecorder
 
 from .prometheus_tools import DASHBOARDS, dashboard_queries, load_generator, require_tool

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from otel_loopguard import PRESETS, Action, LoopGuard
-from otel_loopguard.calls import ToolCall
+from otel_loopguard._calls import ToolCall
 
 DEFAULT = PRESETS["default"]
 
@@ -194,7 +194,7 @@ def test_a_session_saved_between_calls_decides_as_one_kept_in_memory(
 ) -> None:
     """What command hooks do (a new process, hence a new guard, per call; the session saved as
     bytes in between) never changes a decision."""
-    from otel_loopguard.engine import SessionState
+    from otel_loopguard._engine import SessionState
 
     policy = PRESETS[preset]
     clock = lambda: 1000.0  # noqa: E731 - no TTL expiry in either run

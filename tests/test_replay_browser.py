@@ -26,8 +26,8 @@ from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.command import Command
 from selenium.webdriver.remote.webelement import WebElement
 
+from otel_loopguard._guard import LoopGuard
 from otel_loopguard.config import PRESETS, Mode
-from otel_loopguard.guard import LoopGuard
 from otel_loopguard.replay import run_replay
 
 CHROMIUM = "/usr/bin/chromium"

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
+from otel_loopguard._guard import LoopGuard
 from otel_loopguard.cli import main
 from otel_loopguard.config import PRESETS, Mode
-from otel_loopguard.guard import LoopGuard
 from otel_loopguard.replay import (
     MAX_TIMELINE_SIGNATURES,
     CallStarted,

@@ -18,15 +18,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.sdk.trace import Tracer, TracerProvider
 
-from otel_loopguard import replay, traces
-from otel_loopguard.config import PRESETS, Policy
-from otel_loopguard.conventions import (
+from otel_loopguard import _traces as traces
+from otel_loopguard._conventions import (
     ARGUMENTS_AT_START_CONVENTIONS,
     arguments_available_at_start,
     tool_call_from_span,
 )
-from otel_loopguard.guard import LoopGuard
-from otel_loopguard.policy import Decision
+from otel_loopguard._guard import LoopGuard
+from otel_loopguard._policy import Decision
+from otel_loopguard.config import PRESETS, Policy
 from otel_loopguard.processor import LoopGuardSpanProcessor
 from otel_loopguard.replay import (
     CallDecidedAtStart,
@@ -589,7 +589,7 @@ def test_otlp_values_of_every_type_are_read() -> None:
     assert len(events) == 1 and isinstance(events[0], CallObserved)
     call = events[0]
     assert (call.tool, call.arguments, call.error, call.session) == ("t", {"a": 1}, True, "a" * 32)
-    buffer = replay.TraceBuffer()
+    buffer = traces.TraceBuffer()
     span = traces._otlp_span(record["resourceSpans"][0]["scopeSpans"][0]["spans"][0])
     buffer.add(span)
     assert span.attributes["n"] == 9007199254740993 and span.attributes["b"] is False

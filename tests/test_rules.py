@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from otel_loopguard import PRESETS, Policy, Rule
-from otel_loopguard.rules import (
+from otel_loopguard._rules import (
     Trend,
     Verdict,
     consecutive,
@@ -105,7 +105,7 @@ def test_disabled_rules_give_nothing() -> None:
 
 
 def test_no_progress_after_failures_counts_only_a_failing_latest_outcome() -> None:
-    from otel_loopguard.rules import identical_failures, no_progress_after_failures
+    from otel_loopguard._rules import identical_failures, no_progress_after_failures
 
     assert identical_failures is no_progress_after_failures  # the former name, for now
 

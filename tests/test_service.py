@@ -40,8 +40,8 @@ from opentelemetry.sdk.trace.export import (  # noqa: E402
     SpanExporter,
 )
 
+from otel_loopguard._guard import LoopGuard  # noqa: E402
 from otel_loopguard.config import PRESETS  # noqa: E402
-from otel_loopguard.guard import LoopGuard  # noqa: E402
 from otel_loopguard.metrics import PrometheusRecorder  # noqa: E402
 from otel_loopguard.processor import LoopGuardSpanProcessor  # noqa: E402
 from otel_loopguard.service import ServeOptions, Service  # noqa: E402
@@ -645,7 +645,7 @@ def test_decision_api_holds_reminders_for_command_hooks(service: Service) -> Non
     """What ``otel-loopguard hook HOST --server`` needs: a reminder decided before a call is
     held (``"hold_reminder": true``) and given with that call's ``/after``, once; a call reported
     only after it ran gets the text a hook shows for it (a denial worded as a reminder)."""
-    from otel_loopguard.hooks.answers import after_the_fact
+    from otel_loopguard.hooks._answers import after_the_fact
     from otel_loopguard.service._decisions import HeldReminders
 
     port = service.http_port

@@ -21,9 +21,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E4
 )
 from opentelemetry.trace import StatusCode  # noqa: E402
 
-from otel_loopguard.conventions import agent_from_span, tool_call_from_span  # noqa: E402
-from otel_loopguard.service.proto import candidate_patterns, proto_spans  # noqa: E402
-from otel_loopguard.traces import BadSpan  # noqa: E402
+from otel_loopguard._conventions import agent_from_span, tool_call_from_span  # noqa: E402
+from otel_loopguard._traces import BadSpan  # noqa: E402
+from otel_loopguard.service._proto import candidate_patterns, proto_spans  # noqa: E402
 
 from .service_tools import workload  # noqa: E402
 from .span_dumps import dump_paths, load, rebuild  # noqa: E402

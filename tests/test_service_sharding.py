@@ -29,8 +29,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (  # noqa: 
 from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import BatchSpanProcessor  # noqa: E402
 
+from otel_loopguard._guard import LoopGuard  # noqa: E402
 from otel_loopguard.config import PRESETS  # noqa: E402
-from otel_loopguard.guard import LoopGuard  # noqa: E402
 from otel_loopguard.metrics import PrometheusRecorder  # noqa: E402
 from otel_loopguard.service import ServeOptions, Service  # noqa: E402
 

@@ -4,6 +4,9 @@ gate, the rule for calls without arguments, the keys an end reuses. The parity s
 
 from __future__ import annotations
 
+from otel_loopguard._conventions import MISSING
+from otel_loopguard._guard import LoopGuard
+from otel_loopguard._policy import Action
 from otel_loopguard._span_calls import (
     call_at_end,
     call_at_start,
@@ -13,9 +16,6 @@ from otel_loopguard._span_calls import (
     run_started,
 )
 from otel_loopguard.config import PRESETS
-from otel_loopguard.conventions import MISSING
-from otel_loopguard.guard import LoopGuard
-from otel_loopguard.policy import Action
 
 PYDANTIC_AT_START = {
     "gen_ai.operation.name": "execute_tool",

@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from otel_loopguard import LoopGuard, Policy
-from otel_loopguard.engine import SessionStore
+from otel_loopguard._engine import SessionStore
 from otel_loopguard.service._durable import layout, plain_dumps, plain_loads
 
 DATA = Path(__file__).resolve().parent / "data" / "state" / "v1"
@@ -191,8 +191,8 @@ def test_serve_loads_a_snapshot_written_by_this_version_and_counts_go_on(
 
 
 def test_a_logged_batch_is_plain_data_and_comes_back_equal() -> None:
+    from otel_loopguard._traces import OtlpSpans, RecordedSpan
     from otel_loopguard.service._durable import batch_of, batch_payload
-    from otel_loopguard.traces import OtlpSpans, RecordedSpan
 
     span = RecordedSpan(
         (1 << 127) + 5,

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from otel_loopguard.config import PRESETS
-from otel_loopguard.guard import LoopGuard
-from otel_loopguard.policy import Action
-from otel_loopguard.traces import (
+from otel_loopguard._guard import LoopGuard
+from otel_loopguard._policy import Action
+from otel_loopguard._traces import (
     MAX_BUFFERED_SPANS,
     CallObserved,
     RecordedSpan,
@@ -15,6 +14,7 @@ from otel_loopguard.traces import (
     TraceEvent,
     feed,
 )
+from otel_loopguard.config import PRESETS
 
 from .conftest import FakeClock
 

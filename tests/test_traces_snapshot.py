@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 import pytest
 
-from otel_loopguard.traces import (
+from otel_loopguard._traces import (
     SNAPSHOT_VERSION,
     RecordedSpan,
     TraceBuffer,

@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from otel_loopguard import env
+from otel_loopguard import _env as env
+from otel_loopguard._plugins import load_plugin_config, read_plugin_config
 from otel_loopguard.config import (
     KNOWN_VARIABLES,
     PRESETS,
@@ -33,8 +34,7 @@ from otel_loopguard.config import (
     validate_field,
 )
 from otel_loopguard.hooks import HOSTS
-from otel_loopguard.hooks.runner import FAIL_CLOSED_TEXT, NOTICE_PREFIX
-from otel_loopguard.plugins import load_plugin_config, read_plugin_config
+from otel_loopguard.hooks._runner import FAIL_CLOSED_TEXT, NOTICE_PREFIX
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = re.compile(r"\bLOOPGUARD_[A-Z0-9_]*[A-Z0-9]\b")
@@ -64,7 +64,7 @@ def test_every_loopguard_name_in_the_sources_is_declared() -> None:
             found.setdefault(name, str(path.relative_to(ROOT)))
     assert "LOOPGUARD_SERVE_TOKEN" in found and "LOOPGUARD_FRAMEWORK_TESTS" in found
     undeclared = {name: where for name, where in found.items() if name not in KNOWN_VARIABLES}
-    assert not undeclared, f"declare these in otel_loopguard/env.py: {undeclared}"
+    assert not undeclared, f"declare these in otel_loopguard/_env.py: {undeclared}"
 
 
 def test_the_known_names_come_from_the_declarations() -> None:

@@ -4,19 +4,19 @@ The host runs the command before and after each tool call and on each user promp
 event as JSON on stdin, and reads the answer as JSON on stdout: deny (the reason is shown to the
 model), a reminder (added to what the model reads), or stop; and a line for the user when the
 hook's own configuration cannot be used or an unknown ``LOOPGUARD_*`` variable is set. Each call
-is a new process; the session's state is kept in a SQLite file between calls (:mod:`.store`), or
-by a running ``otel-loopguard serve`` (``--server URL``, :mod:`.remote`).
+is a new process; the session's state is kept in a SQLite file between calls (:mod:`._store`), or
+by a running ``otel-loopguard serve`` (``--server URL``, :mod:`._remote`).
 
-- :mod:`.hosts`: each host's events and answers (pure).
-- :mod:`.answers`: the answer protocol every entrance shares (the two backends below and serve's
+- :mod:`._hosts`: each host's events and answers (pure).
+- :mod:`._answers`: the answer protocol every entrance shares (the two backends below and serve's
   decision API): what a host is told before and after a call, where a reminder waits (pure).
-- :mod:`.store`: the SQLite state file, safe under concurrent hook processes.
-- :mod:`.runner`: one invocation, its failure modes, and the local backend.
-- :mod:`.remote`: the backend that asks serve's decision API (standard-library HTTP client).
+- :mod:`._store`: the SQLite state file, safe under concurrent hook processes.
+- :mod:`._runner`: one invocation, its failure modes, and the local backend.
+- :mod:`._remote`: the backend that asks serve's decision API (standard-library HTTP client).
 
 Importing this package does not import the OpenTelemetry SDK or the Prometheus client; the
 runner, the remote backend and the store (SQLite) are imported when one of their names is first
-used, so that serve's decision API imports :mod:`.answers` without them.
+used, so that serve's decision API imports :mod:`._answers` without them.
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from .answers import Backend, Misconfigured, Unavailable
-from .hosts import HOSTS, MAX_TEXT_CHARS, Answer, EventKind, HookEvent, Host, MalformedEvent
+from ._answers import Backend, Misconfigured, Unavailable
+from ._hosts import HOSTS, MAX_TEXT_CHARS, Answer, EventKind, HookEvent, Host, MalformedEvent
 
 if TYPE_CHECKING:
-    from .remote import DEFAULT_TIMEOUT_SECONDS, TOKEN_ENV, RemoteBackend
-    from .runner import LocalBackend, answer_usage_error, decide, run
-    from .store import STORE_ENV, HookStore, StoreError, default_store_path
+    from ._remote import DEFAULT_TIMEOUT_SECONDS, TOKEN_ENV, RemoteBackend
+    from ._runner import LocalBackend, answer_usage_error, decide, run
+    from ._store import STORE_ENV, HookStore, StoreError, default_store_path
 
 __all__ = [
     "Answer",
@@ -57,17 +57,17 @@ __all__ = [
 ]
 
 _LAZY = {
-    "LocalBackend": "runner",
-    "answer_usage_error": "runner",
-    "decide": "runner",
-    "run": "runner",
-    "DEFAULT_TIMEOUT_SECONDS": "remote",
-    "TOKEN_ENV": "remote",
-    "RemoteBackend": "remote",
-    "STORE_ENV": "store",
-    "HookStore": "store",
-    "StoreError": "store",
-    "default_store_path": "store",
+    "LocalBackend": "_runner",
+    "answer_usage_error": "_runner",
+    "decide": "_runner",
+    "run": "_runner",
+    "DEFAULT_TIMEOUT_SECONDS": "_remote",
+    "TOKEN_ENV": "_remote",
+    "RemoteBackend": "_remote",
+    "STORE_ENV": "_store",
+    "HookStore": "_store",
+    "StoreError": "_store",
+    "default_store_path": "_store",
 }
 
 

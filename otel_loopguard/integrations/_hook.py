@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Literal, TypeGuard
 
-from ..guard import LoopGuard
-from ..policy import Action, Decision, Phase
+from .._guard import LoopGuard
+from .._policy import Action, Decision, Phase
 
 if TYPE_CHECKING:
     from ..processor import LoopGuardSpanProcessor

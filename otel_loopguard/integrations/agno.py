@@ -33,8 +33,8 @@ from collections.abc import Callable
 from inspect import isawaitable
 from typing import TYPE_CHECKING, Any
 
-from ..guard import LoopGuard
-from ..policy import Action, Decision
+from .._guard import LoopGuard
+from .._policy import Action, Decision
 from ._hook import OnStop, Ticket, ToolHook, missing_framework
 
 try:

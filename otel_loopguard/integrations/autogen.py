@@ -38,8 +38,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-from ..guard import LoopGuard
-from ..policy import Action, Decision
+from .._guard import LoopGuard
+from .._policy import Action, Decision
 from ._hook import OnStop, ToolHook, missing_framework
 
 try:

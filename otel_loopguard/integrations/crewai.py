@@ -45,8 +45,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
-from ..guard import LoopGuard
-from ..policy import Action, Decision, LoopDetected
+from .._guard import LoopGuard
+from .._policy import Action, Decision, LoopDetected
 from ._hook import OnStop, Ticket, ToolHook, missing_framework
 
 try:

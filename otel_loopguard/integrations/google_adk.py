@@ -39,8 +39,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..guard import LoopGuard
-from ..policy import Action
+from .._guard import LoopGuard
+from .._policy import Action
 from ._hook import OnStop, Ticket, ToolHook, missing_framework
 
 try:

@@ -41,8 +41,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
-from ..guard import LoopGuard
-from ..policy import Action
+from .._guard import LoopGuard
+from .._policy import Action
 from ._hook import OnStop, Ticket, ToolHook, missing_framework
 
 try:

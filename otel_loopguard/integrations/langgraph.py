@@ -37,8 +37,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from ..guard import LoopGuard
-from ..policy import Action, LoopDetected
+from .._guard import LoopGuard
+from .._policy import Action, LoopDetected
 from ._hook import OnStop, Ticket, ToolHook, missing_framework
 
 try:

@@ -40,8 +40,8 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Final, TypeVar
 
-from ..guard import LoopGuard
-from ..policy import Action, Decision
+from .._guard import LoopGuard
+from .._policy import Action, Decision
 from ._hook import OnStop, Ticket, ToolHook, missing_framework
 
 try:

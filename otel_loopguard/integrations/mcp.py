@@ -47,8 +47,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 from opentelemetry import propagate, trace
 
-from ..guard import LoopGuard
-from ..policy import Decision
+from .._guard import LoopGuard
+from .._policy import Decision
 from ._hook import DEFAULT_SESSION, Ticket, ToolHook, missing_framework
 
 try:

@@ -35,8 +35,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..guard import LoopGuard
-from ..policy import Action, LoopDetected
+from .._guard import LoopGuard
+from .._policy import Action, LoopDetected
 from ._hook import OnStop, Ticket, ToolHook, missing_framework
 
 try:

@@ -42,8 +42,8 @@ import threading
 from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any, Final
 
-from ..guard import LoopGuard
-from ..policy import Action, LoopDetected
+from .._guard import LoopGuard
+from .._policy import Action, LoopDetected
 from ._hook import OnStop, ToolHook, missing_framework
 
 try:

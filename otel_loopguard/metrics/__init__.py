@@ -3,7 +3,7 @@
 The guard calls a :class:`Recorder` outside its lock, on the thread of the hook or span that
 caused the report. Implementations must not block or raise. A recorder with an
 ``observe_sessions(count)`` method is handed a reader of the session count for
-``loopguard_sessions`` (see :class:`~otel_loopguard.guard.LoopGuard`).
+``loopguard_sessions`` (see :class:`~otel_loopguard._guard.LoopGuard`).
 
 Every metric is declared once, in :data:`METRICS` (DESIGN §7). Two recorders build from that one
 declaration: :class:`PrometheusRecorder` (a private ``CollectorRegistry`` per guard, served on

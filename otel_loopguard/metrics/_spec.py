@@ -3,7 +3,7 @@
 Every metric is declared once, in :data:`METRICS` (DESIGN §7), with the label values known in
 advance; the recorders (:mod:`.prometheus`, :mod:`.otel`) and the dashboards build from it.
 Imports nothing beyond the standard library, :mod:`otel_loopguard.config` and the ``Action``
-enum of :mod:`otel_loopguard.policy`.
+enum of :mod:`otel_loopguard._policy`.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Final, Protocol
 
+from .._policy import Action
 from ..config import Rule
-from ..policy import Action
 
 
 class Recorder(Protocol):

@@ -12,8 +12,8 @@ Input is JSON lines. Each file is read by one *input format*, chosen by sniffing
   processor does at ``on_end``: it counts the call after the fact, or only adds the outcome of a
   call decided at its start.
 
-The last two, the span decoding and the trace buffer live in :mod:`otel_loopguard.traces`,
-shared with ``serve``; they are importable from here as before.
+The last two are defined with the span decoding and the trace buffer in the private module
+``_traces``, shared with ``serve``; they are importable from here.
 
 Formats live in a registry (:data:`FORMATS`, :func:`register_format`); each is a sniffing
 predicate plus a decoder factory. Built in: Claude Code sessions, tool-call transcripts, OTLP JSON
@@ -21,7 +21,7 @@ lines (the Collector's ``file`` exporter) and span dumps (the fixtures' span JSO
 
 Recorded traces go through the same conventions, session keys and guard calls as the in-process
 :class:`~otel_loopguard.processor.LoopGuardSpanProcessor`, so a replay gives the decisions the
-processor gave (see :class:`TraceBuffer` for how a trace is put back in time order).
+processor gave (the trace buffer in ``_traces`` puts a trace back in time order).
 
 Bad input never stops a replay: an unparsable line, or a record a decoder rejects, is reported as
 ``FILE:LINE: reason`` and counted. :func:`run_replay` returns exit status 0 when every line was
@@ -31,15 +31,7 @@ policy) are raised as :class:`UsageError` before anything is replayed.
 
 from __future__ import annotations
 
-from ..traces import (
-    MAX_BUFFERED_SPANS,
-    MAX_VALUE_DEPTH,
-    START_NAME_PREFIXES,
-    CallDecidedAtStart,
-    CallObserved,
-    RecordedSpan,
-    TraceBuffer,
-)
+from .._traces import CallDecidedAtStart, CallObserved
 from ._events import (
     BadRecord,
     CallFinished,
@@ -81,24 +73,19 @@ __all__ = [
     "LARGE_INPUT_BYTES",
     "LARGE_INPUT_LINES",
     "ListedDecision",
-    "MAX_BUFFERED_SPANS",
     "MAX_LISTED_DECISIONS",
     "MAX_TIMELINE_SIGNATURES",
     "MAX_REPORTED_BAD_LINES",
-    "MAX_VALUE_DEPTH",
     "OtlpJsonDecoder",
     "RecordDecoder",
-    "RecordedSpan",
     "ReplayClock",
     "Replayer",
-    "START_NAME_PREFIXES",
     "SessionReport",
     "SignatureSummary",
     "SpanDumpDecoder",
     "Timeline",
     "TimelineCall",
     "TimelineMark",
-    "TraceBuffer",
     "TranscriptDecoder",
     "UsageError",
     "UserPrompt",

@@ -6,20 +6,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
-from ..calls import (
+from .._calls import (
     SIGNATURE_CHARS,
     args_key,
     canonical_arguments,
     canonical_json,
     tool_name,
 )
-from ..engine import Classifier
-from ..traces import RunStarted, feed
+from .._engine import Classifier
+from .._traces import RunStarted, feed
 from ._events import MAX_PENDING_CALLS, CallFinished, CallStarted, Event, UserPrompt
 
 if TYPE_CHECKING:
-    from otel_loopguard.guard import LoopGuard
-    from otel_loopguard.policy import Decision
+    from otel_loopguard._guard import LoopGuard
+    from otel_loopguard._policy import Decision
 
 #: Non-allow decisions kept and listed per session; the rest are only counted.
 MAX_LISTED_DECISIONS: Final = 1_000

@@ -11,7 +11,7 @@ import orjson
 from ._replayer import SessionReport
 
 if TYPE_CHECKING:
-    from otel_loopguard.policy import Decision
+    from otel_loopguard._policy import Decision
 
 
 def _json_line(report: SessionReport, index: int, tool: str, decision: Decision) -> str:

@@ -8,8 +8,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, TextIO
 
-from ..spans import KeyBy
-from ..traces import CallDecidedAtStart, CallObserved
+from .._spans import KeyBy
+from .._traces import CallDecidedAtStart, CallObserved
 from . import _html
 from ._events import CallFinished, CallStarted, Event
 from ._formats import format_by_name
@@ -170,7 +170,7 @@ def _replay(
     summary: bool,
 ) -> int:
     """The replay itself, once the inputs and options are checked (see :func:`run_replay`)."""
-    from otel_loopguard.guard import LoopGuard
+    from otel_loopguard._guard import LoopGuard
 
     clock = ReplayClock()
     # Timelines (per-session call lists) are kept only for the HTML report, bounded by it.

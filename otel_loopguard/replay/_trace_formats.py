@@ -1,13 +1,13 @@
 """Recorded-trace input formats: OTLP JSON lines and span dumps (the decoding of spans and the
-trace buffer that puts them back in time order live in :mod:`otel_loopguard.traces`)."""
+trace buffer that puts them back in time order live in :mod:`otel_loopguard._traces`)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..spans import KeyBy
-from ..traces import (
+from .._spans import KeyBy
+from .._traces import (
     MAX_BUFFERED_SPANS,
     MAX_SPAN_PROBLEMS,
     OTLP_SIGNALS,
@@ -19,7 +19,7 @@ from ..traces import (
     read_nanos,
     read_parent_id,
 )
-from ..traces import short_value as _short
+from .._traces import short_value as _short
 from ._events import BadRecord, Event, _get
 
 

@@ -1,5 +1,5 @@
 """The decision API of ``serve`` (``POST /v1/decisions/before``, ``/after``, ``/user_message``,
-``/new_run``), on the answer protocol of the command hooks (:mod:`otel_loopguard.hooks.answers`).
+``/new_run``), on the answer protocol of the command hooks (:mod:`otel_loopguard.hooks._answers`).
 
 Each request calls the guard's hook API on its connection's thread; the guard's lock is short,
 so decisions do not wait for ingest. For command hooks on hosts that show the model text only
@@ -18,10 +18,10 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from otel_loopguard._attributes import Shape, decision_attributes
-from otel_loopguard.calls import bounded_id
-from otel_loopguard.guard import LoopGuard
-from otel_loopguard.hooks.answers import decide_after, decide_before
-from otel_loopguard.policy import Action, Decision
+from otel_loopguard._calls import bounded_id
+from otel_loopguard._guard import LoopGuard
+from otel_loopguard._policy import Action, Decision
+from otel_loopguard.hooks._answers import decide_after, decide_before
 
 __all__ = [
     "DECISION_ENDPOINTS",
@@ -46,7 +46,7 @@ _Key = tuple[str, str | None, str]
 class HeldReminders:
     """Reminders decided before a call for a caller that can only show them with the call's
     result (a command hook of a host that takes no context before a call): kept under the
-    session, agent and call (:func:`~otel_loopguard.hooks.answers.reminder_ref`) until the
+    session, agent and call (:func:`~otel_loopguard.hooks._answers.reminder_ref`) until the
     ``/after`` of that call takes them. The oldest is dropped beyond ``limit`` (a result that
     never came)."""
 
@@ -83,7 +83,7 @@ class HeldReminders:
 
     def of(self, session: str, agent: str | None) -> _CallerReminders:
         """The reminders of one session and agent, as the answer protocol keeps them
-        (:class:`~otel_loopguard.hooks.answers.Reminders`)."""
+        (:class:`~otel_loopguard.hooks._answers.Reminders`)."""
         return _CallerReminders(self, session, agent)
 
 

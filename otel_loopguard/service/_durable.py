@@ -28,8 +28,8 @@ to ``snapshot.corrupt-<UTC time>`` with a note on stderr, and the log is replaye
 
 The snapshot and the log's batches are plain data (dicts, lists, tuples, strings, bytes,
 numbers, booleans, ``None``: what :meth:`LoopGuard.snapshot
-<otel_loopguard.guard.LoopGuard.snapshot>`, :meth:`TraceBuffer.snapshot
-<otel_loopguard.traces.TraceBuffer.snapshot>`, the held reminders and each span's fields give),
+<otel_loopguard._guard.LoopGuard.snapshot>`, :meth:`TraceBuffer.snapshot
+<otel_loopguard._traces.TraceBuffer.snapshot>`, the held reminders and each span's fields give),
 pickled and read back by an unpickler that loads no class or function at all
 (:func:`plain_loads`): reading a state directory cannot run code. The snapshot says its version
 (:data:`SNAPSHOT_VERSION`). ``DIR`` is still refused when it, or the snapshot, belongs to another
@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from otel_loopguard.traces import OtlpSpans, RecordedSpan
+from otel_loopguard._traces import OtlpSpans, RecordedSpan
 
 __all__ = [
     "ADVICE",

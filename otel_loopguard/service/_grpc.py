@@ -2,7 +2,7 @@
 
 Each call is authenticated, takes its size from the service's in-flight byte budget
 (``RESOURCE_EXHAUSTED`` with a retry delay past it, :mod:`._budget`), is decoded
-(:func:`~otel_loopguard.service.proto.proto_spans`, raw bytes in: no generated stubs) and
+(:func:`~otel_loopguard.service._proto.proto_spans`, raw bytes in: no generated stubs) and
 offered to the ingest queue (:meth:`Service.accept`); a full queue or a draining service answers
 ``RESOURCE_EXHAUSTED`` / ``UNAVAILABLE`` with a retry delay in the trailing metadata. An
 unexpected error is counted as the guard's internal error (``where="serve.grpc"``) and answered
@@ -26,10 +26,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, TYPE_CHECKING, Any, Final
 
-from otel_loopguard.traces import BadSpan
+from otel_loopguard._traces import BadSpan
 
 from ._options import RETRY_AFTER_SECONDS
-from .proto import RPC_RESOURCE_EXHAUSTED, proto_spans, response_bytes
+from ._proto import RPC_RESOURCE_EXHAUSTED, proto_spans, response_bytes
 
 if TYPE_CHECKING:
     from ._seam import ServiceSeam

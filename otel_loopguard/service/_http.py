@@ -19,8 +19,8 @@ Each request is authenticated, framed strictly (``Content-Length`` required for 
 before it is read, else 429 with ``Retry-After``) and decoded / decided on a worker thread, off
 the event loop:
 
-- ``POST /v1/traces``: protobuf (:func:`~otel_loopguard.service.proto.proto_spans`) or OTLP
-  JSON (:func:`~otel_loopguard.traces.otlp_json_spans`), gzip or not, offered to the ingest
+- ``POST /v1/traces``: protobuf (:func:`~otel_loopguard.service._proto.proto_spans`) or OTLP
+  JSON (:func:`~otel_loopguard._traces.otlp_json_spans`), gzip or not, offered to the ingest
   queue (:meth:`Service.accept`); answered in the request's encoding once queued: 200 (with
   ``partial_success`` when some spans were rejected), 400 for data that cannot be read, 429 / 503
   with ``Retry-After`` when the queue is full or the service is draining.
@@ -48,11 +48,11 @@ import orjson
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from otel_loopguard.traces import BadSpan, OtlpSpans, otlp_json_spans
+from otel_loopguard._traces import BadSpan, OtlpSpans, otlp_json_spans
 
 from ._decisions import DECISION_ENDPOINTS, MAX_DECISION_BODY_BYTES
 from ._options import RETRY_AFTER_SECONDS
-from .proto import (
+from ._proto import (
     RPC_INVALID_ARGUMENT,
     RPC_RESOURCE_EXHAUSTED,
     RPC_UNAUTHENTICATED,

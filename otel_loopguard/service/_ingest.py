@@ -1,11 +1,11 @@
 """The ingest side of ``serve``: the bounded queue of accepted spans and the one thread that owns
-the :class:`~otel_loopguard.traces.TraceBuffer` and feeds the guard.
+the :class:`~otel_loopguard._traces.TraceBuffer` and feeds the guard.
 
 The ingest thread adds each batch, takes the traces whose root arrived (and, on a short tick,
 the tool spans that waited ``hold_seconds``), and feeds their events to the guard with
-:func:`~otel_loopguard.traces.feed`, as the in-process span processor calls it; each decision
+:func:`~otel_loopguard._traces.feed`, as the in-process span processor calls it; each decision
 is logged (:func:`~._logs.log_decision`). Every :data:`EXPIRE_INTERVAL_SECONDS` it also drops
-the guard's idle sessions (:meth:`~otel_loopguard.guard.LoopGuard.expire_idle_sessions`), so
+the guard's idle sessions (:meth:`~otel_loopguard._guard.LoopGuard.expire_idle_sessions`), so
 memory and ``loopguard_sessions`` follow the TTL on a quiet server too.
 """
 
@@ -17,9 +17,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Final
 
-from otel_loopguard.guard import LoopGuard
-from otel_loopguard.policy import Action
-from otel_loopguard.traces import OtlpSpans, RunStarted, TraceBuffer, TraceEvent, feed
+from otel_loopguard._guard import LoopGuard
+from otel_loopguard._policy import Action
+from otel_loopguard._traces import OtlpSpans, RunStarted, TraceBuffer, TraceEvent, feed
 
 from ._logs import decision_fields, log_decision, wants_allow_lines
 

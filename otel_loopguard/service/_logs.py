@@ -28,7 +28,7 @@ from typing import Final, TextIO
 import orjson
 
 from otel_loopguard._attributes import Shape, decision_attributes, log_fields_of_answer
-from otel_loopguard.policy import Action, Decision
+from otel_loopguard._policy import Action, Decision
 
 __all__ = [
     "DECISION_LOGGER",

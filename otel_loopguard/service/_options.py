@@ -7,6 +7,7 @@ import ipaddress
 from dataclasses import dataclass
 from typing import Final
 
+from otel_loopguard._env import LOOPGUARD_SERVE_TOKEN
 from otel_loopguard._serve_defaults import (
     DEFAULT_DRAIN_TIMEOUT_SECONDS,
     DEFAULT_GRPC_PORT,
@@ -18,8 +19,7 @@ from otel_loopguard._serve_defaults import (
     DEFAULT_MAX_QUEUED_SPANS,
     DEFAULT_REQUEST_TIMEOUT_SECONDS,
 )
-from otel_loopguard.env import LOOPGUARD_SERVE_TOKEN
-from otel_loopguard.traces import MAX_BUFFERED_SPANS
+from otel_loopguard._traces import MAX_BUFFERED_SPANS
 
 __all__ = [
     "DEFAULT_DRAIN_TIMEOUT_SECONDS",

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from otel_loopguard.guard import LoopGuard
-    from otel_loopguard.traces import OtlpSpans
+    from otel_loopguard._guard import LoopGuard
+    from otel_loopguard._traces import OtlpSpans
 
     from ._budget import ByteBudget
     from ._metrics import ServiceMetrics

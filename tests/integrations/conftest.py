@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from otel_loopguard import PRESETS, Action, Decision, LoopGuard
-from otel_loopguard.advice import AdviceRequest
+from otel_loopguard._advice import AdviceRequest
 from otel_loopguard.metrics import PrometheusRecorder
 from otel_loopguard.processor import LoopGuardSpanProcessor
 
@@ -263,7 +263,7 @@ def calls_seen(guard: LoopGuard, tool: str = TOOL) -> int:
 
 def tool_spans(tracing: Tracing) -> list[Any]:
     """Finished spans the processor takes for tool spans of ``search``."""
-    from otel_loopguard.conventions import tool_call_from_span
+    from otel_loopguard._conventions import tool_call_from_span
 
     spans = []
     for span in tracing.exporter.get_finished_spans():

@@ -238,7 +238,7 @@ class ToolConvention:
     """Span names, or name prefixes, under which the instrumentation *starts* this entry's tool
     spans with the arguments already set, so that they are decided at start. Empty: decided at
     their end. :data:`ARGUMENTS_AT_START_CONVENTIONS` and the span processor's start gate
-    (:data:`otel_loopguard.spans.START_NAME_PREFIXES`) are derived from these."""
+    (:data:`otel_loopguard._spans.START_NAME_PREFIXES`) are derived from these."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,7 +254,7 @@ class AgentConvention:
     """Span names, or name prefixes, under which this entry's agent runs start with what marks
     them (so that, keyed by conversation, the span processor starts a new run there). Empty: a
     run is only seen when a tool span below it ends (a span named after the agent). The start
-    gate (:data:`otel_loopguard.spans.START_NAME_PREFIXES`) is derived from these."""
+    gate (:data:`otel_loopguard._spans.START_NAME_PREFIXES`) is derived from these."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -426,7 +426,7 @@ TOOL_CONVENTIONS: Final[tuple[ToolConvention, ...]] = (
 
 #: Conventions whose tool spans are decided at their start: those whose entries declare
 #: ``start_names`` (the instrumentation starts them with the arguments already set, under a name
-#: the span processor's start gate, :data:`otel_loopguard.spans.START_NAME_PREFIXES`, looks at):
+#: the span processor's start gate, :data:`otel_loopguard._spans.START_NAME_PREFIXES`, looks at):
 #: Pydantic AI. Others that also start tool spans with the arguments (OpenInference for Agno,
 #: smolagents, CrewAI's event listener) name them after the tool, so they are decided at their
 #: end, wherever they are read. A recording that does not say what a span carried at start

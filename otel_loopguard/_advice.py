@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Protocol
 
+from ._env import policy_variable
 from .config import AdvisorInput
-from .env import policy_variable
 
 if TYPE_CHECKING:
     import subprocess
@@ -63,7 +63,7 @@ MAX_RECENT_OUTPUT_CHARS: Final = 200
 #: Each piece of advice already given in this epoch.
 MAX_EARLIER_ADVICE_CHARS: Final = 500
 #: The environment variable that gives a command advisor the policy's ``advisor_model``: the
-#: field's own override variable (declared once, by :func:`otel_loopguard.env.policy_variable`).
+#: field's own override variable (declared once, by :func:`otel_loopguard._env.policy_variable`).
 MODEL_VARIABLE: Final = policy_variable("advisor_model")
 
 _RULE_WORDS: Final = {

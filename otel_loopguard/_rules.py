@@ -145,7 +145,7 @@ def no_progress_after_failures(history: History, key: str) -> Verdict | None:
 
     The finished calls of this signature that gave its latest outcome, when that outcome is a
     failure (a failure whose text differs only in volatile parts is the same failure: see
-    :func:`otel_loopguard.calls.outcome_key`). Read after the outcome is recorded, so the count
+    :func:`otel_loopguard._calls.outcome_key`). Read after the outcome is recorded, so the count
     includes the call that just ended. ``None`` when the latest outcome is not a failure.
     """
     signature = history.signature(key)

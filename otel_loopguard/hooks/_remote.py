@@ -31,15 +31,15 @@ from typing import Final
 
 import orjson
 
-from ..engine import MAX_TASK_CHARS
-from ..env import LOOPGUARD_SERVE_TOKEN
-from ..policy import Action
-from .answers import Unavailable, answer_before
-from .hosts import ALLOWED, Answer, EventKind, HookEvent, Host
+from .._engine import MAX_TASK_CHARS
+from .._env import LOOPGUARD_SERVE_TOKEN
+from .._policy import Action
+from ._answers import Unavailable, answer_before
+from ._hosts import ALLOWED, Answer, EventKind, HookEvent, Host
 
 __all__ = ["DEFAULT_TIMEOUT_SECONDS", "RemoteBackend", "TOKEN_ENV"]
 
-#: Environment variable holding the bearer token (declared in :mod:`otel_loopguard.env`, kept
+#: Environment variable holding the bearer token (declared in :mod:`otel_loopguard._env`, kept
 #: here under this name for compatibility): ``serve`` requires it when set (``--token``
 #: overrides it there), and the hooks send it (``--token`` overrides it here).
 TOKEN_ENV: Final = LOOPGUARD_SERVE_TOKEN

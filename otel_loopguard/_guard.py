@@ -6,7 +6,7 @@ and advisor calls happen outside it. ``before_tool``/``after_tool``/``user_messa
 never raise: an internal error is logged once per kind, counted, and answered with ``allow``.
 
 The guard is the hook API; each session's bookkeeping is :mod:`otel_loopguard._core`'s, what a
-step on the ladder becomes is :func:`otel_loopguard.policy.decide`'s, what a decision reports
+step on the ladder becomes is :func:`otel_loopguard._policy.decide`'s, what a decision reports
 is :mod:`otel_loopguard._reporter`'s, and the advisor's asks are :mod:`otel_loopguard._asks`'s.
 """
 
@@ -16,14 +16,14 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Final, Literal, TypeVar, cast, overload
 
+from ._advice import Advisor, CommandAdvisor
 from ._core import GuardCore
+from ._engine import SessionState, SessionStore
+from ._policy import ALLOW, Decision
+from ._triplog import TripLog
 from ._wrap import wrap_tool
-from .advice import Advisor, CommandAdvisor
 from .config import Policy, policy_from_env
-from .engine import SessionState, SessionStore
 from .metrics import MetricsServer, Recorder
-from .policy import ALLOW, Decision
-from .triplog import TripLog
 
 __all__ = ["LoopGuard"]
 
@@ -103,8 +103,8 @@ class LoopGuard:
         out take the plugin's defaults (``DSH_LOOP_BRAKE_MAX_REPEATS`` from ``environ``, default
         ``os.environ``, for the brake). ``LOOPGUARD_*`` variables do not apply. Raises
         ``ValueError`` naming the plugin's key and the value. See
-        :mod:`otel_loopguard.plugins` for the mapping."""
-        from .plugins import read_plugin_config  # only migrating users need it
+        :mod:`otel_loopguard._plugins` for the mapping."""
+        from ._plugins import read_plugin_config  # only migrating users need it
 
         policy = read_plugin_config(plugin, config, environ).policy()
         return cls(policy, advisor=advisor, clock=clock, recorder=recorder)
@@ -202,7 +202,7 @@ class LoopGuard:
 
         ``text``, the message, is what an advisor is told the agent's task is (the session's
         first message; a later one as the latest message), cut to
-        :data:`~otel_loopguard.engine.MAX_TASK_CHARS`. Kept only by a guard that can ask an
+        :data:`~otel_loopguard._engine.MAX_TASK_CHARS`. Kept only by a guard that can ask an
         advisor. Never raises."""
         self._core.reset(session, agent, "user_message", text, task=False)
 

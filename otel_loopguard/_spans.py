@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Final
 
-from .conventions import (
+from ._conventions import (
     AGENT_CONVENTIONS,
     TOOL_CONVENTIONS,
     AgentConvention,

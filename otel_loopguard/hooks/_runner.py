@@ -25,7 +25,7 @@ timeout or another exit status as "allow" anyway, and an answer they cannot read
 - One session's saved state is unreadable: a note on stderr; that session starts afresh.
 
 Where decisions are made is the :class:`Backend` role. :class:`LocalBackend` runs a
-:class:`~otel_loopguard.guard.LoopGuard` here on the session saved in the SQLite store;
+:class:`~otel_loopguard._guard.LoopGuard` here on the session saved in the SQLite store;
 :class:`~.remote.RemoteBackend` (``--server URL``) asks a running ``otel-loopguard serve``, which
 keeps the sessions. Both give the host the same answers for the same events: the rules are in
 :mod:`.answers`, shared by both backends and by the decision API of ``serve``.
@@ -42,13 +42,13 @@ from typing import BinaryIO, Final, TextIO
 
 import orjson
 
+from .._engine import MAX_PENDING_CALLS, SessionState
+from .._env import LOOPGUARD_SERVE_TOKEN
+from .._guard import LoopGuard
+from .._policy import Action
 from .._token import EmptyToken, read_token
 from ..config import Policy, load_policy, unknown_variables
-from ..engine import MAX_PENDING_CALLS, SessionState
-from ..env import LOOPGUARD_SERVE_TOKEN
-from ..guard import LoopGuard
-from ..policy import Action
-from .answers import (
+from ._answers import (
     Backend,
     Misconfigured,
     Unavailable,
@@ -56,8 +56,8 @@ from .answers import (
     decide_after,
     decide_before,
 )
-from .hosts import ALLOWED, HOSTS, Answer, EventKind, HookEvent, Host, MalformedEvent
-from .store import DEFAULT_BUSY_TIMEOUT_SECONDS, HookStore, StoreError, default_store_path
+from ._hosts import ALLOWED, HOSTS, Answer, EventKind, HookEvent, Host, MalformedEvent
+from ._store import DEFAULT_BUSY_TIMEOUT_SECONDS, HookStore, StoreError, default_store_path
 
 __all__ = [
     "FAIL_CLOSED_TEXT",
@@ -258,7 +258,7 @@ def run(
     ``problem``: a reason the guard cannot decide that is already known (a command line that
     could not be parsed); the event is then answered as when the store is unusable.
     ``plugin_config``: a plugin's configuration file read as is (``[NAME=]FILE``, see
-    :func:`otel_loopguard.plugins.load_plugin_config`), instead of ``preset``.
+    :func:`otel_loopguard._plugins.load_plugin_config`), instead of ``preset``.
     ``server``: ask the ``otel-loopguard serve`` at this URL instead of keeping state in
     ``store`` (:class:`~.remote.RemoteBackend`), with ``token`` (or the one in the file
     ``token_file``; default: ``$LOOPGUARD_SERVE_TOKEN``) and ``timeout_seconds`` (default: 2);
@@ -376,7 +376,7 @@ def _remote_backend(
     policy_sources: tuple[str | None, str | None, str | None],
     environ: Mapping[str, str] | None,
 ) -> Backend:
-    from .remote import DEFAULT_TIMEOUT_SECONDS, RemoteBackend  # only the --server path
+    from ._remote import DEFAULT_TIMEOUT_SECONDS, RemoteBackend  # only the --server path
 
     url, token, timeout, token_file = remote
     preset, config, plugin_config = policy_sources

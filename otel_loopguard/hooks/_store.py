@@ -34,7 +34,7 @@ from typing import Final
 
 import orjson
 
-from ..env import LOOPGUARD_HOOK_STORE
+from .._env import LOOPGUARD_HOOK_STORE
 
 __all__ = [
     "DEFAULT_BUSY_TIMEOUT_SECONDS",

@@ -27,13 +27,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
-from ..calls import SIGNATURE_CHARS, args_key, canonical_arguments, canonical_json, tool_name
+from .._calls import SIGNATURE_CHARS, args_key, canonical_arguments, canonical_json, tool_name
+from .._policy import Action, Decision, Phase, Step, message_for
 from ..config import Policy
-from ..policy import Action, Decision, Phase, Step, message_for
-from .hosts import ALLOWED, Answer, HookEvent, Host
+from ._hosts import ALLOWED, Answer, HookEvent, Host
 
 if TYPE_CHECKING:
-    from ..guard import LoopGuard
+    from .._guard import LoopGuard
 
 __all__ = [
     "Backend",

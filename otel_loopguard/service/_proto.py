@@ -13,12 +13,12 @@ costs ten times the protobuf parse itself, so a request is read in three steps:
    its encoding contains the exact bytes of an attribute gate (``gen_ai.operation.name`` =
    ``execute_tool``, ``openinference.span.kind`` = ``TOOL``, ...: the first condition of every
    entry of ``TOOL_CONVENTIONS`` and ``AGENT_CONVENTIONS``). A span passing no gate cannot be a
-   tool or agent span (:mod:`otel_loopguard.conventions` tests its gates first), so it is kept
+   tool or agent span (:mod:`otel_loopguard._conventions` tests its gates first), so it is kept
    as a parent link only. The byte patterns assume what the protobuf encoding guide asks of
    encoders and every OTLP exporter and the Collector do: known fields written in field-number
    order (a ``KeyValue``'s key before its value).
 3. A candidate is parsed again as a real ``opentelemetry.proto.trace.v1.Span`` and converted to
-   a :class:`~otel_loopguard.traces.RecordedSpan` with every attribute and event.
+   a :class:`~otel_loopguard._traces.RecordedSpan` with every attribute and event.
 
 Ids of the wrong length (or all zeros) reject the span, named by its path in the request; the
 other spans still count. Bytes that are not an ``ExportTraceServiceRequest`` raise ``BadSpan``.
@@ -38,8 +38,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from otel_loopguard import conventions
-from otel_loopguard.traces import (
+from otel_loopguard import _conventions as conventions
+from otel_loopguard._traces import (
     MAX_SPAN_PROBLEMS,
     MAX_VALUE_DEPTH,
     STATUS_CODE_ERROR,

@@ -5,9 +5,9 @@ Exceptions, in one place::
     LoopDetected (RuntimeError)     raised by guard.wrap(...) tools when a call is blocked
     AdvisorError (RuntimeError)     raised by an advisor that could not give advice; the guard
                                     catches it, refunds the budget and falls back to a denial
-                                    (in otel_loopguard.advice)
+                                    (in otel_loopguard._advice)
 
-Pure: the advisor that runs a process lives in :mod:`otel_loopguard.advice`.
+Pure: the advisor that runs a process lives in :mod:`otel_loopguard._advice`.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Final
 
-from .calls import SIGNATURE_CHARS
+from ._calls import SIGNATURE_CHARS
+from ._rules import Trend, Verdict
 from .config import Mode, Policy, Rule
-from .rules import Trend, Verdict
 
 __all__ = [
     "ALLOW",
@@ -341,7 +341,7 @@ def climb(
 
 
 def conclude(failures: Verdict | None, *, policy: Policy) -> Step | None:
-    """After a call ran (pure): a stop when ``failures`` (:func:`~otel_loopguard.rules.
+    """After a call ran (pure): a stop when ``failures`` (:func:`~otel_loopguard._rules.
     no_progress_after_failures`) reached ``failure_stop_threshold``, else nothing.
 
     The same call failing the same way is stronger evidence than the same call succeeding: the

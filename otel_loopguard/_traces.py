@@ -6,7 +6,7 @@ JSON; see :mod:`otel_loopguard.service`). Both decode a span into a :class:`Reco
 the spans of each trace in a :class:`TraceBuffer` until its tool spans can be judged with their
 ancestors, and feed the resulting :class:`CallDecidedAtStart` / :class:`CallObserved` events to
 a guard with :func:`feed`, exactly as ``LoopGuardSpanProcessor`` calls it in-process: the same
-conventions (:mod:`otel_loopguard.conventions`), session keys (:mod:`otel_loopguard.spans`) and
+conventions (:mod:`otel_loopguard._conventions`), session keys (:mod:`otel_loopguard._spans`) and
 guard calls.
 
 Pure Python (stdlib and the package's own modules): no OpenTelemetry SDK, no protobuf. Decoding
@@ -23,6 +23,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
+from ._conventions import (
+    ARGUMENTS_AT_START_CONVENTIONS,
+    MISSING,
+    SpanAgent,
+    SpanToolCall,
+    agent_from_span,
+)
 from ._span_calls import (
     Keys,
     call_at_end,
@@ -32,14 +39,7 @@ from ._span_calls import (
     duration_seconds,
     run_started,
 )
-from .conventions import (
-    ARGUMENTS_AT_START_CONVENTIONS,
-    MISSING,
-    SpanAgent,
-    SpanToolCall,
-    agent_from_span,
-)
-from .spans import (
+from ._spans import (
     START_NAME_PREFIXES,
     AgentFrame,
     KeyBy,
@@ -49,8 +49,8 @@ from .spans import (
 )
 
 if TYPE_CHECKING:
-    from .guard import LoopGuard
-    from .policy import Decision
+    from ._guard import LoopGuard
+    from ._policy import Decision
 
 __all__ = [
     "BadSpan",
@@ -374,7 +374,7 @@ class TraceBuffer:
     start; every tool span gives a :class:`CallObserved` at its end, with the session, agent and
     call id of its start when it was decided then.
 
-    Session keys come from :func:`otel_loopguard.spans.session_for` (trace + agent), the agent
+    Session keys come from :func:`otel_loopguard._spans.session_for` (trace + agent), the agent
     from the nearest ancestor agent span, looked for over the trace as received so far, with
     each span's final attributes. In-process only ancestors still open, with their attributes as
     of then, are visible: where the processor could not tell an agent span while the tools ran

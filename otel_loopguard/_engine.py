@@ -22,7 +22,7 @@ from typing import Final
 
 import orjson
 
-from .calls import MAX_TOOL_NAME_CHARS as MAX_TOOL_CHARS
+from ._calls import MAX_TOOL_NAME_CHARS as MAX_TOOL_CHARS
 from .config import Policy, wildcard_union
 
 __all__ = [
@@ -380,7 +380,7 @@ class Pending:
 class SessionState:
     """One session's state: the current epoch's history plus the ladder's bookkeeping.
 
-    Implements :class:`otel_loopguard.rules.History`.
+    Implements :class:`otel_loopguard._rules.History`.
     """
 
     __slots__ = (

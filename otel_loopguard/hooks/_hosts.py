@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Final, Protocol
 
-from ..policy import BLOCKING_ACTIONS, Action
+from .._policy import BLOCKING_ACTIONS, Action
 
 __all__ = [
     "HOSTS",

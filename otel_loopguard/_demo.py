@@ -32,10 +32,10 @@ from typing import TYPE_CHECKING, Final, TextIO
 import orjson
 
 if TYPE_CHECKING:
+    from otel_loopguard._guard import LoopGuard
+    from otel_loopguard._policy import Decision
     from otel_loopguard.config import Policy
-    from otel_loopguard.guard import LoopGuard
     from otel_loopguard.metrics import MetricsServer
-    from otel_loopguard.policy import Decision
 
 __all__ = [
     "DEMO_AGENT",
@@ -273,7 +273,7 @@ def run_demo(
 
     Raises :class:`MetricsServeError` when the address cannot be served.
     """
-    from otel_loopguard.guard import LoopGuard
+    from otel_loopguard._guard import LoopGuard
     from otel_loopguard.metrics import PrometheusRecorder
 
     stream = out if out is not None else sys.stdout
