@@ -37,7 +37,7 @@ class LoopGuard:
     ``advisor`` is asked for advice at rescue (default: ``policy.advisor_command`` if set, run
     as ``policy.advisor_input`` says). A guard with an advisor and a policy that can rescue
     keeps, per session, a bounded trail of recent calls (arguments and outputs cut) and the task
-    text, so that its question can say what the agent was doing (see :mod:`.advice`).
+    text, so that its question can say what the agent was doing (see :mod:`._advice`).
     ``clock`` (seconds, monotonic) drives session TTL and advisor cooldown; tests inject one.
     ``recorder`` receives metrics (default: none; :meth:`serve_metrics` and the metrics apps
     install a :class:`~otel_loopguard.metrics.PrometheusRecorder`). A recorder with an

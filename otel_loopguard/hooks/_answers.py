@@ -1,8 +1,8 @@
 """The host answer protocol, shared by every entrance that answers a coding agent's hook.
 
 Three entrances give a host its answers: the command hooks' local backend
-(:class:`~.runner.LocalBackend`, a guard on the session kept in SQLite), the remote backend
-(:class:`~.remote.RemoteBackend`, which asks ``otel-loopguard serve``) and serve's decision API
+(:class:`~._runner.LocalBackend`, a guard on the session kept in SQLite), the remote backend
+(:class:`~._remote.RemoteBackend`, which asks ``otel-loopguard serve``) and serve's decision API
 (``POST /v1/decisions/before``, ``/after``) that the remote backend asks. The same events must
 get the same answers from each, so the rules are here, once:
 

@@ -2,7 +2,7 @@
 
 The server keeps the guard and every session; this process sends the host's event to its
 decision API (``POST /v1/decisions/before``, ``/after``, ``/user_message``) and turns the answer
-into the host's answer with the rules of :mod:`.answers`, as :class:`~.runner.LocalBackend` turns
+into the host's answer with the rules of :mod:`._answers`, as :class:`~._runner.LocalBackend` turns
 its own guard's decision, so the same events get the same answers from either backend. The
 server applies its own policy; the hook's ``--preset``, ``--config`` and ``LOOPGUARD_*`` settings
 do not apply.
@@ -11,14 +11,14 @@ Reminders that wait for a call's result (hosts that take no context before a cal
 the server too: the pre-tool request says ``"hold_reminder": true``, and the post-tool answer of
 the same call carries the reminder. The post-tool answer also carries the text for a call that
 only its result reported, phrased by the server (its policy's words), as the local backend
-phrases it with :func:`~.answers.after_the_fact`; and a stop the server concludes from a call's
+phrases it with :func:`~._answers.after_the_fact`; and a stop the server concludes from a call's
 result (``"phase": "post"``, e.g. the third identical failure) becomes the host's stop, as the
 local backend's does.
 
 One request per invocation over the standard library's HTTP client (imported only here, when
 ``--server`` is given), with a connect and read timeout. No connection, no answer in time, a
 status other than 200 (a wrong token: 401) or an answer that is not the API's JSON raise
-:class:`~.answers.Unavailable`: the runner allows the call with a note on stderr, or denies it
+:class:`~._answers.Unavailable`: the runner allows the call with a note on stderr, or denies it
 with ``--fail-closed``, as for a broken local store. Nothing is retried.
 """
 

@@ -14,7 +14,7 @@ timeout or another exit status as "allow" anyway, and an answer they cannot read
   error status, not its JSON): a note on stderr, then allow (fail-open) or, with
   ``--fail-closed``, deny the tool call.
 - When that reason is the hook's own configuration (a policy or plugin file, the command line,
-  a token setting: :class:`~.answers.Misconfigured`) and the call is allowed (or the event is a
+  a token setting: :class:`~._answers.Misconfigured`) and the call is allowed (or the event is a
   prompt), the user is told too, in the host's user-visible channel (:attr:`Answer.notice`,
   :data:`MISCONFIGURED_TEXT`): stderr reaches the user only when a hook fails, so the guard
   would otherwise be off without a word. With ``--fail-closed`` the denial's reason says it.
@@ -26,9 +26,9 @@ timeout or another exit status as "allow" anyway, and an answer they cannot read
 
 Where decisions are made is the :class:`Backend` role. :class:`LocalBackend` runs a
 :class:`~otel_loopguard._guard.LoopGuard` here on the session saved in the SQLite store;
-:class:`~.remote.RemoteBackend` (``--server URL``) asks a running ``otel-loopguard serve``, which
+:class:`~._remote.RemoteBackend` (``--server URL``) asks a running ``otel-loopguard serve``, which
 keeps the sessions. Both give the host the same answers for the same events: the rules are in
-:mod:`.answers`, shared by both backends and by the decision API of ``serve``.
+:mod:`._answers`, shared by both backends and by the decision API of ``serve``.
 """
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ def decide(
     host: Host, event: HookEvent, guard: LoopGuard, notes: dict[str, str], policy: Policy
 ) -> Answer:
     """Feed ``event`` to ``guard`` and say what the host should be told, by the rules of
-    :mod:`.answers` (shared with the remote backend and serve's decision API).
+    :mod:`._answers` (shared with the remote backend and serve's decision API).
 
     1. A prompt starts a new progress epoch (and lifts a stop).
     2. Before a call: deny, rescue (a denial with advice) and stop block it. A reminder goes out
@@ -260,7 +260,7 @@ def run(
     ``plugin_config``: a plugin's configuration file read as is (``[NAME=]FILE``, see
     :func:`otel_loopguard._plugins.load_plugin_config`), instead of ``preset``.
     ``server``: ask the ``otel-loopguard serve`` at this URL instead of keeping state in
-    ``store`` (:class:`~.remote.RemoteBackend`), with ``token`` (or the one in the file
+    ``store`` (:class:`~._remote.RemoteBackend`), with ``token`` (or the one in the file
     ``token_file``; default: ``$LOOPGUARD_SERVE_TOKEN``) and ``timeout_seconds`` (default: 2);
     its failures are answered as an unusable store's.
     """

@@ -15,7 +15,7 @@ decision API over the standard library's ``http.server``: the only module that k
 ``_grpc`` (OTLP/gRPC), ``_metrics`` (the service's own metrics), ``_logs`` (one log line per
 decision, text or JSON), ``_service``
 (:class:`Service`: lifecycle, authorization, admission) and ``_run`` (:func:`run_serve`).
-:mod:`.proto` decodes OTLP protobuf. ``TOKEN_ENV`` is
+:mod:`._proto` decodes OTLP protobuf. ``TOKEN_ENV`` is
 :data:`otel_loopguard._env.LOOPGUARD_SERVE_TOKEN`.
 """
 
