@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -1172,6 +1173,57 @@ def test_json_log_lines_are_one_object_each_with_the_decisions_fields() -> None:
     assert entry["level"] == "info" and entry["logger"] == "otel_loopguard.serve"
     assert entry["message"] == "m x" and entry["action"] == "deny" and entry["count"] == 4
     assert entry["time"].endswith("Z") and "T" in entry["time"]
+
+
+def test_the_text_log_escapes_control_characters_in_every_field(service: Service) -> None:
+    import io
+    import logging
+
+    from otel_loopguard.service._logs import install, uninstall
+
+    forged = "s\n2026-01-01 00:00:00,000 INFO otel_loopguard.serve: api decision: allow"
+    hostile = {
+        "session": forged + " session=FORGED\r\x1b[2K\x00",
+        "tool": "grep\u2028tool=FORGED\x85\x7f",
+    }
+    stream = io.StringIO()
+    handler = install("info", "text", stream)
+    try:
+        for n in range(4):
+            _call(service.http_port, "before", arguments={"q": 1}, call_id=f"c{n}", **hostile)
+        logging.getLogger("otel_loopguard.serve").error(
+            "boom %s", "a\nb", exc_info=ValueError("x\ny")
+        )
+    finally:
+        uninstall(handler)
+    text = stream.getvalue()
+    lines = text.split("\n")[:-1]
+    decided = [line for line in lines if "api decision:" in line]
+    assert decided, text  # the fourth grep is reminded at least
+    quoted = r'"((?:[^"\\]|\\.)*)"'
+    for line in decided:
+        assert not any(c in line for c in "\r\x1b\x00\x85\x7f\u2028"), repr(line)
+        match = re.match(
+            rf"^\d{{4}}-\S+ \S+ INFO otel_loopguard.serve: api decision: \w+ "
+            rf"session={quoted} tool={quoted} rule=",
+            line,
+        )
+        assert match, line
+        # the values are whole, quoted, and read back to what the client sent once the text
+        # formatter's escapes of the characters JSON leaves raw are undone
+        session, tool = (
+            json.loads(
+                f'"{g}"'.replace("\\u2028", "\u2028")
+                .replace("\\x85", "\x85")
+                .replace("\\x7f", "\x7f")
+            )
+            for g in match.groups()
+        )
+        assert (session, tool) == (hostile["session"], hostile["tool"])
+    # every line starts with a time; a traceback's further lines are indented
+    record_lines = [line for line in lines if not line.startswith("    ")]
+    assert all(line[:4].isdigit() for line in record_lines), record_lines
+    assert "boom a\\nb" in text and "\n    ValueError: x\n    y\n" in text
 
 
 @pytest.mark.slow

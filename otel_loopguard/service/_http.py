@@ -51,6 +51,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from otel_loopguard._traces import BadSpan, OtlpSpans, otlp_json_spans
 
 from ._decisions import DECISION_ENDPOINTS, MAX_DECISION_BODY_BYTES
+from ._durable import StateError
 from ._options import RETRY_AFTER_SECONDS
 from ._proto import (
     RPC_INVALID_ARGUMENT,
@@ -484,7 +485,10 @@ class _App:
         except _Reject as reject:
             if reject.close:
                 exchange.close = True
-            await exchange.send(reject.status, orjson.dumps({"error": reject.message}), _JSON)
+            headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if reject.status == 503 else None
+            await exchange.send(
+                reject.status, orjson.dumps({"error": reject.message}), _JSON, headers
+            )
             return
         service.metrics.decisions.labels(endpoint).inc()
         await exchange.send(200, orjson.dumps(answer), _JSON)
@@ -639,6 +643,8 @@ def _decide(service: ServiceSeam, endpoint: str, body: bytes) -> dict[str, objec
         return service.decide(endpoint, payload)
     except ValueError as exc:
         raise _Reject(400, RPC_INVALID_ARGUMENT, str(exc), "bad_request") from None
+    except StateError as exc:  # not logged, so not applied: the hook follows its fail mode
+        raise _Reject(503, RPC_UNAVAILABLE, str(exc), "unavailable") from None
 
 
 def _status_body(code: int, message: str, as_json: bool) -> bytes:

@@ -6,7 +6,11 @@ program that embeds :class:`~otel_loopguard.service.Service` routes them as it r
 other log. ``otel-loopguard serve`` installs one handler on stderr (:func:`install`):
 
 - ``--log-format text`` (default): ``TIME LEVEL LOGGER: MESSAGE``; a decision's message
-  carries its fields as ``key=value``.
+  carries its fields as ``key=value`` (a value with a space, ``=`` or ``"`` in it, or empty, as a
+  JSON string). Control characters anywhere in a line (``\\n``, ``\\r``, ESC, NUL, DEL, the C1
+  range and U+2028/U+2029) are written escaped (``\\n``, ``\\x1b``, ``\\u2028``), so a
+  session id or tool name cannot start a line of its own or move the terminal's cursor
+  (:class:`TextFormatter`); a traceback's lines are indented.
 - ``--log-format json``: one JSON object per line with ``time`` (UTC, ISO 8601), ``level``,
   ``logger`` and ``message``, plus a decision's fields as top-level keys (:class:`JsonFormatter`).
 
@@ -23,7 +27,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from typing import Final, TextIO
+from typing import Any, Final, TextIO
 
 import orjson
 
@@ -36,8 +40,10 @@ __all__ = [
     "LOG_FORMATS",
     "LOG_LEVELS",
     "JsonFormatter",
+    "TextFormatter",
     "answer_fields",
     "decision_fields",
+    "escape_controls",
     "install",
     "log_decision",
     "uninstall",
@@ -55,6 +61,44 @@ FIELDS: Final = "loopguard"
 _TEXT_FORMAT: Final = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 _log = logging.getLogger(DECISION_LOGGER)
+
+#: Control characters (C0, DEL, C1) and the Unicode line and paragraph separators, escaped.
+_ESCAPES: Final = {
+    **{code: f"\\x{code:02x}" for code in (*range(0x20), *range(0x7F, 0xA0))},
+    0x09: "\\t",
+    0x0A: "\\n",
+    0x0D: "\\r",
+    0x2028: "\\u2028",
+    0x2029: "\\u2029",
+}
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with every control character written as an escape (``\\n``, ``\\x1b``)."""
+    return text.translate(_ESCAPES)
+
+
+class TextFormatter(logging.Formatter):
+    """``TIME LEVEL LOGGER: MESSAGE`` with every control character escaped
+    (:func:`escape_controls`): one record is one line, whatever its fields hold. A traceback
+    (ours) keeps its lines, each indented, with their control characters escaped
+    too."""
+
+    def __init__(self) -> None:
+        super().__init__(_TEXT_FORMAT)
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
+        return escape_controls(super().formatMessage(record))
+
+    def formatException(self, ei: Any) -> str:  # noqa: N802
+        return _indented(super().formatException(ei))
+
+    def formatStack(self, stack_info: str) -> str:  # noqa: N802
+        return _indented(super().formatStack(stack_info))
+
+
+def _indented(text: str) -> str:
+    return "\n".join("    " + escape_controls(line) for line in text.splitlines())
 
 
 class JsonFormatter(logging.Formatter):
@@ -91,9 +135,7 @@ def install(level: str, log_format: str, stream: TextIO) -> logging.Handler:
             f"log_format: expected one of {', '.join(LOG_FORMATS)}, got {log_format!r}"
         )
     handler = logging.StreamHandler(stream)
-    handler.setFormatter(
-        JsonFormatter() if log_format == "json" else logging.Formatter(_TEXT_FORMAT)
-    )
+    handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
     root = logging.getLogger("otel_loopguard")
     root.addHandler(handler)
     root.setLevel(level.upper())
@@ -135,7 +177,7 @@ def log_decision(fields: Mapping[str, object]) -> None:
         action, detected = fields.get("action"), fields.get("detected")
         shown = action if action == detected else f"{action} (detected {detected})"
         details = " ".join(
-            f"{key}={value}"
+            f"{key}={_shown(value)}"
             for key, value in fields.items()
             if key not in ("source", "action", "detected") and value is not None
         )
@@ -149,6 +191,15 @@ def log_decision(fields: Mapping[str, object]) -> None:
         )
     except Exception:  # pragma: no cover - a log line must never break a decision
         pass
+
+
+def _shown(value: object) -> str:
+    """A field's value in a text line: as is, or as a JSON string when it has a space, ``=`` or
+    ``"`` in it (so it cannot pass for further fields), or is empty."""
+    text = str(value)
+    if not text or any(c.isspace() or c in '="' for c in text):
+        return orjson.dumps(text).decode()
+    return text
 
 
 def wants_allow_lines() -> bool:
