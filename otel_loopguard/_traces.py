@@ -201,8 +201,9 @@ def feed(guard: LoopGuard, event: TraceEvent) -> Decision | None:
 #: before their root arrived (their decisions may then differ).
 MAX_BUFFERED_SPANS: Final = 100_000
 #: Span ids of forgotten traces remembered by default, so that an exporter's retry of a batch
-#: already judged is dropped instead of counted twice: between half of it and all of it, the
-#: most recent (about 60 bytes each).
+#: already judged is dropped instead of counted twice: a span is remembered while fewer than
+#: this many spans of later forgotten traces came after it (forgotten before twice as many
+#: did). Between this many and twice as many are kept (about 70 bytes each).
 MAX_SEEN_SPANS: Final = 262_144
 #: Nesting of OTLP attribute values (arrays, key-value lists) read before a span is refused.
 MAX_VALUE_DEPTH: Final = 32
@@ -398,10 +399,13 @@ class TraceBuffer:
     Memory is bounded by ``max_spans`` buffered spans (parent links included): past it the oldest
     traces are flushed and forgotten before their root arrived (:attr:`replayed_early` counts
     them). A span id seen twice in a trace (an exporter's retry) counts once, also after its
-    trace was flushed and forgotten: the ids of the last ``max_seen_spans`` spans of forgotten
-    traces (at least half of them) are remembered as 64-bit hashes of (trace id, span id), and a
-    span among them is dropped (:attr:`duplicate_spans` counts the spans dropped either way). A
-    hash collision drops a new span with a probability about ``max_seen_spans`` / 2**63.
+    trace was flushed and forgotten: the span ids of forgotten traces are remembered as 64-bit
+    hashes of (trace id, span id), and a span among them is dropped (:attr:`duplicate_spans`
+    counts the spans dropped either way). A span stays remembered while fewer than
+    ``max_seen_spans`` spans of later forgotten traces came after it, and is forgotten before
+    ``2 * max_seen_spans`` did (two generations of ``max_seen_spans`` hashes each: memory is
+    that of ``2 * max_seen_spans`` hashes at most). A hash collision drops a new span with a
+    probability about ``2 * max_seen_spans`` / 2**63.
 
     Not thread-safe: one thread adds and takes.
     """
@@ -469,11 +473,12 @@ class TraceBuffer:
         self._clock = clock
         self._spans = 0
         self._order = 0
-        # Two generations of span-id hashes of forgotten traces: the newer fills to half the
-        # bound, then replaces the older (O(1), no per-entry order to keep).
+        # Two generations of span-id hashes of forgotten traces: the newer fills to the bound,
+        # then replaces the older (O(1), no per-entry order to keep); a hash stays while fewer
+        # than the bound came after it.
         self._seen: set[int] = set()
         self._seen_before: set[int] = set()
-        self._seen_max = max_seen_spans // 2
+        self._seen_max = max_seen_spans
         self.duplicate_spans = 0
         self.replayed_early = 0
         self.flushed_early = 0
