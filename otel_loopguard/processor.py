@@ -373,8 +373,12 @@ class LoopGuardSpanProcessor(SpanProcessor):
     def _keys(
         self, call: SpanToolCall, span: ReadableSpan, trace_id: int, attributes: Mapping[str, Any]
     ) -> tuple[str, str | None]:
+        # A remote parent is followed too, as current_session() and the ancestors' own links
+        # are: one this processor tracks is in this process (an MCP server's tools/call span,
+        # its parent from the request's _meta, under the host's agent span), and one it never
+        # saw ends the walk at once.
         parent = span.parent
-        parent_id = parent.span_id if parent and not parent.is_remote else None
+        parent_id = parent.span_id if parent else None
         frames = self._frames
         if parent_id is not None and parent_id in frames:
             frame = frames[parent_id]

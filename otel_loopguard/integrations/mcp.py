@@ -20,7 +20,10 @@ post, e.g. the same call failing the same way again) adds the stop text to that 
 Sessions: the server sees no conversation, and no model call id. The SDK's client puts the W3C
 trace context of the current span in each request's ``_meta``: the agent run's trace is then the
 session (unless ``session=`` is given), and with ``processor=`` (on the provider the server's
-spans go to) the middleware asks with the processor's keys, which are that trace's. A request
+spans go to) the middleware asks with the processor's keys, which are that trace's: when the
+host's agent span is on that provider too (host and server in one process), that trace and the
+host's agent, the keys the processor gives the server's ``tools/call`` span (its parent, the
+client's span, comes from ``_meta``), so the two are one chain. A request
 without trace context (a client without tracing, or another SDK) is grouped by its connection:
 ``session=``, else the HTTP transport's ``mcp-session-id``, else one session for the process (a
 stdio server has one client); such a session sees no new run, so a host that keeps one

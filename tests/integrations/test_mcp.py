@@ -247,3 +247,42 @@ def test_other_requests_pass_through() -> None:
 
     assert sorted(asyncio.run(go())) == sorted([TOOL, OTHER_TOOL])
     assert calls_seen(middleware.guard) == 0
+
+
+def agents_counted(guard: LoopGuard) -> set[str]:
+    """The ``agent`` labels of ``loopguard_tool_calls_total`` in the guard's registry."""
+    recorder = guard.recorder
+    assert isinstance(recorder, PrometheusRecorder)
+    return {
+        sample.labels["agent"]
+        for metric in recorder.registry.collect()
+        for sample in metric.samples
+        if sample.name == "loopguard_tool_calls_total"
+    }
+
+
+@pytest.mark.parametrize("plan", ["loop", "detour"])
+def test_in_process_host_and_server_on_one_provider_count_each_call_once(
+    instrumented: Tracing, monkeypatch: pytest.MonkeyPatch, plan: str
+) -> None:
+    # the host's agent span, the client's spans and the server's spans all on the processor's
+    # provider (one process): the server's tools/call span has the client's span as its parent
+    # through _meta (a remote parent the processor saw start), and is keyed under the host's
+    # agent, as the middleware asks; with the content on it, each call counts once
+    tracing = instrumented
+    client_spans_on(tracing.provider, monkeypatch)
+    script: Script | Detour = Script() if plan == "loop" else Detour()
+    middleware = LoopGuardMiddleware(processor=tracing.processor, capture_content=True)
+    next_call = looping(script) if isinstance(script, Script) else script.next_call
+    host(build(middleware, script), next_call, tracing.provider)
+    if isinstance(script, Script):
+        assert script.calls == SAFETY_CAP and script.tool_runs == FIRST_DENY - 1
+        assert script.seen == expected_tool_results(SAFETY_CAP)
+        assert calls_seen(tracing.guard) == calls_seen(tracing.spans_only) == SAFETY_CAP
+    else:
+        # the other tool is never blocked: its span's chain is the middleware's chain
+        assert script.seen == expected_tool_results(FIRST_DENY) + OTHER_RESULTS
+        assert script.other_runs == DETOUR_CALLS
+        assert calls_seen(tracing.guard) == calls_seen(tracing.spans_only) == FIRST_DENY
+        assert calls_seen(tracing.guard, OTHER_TOOL) == DETOUR_CALLS
+    assert agents_counted(tracing.guard) == agents_counted(tracing.spans_only) == {AGENT}
