@@ -136,29 +136,19 @@ class _Call:
 
 
 @dataclass(slots=True)
-class _Turn:
-    """What counting one attempt under the lock found; reported and decided off it."""
+class _Rescue:
+    """What counting an attempt at rescue reserved under the lock: the cached advice, the
+    rescue metric's outcome, and the ask to make (with its question's context) if any."""
 
-    step: Step
-    repeated: bool
-    newly_stopped: bool
-    post: Step | None = None
-    advice: str | None = None
-    rescue_outcome: str | None = None
-    ask: Reserved | None = None
-    context: dict[str, Any] | None = None
-    evictions: list[str] | None = None
-
-
-@dataclass(slots=True)
-class _Outcome:
-    """How a reported call ended (``after_tool``'s report), with its call id as text."""
-
-    ref: str | None
+    advice: str | None
     outcome: str | None
-    error: bool | None
-    output: str | None
-    duration_seconds: float | None
+    ask: Reserved | None
+    context: dict[str, Any] | None
+
+
+#: How a reported call ended (``after_tool``'s report): (call id as text, outcome key, error,
+#: cut output, duration seconds). A tuple, not an object: built for every report.
+_Outcome = tuple[str | None, str | None, bool | None, str | None, float | None]
 
 
 def _awaits(pending: Pending, outcome: str | None) -> bool:
@@ -411,72 +401,98 @@ class GuardCore:
         else:
             sid, aid = self._ids(session, agent)
             store_key = self._store_key(sid, aid)
-        call = _Call(name, canonical, key, sid, aid)
         trail_arguments = _cut_utf8(canonical, MAX_TRAIL_ARGUMENT_CHARS) if self._keep_trail else ""
         with self._lock:
             state: SessionState = self.store.get(store_key)  # type: ignore[assignment]
             if ran is None:
                 # The kept ids (bounded), not the caller's: a long id only misses this memo.
                 self._last.call = (arguments, tool, sid, aid, key, state)
-            turn = self._count(state, store_key, call, mutating, call_id, ran, trail_arguments)
-        self._report_attempt(turn, call, ran)
-        if turn.step is ALLOW_STEP and not turn.repeated and turn.post is None:
+            # A tuple, not an object: this runs for every call (see benchmarks/README.md).
+            step, repeated, newly_stopped, post, rescue = self._count(
+                state, store_key, name, key, mutating, call_id, ran, trail_arguments
+            )
+            evictions = self._take_evictions() if self._evictions else None
+        recorder = self.reporter.recorder
+        if evictions:
+            for reason in evictions:
+                recorder.evicted(reason)
+        recorder.tool_call(aid, name, repeated)
+        if newly_stopped:
+            self.reporter.stopped(step, aid, name)
+        if ran is not None and repeated and ran.duration_seconds:
+            recorder.wasted(aid, name, ran.duration_seconds)
+        if step is ALLOW_STEP and not repeated and post is None:
             return ALLOW  # the common case: a call nothing repeats, before it ran
-        advice, escalation_failed = turn.advice, False
-        if turn.ask is not None and turn.context is not None:
-            advice, escalation_failed = self._ask(turn.ask, call, turn, wait_for_advice)
-        if turn.rescue_outcome is not None:
-            self.reporter.recorder.rescue(turn.rescue_outcome)
-        step = settle_rescue(turn.step, advice, asking=not wait_for_advice and turn.ask is not None)
-        if turn.post is not None:
-            return self._post_decision(turn.post, name, key, sid, aid)
+        return self._decided(
+            step, repeated, post, rescue, _Call(name, canonical, key, sid, aid), wait_for_advice
+        )
+
+    def _decided(
+        self,
+        step: Step,
+        repeated: bool,
+        post: Step | None,
+        rescue: _Rescue | None,
+        call: _Call,
+        wait: bool,
+    ) -> Decision:
+        """Off the lock: the decision on a counted attempt that repeats (or concluded a stop
+        after it ran), with the advisor asked at rescue."""
+        advice, escalation_failed = None, False
+        if rescue is not None:
+            advice = rescue.advice
+            if rescue.ask is not None and rescue.context is not None:
+                advice, escalation_failed = self._ask(rescue.ask, call, step, rescue.context, wait)
+            if rescue.outcome is not None:
+                self.reporter.recorder.rescue(rescue.outcome)
+        if post is not None:
+            return self._post_decision(post, call.name, call.key, call.sid, call.aid)
+        if rescue is not None:
+            step = settle_rescue(step, advice, asking=not wait and rescue.ask is not None)
         decision = decide(
             step,
-            tool=name,
-            key=key,
-            session=sid,
+            tool=call.name,
+            key=call.key,
+            session=call.sid,
             policy=self.policy,
-            canonical=canonical,
+            canonical=call.canonical,
             advice=advice,
-            repeated=turn.repeated,
+            repeated=repeated,
         )
         if step.action is not Action.ALLOW:
             kind = "escalation-failed" if escalation_failed else None
-            self.reporter.decided(decision, aid, canonical, kind)
+            self.reporter.decided(decision, call.aid, call.canonical, kind)
         return decision
-
-    def _climb(self, state: SessionState, key: str) -> Step:
-        """Under the lock: where this attempt of ``key`` stands on the ladder."""
-        policy = self.policy
-        verdict, stuck, stalled = evaluate(state, key, policy)
-        if verdict is None and stalled is None and not state.stopped:
-            return ALLOW_STEP  # the common case: nothing repeats
-        return climb(
-            verdict,
-            stalled,
-            trend(state.signature(key)),
-            denials=state.denials,
-            stopped=state.stopped,
-            policy=policy,
-            stuck=stuck,
-            stop_threshold=state.stop_threshold,
-        )
 
     def _count(
         self,
         state: SessionState,
         store_key: object,
-        call: _Call,
+        name: str,
+        key: str,
         mutating: bool,
         call_id: object,
         ran: _Ran | None,
         trail_arguments: str,
-    ) -> _Turn:
+    ) -> tuple[Step, bool, bool, Step | None, _Rescue | None]:
         """Under the lock: count the attempt in ``state``, keep it pending (or record how it
-        ran), and reserve an ask at rescue."""
+        ran), and reserve an ask at rescue. (step, repeated, newly stopped, post-call
+        conclusion, rescue)."""
         policy = self.policy
-        key = call.key
-        step = self._climb(state, key)
+        verdict, stuck, stalled = evaluate(state, key, policy)
+        if verdict is None and stalled is None and not state.stopped:
+            step = ALLOW_STEP  # the common case: nothing repeats
+        else:
+            step = climb(
+                verdict,
+                stalled,
+                trend(state.signature(key)),
+                denials=state.denials,
+                stopped=state.stopped,
+                policy=policy,
+                stuck=stuck,
+                stop_threshold=state.stop_threshold,
+            )
         # The first stop of a run (counted once in loopguard_stopped_runs_total; later calls
         # are decided stop again, and in observe mode they keep coming).
         newly_stopped = step.action is Action.STOP and not state.stopped
@@ -488,42 +504,41 @@ class GuardCore:
         if newly_stopped:
             state.stopped = True
             state.stop_threshold = step.threshold
-        turn = _Turn(step, repeated, newly_stopped)
+        post = None
         if ran is not None:
             # It ran (we only heard of it afterwards): its outcome, maybe progress.
-            turn.post = self._ran(state, key, mutating, ran.outcome, ran.error)
+            post = self._ran(state, key, mutating, ran.outcome, ran.error)
         else:
             ref = key if call_id is None else _text(call_id)
             state.add_pending(ref, key, enforced_block, mutating)
             if call_id is not None and self._settled:
                 self._settled.take(store_key, ref)  # a new attempt under a reused call id
         if self._keep_trail:
-            trail = state.trail
-            if trail is None:
-                trail = state.trail = Trail()
-            if ran is None:
-                refused = "refused" if enforced_block else None
-                trail.add(call.name, trail_arguments, key, refused, None)
-            else:
-                trail.add(call.name, trail_arguments, key, _ended(ran.error), ran.output)
+            self._trail_attempt(state, name, key, trail_arguments, enforced_block, ran)
+        rescue = None
         if step.action is Action.RESCUE:
-            turn.advice, turn.rescue_outcome, turn.ask = self.rescues.reserve(state, key)
-            if turn.ask is not None:
-                turn.context = Rescues.context(state, key)
-        turn.evictions = self._take_evictions() if self._evictions else None
-        return turn
+            advice, outcome, ask = self.rescues.reserve(state, key)
+            context = Rescues.context(state, key) if ask is not None else None
+            rescue = _Rescue(advice, outcome, ask, context)
+        return step, repeated, newly_stopped, post, rescue
 
-    def _report_attempt(self, turn: _Turn, call: _Call, ran: _Ran | None) -> None:
-        """Off the lock: the metrics of one counted attempt (before any decision's)."""
-        recorder = self.reporter.recorder
-        if turn.evictions:
-            for reason in turn.evictions:
-                recorder.evicted(reason)
-        recorder.tool_call(call.aid, call.name, turn.repeated)
-        if turn.newly_stopped:
-            self.reporter.stopped(turn.step, call.aid, call.name)
-        if ran is not None and turn.repeated and ran.duration_seconds:
-            recorder.wasted(call.aid, call.name, ran.duration_seconds)
+    @staticmethod
+    def _trail_attempt(
+        state: SessionState,
+        name: str,
+        key: str,
+        trail_arguments: str,
+        refused: bool,
+        ran: _Ran | None,
+    ) -> None:
+        """Under the lock: the attempt in the session's trail (kept for the advisor)."""
+        trail = state.trail
+        if trail is None:
+            trail = state.trail = Trail()
+        if ran is None:
+            trail.add(name, trail_arguments, key, "refused" if refused else None, None)
+        else:
+            trail.add(name, trail_arguments, key, _ended(ran.error), ran.output)
 
     def finish(
         self,
@@ -536,13 +551,9 @@ class GuardCore:
         result: object,
         duration_seconds: float | None,
     ) -> Decision | None:
-        done = _Outcome(
-            _text(call_id) if call_id is not None else None,
-            outcome_key(result, error),
-            error,
-            _output_text(result) if self._keep_trail else None,
-            duration_seconds,
-        )
+        ref = _text(call_id) if call_id is not None else None
+        output = _output_text(result) if self._keep_trail else None
+        done: _Outcome = (ref, outcome_key(result, error), error, output, duration_seconds)
         last = getattr(self._last, "call", None)
         if (
             last is not None
@@ -553,7 +564,7 @@ class GuardCore:
         ):
             # The same objects this thread's last before_tool keyed: reuse its key and session.
             matched, decision = self._finish_known(tool, session, agent, done, last[4], last[5])
-        elif done.ref is not None:
+        elif ref is not None:
             matched, decision = self._finish_known(tool, session, agent, done, None, None)
         else:
             matched, decision = False, None
@@ -573,7 +584,7 @@ class GuardCore:
         """A report of a call with an id, or keyed by this thread's last ``before_tool``: the
         pending attempt it ends, or the earlier report it repeats. (whether it matched, what
         the guard concludes)."""
-        ref = done.ref
+        ref, outcome, error, _, duration_seconds = done
         early: Step | None = None
         state: SessionState | None = None
         pending: Pending | None = None
@@ -589,50 +600,38 @@ class GuardCore:
             if settled is not None:
                 # This call was reported already (by the hook, or by its span): this report
                 # only adds the outcome the first one lacked.
-                early = self._late_outcome(store_key, settled, done.outcome, done.error)
+                early = self._late_outcome(store_key, settled, outcome, error)
             else:
                 state = known_state or self.store.get(store_key, create=False)
-                if state is not None:
-                    pending = self._take_known(state, store_key, done, known_key, session, agent)
+                # The pending attempt it ends, by its call id, else by the key this thread's
+                # last before_tool gave it; settled in the ledger. (Written here, not in a
+                # function of its own: this runs for every report, see benchmarks/README.md.)
+                if state is not None and ref is not None:
+                    pending = state.take_pending(ref)
+                    if pending is not None:
+                        awaits = _awaits(pending, outcome)
+                        self._settled.settle(store_key, ref, pending.args_key, awaits)
+                if state is not None and pending is None and known_key is not None:
+                    pending = state.take_pending(known_key)
+                    if pending is not None and ref is None:
+                        # Reported without an id: a second report of it (the span's, or the
+                        # hook's) is matched by its arguments and adds nothing.
+                        if store_key is None:
+                            store_key = self._store_key(*self._ids(session, agent))
+                        awaits = _awaits(pending, outcome)
+                        self._settled.settle(store_key, known_key, known_key, awaits)
                 if pending is not None:
                     post = self._apply_outcome(state, pending, done)  # type: ignore[arg-type]
         if settled is not None:
             return True, self._late_decision(early, tool, settled[0], session, agent)
         if pending is None:
             return False, None
-        if done.duration_seconds:
-            self._record_wasted(state, pending, agent, tool, done.duration_seconds)
+        if duration_seconds:
+            self._record_wasted(state, pending, agent, tool, duration_seconds)
         if post is None:
             return True, None
         name = tool_name(tool)
         return True, self._post_decision(post, name, pending.args_key, *self._ids(session, agent))
-
-    def _take_known(
-        self,
-        state: SessionState,
-        store_key: object,
-        done: _Outcome,
-        known_key: str | None,
-        session: object,
-        agent: object,
-    ) -> Pending | None:
-        """Under the lock: the pending attempt a report ends, by its call id, else by the key
-        this thread's last ``before_tool`` gave it; settled in the ledger."""
-        ref, outcome = done.ref, done.outcome
-        pending = None
-        if ref is not None:
-            pending = state.take_pending(ref)
-            if pending is not None:
-                self._settled.settle(store_key, ref, pending.args_key, _awaits(pending, outcome))
-        if pending is None and known_key is not None:
-            pending = state.take_pending(known_key)
-            if pending is not None and ref is None:
-                # Reported without an id: a second report of it (the span's, or the hook's)
-                # is matched by its arguments and adds nothing.
-                if store_key is None:
-                    store_key = self._store_key(*self._ids(session, agent))
-                self._settled.settle(store_key, known_key, known_key, _awaits(pending, outcome))
-        return pending
 
     def _finish_by_arguments(
         self,
@@ -645,6 +644,7 @@ class GuardCore:
     ) -> Decision | None:
         """A report matched by session and arguments: the pending attempt it ends, an earlier
         report it repeats, or else a call heard of only now (counted as it ran)."""
+        ref, outcome, error, output, duration_seconds = done
         store_key = self._store_key(*self._ids(session, agent))
         name = tool_name(tool)
         keyed = self._key_call(name, arguments)
@@ -661,23 +661,21 @@ class GuardCore:
             post = None
             if pending is not None:
                 post = self._apply_outcome(state, pending, done)  # type: ignore[arg-type]
-            elif done.ref is None:
+            elif ref is None:
                 settled = self._settled.take_by_args(store_key, key)
                 if settled is not None:
                     # The hook reported this call with its id; this is the span's echo (or the
                     # other way round): it only adds an outcome the first report lacked.
-                    late = self._late_outcome(store_key, settled, done.outcome, done.error)
+                    late = self._late_outcome(store_key, settled, outcome, error)
         if settled is not None:
             return self._late_decision(late, name, key, session, agent)
         if pending is not None:
-            if done.duration_seconds:
-                self._record_wasted(state, pending, agent, name, done.duration_seconds)
+            if duration_seconds:
+                self._record_wasted(state, pending, agent, name, duration_seconds)
             if post is None:
                 return None
             return self._post_decision(post, name, key, *self._ids(session, agent))
-        ran = _Ran(
-            mutating, canonical, key, done.outcome, done.error, done.duration_seconds, done.output
-        )
+        ran = _Ran(mutating, canonical, key, outcome, error, duration_seconds, output)
         return self.attempt(
             name, arguments, session, agent, call_id, wait_for_advice=False, ran=ran
         )
@@ -687,15 +685,14 @@ class GuardCore:
     ) -> Pending | None:
         """Under the lock: the hook may have counted this call without an id (pending under its
         args key), or under an id this report does not carry: match it by its arguments."""
+        ref, outcome = done[0], done[1]
         pending = state.take_pending(key)
-        if pending is not None and done.ref is None:
+        if pending is not None and ref is None:
             # Counted without an id, reported without one: remember it, so that the other
             # report of the same call (hook or span, either order) adds nothing.
-            self._settled.settle(store_key, key, key, _awaits(pending, done.outcome))
+            self._settled.settle(store_key, key, key, _awaits(pending, outcome))
         elif pending is None and state.pending:
-            pending = self._settled.take_pending_by_args(
-                state, store_key, key, done.outcome is None
-            )
+            pending = self._settled.take_pending_by_args(state, store_key, key, outcome is None)
         return pending
 
     def _key_call(self, name: str, arguments: object) -> tuple[bool, bytes, str] | None:
@@ -711,9 +708,10 @@ class GuardCore:
     def _apply_outcome(self, state: SessionState, pending: Pending, done: _Outcome) -> Step | None:
         if pending.blocked:
             return None  # a denied call never ran: its "result" is our message, never progress
+        _, outcome, error, output, _ = done
         if state.trail is not None:
-            state.trail.settle(pending.args_key, _ended(done.error), done.output)
-        return self._ran(state, pending.args_key, pending.mutating, done.outcome, done.error)
+            state.trail.settle(pending.args_key, _ended(error), output)
+        return self._ran(state, pending.args_key, pending.mutating, outcome, error)
 
     def _late_outcome(
         self, store_key: object, settled: Settled, outcome: str | None, error: bool | None
@@ -727,8 +725,7 @@ class GuardCore:
         state = self.store.get(store_key, create=False)
         if state is None:
             return None
-        state.record_outcome(key, outcome, failed=error is True)
-        return self._conclude(state, key)
+        return self._ran(state, key, False, outcome, error)
 
     def _late_decision(
         self, late: Step | None, tool: object, key: str, session: object, agent: object
@@ -746,11 +743,8 @@ class GuardCore:
         state.record_outcome(key, outcome, failed=failed)
         if mutating and not failed and state.mutated(key, outcome, self.policy):
             return None
-        return self._conclude(state, key)
-
-    def _conclude(self, state: SessionState, key: str) -> Step | None:
-        """Under the lock: after a call of ``key`` ran, a stop when its failures say the run is
-        stuck (once: a session already told to stop is told so by the pre-call answers)."""
+        # A stop when its failures say the run is stuck (once: a session already told to stop
+        # is told so by the pre-call answers).
         if state.stopped:
             return None
         step = conclude(no_progress_after_failures(state, key), policy=self.policy)
@@ -785,16 +779,18 @@ class GuardCore:
             aid = self._ids("", agent)[1]
             self.reporter.recorder.wasted(aid, tool_name(tool), duration_seconds)
 
-    def _ask(self, ask: Reserved, call: _Call, turn: _Turn, wait: bool) -> tuple[str | None, bool]:
+    def _ask(
+        self, ask: Reserved, call: _Call, step: Step, context: dict[str, Any], wait: bool
+    ) -> tuple[str | None, bool]:
         """Ask the advisor off the lock; wait only when ``wait`` (hooks), never for spans.
         Returns (advice, whether an ask waited for failed).
 
         The outcome (advice cached, or budget refunded) is settled by :meth:`_advice_done` when
         the ask ends, whether or not anyone waited for it; an ask nobody waited for that fails
         writes its own ``escalation-failed`` trip line."""
-        policy, step = self.policy, turn.step
+        policy = self.policy
         advisor = self.rescues.advisor
-        assert advisor is not None and turn.context is not None
+        assert advisor is not None
         request = AdviceRequest(
             session=call.sid,
             tool=call.name,
@@ -805,7 +801,7 @@ class GuardCore:
             agent=call.aid,
             signature=call.key[:SIGNATURE_CHARS],
             model=policy.advisor_model,
-            **turn.context,
+            **context,
         )
         # Nobody waits for an ask at a span's start: if it fails, its own trip line says so.
         trip = None
