@@ -14,10 +14,17 @@ workbench's ``call_tool``, which sees the model's call id. :class:`LoopGuardWork
 blocked call is answered with a ``ToolResult`` holding the guard's message (``is_error``), the
 tool not run: the model reads it as the tool's error. After a call it reports the result and
 appends a reminder to it. A stop ends the run (``on_stop="end"``, default): the call is answered
-with the stop text and the run's cancellation token is cancelled once no call of the model's
-turn is still running, so the next model call is cancelled and ``agent.run`` raises
-``asyncio.CancelledError`` (AutoGen's own way to end a run; raising from a workbench would hang
-AgentChat 0.7); a call still to come in that turn is answered with the stop text, not run.
+with the stop text, a call still to come in that turn too (not run), and the run ends before the
+next model call, whatever the model client does: ``agent.run`` raises
+``asyncio.CancelledError`` (AutoGen's own way to end a run). Two things end it. The run's
+cancellation token is cancelled once no call of the model's turn is still running: a client that
+links its request to the token (AutoGen's OpenAI, Azure, Anthropic and Ollama clients) is
+cancelled by it. And AgentChat asks the workbench for its tools right before each model call
+(``list_tools``, on the agent's own task): for a stopped run the workbench raises
+``CancelledError`` there, so a client that ignores the token (``ReplayChatCompletionClient``,
+the Semantic Kernel adapter client) is never called again. (Raising from ``call_tool`` would
+hang AgentChat 0.7: the agent waits for the tool calls' results on a queue that a failed call
+never fills.)
 :attr:`~LoopGuardWorkbench.stopped` holds the stop. A stop the guard concludes from a call's
 result (``phase`` post, e.g. the same call failing the same way again) ends the run the same
 way, its text added to the result; with ``on_stop="message"`` the model reads the stop text and
@@ -34,8 +41,11 @@ on the agent's event loop, concurrently for the calls of one model turn, and nev
 
 from __future__ import annotations
 
+import asyncio
+import sys
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from types import FrameType
 from typing import TYPE_CHECKING, Any, Final
 
 from .._guard import LoopGuard
@@ -44,7 +54,13 @@ from ._hook import OnStop, ToolHook, missing_framework
 
 try:
     from autogen_core import CancellationToken
-    from autogen_core.tools import BaseTool, StaticWorkbench, TextResultContent, ToolResult
+    from autogen_core.tools import (
+        BaseTool,
+        StaticWorkbench,
+        TextResultContent,
+        ToolResult,
+        ToolSchema,
+    )
 except ImportError as exc:  # pragma: no cover - exercised by tests/integrations/test_imports.py
     raise missing_framework("autogen", "AutoGen AgentChat", "autogen") from exc
 
@@ -55,6 +71,11 @@ __all__ = ["LoopGuardWorkbench"]
 
 #: Runs (cancellation tokens) with a pending or sent stop, remembered at most.
 _MAX_RUNS: Final = 1024
+#: The AgentChat function that asks the workbench for its tools before a model call, with the
+#: run's token in its ``cancellation_token`` argument (``AssistantAgent._call_llm``, 0.7).
+_MODEL_CALL: Final = "_call_llm"
+#: Frames looked at above ``list_tools`` for it (a comprehension's own frame is one, in 3.11).
+_MODEL_CALL_DEPTH: Final = 4
 
 
 class _Run:
@@ -136,6 +157,16 @@ class LoopGuardWorkbench(StaticWorkbench):
             self._cancel_if_stopped(run, cancellation_token)  # another call of the turn stopped
         return result
 
+    async def list_tools(self) -> list[ToolSchema]:
+        """The tools; before the next model call of a stopped run, ``CancelledError`` instead:
+        the run ends there, whatever the model client does with the cancelled token."""
+        tools: list[ToolSchema] = await super().list_tools()
+        if self._runs:
+            run = self._runs.get(_model_call_token())
+            if run is not None and run.stop is not None:
+                raise asyncio.CancelledError(f"loopguard stopped the run: {run.stop.message}")
+        return tools
+
     def _run(self, token: CancellationToken | None) -> _Run | None:
         if token is None:
             return None
@@ -160,6 +191,24 @@ class LoopGuardWorkbench(StaticWorkbench):
     def _cancel_if_stopped(run: _Run, token: CancellationToken | None) -> None:
         if run.stop is not None and run.in_flight == 0 and token is not None:
             token.cancel()
+
+
+def _model_call_token() -> CancellationToken | None:
+    """The run's token when ``list_tools`` was called by AgentChat right before a model call
+    (a frame of :data:`_MODEL_CALL` just above it), else ``None``: a tool call's own lookup, or
+    another caller. Never raises."""
+    try:
+        frame: FrameType | None = sys._getframe(2)  # above list_tools and this function
+        for _ in range(_MODEL_CALL_DEPTH):
+            if frame is None:
+                return None
+            if frame.f_code.co_name == _MODEL_CALL:
+                token = frame.f_locals.get("cancellation_token")
+                return token if isinstance(token, CancellationToken) else None
+            frame = frame.f_back
+    except Exception:  # an interpreter without frames: the token alone ends the run
+        return None
+    return None
 
 
 def _answer(name: str, text: str, error: bool = True) -> ToolResult:

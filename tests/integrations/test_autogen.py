@@ -1,5 +1,6 @@
-"""AutoGen AgentChat, driven for real offline: an AssistantAgent whose model client loops (and,
-as AutoGen's real clients do, honours the run's cancellation token), the LoopGuardWorkbench, and
+"""AutoGen AgentChat, driven for real offline: an AssistantAgent whose model client loops (one
+that, as AutoGen's OpenAI client does, honours the run's cancellation token; and AutoGen's own
+ReplayChatCompletionClient, which ignores it), the LoopGuardWorkbench, and
 AutoGen's own spans (through the global provider) writing to the processor's provider. The
 workbench and the tool spans both carry the model's call id; the tool span ends before the
 workbench reports and carries no arguments."""
@@ -46,6 +47,7 @@ from autogen_agentchat.base import TaskResult  # noqa: E402
 from autogen_agentchat.messages import ToolCallExecutionEvent  # noqa: E402
 from autogen_core import CancellationToken, FunctionCall  # noqa: E402
 from autogen_core.models import (  # noqa: E402
+    ChatCompletionClient,
     CreateResult,
     FunctionExecutionResultMessage,
     LLMMessage,
@@ -114,14 +116,16 @@ class ScriptedClient(ReplayChatCompletionClient):
         )
 
 
-def run(
-    plan: Plan,
+def agent_for(
     script: Script | Detour,
     make: Callable[[list[Any]], LoopGuardWorkbench],
+    client: ChatCompletionClient,
     fail: bool = False,
-) -> TaskResult:
-    """One agent run; ``fail``: ``search`` fails the same way every time (it raises; the
-    workbench hands the model the error and the loop goes on)."""
+    max_tool_iterations: int = 2 * SAFETY_CAP,
+) -> AssistantAgent:
+    """The agent, its tools on the workbench ``make`` builds; ``fail``: ``search`` fails the
+    same way every time (it raises; the workbench hands the model the error and the loop goes
+    on)."""
 
     async def search(query: str) -> str:
         result = script.run_tool(query)
@@ -137,13 +141,52 @@ def run(
         FunctionTool(search, description="Search the web."),
         FunctionTool(get_weather, description="Get the weather for a city."),
     ]
-    agent = AssistantAgent(
+    return AssistantAgent(
         "weather_agent",
-        model_client=ScriptedClient(plan),
+        model_client=client,
         workbench=make(tools),
-        max_tool_iterations=2 * SAFETY_CAP,
+        max_tool_iterations=max_tool_iterations,
     )
-    return asyncio.run(agent.run(task="What's the weather in Paris?"))
+
+
+def run(
+    plan: Plan,
+    script: Script | Detour,
+    make: Callable[[list[Any]], LoopGuardWorkbench],
+    fail: bool = False,
+) -> TaskResult:
+    """One agent run, its model the scripted client that honours the run's token."""
+    agent = agent_for(script, make, ScriptedClient(plan), fail)
+    return asyncio.run(agent.run(task=TASK))
+
+
+TASK = "What's the weather in Paris?"
+
+
+def replay_client(calls: int = SAFETY_CAP) -> ReplayChatCompletionClient:
+    """AutoGen's own ReplayChatCompletionClient (it ignores the cancellation token): ``calls``
+    calls of ``search``, then the answer."""
+    completions: list[str | CreateResult] = [
+        CreateResult(
+            finish_reason="function_calls",
+            content=[FunctionCall(id=f"call_{n}", name=TOOL, arguments=json.dumps(ARGUMENTS))],
+            usage=USAGE,
+            cached=False,
+        )
+        for n in range(1, calls + 1)
+    ]
+    return ReplayChatCompletionClient([*completions, FINAL], model_info=MODEL_INFO)
+
+
+def results_read(client: ReplayChatCompletionClient) -> list[str]:
+    """The tool results the replayed model was given, in order (from its last request)."""
+    messages = client.create_calls[-1]["messages"]
+    return [
+        str(item.content)
+        for message in messages
+        if isinstance(message, FunctionExecutionResultMessage)
+        for item in message.content
+    ]
 
 
 def counting_spans() -> Tracing:
@@ -251,3 +294,76 @@ def test_a_call_failing_the_same_way_ends_the_run_after_it_ran(instrumented: Tra
     assert script.calls == script.tool_runs == FAILURE_STOP
     assert len(script.seen) == FAILURE_STOP - 1 and all(FAILURE in text for text in script.seen)
     assert calls_seen(tracing.guard) == FAILURE_STOP
+
+
+def capturing(made: list[LoopGuardWorkbench], **options: Any) -> Any:
+    """A ``make`` for :func:`agent_for` that keeps the workbench it builds in ``made``."""
+
+    def make(tools: list[Any]) -> LoopGuardWorkbench:
+        made.append(LoopGuardWorkbench(tools, **options))
+        return made[-1]
+
+    return make
+
+
+def test_a_stop_ends_the_run_with_a_client_that_ignores_the_token(instrumented: Tracing) -> None:
+    # ReplayChatCompletionClient never looks at the token: the workbench ends the run before
+    # the next model call (AgentChat asks it for its tools first)
+    tracing = instrumented
+    script = Script()
+    client = replay_client()
+    made: list[LoopGuardWorkbench] = []
+    agent = agent_for(script, capturing(made, processor=tracing.processor), client)
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(agent.run(task=TASK))
+    stopped = made[0].stopped
+    assert stopped is not None and stopped.message == REFERENCE[FIRST_STOP - 1].message
+    assert len(client.create_calls) == FIRST_STOP  # no model call after the stop
+    assert script.tool_runs == FIRST_DENY - 1
+    assert results_read(client) == expected_tool_results(FIRST_STOP - 1)
+    assert calls_seen(tracing.guard) == FIRST_STOP
+
+
+def test_a_stop_from_a_result_ends_the_run_with_a_client_that_ignores_the_token() -> None:
+    script = Script()
+    client = replay_client()
+    made: list[LoopGuardWorkbench] = []
+    agent = agent_for(script, capturing(made, guard=LoopGuard(POLICY)), client, fail=True)
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(agent.run(task=TASK))
+    stopped = made[0].stopped
+    assert stopped is not None and stopped.message == FAILURE_STOP_DECISION.message
+    assert len(client.create_calls) == script.tool_runs == FAILURE_STOP
+
+
+@pytest.mark.parametrize("last_iteration", [False, True], ids=["mid-run", "last-iteration"])
+def test_the_next_run_in_the_same_task_is_not_ended_by_the_last_stop(last_iteration: bool) -> None:
+    # two runs of one agent on one task (one event loop): the second has its own token, so the
+    # first's stop never ends it early; also when that stop came on the agent's last tool
+    # iteration (AgentChat then ends the run itself, with no model call after the stop)
+    script = Script()
+    client = replay_client(2 * SAFETY_CAP)
+    agent = agent_for(
+        script,
+        capturing([], guard=LoopGuard(POLICY)),
+        client,
+        max_tool_iterations=FIRST_STOP if last_iteration else 2 * SAFETY_CAP,
+    )
+
+    async def one_run(task: str) -> bool:
+        """Whether the run was cancelled."""
+        try:
+            await agent.run(task=task)
+        except asyncio.CancelledError:
+            return True
+        return False
+
+    async def twice() -> list[tuple[bool, int]]:
+        return [(await one_run(task), len(client.create_calls)) for task in (TASK, "And Lyon?")]
+
+    # each run is a new epoch: the whole ladder again, up to its stop, and no further
+    assert asyncio.run(twice()) == [
+        (not last_iteration, FIRST_STOP),
+        (not last_iteration, 2 * FIRST_STOP),
+    ]
+    assert script.tool_runs == 2 * (FIRST_DENY - 1)
