@@ -37,17 +37,9 @@ from ._calls import (
     outcome_key,
     tool_name,
 )
-from ._engine import (
-    MAX_TRAIL_ARGUMENT_CHARS,
-    MAX_TRAIL_OUTPUT_CHARS,
-    Classifier,
-    Pending,
-    ReportLedger,
-    SessionState,
-    SessionStore,
-    Settled,
-    Trail,
-)
+from ._classifier import Classifier
+from ._engine import Pending, SessionState, SessionStore
+from ._ledger import ReportLedger, Settled
 from ._policy import (
     ALLOW,
     ALLOW_STEP,
@@ -67,6 +59,7 @@ from ._policy import (
 )
 from ._reporter import Reporter
 from ._rules import evaluate, no_progress_after_failures, trend
+from ._trail import MAX_TRAIL_ARGUMENT_CHARS, MAX_TRAIL_OUTPUT_CHARS, Trail
 from ._triplog import TripLog
 from .config import Mode, Policy
 from .metrics import NoopRecorder, PrometheusRecorder, Recorder

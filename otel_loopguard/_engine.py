@@ -3,7 +3,9 @@
 Nothing here locks, logs or counts metrics: the guard holds its lock around these calls and
 reports what they return. Every structure is bounded: sessions by ``max_sessions`` (LRU) and
 ``session_ttl_seconds`` (idle), signatures per session by ``max_signatures_per_session`` (LRU),
-the window by ``window_size``, pending hook calls by :data:`MAX_PENDING_CALLS`.
+the window by ``window_size``, pending hook calls by :data:`MAX_PENDING_CALLS`. Beside it: what a
+session remembers for an advisor (:mod:`._trail`), which calls are tracked
+(:mod:`._classifier`) and which reports are settled (:mod:`._ledger`).
 
 A session's state can leave the process and come back (:meth:`SessionState.to_bytes`,
 :meth:`SessionState.from_bytes`, :meth:`SessionStore.put`): command hooks run one process per
@@ -12,193 +14,42 @@ call and keep sessions in a file between calls.
 
 from __future__ import annotations
 
-import math
-import re
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
 import orjson
 
-from ._calls import MAX_TOOL_NAME_CHARS as MAX_TOOL_CHARS
-from .config import Policy, wildcard_union
+from ._plain import (
+    read_count,
+    read_flag,
+    read_list,
+    read_number,
+    read_optional_text,
+    read_text,
+)
+from ._trail import Trail
+from .config import Policy
 
 __all__ = [
-    "MAX_COMMAND_CHARS",
     "MAX_PENDING_CALLS",
-    "MAX_TASK_CHARS",
-    "MAX_TRAIL_ARGUMENT_CHARS",
-    "MAX_TRAIL_CALLS",
-    "MAX_TRAIL_OUTPUT_CHARS",
-    "Classifier",
     "Pending",
-    "ReportLedger",
     "SessionState",
     "SessionStore",
     "STORE_SNAPSHOT_VERSION",
     "SignatureState",
-    "Trail",
-    "TrailCall",
-    "shell_command",
 ]
 
 #: Hook calls awaiting their ``after_tool`` per session; the oldest is forgotten beyond this.
 MAX_PENDING_CALLS: Final = 64
-#: Shell commands longer than this are matched on their first this-many characters only.
-MAX_COMMAND_CHARS: Final = 4096
-#: What a session remembers for an advisor's question (kept only by a guard that can ask one):
-#: its latest calls (oldest forgotten first), each call's canonical arguments and output cut to
-#: these many characters, and the task and the latest user message cut to MAX_TASK_CHARS.
-MAX_TRAIL_CALLS: Final = 8
-MAX_TRAIL_ARGUMENT_CHARS: Final = 300
-MAX_TRAIL_OUTPUT_CHARS: Final = 1000
-MAX_TASK_CHARS: Final = 2000
-_MAX_KEY_CHARS: Final = 64
-_COMMAND_KEYS: Final = ("command", "cmd", "script", "commands")
-_MAX_CACHED_TOOL_NAMES: Final = 1024
-#: Characters of a ``command``/``action`` value searched for its first word (an operation name).
-_MAX_OPERATION_CHARS: Final = 64
 _EXPIRY_INTERVAL_SECONDS: Final = 1.0
 #: Version of the :meth:`SessionState.to_bytes` layout; other versions are refused on load.
 _SNAPSHOT_VERSION: Final = 1
 #: Version of the :meth:`SessionStore.snapshot` layout; :meth:`SessionStore.restore` refuses
 #: others.
 STORE_SNAPSHOT_VERSION: Final = 1
-
-
-def shell_command(arguments: object) -> str | None:
-    """Return the shell command in a shell tool's (canonical) arguments, if there is one.
-
-    Accepts ``{"command": "..."}`` (and ``cmd``/``script``), an argv list such as Codex's
-    ``["bash", "-lc", "..."]`` (joined with spaces), or a bare string.
-    """
-    value: object = arguments
-    if isinstance(arguments, Mapping):
-        for key in _COMMAND_KEYS:
-            if key in arguments:
-                value = arguments[key]
-                break
-        else:
-            return None
-    if isinstance(value, str):
-        return value[:MAX_COMMAND_CHARS]
-    if isinstance(value, (list, tuple)) and all(isinstance(part, str) for part in value):
-        return " ".join(value)[:MAX_COMMAND_CHARS]
-    return None
-
-
-class Classifier:
-    """Answers "is this call tracked?" and "does it make progress?" from the policy's patterns.
-
-    A call mutates when, in this order:
-
-    1. the first word of its ``command`` or ``action`` argument names a mutating operation
-       (``mutating_operations``: ``create``, ``str_replace``, ``insert`` ...);
-    2. it carries a shell command line (a shell tool by name, or any tool whose ``command``,
-       ``cmd`` or ``script`` argument is a string or an argv list) matching ``mutating_commands``;
-    3. that first word names a read operation (``read_operations``: ``view``, ``open`` ...): it
-       only reads, whatever the tool's name;
-    4. the tool's name is in ``mutating_tools``.
-
-    Tool-name answers are cached (bounded); the operation and command checks run per call.
-    """
-
-    def __init__(self, policy: Policy) -> None:
-        # An empty include list means every tool, as in the plugins (Policy stores it as "*").
-        self._include = (
-            None if "*" in policy.include or not policy.include else wildcard_union(policy.include)
-        )
-        # A final-answer tool is never tracked: a user's exclude list adds to them.
-        self._exclude = wildcard_union((*policy.exclude, *policy.final_answer_tools))
-        self._shell = wildcard_union(policy.shell_tools)
-        self._mutating = wildcard_union(policy.mutating_tools)
-        self._read_operations = wildcard_union(policy.read_operations)
-        self._mutating_operations = wildcard_union(policy.mutating_operations)
-        self._exclude_commands = _union(policy.exclude_commands)
-        self._mutating_commands = _union(policy.mutating_commands)
-        # tool -> (tracked by name, is a shell tool, mutating by name)
-        self._cache: dict[str, tuple[bool, bool, bool]] = {}
-
-    def tool_kind(self, tool: str) -> tuple[bool, bool, bool]:
-        """Return (tracked by name, shell tool, mutating by name) for ``tool``."""
-        kind = self._cache.get(tool)
-        if kind is None:
-            tracked = (self._include is None or _matches(self._include, tool)) and not _matches(
-                self._exclude, tool
-            )
-            kind = (tracked, _matches(self._shell, tool), _matches(self._mutating, tool))
-            if len(self._cache) >= _MAX_CACHED_TOOL_NAMES:
-                self._cache.clear()
-            self._cache[tool] = kind
-        return kind
-
-    def classify(self, tool: str, arguments: object) -> tuple[bool, bool]:
-        """Return (tracked, mutating) for a call of ``tool`` with canonical ``arguments``."""
-        kind = self._cache.get(tool)
-        tracked, shell, mutating = kind if kind is not None else self.tool_kind(tool)
-        if not tracked:
-            return False, False
-        command: str | None = None
-        operation: str | None = None
-        if isinstance(arguments, Mapping):
-            named = arguments.get("command", arguments.get("action"))
-            if isinstance(named, str):
-                operation = _first_word(named)
-            if shell or "command" in arguments or "cmd" in arguments or "script" in arguments:
-                command = shell_command(arguments)
-        elif shell:
-            command = shell_command(arguments)
-        if (
-            command is not None
-            and self._exclude_commands is not None
-            and self._exclude_commands.search(command)
-        ):
-            return False, False
-        if operation is not None and _matches(self._mutating_operations, operation):
-            return True, True
-        if (
-            command is not None
-            and self._mutating_commands is not None
-            and self._mutating_commands.search(command)
-        ):
-            return True, True
-        if operation is not None and _matches(self._read_operations, operation):
-            return True, False
-        return True, mutating
-
-
-def _first_word(text: str) -> str:
-    """The first word of a ``command``/``action`` value: the operation it names, if any."""
-    head = text[:_MAX_OPERATION_CHARS].split(None, 1)
-    return head[0] if head else ""
-
-
-def _matches(union: re.Pattern[str] | None, name: str) -> bool:
-    return union is not None and union.fullmatch(name) is not None
-
-
-class _AnyOf:
-    """Patterns that cannot share one regex (global inline flags such as ``(?i)`` must start
-    a pattern), searched one after another."""
-
-    def __init__(self, patterns: tuple[str, ...]) -> None:
-        self._patterns = [re.compile(p) for p in patterns]
-
-    def search(self, text: str) -> bool:
-        return any(p.search(text) for p in self._patterns)
-
-
-def _union(patterns: tuple[str, ...]) -> re.Pattern[str] | _AnyOf | None:
-    """One regex matching any of ``patterns`` (one scan per command), or, when they cannot be
-    joined, a matcher trying each in turn."""
-    if not patterns:
-        return None
-    try:
-        return re.compile("|".join(f"(?:{p})" for p in patterns))
-    except re.error:
-        return _AnyOf(patterns)
 
 
 class SignatureState:
@@ -226,145 +77,6 @@ class SignatureState:
         # Attempts refused (they never ran) since last_outcome first came: the no_progress
         # evidence counts them as repeats too (rules.Verdict.refused).
         self.refused = 0
-
-
-class TrailCall:
-    """One remembered call, or a run of the same call repeated back to back: tool, cut
-    canonical arguments, args key, how the latest attempt ended (``"ok"``, ``"error"``,
-    ``"ran"`` (failure unknown), ``"refused"``, or ``None`` while unknown), the latest cut
-    output, the attempts in the run (``times``) and how many of them were refused."""
-
-    __slots__ = ("arguments", "key", "outcome", "output", "refused", "times", "tool")
-
-    def __init__(
-        self,
-        tool: str,
-        arguments: str,
-        key: str,
-        outcome: str | None,
-        output: str | None,
-        times: int = 1,
-        refused: int = 0,
-    ) -> None:
-        self.tool = tool
-        self.arguments = arguments
-        self.key = key
-        self.outcome = outcome
-        self.output = output
-        self.times = times
-        self.refused = refused
-
-
-class Trail:
-    """What a session remembers so that an advisor can be asked a real question: the task,
-    the latest user message and the latest :data:`MAX_TRAIL_CALLS` calls, every text cut to
-    its bound (a session's trail stays under about 17k characters, tool names included)."""
-
-    __slots__ = ("calls", "latest_message", "task")
-
-    def __init__(self) -> None:
-        self.calls: deque[TrailCall] = deque(maxlen=MAX_TRAIL_CALLS)  # the oldest falls out
-        self.task: str | None = None
-        self.latest_message: str | None = None
-
-    def add(
-        self,
-        tool: str,
-        arguments: str,
-        key: str,
-        outcome: str | None,
-        output: str | None,
-        times: int = 1,
-        refused: int = 0,
-    ) -> None:
-        """Remember a call: a repeat of the latest one adds to its run (so a loop does not push
-        the calls before it out); another starts an entry (the oldest is forgotten beyond the
-        bound)."""
-        calls = self.calls
-        if output is not None:
-            output = output[:MAX_TRAIL_OUTPUT_CHARS]
-        if calls and calls[-1].key == key:
-            last = calls[-1]
-            last.times += times
-            last.refused += refused if outcome != "refused" else max(refused, 1)
-            last.outcome = outcome
-            if output is not None:
-                last.output = output
-            return
-        if outcome == "refused":
-            refused = max(refused, 1)
-        calls.append(
-            TrailCall(
-                tool, arguments[:MAX_TRAIL_ARGUMENT_CHARS], key, outcome, output, times, refused
-            )
-        )
-
-    def settle(self, key: str, outcome: str, output: str | None) -> None:
-        """Give the latest call of ``key`` still without an outcome its outcome and output."""
-        for call in reversed(self.calls):
-            if call.key == key and call.outcome is None:
-                call.outcome = outcome
-                if output is not None:
-                    call.output = output[:MAX_TRAIL_OUTPUT_CHARS]
-                return
-
-    def latest_output(self, key: str) -> str | None:
-        """The output of the latest remembered call of ``key`` that has one."""
-        for call in reversed(self.calls):
-            if call.key == key and call.output is not None:
-                return call.output
-        return None
-
-    def user_message(self, text: str) -> None:
-        """A user message: the task if none is known yet, else the latest message."""
-        text = text[:MAX_TASK_CHARS]
-        if self.task is None:
-            self.task = text
-        else:
-            self.latest_message = text
-
-    def new_task(self, text: str) -> None:
-        """A run's prompt: the task from now on."""
-        self.task = text[:MAX_TASK_CHARS]
-        self.latest_message = None
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "task": self.task,
-            "latest": self.latest_message,
-            "calls": [
-                [c.tool, c.arguments, c.key, c.outcome, c.output, c.times, c.refused]
-                for c in self.calls
-            ],
-        }
-
-    @classmethod
-    def from_json(cls, raw: object) -> Trail:
-        """Rebuild from :meth:`to_json` output, within the bounds; raises ``ValueError``."""
-        if not isinstance(raw, dict):
-            raise ValueError("session state: trail must be an object")
-        trail = cls()
-        task, latest = raw.get("task"), raw.get("latest")
-        trail.task = None if task is None else _text(task, "task")[:MAX_TASK_CHARS]
-        trail.latest_message = None if latest is None else _text(latest, "latest")[:MAX_TASK_CHARS]
-        for entry in _list(raw.get("calls"), "trail calls")[-MAX_TRAIL_CALLS:]:
-            if not (isinstance(entry, list) and len(entry) == 7):
-                raise ValueError(f"session state: bad trail entry {entry!r}")
-            tool, arguments, key, outcome, output, times, refused = entry
-            trail.calls.append(
-                TrailCall(
-                    _text(tool, "trail tool")[:MAX_TOOL_CHARS],
-                    _text(arguments, "trail arguments")[:MAX_TRAIL_ARGUMENT_CHARS],
-                    _text(key, "trail key")[:_MAX_KEY_CHARS],
-                    _optional_text(outcome, "trail outcome"),
-                    None
-                    if output is None
-                    else _text(output, "trail output")[:MAX_TRAIL_OUTPUT_CHARS],
-                    max(1, _count(times, "trail times")),
-                    _count(refused, "trail refused"),
-                )
-            )
-        return trail
 
 
 @dataclass(slots=True)
@@ -637,11 +349,11 @@ class SessionState:
             raise ValueError("session state: expected an object")
         if raw.get("v") != _SNAPSHOT_VERSION:
             raise ValueError(f"session state: unknown version {raw.get('v')!r}")
-        state = cls(_number(raw.get("seen"), "seen"))
-        state.epoch = _count(raw.get("epoch"), "epoch")
+        state = cls(read_number(raw.get("seen"), "seen"))
+        state.epoch = read_count(raw.get("epoch"), "epoch")
         keys: list[str] = []
         signatures: dict[str, SignatureState] = {}
-        for entry in _list(raw.get("sigs"), "sigs"):
+        for entry in read_list(raw.get("sigs"), "sigs"):
             # Five fields in states written before failures and exploration were remembered,
             # eight before refused attempts were.
             if not (isinstance(entry, list) and len(entry) in (5, 8, 9)):
@@ -649,56 +361,56 @@ class SessionState:
             key, count, last_outcome, same, changed = entry[:5]
             signature = SignatureState()
             if len(entry) >= 8:
-                signature.failed = _flag(entry[5], "failed")
-                signature.novel_seen = _count(entry[6], "novel seen")
-                signature.looped = _flag(entry[7], "looped")
+                signature.failed = read_flag(entry[5], "failed")
+                signature.novel_seen = read_count(entry[6], "novel seen")
+                signature.looped = read_flag(entry[7], "looped")
             if len(entry) == 9:
-                signature.refused = _count(entry[8], "refused")
-            signature.count = _count(count, "count")
-            signature.last_outcome = _optional_text(last_outcome, "last outcome")
-            signature.same_outcomes = _count(same, "same outcomes")
-            signature.changed = _flag(changed, "changed")
-            keys.append(_text(key, "signature key"))
+                signature.refused = read_count(entry[8], "refused")
+            signature.count = read_count(count, "count")
+            signature.last_outcome = read_optional_text(last_outcome, "last outcome")
+            signature.same_outcomes = read_count(same, "same outcomes")
+            signature.changed = read_flag(changed, "changed")
+            keys.append(read_text(key, "signature key"))
             signatures[keys[-1]] = signature
 
         def resolve(item: object) -> str:
             if isinstance(item, int) and not isinstance(item, bool) and 0 <= item < len(keys):
                 return keys[item]
-            return _text(item, "window key")
+            return read_text(item, "window key")
 
-        window = [resolve(item) for item in _list(raw.get("window"), "window")]
+        window = [resolve(item) for item in read_list(raw.get("window"), "window")]
         last = raw.get("last")
         state.last_key = None if last is None else resolve(last)
-        state.run_length = _count(raw.get("run"), "run")
-        state.redundant = _count(raw.get("redundant"), "redundant")
-        state.denials = _count(raw.get("denials"), "denials")
-        state.stopped = _flag(raw.get("stopped"), "stopped")
-        state.stop_threshold = _count(raw.get("stop_at", 0), "stop_at")
+        state.run_length = read_count(raw.get("run"), "run")
+        state.redundant = read_count(raw.get("redundant"), "redundant")
+        state.denials = read_count(raw.get("denials"), "denials")
+        state.stopped = read_flag(raw.get("stopped"), "stopped")
+        state.stop_threshold = read_count(raw.get("stop_at", 0), "stop_at")
         pending: OrderedDict[str, Pending] = OrderedDict()
-        for entry in _list(raw.get("pending"), "pending"):
+        for entry in read_list(raw.get("pending"), "pending"):
             if not (isinstance(entry, list) and len(entry) == 5):
                 raise ValueError(f"session state: bad pending entry {entry!r}")
             ref, key, blocked, mutating, outstanding = entry
-            pending[_text(ref, "pending ref")] = Pending(
-                _text(key, "pending key"),
-                _flag(blocked, "blocked"),
-                _flag(mutating, "mutating"),
-                max(1, _count(outstanding, "outstanding")),
+            pending[read_text(ref, "pending ref")] = Pending(
+                read_text(key, "pending key"),
+                read_flag(blocked, "blocked"),
+                read_flag(mutating, "mutating"),
+                max(1, read_count(outstanding, "outstanding")),
             )
         advice = raw.get("advice")
         if advice is not None:
             if not isinstance(advice, dict):
                 raise ValueError("session state: advice must be an object")
             state.advice = {
-                _text(k, "advice key"): _text(v, "advice")
+                read_text(k, "advice key"): read_text(v, "advice")
                 for k, v in advice.items()
                 if k in signatures
             }
-        state.mutation = _optional_text(raw.get("mutation"), "mutation")
-        state.novel = _count(raw.get("novel", 0), "novel")
-        state.rescues = _count(raw.get("rescues"), "rescues")
+        state.mutation = read_optional_text(raw.get("mutation"), "mutation")
+        state.novel = read_count(raw.get("novel", 0), "novel")
+        state.rescues = read_count(raw.get("rescues"), "rescues")
         rescue_at = raw.get("rescue_at")
-        state.last_rescue_at = None if rescue_at is None else _number(rescue_at, "rescue_at")
+        state.last_rescue_at = None if rescue_at is None else read_number(rescue_at, "rescue_at")
         limit = policy.max_signatures_per_session
         state.signatures = (
             dict(list(signatures.items())[-limit:]) if len(signatures) > limit else signatures
@@ -710,40 +422,6 @@ class SessionState:
         trail = raw.get("trail")
         state.trail = None if trail is None else Trail.from_json(trail)
         return state
-
-
-def _list(value: object, name: str) -> list[object]:
-    if not isinstance(value, list):
-        raise ValueError(f"session state: {name} must be a list, got {value!r}")
-    return value
-
-
-def _count(value: object, name: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"session state: {name} must be an integer >= 0, got {value!r}")
-    return value
-
-
-def _number(value: object, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"session state: {name} must be a finite number, got {value!r}")
-    return float(value)
-
-
-def _flag(value: object, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"session state: {name} must be true or false, got {value!r}")
-    return value
-
-
-def _text(value: object, name: str) -> str:
-    if not isinstance(value, str):
-        raise ValueError(f"session state: {name} must be a string, got {value!r}")
-    return value
-
-
-def _optional_text(value: object, name: str) -> str | None:
-    return None if value is None else _text(value, name)
 
 
 class SessionStore:
@@ -890,11 +568,11 @@ class SessionStore:
                 f" (this is {STORE_SNAPSHOT_VERSION})"
             )
         sessions: OrderedDict[object, SessionState] = OrderedDict()
-        for entry in _list(data.get("sessions"), "sessions"):
+        for entry in read_list(data.get("sessions"), "sessions"):
             if not isinstance(entry, Mapping):
                 raise ValueError(f"session store snapshot: bad session entry {entry!r:.80}")
-            session = _text(entry.get("session"), "session")
-            agent = _optional_text(entry.get("agent"), "agent")
+            session = read_text(entry.get("session"), "session")
+            agent = read_optional_text(entry.get("agent"), "agent")
             state = SessionState.from_bytes(orjson.dumps(entry.get("state")), policy)
             sessions[session if agent is None else (session, agent)] = state
         while len(sessions) > self._max:
@@ -903,120 +581,3 @@ class SessionStore:
         self._agents = {}
         for key in sessions:
             self._index(key)
-
-
-#: A reported call: (args key, whether its first report lacked the outcome).
-Settled = tuple[str, bool]
-
-
-class ReportLedger:
-    """The calls of each session whose outcome is in, so that a second report of one call (a
-    framework hook's and its span's, in either order, with or without the call id) counts once.
-
-    Session key -> {call ref: (args key, awaiting)}, oldest first; ``awaiting``: the first
-    report carried no outcome (a span without the result), so the other report may add it;
-    bounded by ``max_sessions`` (least recently used dropped) and ``max_calls`` per session
-    (oldest dropped). Not thread-safe: the guard calls it under its own lock.
-    """
-
-    __slots__ = ("_calls", "_max_calls", "_max_sessions")
-
-    def __init__(self, max_sessions: int, max_calls: int) -> None:
-        self._calls: OrderedDict[object, dict[str, Settled]] = OrderedDict()
-        self._max_sessions = max_sessions
-        self._max_calls = max_calls
-
-    def __bool__(self) -> bool:
-        return bool(self._calls)
-
-    def settle(self, store_key: object, ref: str, key: str, awaiting: bool = False) -> None:
-        """Remember that the call ``ref`` (arguments ``key``) was reported (``awaiting``: without
-        its outcome)."""
-        calls = self._calls.get(store_key)
-        if calls is None:
-            calls = self._calls[store_key] = {}
-            if len(self._calls) > self._max_sessions:
-                self._calls.popitem(last=False)
-        else:
-            self._calls.move_to_end(store_key)
-        calls[ref] = (key, awaiting)
-        if len(calls) > self._max_calls:
-            del calls[next(iter(calls))]
-
-    def take(self, store_key: object, ref: str) -> Settled | None:
-        """``(args key, awaiting)`` when ``ref`` was reported already; a second report uses it
-        up."""
-        calls = self._calls.get(store_key)
-        return None if calls is None else calls.pop(ref, None)
-
-    def take_by_args(self, store_key: object, key: str) -> Settled | None:
-        """Use up the oldest reported call of this session with these arguments, if any."""
-        calls = self._calls.get(store_key)
-        if not calls:
-            return None
-        for ref, settled in calls.items():
-            if settled[0] == key:
-                del calls[ref]
-                return settled
-        return None
-
-    def take_pending_by_args(
-        self, state: SessionState, store_key: object, key: str, awaiting: bool = False
-    ) -> Pending | None:
-        """The oldest attempt of ``key`` pending under a call id in ``state``, preferring one
-        that was allowed to run (a blocked call has no span to report it); settled here."""
-        match: str | None = None
-        for ref, pending in (state.pending or {}).items():
-            if pending.args_key == key:
-                if not pending.blocked:
-                    match = ref
-                    break
-                if match is None:
-                    match = ref
-        if match is None:
-            return None
-        taken = state.take_pending(match)
-        if taken is not None and match not in (state.pending or ()):
-            self.settle(store_key, match, key, awaiting and not taken.blocked)
-        return taken
-
-    def forget(self, store_key: object) -> None:
-        """Drop a session's reported calls (a new run may reuse call ids)."""
-        self._calls.pop(store_key, None)
-
-    def snapshot(self) -> list[list[object]]:
-        """The reported calls as plain data, least recently used session first: ``[[session,
-        agent, [[ref, args key, awaiting], ...]], ...]`` (``agent`` ``None`` for a session's own
-        key). For :meth:`restore`."""
-        out: list[list[object]] = []
-        for store_key, calls in self._calls.items():
-            session, agent = store_key if type(store_key) is tuple else (store_key, None)
-            out.append(
-                [session, agent, [[ref, key, awaiting] for ref, (key, awaiting) in calls.items()]]
-            )
-        return out
-
-    def restore(self, data: object) -> None:
-        """Replace the reported calls with a :meth:`snapshot`'s (within this ledger's bounds).
-        Raises ``ValueError`` naming what is wrong; the ledger is then unchanged."""
-        restored: OrderedDict[object, dict[str, Settled]] = OrderedDict()
-        for entry in _list(data, "reported calls"):
-            if not (isinstance(entry, list) and len(entry) == 3):
-                raise ValueError(f"session state: bad reported calls entry {entry!r:.80}")
-            session = _text(entry[0], "reported session")
-            agent = _optional_text(entry[1], "reported agent")
-            calls: dict[str, Settled] = {}
-            for call in _list(entry[2], "reported calls"):
-                if not (isinstance(call, list) and len(call) == 3):
-                    raise ValueError(f"session state: bad reported call {call!r:.80}")
-                ref, key, awaiting = call
-                calls[_text(ref, "reported ref")] = (
-                    _text(key, "reported key"),
-                    _flag(awaiting, "awaiting"),
-                )
-            while len(calls) > self._max_calls:
-                del calls[next(iter(calls))]
-            restored[session if agent is None else (session, agent)] = calls
-        while len(restored) > self._max_sessions:
-            restored.popitem(last=False)
-        self._calls = restored

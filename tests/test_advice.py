@@ -26,12 +26,12 @@ from otel_loopguard._advice import (
     MAX_QUESTION_CHARS,
     CallRecord,
 )
-from otel_loopguard._engine import (
+from otel_loopguard._engine import SessionState
+from otel_loopguard._trail import (
     MAX_TASK_CHARS,
     MAX_TRAIL_ARGUMENT_CHARS,
     MAX_TRAIL_CALLS,
     MAX_TRAIL_OUTPUT_CHARS,
-    SessionState,
 )
 
 from .conftest import Call, run, threshold

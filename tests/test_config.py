@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from otel_loopguard import PRESETS, Action, LoopGuard, Mode, Policy, Rule, load_policy
-from otel_loopguard._engine import Classifier
+from otel_loopguard._classifier import Classifier
 from otel_loopguard.config import (
     DEFAULT_FINAL_ANSWER_TOOLS,
     env_var,

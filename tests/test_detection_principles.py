@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from otel_loopguard import PRESETS, Action, LoopGuard
 from otel_loopguard._calls import failure_text, outcome_key
-from otel_loopguard._engine import Classifier
+from otel_loopguard._classifier import Classifier
 from otel_loopguard._policy import Phase
 
 from .conftest import threshold

@@ -3,13 +3,8 @@
 from __future__ import annotations
 
 from otel_loopguard import PRESETS
-from otel_loopguard._engine import (
-    MAX_PENDING_CALLS,
-    Classifier,
-    SessionState,
-    SessionStore,
-    shell_command,
-)
+from otel_loopguard._classifier import Classifier, shell_command
+from otel_loopguard._engine import MAX_PENDING_CALLS, SessionState, SessionStore
 
 from .conftest import FakeClock
 

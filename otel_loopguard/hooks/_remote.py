@@ -31,9 +31,9 @@ from typing import Final
 
 import orjson
 
-from .._engine import MAX_TASK_CHARS
 from .._env import LOOPGUARD_SERVE_TOKEN
 from .._policy import Action
+from .._trail import MAX_TASK_CHARS
 from ._answers import Unavailable, answer_before
 from ._hosts import ALLOWED, Answer, EventKind, HookEvent, Host
 

@@ -13,7 +13,7 @@ from .._calls import (
     canonical_json,
     tool_name,
 )
-from .._engine import Classifier
+from .._classifier import Classifier
 from .._traces import RunStarted, feed
 from ._events import MAX_PENDING_CALLS, CallFinished, CallStarted, Event, UserPrompt
 
