@@ -169,9 +169,11 @@ def test_kill_9_and_restart_lose_nothing_and_counts_go_on(tmp_path: Path) -> Non
     with serving("--state-dir", str(state)) as third:
         assert script.probes(third) == expected
         assert third.stop() == 0
-    # A clean stop leaves a snapshot and an empty log.
+    # A clean stop leaves a snapshot and an empty log (its header alone).
+    from otel_loopguard.service._durable import _LOG_HEADER_SIZE
+
     logs = sorted(state.glob("wal-*.log"))
-    assert [path.stat().st_size for path in logs] == [0]
+    assert [path.stat().st_size for path in logs] == [_LOG_HEADER_SIZE]
     assert (state / "snapshot").stat().st_size > 0
     assert stat.S_IMODE(state.stat().st_mode) == 0o700
 
@@ -217,8 +219,14 @@ def test_one_serve_per_directory_and_an_untrusted_one_is_refused(tmp_path: Path)
     with serving("--state-dir", str(state)) as first:
         assert "in use by another otel-loopguard serve" in _refused(state)
         assert first.stop() == 0
-    os.chmod(state, 0o777)
+    os.chmod(state, 0o777)  # an existing directory others can enter: tightened, with a note
+    with serving("--state-dir", str(state)) as second:
+        assert any("was mode 0777; made 0700" in line for line in second.lines), second.lines
+        assert stat.S_IMODE(state.stat().st_mode) == 0o700
+        assert second.stop() == 0
+    os.chmod(state / "snapshot", 0o666)
     assert "can be written by group or others" in _refused(state)
+    os.chmod(state / "snapshot", 0o600)
     a_file = tmp_path / "a-file"
     a_file.write_text("")
     assert f"state_dir: cannot create {str(a_file)!r}" in _refused(a_file)

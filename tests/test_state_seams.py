@@ -1,14 +1,19 @@
 """The public state seams (issue 22): ``LoopGuard.snapshot()``/``restore()``,
 ``SessionStore.snapshot()``/``restore()``, the ``serve --state-dir`` snapshot built from them as
-plain data, and a snapshot committed from this version (``tests/data/state/v1``) that a real
-``serve`` still loads, its counts going on."""
+plain data in a data-only format (issue 23: nothing ``pickle`` reads), a snapshot committed from
+this version (``tests/data/state/v2``) that a real ``serve`` still loads, its counts going on,
+and the pickled state of the release before (``tests/data/state/v1``), which ``serve`` refuses
+with a message that says how to start fresh."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import pickle
 import shutil
+import subprocess
+import sys
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -18,9 +23,12 @@ import pytest
 
 from otel_loopguard import LoopGuard, Policy
 from otel_loopguard._engine import SessionStore
-from otel_loopguard.service._durable import layout, plain_dumps, plain_loads
+from otel_loopguard.service import _durable
+from otel_loopguard.service._durable import MAX_PLAIN_DEPTH, layout, plain_dumps, plain_loads
 
-DATA = Path(__file__).resolve().parent / "data" / "state" / "v1"
+STATE = Path(__file__).resolve().parent / "data" / "state"
+DATA = STATE / "v2"
+PICKLED = STATE / "v1"
 
 
 def _loop(guard: LoopGuard, session: str, times: int, **extra: Any) -> list[int]:
@@ -96,34 +104,97 @@ def test_the_store_keeps_its_bounds_and_order_when_restored() -> None:
     assert len(store) == 2 and "a" not in store and "c" in store
 
 
-def test_plain_loads_refuses_any_pickle_that_names_a_class_or_function() -> None:
-    data = {"version": 1, "ids": [1 << 100], "raw": b"\x00", "pair": ("a", None), "x": 1.5}
-    assert plain_loads(plain_dumps(data)) == data
-    with pytest.raises(ValueError, match="OrderedDict is not plain data"):
+def test_plain_data_round_trips_exactly() -> None:
+    data = {
+        "version": 1,
+        "ids": [1 << 100, -(1 << 100), (1 << 63) - 1, -(1 << 63), 1 << 63, 0, -1],
+        "raw": b"\x00\xff",
+        "pair": ("a", None, ("nested", [True, False])),
+        "x": 1.5,
+        "inf": float("inf"),
+        (1, "k"): "a tuple key",
+        7: "an int key",
+        "text": "é \u2603 \x00",
+        "again": ["text", "version", "text"],
+    }
+    back = plain_loads(plain_dumps(data))
+    assert back == data
+    assert type(back["pair"]) is tuple and type(back["ids"]) is list
+
+
+def test_only_plain_data_is_written() -> None:
+    with pytest.raises(ValueError, match=r"snapshot\['held'\]: OrderedDict is not plain data"):
         plain_dumps({"held": OrderedDict()})
-    with pytest.raises(ValueError, match="names collections.OrderedDict"):
-        plain_loads(pickle.dumps(OrderedDict()))
+    with pytest.raises(ValueError, match=r"snapshot\[0\]: set is not plain data"):
+        plain_dumps([{1}])
+    deep: list[object] = []
+    for _ in range(MAX_PLAIN_DEPTH + 1):
+        deep = [deep]
+    with pytest.raises(ValueError, match="nested more than"):
+        plain_dumps(deep)
+
+
+def test_plain_loads_reads_no_pickle_and_runs_nothing(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
 
     class _Runs:
         def __reduce__(self) -> tuple[Any, ...]:
-            return (os.system, ("echo pwned",))
+            return (os.system, (f"touch {marker}",))
 
-    with pytest.raises(ValueError, match="names (posix|os).system"):
-        plain_loads(pickle.dumps(_Runs()))
-    with pytest.raises(ValueError, match="not a plain-data pickle"):
-        plain_loads(b"garbage")
+    for payload in (pickle.dumps(_Runs()), pickle.dumps(_Runs(), protocol=0)):
+        with pytest.raises(ValueError, match="unknown tag"):
+            plain_loads(payload)
+    assert not marker.exists()
+    # The module that reads a state directory imports no reader that can run code.
+    tree = ast.parse(Path(_durable.__file__).read_text())
+    imported = {
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in node.names
+    } | {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert not imported & {"pickle", "marshal", "shelve", "dill", "cloudpickle"}
+    names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+    assert not names & {"eval", "exec", "compile", "__import__"}
+
+
+def test_damaged_plain_data_is_a_value_error_never_anything_else() -> None:
+    """Every prefix and every one-byte change of a payload: a ValueError or a value, never a
+    crash, a hang or a huge allocation (lengths are checked against what is there)."""
+    payload = plain_dumps({"a": [1, (2, b"x")], "b": "text", "c": {"text": 1 << 80}})
+    for end in range(len(payload)):
+        with pytest.raises(ValueError):
+            plain_loads(payload[:end])
+    for index in range(len(payload)):
+        for byte in (0x00, 0x7F, 0xFF, payload[index] ^ 0x01):
+            changed = payload[:index] + bytes([byte]) + payload[index + 1 :]
+            try:
+                plain_loads(changed)
+            except ValueError:
+                pass
+    with pytest.raises(ValueError, match="a length past the end"):
+        plain_loads(b"l\xff\xff\xff\xff")
+    with pytest.raises(ValueError, match="nested more than"):
+        plain_loads(b"l\x01\x00\x00\x00" * 10_000 + b"N")
+    with pytest.raises(ValueError, match="not plain data"):
+        plain_loads(b"d\x01\x00\x00\x00l\x00\x00\x00\x00N")  # a list as a key
+    with pytest.raises(ValueError, match="a reference to text 0 of 0"):
+        plain_loads(b"r\x00\x00\x00\x00")
 
 
 def test_the_committed_layout_is_this_versions() -> None:
-    """The layout marker depends on the snapshot's version and a recorded span's fields only:
-    a change to either sets every state directory aside (add a ``v2/`` then)."""
+    """The layout marker depends on the files' format, the snapshot's version and a recorded
+    span's fields only: a change to any sets every state directory aside (add a ``v3/``
+    then)."""
     assert (DATA / "layout").read_text(encoding="utf-8").strip() == layout()
+    assert layout().startswith("state-2:")
+    assert (PICKLED / "layout").read_text(encoding="utf-8").startswith("state-1:")
 
 
 def test_the_committed_snapshot_is_read_as_plain_data() -> None:
-    from otel_loopguard.service._durable import _read_snapshot
+    from otel_loopguard.service._durable import _snapshot_of
 
-    snapshot = _read_snapshot(DATA / "snapshot")
+    snapshot = _snapshot_of((DATA / "snapshot").read_bytes())
     assert snapshot["version"] == 1 and snapshot["guard"]["version"] == 1
     assert snapshot["buffer"]["version"] == 1
     sessions = snapshot["guard"]["sessions"]["sessions"]
@@ -136,7 +207,7 @@ def test_the_committed_snapshot_is_read_as_plain_data() -> None:
 def test_serve_loads_a_snapshot_written_by_this_version_and_counts_go_on(
     tmp_path: Path,
 ) -> None:
-    """``tests/data/state/v1/snapshot`` (see the README there): two looping ``grep`` calls of
+    """``tests/data/state/v2/snapshot`` (see the README there): two looping ``grep`` calls of
     ``hook-1`` and one ``read`` of ``hook-2``/``planner`` still pending under call id ``c1``."""
     from tests.service_tools import ServeProcess, request, require_serve_prerequisites
 
@@ -213,3 +284,37 @@ def test_a_logged_batch_is_plain_data_and_comes_back_equal() -> None:
     assert plain_loads(batch_payload(read))[0][0][0] == (1 << 127) + 5
     with pytest.raises(ValueError, match="not a logged batch"):
         batch_of(pickle.dumps(read))
+
+
+def test_the_pickled_state_of_the_last_release_is_refused_saying_how_to_start_fresh(
+    tmp_path: Path,
+) -> None:
+    """``tests/data/state/v1`` (pickled): ``serve`` reads none of it (no pickle is loaded) and
+    refuses to start (status 2), saying to move or delete the directory; the files stay as they
+    were. Moved away, a new directory starts."""
+    from tests.service_tools import ServeProcess, require_serve_prerequisites
+
+    require_serve_prerequisites()
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    for name in ("snapshot", "layout"):
+        shutil.copy(PICKLED / name, state / name)
+        os.chmod(state / name, 0o600)
+    refused = subprocess.run(
+        [sys.executable, "-m", "otel_loopguard", "serve", "--http-port", "0", "--no-grpc"]
+        + ["--state-dir", str(state)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 2, refused.stderr
+    assert "pickled format" in refused.stderr and "move it away or delete it" in refused.stderr
+    assert f"mv {str(state)!r} {str(state) + '.old'!r}" in refused.stderr
+    for name in ("snapshot", "layout"):
+        assert (state / name).read_bytes() == (PICKLED / name).read_bytes()
+    state.rename(tmp_path / "state.old")
+    server = ServeProcess("--state-dir", str(state))
+    try:
+        assert server.stop() == 0
+    finally:
+        server.close()

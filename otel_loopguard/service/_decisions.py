@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 from otel_loopguard._attributes import Shape, decision_attributes
@@ -26,8 +27,10 @@ from otel_loopguard.hooks._answers import decide_after, decide_before
 __all__ = [
     "DECISION_ENDPOINTS",
     "MAX_DECISION_BODY_BYTES",
+    "MAX_DECISION_DEPTH",
     "MAX_HELD_REMINDERS",
     "DecisionAPI",
+    "DecisionCall",
     "HeldReminders",
     "decision_json",
 ]
@@ -36,6 +39,11 @@ __all__ = [
 DECISION_ENDPOINTS: Final = frozenset({"before", "after", "user_message", "new_run"})
 #: Largest decision request body.
 MAX_DECISION_BODY_BYTES: Final = 1024 * 1024
+#: Deepest nesting of a decision request body (objects and arrays; the body itself is level 1):
+#: deeper is answered 400 before anything is applied, with or without ``--state-dir`` (whose
+#: log must be able to write every call it applies). Arguments are compared to 64 levels
+#: (:data:`otel_loopguard._calls.MAX_DEPTH`).
+MAX_DECISION_DEPTH: Final = 128
 #: Reminders held for the ``/after`` of their call (``"hold_reminder": true``); the oldest is
 #: dropped beyond this.
 MAX_HELD_REMINDERS: Final = 10_000
@@ -105,6 +113,24 @@ class _CallerReminders:
         return self._held.take((self._session, self._agent, ref))
 
 
+@dataclass(frozen=True, slots=True)
+class DecisionCall:
+    """One decision API call, its fields checked (:meth:`DecisionAPI.parse`): what
+    :meth:`DecisionAPI.apply` applies."""
+
+    endpoint: str
+    session: str
+    agent: str | None
+    tool: str = ""
+    arguments: object = None
+    call_id: str | None = None
+    hold: bool = False
+    error: bool | None = False
+    result: object = None
+    duration: float | None = None
+    text: str | None = None  # user_message: the user's text; new_run: the run's task
+
+
 class DecisionAPI:
     """The decision endpoints on ``guard``, with the reminders held for command hooks."""
 
@@ -113,20 +139,26 @@ class DecisionAPI:
         self.held = HeldReminders(max_held_reminders)
 
     def decide(self, endpoint: str, payload: object) -> dict[str, object]:
-        """One decision API call; raises ``ValueError`` naming a bad field."""
+        """One decision API call; raises ``ValueError`` naming a bad field (nothing applied)."""
+        return self.apply(self.parse(endpoint, payload))
+
+    def parse(self, endpoint: str, payload: object) -> DecisionCall:
+        """Check one call's fields without applying anything; ``ValueError`` naming a bad field,
+        a body nested deeper than :data:`MAX_DECISION_DEPTH`, or an unknown endpoint."""
+        if endpoint not in DECISION_ENDPOINTS:
+            raise ValueError(f"no such decision endpoint: {endpoint!r}")
         if not isinstance(payload, dict):
             raise ValueError("expected a JSON object")
+        if _nested_deeper(payload, MAX_DECISION_DEPTH):
+            raise ValueError(f"the body is nested more than {MAX_DECISION_DEPTH} levels deep")
         # Bounded here too: the reminders held for a caller are keyed by them.
         session = bounded_id(_text(payload, "session", required=True))
         agent = _text(payload, "agent")
         agent = None if agent is None else bounded_id(agent)
-        guard = self.guard
         if endpoint == "user_message":
-            guard.user_message(session, agent=agent, text=_prose(payload, "text"))
-            return {}
+            return DecisionCall(endpoint, session, agent, text=_prose(payload, "text"))
         if endpoint == "new_run":
-            guard.new_run(session, agent=agent, task=_prose(payload, "task"))
-            return {}
+            return DecisionCall(endpoint, session, agent, text=_prose(payload, "task"))
         tool = _text(payload, "tool", required=True)
         arguments = payload.get("arguments", {})
         call_id = _text(payload, "call_id")
@@ -134,16 +166,7 @@ class DecisionAPI:
             hold = payload.get("hold_reminder", False)
             if not isinstance(hold, bool):
                 raise ValueError(f"'hold_reminder' must be true or false, got {hold!r}")
-            before = decide_before(
-                guard,
-                tool,
-                arguments,
-                session=session,
-                agent=agent,
-                call_id=call_id,
-                held=self.held.of(session, agent) if hold else None,
-            )
-            return {"decision": decision_json(before)}
+            return DecisionCall(endpoint, session, agent, tool, arguments, call_id, hold=hold)
         error = payload.get("error", False)
         if error is not None and not isinstance(error, bool):
             raise ValueError(f"'error' must be true, false or null, got {error!r}")
@@ -154,16 +177,49 @@ class DecisionAPI:
             or not 0 <= duration < float("inf")
         ):
             raise ValueError(f"'duration_seconds' must be a number >= 0, got {duration!r}")
-        decision, shown = decide_after(
-            guard,
+        return DecisionCall(
+            endpoint,
+            session,
+            agent,
             tool,
             arguments,
-            session=session,
-            agent=agent,
-            call_id=call_id,
+            call_id,
             error=error,
             result=payload.get("result"),
-            duration_seconds=None if duration is None else float(duration),
+            duration=None if duration is None else float(duration),
+        )
+
+    def apply(self, call: DecisionCall) -> dict[str, object]:
+        """Apply a call checked by :meth:`parse` to the guard; its answer."""
+        guard = self.guard
+        session, agent = call.session, call.agent
+        if call.endpoint == "user_message":
+            guard.user_message(session, agent=agent, text=call.text)
+            return {}
+        if call.endpoint == "new_run":
+            guard.new_run(session, agent=agent, task=call.text)
+            return {}
+        if call.endpoint == "before":
+            before = decide_before(
+                guard,
+                call.tool,
+                call.arguments,
+                session=session,
+                agent=agent,
+                call_id=call.call_id,
+                held=self.held.of(session, agent) if call.hold else None,
+            )
+            return {"decision": decision_json(before)}
+        decision, shown = decide_after(
+            guard,
+            call.tool,
+            call.arguments,
+            session=session,
+            agent=agent,
+            call_id=call.call_id,
+            error=call.error,
+            result=call.result,
+            duration_seconds=call.duration,
             held=self.held.of(session, agent),
             policy=guard.policy,
         )
@@ -176,6 +232,24 @@ class DecisionAPI:
         if shown.action is Action.REMIND:
             answer["reminder"] = shown.message
         return answer
+
+
+def _nested_deeper(value: object, limit: int) -> bool:
+    """Whether JSON data (dicts and lists) nests deeper than ``limit`` (the top is level 1);
+    without recursion, so any depth the parser gave is looked at safely."""
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Iterable[object] = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
 
 
 def decision_json(decision: Decision) -> dict[str, object]:

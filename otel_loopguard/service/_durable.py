@@ -1,16 +1,21 @@
 """``serve --state-dir DIR``: what the service accepted and decided survives a crash.
 
-Two kinds of file in ``DIR`` (made ``0700``; one ``serve`` at a time, held by an exclusive
-``flock`` on ``DIR/lock``):
+Two kinds of file in ``DIR`` (``0700``; one ``serve`` at a time, held by an exclusive ``flock``
+on ``DIR/lock``):
 
-- ``wal-<first sequence number>.log``, the write-ahead log: one frame per input, appended before
-  the input is answered. A frame is ``<length, CRC-32, sequence number, clock time, kind>`` and
-  its payload: an accepted batch of spans (``BATCH``: the decoded spans as plain data,
-  :func:`batch_payload`), a decision API
-  call (``DECISION``: its endpoint and JSON body) or an advisor's answer (``ADVICE``). Frames are
-  written by one thread and made durable with ``fdatasync`` in groups (a group commit): every
-  request that arrived while the previous group was being synced is in the next one, so a sync
-  costs one disk round trip however many requests wait for it.
+- ``wal-<first sequence number>.log``, the write-ahead log. A header (``otel-loopguard log 2``
+  and a random 16-byte key of that file), then one frame per input, appended before the input
+  is answered: a marker, the payload's length, a 64-bit BLAKE2b digest keyed with the file's key,
+  the sequence number, the clock time, the kind, and the payload: an accepted batch of spans
+  (``BATCH``: the decoded spans as plain data, :func:`batch_payload`), a decision API call
+  (``DECISION``: its endpoint and JSON body, logged and synced *before* it is applied), an
+  advisor's answer (``ADVICE``), or a judgement of the hold timer (``TICK``: the time it ran and
+  the last batch the ingest thread had added then). Frames are written by one thread and made
+  durable with ``fdatasync`` in groups (a group commit): every request that arrived while the
+  previous group was being synced is in the next one, so a sync costs one disk round trip
+  however many requests wait for it. A group that cannot be written (a full disk) is cut off
+  again (``ftruncate`` to the last synced byte), so the file ends in whole frames and the next
+  group goes on in the same file.
 - ``snapshot``: the whole state at one point (the guard's sessions with their counts, epochs,
   cached advice and cooldowns; the hook-report ledger; the reminders held for command hooks; the
   trace buffer with its spans not yet judged and the span ids already seen), with the sequence
@@ -19,21 +24,27 @@ Two kinds of file in ``DIR`` (made ``0700``; one ``serve`` at a time, held by an
   every :data:`SNAPSHOT_INTERVAL_SECONDS` when anything changed (or :data:`SNAPSHOT_LOG_BYTES` of
   log), after a restart's replay, and at a clean stop.
 
-On start the snapshot is loaded and every later frame is applied again, in the order it was
-written, with the service's clock set to the frame's time (so TTLs and cooldowns run on from
-where they were) and the advisor answering from the ``ADVICE`` frames (it is not asked again);
-replay updates no metric and writes no decision line or trip line (they were made before the
-crash). A torn last frame (the crash hit a write) ends the log; a damaged snapshot is moved aside
-to ``snapshot.corrupt-<UTC time>`` with a note on stderr, and the log is replayed alone.
+On start the snapshot is loaded and every later frame is applied again, with the service's clock
+set to the frame's time (so TTLs and cooldowns run on from where they were, and the hold timer
+judges the same spans at the same time) and the advisor answering from the ``ADVICE`` frames (it
+is not asked again); replay updates no metric and writes no decision line or trip line (they
+were made before the crash). A torn last frame (the crash hit a write) ends the log; a damaged
+stretch in the middle of a file is skipped and reported (where, how many bytes, and the sequence
+numbers lost) and the frames after it whose digests hold are recovered; a damaged snapshot is
+moved aside to ``snapshot.corrupt-<UTC time>`` with a note on stderr, and the log is replayed
+alone.
 
-The snapshot and the log's batches are plain data (dicts, lists, tuples, strings, bytes,
-numbers, booleans, ``None``: what :meth:`LoopGuard.snapshot
-<otel_loopguard._guard.LoopGuard.snapshot>`, :meth:`TraceBuffer.snapshot
-<otel_loopguard._traces.TraceBuffer.snapshot>`, the held reminders and each span's fields give),
-pickled and read back by an unpickler that loads no class or function at all
-(:func:`plain_loads`): reading a state directory cannot run code. The snapshot says its version
-(:data:`SNAPSHOT_VERSION`). ``DIR`` is still refused when it, or the snapshot, belongs to another
-user or can be written by group or others: another user could change what is counted.
+Nothing in ``DIR`` can run code: the snapshot and the batches are encoded by :func:`plain_dumps`,
+a data-only format of this module (tagged values: ``None``, booleans, integers of any size,
+floats, strings, bytes, lists, tuples, dicts; nothing else can be written or read, nesting is
+bounded, and every length is checked), decisions and advice are JSON; no ``pickle``, ``marshal``
+or ``eval`` reads anything. ``DIR`` and every file in it are opened without following symbolic
+links (``O_NOFOLLOW``; the files relative to the directory's descriptor) and checked on the
+opened descriptor: ``DIR`` must belong to the serving user (group and other permissions are
+taken away, with a note), each file must be a regular file of that user not writable by group or
+others; else ``serve`` refuses to start, naming the file. The state of the release before this
+format (pickled: layout ``state-1:...``) is not read: ``serve`` refuses to start and says how to
+start fresh (move or delete ``DIR``).
 """
 
 from __future__ import annotations
@@ -41,15 +52,13 @@ from __future__ import annotations
 import dataclasses
 import errno
 import fcntl
-import io
+import hashlib
 import os
-import pickle
 import stat
 import struct
 import sys
 import threading
 import time
-import zlib
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -66,6 +75,8 @@ __all__ = [
     "SNAPSHOT_INTERVAL_SECONDS",
     "SNAPSHOT_LOG_BYTES",
     "SNAPSHOT_VERSION",
+    "STATE_FORMAT",
+    "TICK",
     "Gate",
     "Record",
     "Recovered",
@@ -74,6 +85,7 @@ __all__ = [
     "StateError",
     "batch_of",
     "batch_payload",
+    "layout",
     "plain_dumps",
     "plain_loads",
 ]
@@ -81,50 +93,79 @@ __all__ = [
 BATCH: Final = 1
 DECISION: Final = 2
 ADVICE: Final = 3
+TICK: Final = 4
+_KINDS: Final = frozenset({BATCH, DECISION, ADVICE, TICK})
 
 #: Seconds between snapshots while anything changes (the log between two is what a restart
 #: replays).
 SNAPSHOT_INTERVAL_SECONDS: Final = 30.0
 #: Version of the snapshot's plain data (``"version"``); a snapshot of another is set aside.
 SNAPSHOT_VERSION: Final = 1
+#: Version of the files' encoding (the log's frames, the snapshot's container,
+#: :func:`plain_dumps`). Format 1 was pickled; it is refused, not read.
+STATE_FORMAT: Final = 2
 #: Log bytes after which a snapshot is taken sooner.
 SNAPSHOT_LOG_BYTES: Final = 64 * 1024 * 1024
 #: Seconds a request waits for its frame to be synced before it is answered as a failure.
 SYNC_TIMEOUT_SECONDS: Final = 10.0
 
-_PREFIX: Final = struct.Struct("<II")  # payload length, CRC-32 of the head and the payload
+_LOG_MAGIC: Final = b"otel-loopguard log 2\n"
+_KEY_SIZE: Final = 16
+_LOG_HEADER_SIZE: Final = len(_LOG_MAGIC) + _KEY_SIZE
+_FRAME_MARK: Final = b"\xf7LGf"
+_PREFIX: Final = struct.Struct("<4sI8s")  # marker, payload length, keyed digest
 _HEAD: Final = struct.Struct("<QdB")  # sequence number, clock time, kind
 _FRAME_SIZE: Final = _PREFIX.size + _HEAD.size
-_SNAPSHOT_MAGIC: Final = b"otel-loopguard snapshot 2\n"
-_SNAPSHOT_HEAD: Final = struct.Struct("<QI")  # payload length, CRC-32 of the payload
 _MAX_FRAME: Final = 1 << 31
+_SNAPSHOT_MAGIC: Final = b"otel-loopguard snapshot 3\n"
+_SNAPSHOT_HEAD: Final = struct.Struct("<Q32s")  # payload length, BLAKE2b-256 of the payload
+#: The layout marker's prefix of format 1 (pickled): refused with a message.
+_PICKLED_LAYOUT: Final = "state-1:"
+_NOFOLLOW: Final = os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class StateError(Exception):
-    """The state directory cannot be used; the message names it and what went wrong."""
+    """The state directory cannot be used, or a decision cannot be logged; the message names
+    it and what went wrong."""
 
 
 class ServiceClock:
     """The service's clock: monotonic, but anchored to the wall clock when the process started,
     so times kept in a snapshot mean the same after a restart (also after a reboot). While a
-    restart replays the log it reads the time of the frame being applied (:meth:`pinned`)."""
+    restart replays the log it reads the time of the frame being applied (:meth:`pin`, for every
+    thread); a thread applying one logged input reads that input's logged time
+    (:meth:`pinned_here`), so the replay sees the same times."""
 
-    __slots__ = ("_offset", "_pinned")
+    __slots__ = ("_here", "_offset", "_pinned")
 
     def __init__(self) -> None:
         self._offset = time.time() - time.monotonic()
         self._pinned: float | None = None
+        self._here = threading.local()
 
     def __call__(self) -> float:
         pinned = self._pinned
+        if pinned is None:
+            pinned = getattr(self._here, "time", None)
         return pinned if pinned is not None else time.monotonic() + self._offset
 
     def pin(self, value: float | None) -> None:
         self._pinned = value
 
+    @contextmanager
+    def pinned_here(self, value: float) -> Iterator[None]:
+        """This thread reads ``value`` while inside."""
+        here = self._here
+        before = getattr(here, "time", None)
+        here.time = value
+        try:
+            yield
+        finally:
+            here.time = before
+
 
 class Gate:
-    """Many decision calls at once (each applies its decision and logs it in one step), or one
+    """Many decision calls at once (each logs its decision and applies it in one step), or one
     snapshot (which must see no decision half done)."""
 
     def __init__(self) -> None:
@@ -185,19 +226,20 @@ class Recovered:
     records: list[Record] = field(default_factory=list)
     next_seq: int = 1
     notes: list[str] = field(default_factory=list)
+    #: Damaged stretches found in the log (skipped; the good frames after each recovered).
+    damaged: int = 0
 
 
 def layout() -> str:
     """What the files of a state directory depend on, beyond the versions the snapshot's parts
     carry (each part refuses another version of its own, and the snapshot is then set aside):
-    the snapshot's :data:`SNAPSHOT_VERSION` and the fields of a recorded span (the log's
-    batches, :func:`batch_payload`). No private attribute of any class: renaming one changes
-    nothing here. A directory written with another layout is set aside, not loaded
-    (:meth:`StateDir.recover`)."""
-    import hashlib
-
+    the files' :data:`STATE_FORMAT`, the snapshot's :data:`SNAPSHOT_VERSION` and the fields of a
+    recorded span (the log's batches, :func:`batch_payload`). No private attribute of any class:
+    renaming one changes nothing here. A directory written with another layout is set aside, not
+    loaded (:meth:`StateDir.recover`); one of format 1 (pickled) is refused."""
     fields = ",".join(_SPAN_FIELDS)
-    return f"state-{SNAPSHOT_VERSION}:{hashlib.sha256(fields.encode()).hexdigest()[:16]}"
+    digest = hashlib.sha256(f"{SNAPSHOT_VERSION}:{fields}".encode()).hexdigest()[:16]
+    return f"state-{STATE_FORMAT}:{digest}"
 
 
 def _utc_stamp() -> str:
@@ -205,26 +247,34 @@ def _utc_stamp() -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{os.getpid()}"
 
 
+def _digest(key: bytes, data: bytes | memoryview) -> bytes:
+    return hashlib.blake2b(data, digest_size=8, key=key).digest()
+
+
 class StateDir:
     """The state directory: :meth:`recover` reads it, :meth:`open_log` starts logging,
-    :meth:`append` / :meth:`wait` log and sync, :meth:`write_snapshot` compacts."""
+    :meth:`append` / :meth:`wait` log and sync, :meth:`write_snapshot` compacts.
+
+    ``DIR`` is opened once, without following a symbolic link, and every file in it is opened
+    relative to that descriptor (``dir_fd``) without following one either: a path flipped to
+    another directory after the start changes nothing. ``notes`` says what opening it changed
+    (its mode tightened to ``0700``)."""
 
     def __init__(self, path: str, *, on_error: Callable[[OSError], None] | None = None) -> None:
         self.path = Path(path).expanduser()
         self._on_error = on_error
+        self.notes: list[str] = []
+        self._dir = _open_directory(self.path, self.notes)
         try:
-            self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StateError(f"state_dir: cannot create {str(self.path)!r}: {exc}") from None
-        self._check_trusted(self.path, "it")
-        try:
-            self._lock_fd = os.open(self.path / "lock", os.O_RDWR | os.O_CREAT, 0o600)
-        except OSError as exc:
-            raise StateError(f"state_dir: cannot write in {str(self.path)!r}: {exc}") from None
+            self._lock_fd = self._open_trusted("lock", os.O_RDWR | os.O_CREAT)
+        except BaseException:
+            os.close(self._dir)
+            raise
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
             os.close(self._lock_fd)
+            os.close(self._dir)
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise StateError(
                     f"state_dir: {str(self.path)!r} is in use by another otel-loopguard serve"
@@ -232,116 +282,186 @@ class StateDir:
             raise StateError(f"state_dir: cannot lock {str(self.path)!r}: {exc}") from None
         self._cond = threading.Condition()
         self._io = threading.Lock()
-        self._pending: list[bytes] = []
+        self._pending_frames: list[tuple[int, float, int, bytes]] = []
         self._appended = 0  # last sequence number appended
         self._settled = 0  # last sequence number whose write ended (synced, or failed)
         self._failures: deque[tuple[int, int]] = deque(maxlen=64)  # (first, last) not written
-        self._broken = False  # the last write failed: the next group starts a new file
+        self._broken: int | None = None  # a write failed and could not be cut off: new file
         self._closing = False
         self._fd: int | None = None
+        self._key = b""
+        self._size = 0  # bytes of the current file synced (whole frames)
         self._segments: deque[int] = deque()  # each log file's first sequence number, oldest first
         self.log_bytes = 0  # since the last snapshot
         self._thread: threading.Thread | None = None
 
+    # -- files -----------------------------------------------------------------------------
+
+    def _where(self, name: str) -> str:
+        return repr(str(self.path / name))
+
+    def _open_trusted(self, name: str, flags: int, create_mode: int = 0o600) -> int:
+        """Open ``DIR/name`` without following a symbolic link; refused (``StateError``) unless
+        it is a regular file of this user that group and others cannot write.
+        ``FileNotFoundError`` when it is not there (and ``flags`` do not create it)."""
+        try:
+            fd = os.open(name, flags | _NOFOLLOW | os.O_NONBLOCK, create_mode, dir_fd=self._dir)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise StateError(
+                    f"state_dir: {self._where(name)} is a symbolic link; it decides what is"
+                    f" counted, so it must be a file of this directory (remove the link)"
+                ) from None
+            raise StateError(f"state_dir: cannot open {self._where(name)}: {exc}") from None
+        try:
+            _check_owned(os.fstat(fd), self._where(name), file=True)
+            os.set_blocking(fd, True)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _read_file(self, name: str) -> bytes | None:
+        """The bytes of ``DIR/name`` (None when it is not there), opened as
+        :meth:`_open_trusted` does."""
+        try:
+            fd = self._open_trusted(name, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        with os.fdopen(fd, "rb") as file:
+            return file.read()
+
+    def _write_new(self, name: str, data: bytes) -> None:
+        """Write ``DIR/name`` afresh (exclusive create, after removing what was there), synced."""
+        self._unlink(name)
+        fd = os.open(
+            name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600, dir_fd=self._dir
+        )
+        try:
+            os.fchmod(fd, 0o600)
+            _write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _replace(self, source: str, target: str) -> None:
+        os.replace(source, target, src_dir_fd=self._dir, dst_dir_fd=self._dir)
+
+    def _unlink(self, name: str) -> None:
+        try:
+            os.unlink(name, dir_fd=self._dir)
+        except FileNotFoundError:
+            pass
+
+    def _sync_directory(self) -> None:
+        os.fsync(self._dir)
+
+    def _names(self) -> list[str]:
+        return os.listdir(self._dir)
+
     # -- reading what is there -------------------------------------------------------------
 
-    def _check_trusted(self, path: Path, what: str) -> None:
-        try:
-            info = path.stat()
-        except OSError as exc:
-            raise StateError(f"state_dir: cannot read {str(path)!r}: {exc}") from None
-        if info.st_uid != os.geteuid():
-            raise StateError(
-                f"state_dir: {str(path)!r} belongs to another user (uid {info.st_uid}); it"
-                f" decides what is counted, so {what} must be this user's"
-            )
-        if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            raise StateError(
-                f"state_dir: {str(path)!r} can be written by group or others; it decides what"
-                f" is counted (chmod go-w it)"
-            )
-
-    def _segment_files(self) -> list[tuple[int, Path]]:
+    def _segment_files(self) -> list[tuple[int, str]]:
         found = []
-        for path in self.path.glob("wal-*.log"):
-            digits = path.name[4:-4]
-            if digits.isdigit():
-                found.append((int(digits), path))
+        for name in self._names():
+            if name.startswith("wal-") and name.endswith(".log") and name[4:-4].isdigit():
+                found.append((int(name[4:-4]), name))
         return sorted(found)
 
     def recover(self) -> Recovered:
-        """The snapshot (None without one) and every log frame, in order; a torn last frame
-        ends the log (the file is cut there). State written with another :func:`layout` is
-        moved to ``DIR/previous-<UTC time>/`` with a note, and not loaded."""
-        out = Recovered()
-        self._set_aside_other_layout(out)
-        snapshot_path = self.path / "snapshot"
-        if snapshot_path.exists():
-            self._check_trusted(snapshot_path, "the snapshot")
+        """The snapshot (None without one) and every log frame, in order. A torn last frame
+        ends the log (the file is cut there); a damaged stretch before good frames is skipped
+        with a note (and counted in ``damaged``), the frames after it recovered. State written
+        with another :func:`layout` is moved to ``DIR/previous-<UTC time>/`` with a note, and not
+        loaded; state of format 1 (pickled) is refused (``StateError``)."""
+        out = Recovered(notes=list(self.notes))
+        self._check_layout(out)
+        try:
+            data = self._read_file("snapshot")
+        except StateError:
+            raise
+        if data is not None:
             try:
-                out.snapshot = _read_snapshot(snapshot_path)
-            except Exception as exc:  # any unpickling error: damaged
+                out.snapshot = _snapshot_of(data)
+            except ValueError as exc:
                 out.notes.append(self.set_aside_snapshot(exc))
         if out.snapshot is not None:
             out.next_seq = int(out.snapshot["next_seq"])
         segments = self._segment_files()
-        for index, (first, path) in enumerate(segments):
+        for index, (first, name) in enumerate(segments):
             self._segments.append(first)
             last = index == len(segments) - 1
-            good, problem = _read_frames(path, out.records)
-            if problem is not None:
+            data = self._read_file(name)
+            frames: list[Record] = []
+            good, problems = _read_frames(data or b"", frames)
+            # A file after a write that could not be cut off starts at the first frame of the
+            # failed group: what the earlier file holds from there was never answered.
+            bound = segments[index + 1][0] if not last else None
+            out.records.extend(r for r in frames if bound is None or r.seq < bound)
+            for text in problems:
+                out.damaged += 1
+                out.notes.append(f"log {self._where(name)}: {text}")
+            if good is not None:
+                where = self._where(name)
                 if last:
-                    with open(path, "r+b") as file:
-                        file.truncate(good)
-                        os.fsync(file.fileno())
-                    out.notes.append(f"log {str(path)!r}: {problem}; cut at byte {good:,}")
+                    fd = self._open_trusted(name, os.O_WRONLY)
+                    try:
+                        os.ftruncate(fd, good)
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+                    out.notes.append(f"log {where}: a torn last frame; cut at byte {good:,}")
                 else:
-                    out.notes.append(
-                        f"log {str(path)!r}: {problem} at byte {good:,}; the rest of that file"
-                        f" is skipped"
-                    )
+                    out.damaged += 1
+                    out.notes.append(f"log {where}: damaged from byte {good:,} to its end; skipped")
         if out.records:
             out.next_seq = max(out.next_seq, out.records[-1].seq + 1)
         return out
 
-    def _set_aside_other_layout(self, out: Recovered) -> None:
-        marker = self.path / "layout"
+    def _check_layout(self, out: Recovered) -> None:
         ours = layout()
         try:
-            theirs = marker.read_text(encoding="utf-8").strip()
-        except FileNotFoundError:
-            theirs = None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise StateError(f"state_dir: cannot read {str(marker)!r}: {exc}") from None
+            raw = self._read_file("layout")
+            theirs = None if raw is None else raw.decode("utf-8").strip()
+        except UnicodeDecodeError as exc:
+            raise StateError(f"state_dir: cannot read {self._where('layout')}: {exc}") from None
         kept = [
-            path
-            for path in self.path.iterdir()
-            if path.name == "snapshot" or (path.name.startswith("wal-") and path.suffix == ".log")
+            name
+            for name in self._names()
+            if name == "snapshot" or (name.startswith("wal-") and name.endswith(".log"))
         ]
+        if theirs != ours and kept and theirs is not None and theirs.startswith(_PICKLED_LAYOUT):
+            raise StateError(
+                f"state_dir: {str(self.path)!r} holds state of an earlier release, written in"
+                f" its pickled format (layout {theirs}), which this version does not read"
+                f" (reading it could run code). To start fresh, move it away or delete it"
+                f" (mv {str(self.path)!r} {str(self.path) + '.old'!r}): the loop counts in it are"
+                f" lost, and sessions start from zero"
+            )
         if theirs != ours and kept:
-            aside = self.path / f"previous-{_utc_stamp()}"
-            aside.mkdir(mode=0o700)
-            for path in kept:
-                os.replace(path, aside / path.name)
+            aside = f"previous-{_utc_stamp()}"
+            os.mkdir(aside, 0o700, dir_fd=self._dir)
+            for name in kept:
+                self._replace(name, f"{aside}/{name}")
             out.notes.append(
                 f"the state in {str(self.path)!r} was written by another version"
-                f" ({theirs or 'unknown'}; this is {ours}): moved to {str(aside)!r}, not loaded"
-                f" (counts start afresh)"
+                f" ({theirs or 'unknown'}; this is {ours}): moved to"
+                f" {str(self.path / aside)!r}, not loaded (counts start afresh)"
             )
         if theirs != ours:
-            temporary = self.path / "layout.tmp"
-            temporary.write_text(ours + "\n", encoding="utf-8")
-            os.replace(temporary, marker)
-            _sync_directory(self.path)
+            self._write_new("layout.tmp", (ours + "\n").encode())
+            self._replace("layout.tmp", "layout")
+            self._sync_directory()
 
     def set_aside_snapshot(self, problem: object) -> str:
         """Move a snapshot that cannot be used to ``snapshot.corrupt-<UTC time>``; the note."""
-        path = self.path / "snapshot"
-        aside = path.with_name(f"snapshot.corrupt-{_utc_stamp()}")
-        os.replace(path, aside)
+        aside = f"snapshot.corrupt-{_utc_stamp()}"
+        self._replace("snapshot", aside)
         return (
-            f"snapshot {str(path)!r} cannot be read ({problem}); moved to {str(aside)!r};"
-            f" replaying the log alone (the counts it held are lost)"
+            f"snapshot {self._where('snapshot')} cannot be read ({problem}); moved to"
+            f" {self._where(aside)}; replaying the log alone (the counts it held are lost)"
         )
 
     # -- logging ---------------------------------------------------------------------------
@@ -354,9 +474,27 @@ class StateDir:
         self._thread.start()
 
     def _new_segment(self, first: int) -> int:
-        path = self.path / f"wal-{first:020d}.log"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        _sync_directory(self.path)
+        """Create ``wal-<first>.log`` with its header (a new key), synced; its descriptor."""
+        name = f"wal-{first:020d}.log"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | _NOFOLLOW
+        try:
+            fd = os.open(name, flags, 0o600, dir_fd=self._dir)
+        except FileExistsError:
+            # Only a file without a frame can have this name (it starts at a sequence number not
+            # yet written): replaced.
+            self._unlink(name)
+            fd = os.open(name, flags, 0o600, dir_fd=self._dir)
+        key = os.urandom(_KEY_SIZE)
+        try:
+            _write_all(fd, _LOG_MAGIC + key)
+            os.fdatasync(fd)
+            self._sync_directory()
+        except OSError:
+            os.close(fd)
+            self._unlink(name)
+            raise
+        self._key = key
+        self._size = _LOG_HEADER_SIZE
         if not self._segments or self._segments[-1] != first:
             self._segments.append(first)
         return fd
@@ -372,10 +510,7 @@ class StateDir:
             if admit is not None and not admit(seq):
                 return 0
             self._appended = seq
-            head = _HEAD.pack(seq, when, kind)
-            crc = zlib.crc32(payload, zlib.crc32(head))
-            self._pending.append(_PREFIX.pack(len(payload), crc) + head)
-            self._pending.append(payload)
+            self._pending_frames.append((seq, when, kind, payload))
             self.log_bytes += _FRAME_SIZE + len(payload)
             self._cond.notify_all()
         return seq
@@ -402,40 +537,70 @@ class StateDir:
                 self._cond.wait(left)
             return not any(low <= seq <= high for low, high in self._failures)
 
+    def _take_pending(self) -> tuple[list[tuple[int, float, int, bytes]], int, int]:
+        """(frames, first, last) pending, under ``_cond``."""
+        frames = self._pending_frames
+        self._pending_frames = []
+        return frames, self._settled + 1, self._appended
+
     def _sync_loop(self) -> None:
         while True:
             with self._cond:
-                while not self._pending and not self._closing:
+                while not self._pending_frames and not self._closing:
                     self._cond.wait()
-                if not self._pending:
+                if not self._pending_frames:
                     return
             with self._io:  # not held while waiting: a snapshot's rotation takes it
                 with self._cond:
-                    if not self._pending:
+                    if not self._pending_frames:
                         continue  # the rotation wrote them
-                    data = b"".join(self._pending)
-                    self._pending.clear()
-                    first, upto = self._settled + 1, self._appended
-                error = self._write_group(first, data)
+                    frames, first, upto = self._take_pending()
+                error = self._write_group(first, frames)
                 self._settle(first, upto, error)
 
-    def _write_group(self, first: int, data: bytes) -> OSError | None:
-        """Write and sync one group (under ``_io``). After a failed write the file may end in
-        a torn frame, which would hide every later frame from a replay: the next group starts a
-        new file."""
-        if self._broken:
+    def _write_group(
+        self, first: int, frames: list[tuple[int, float, int, bytes]]
+    ) -> OSError | None:
+        """Write and sync one group (under ``_io``). A group that fails is cut off again, so
+        the file ends in whole frames and the next group goes on in it (a full disk costs no
+        new file); only when that cut fails too does the next group start a new file, named
+        after this group's first frame (a restart then ignores what the old file holds from
+        there)."""
+        if self._broken is not None:
             try:
-                fd = self._new_segment(first)
+                fd = self._new_segment(self._broken)
             except OSError as exc:
                 return exc
             old, self._fd = self._fd, fd
-            self._broken = False
+            self._broken = None
             if old is not None:
                 os.close(old)
-        error = self._write(self._fd, data)
-        if error is not None:
-            self._broken = True
-        return error
+        current = self._fd
+        if current is None:
+            return OSError(errno.EBADF, "the log is closed")
+        key = self._key
+        parts = []
+        for seq, when, kind, payload in frames:
+            head = _HEAD.pack(seq, when, kind)
+            size = struct.pack("<I", len(payload))
+            digest = hashlib.blake2b(size, digest_size=8, key=key)
+            digest.update(head)
+            digest.update(payload)
+            parts.append(_PREFIX.pack(_FRAME_MARK, len(payload), digest.digest()) + head)
+            parts.append(payload)
+        data = b"".join(parts)
+        try:
+            _write_all(current, data)
+            os.fdatasync(current)
+        except OSError as exc:
+            try:
+                os.ftruncate(current, self._size)
+                os.fdatasync(current)
+            except OSError:
+                self._broken = first
+            return exc
+        self._size += len(data)
+        return None
 
     def _settle(self, first: int, upto: int, error: OSError | None) -> None:
         with self._cond:
@@ -446,19 +611,6 @@ class StateDir:
         if error is not None and self._on_error is not None:
             self._on_error(error)
 
-    def _write(self, fd: int | None, data: bytes) -> OSError | None:
-        if fd is None:
-            return OSError(errno.EBADF, "the log is closed")
-        try:
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
-            os.fdatasync(fd)
-        except OSError as exc:
-            return exc
-        return None
-
     # -- snapshots -------------------------------------------------------------------------
 
     def write_snapshot(self, state: dict[str, Any], covered: int, keep_after: int) -> None:
@@ -468,37 +620,26 @@ class StateDir:
         not plain data (:func:`plain_dumps`; the old snapshot and the log stay as they were)."""
         state = {**state, "next_seq": covered + 1, "covered": covered}
         payload = plain_dumps(state)
-        temporary = self.path / "snapshot.tmp"
-        with open(temporary, "wb") as file:
-            os.fchmod(file.fileno(), 0o600)
-            file.write(_SNAPSHOT_MAGIC)
-            file.write(_SNAPSHOT_HEAD.pack(len(payload), zlib.crc32(payload)))
-            file.write(payload)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, self.path / "snapshot")
-        _sync_directory(self.path)
+        head = _SNAPSHOT_HEAD.pack(len(payload), hashlib.blake2b(payload, digest_size=32).digest())
+        self._write_new("snapshot.tmp", _SNAPSHOT_MAGIC + head + payload)
+        self._replace("snapshot.tmp", "snapshot")
+        self._sync_directory()
         self._rotate()
         while len(self._segments) > 1 and self._segments[1] <= keep_after + 1:
             first = self._segments.popleft()
-            try:
-                os.unlink(self.path / f"wal-{first:020d}.log")
-            except FileNotFoundError:
-                pass
+            self._unlink(f"wal-{first:020d}.log")
 
     def _rotate(self) -> None:
         """Sync what is pending into the current file, then log into a new one."""
         with self._io:
             with self._cond:
-                data = b"".join(self._pending)
-                self._pending.clear()
-                first, upto = self._settled + 1, self._appended
-            error = self._write_group(first, data) if data else None
+                frames, first, upto = self._take_pending()
+            error = self._write_group(first, frames) if frames else None
             self._settle(first, upto, error)
             if self._segments[-1] != upto + 1:
                 fd = self._new_segment(upto + 1)
                 old, self._fd = self._fd, fd
-                self._broken = False
+                self._broken = None
                 if old is not None:
                     os.close(old)
             with self._cond:
@@ -515,104 +656,404 @@ class StateDir:
             os.close(self._fd)
             self._fd = None
         os.close(self._lock_fd)
+        os.close(self._dir)
 
 
-def _sync_directory(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
+def _check_owned(info: os.stat_result, where: str, *, file: bool) -> None:
+    if file and not stat.S_ISREG(info.st_mode):
+        raise StateError(f"state_dir: {where} is not a regular file; remove it")
+    if info.st_uid != os.geteuid():
+        raise StateError(
+            f"state_dir: {where} belongs to another user (uid {info.st_uid}); it decides what is"
+            f" counted, so it must be this user's"
+        )
+    if file and info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise StateError(
+            f"state_dir: {where} can be written by group or others; it decides what is counted"
+            f" (chmod go-w it)"
+        )
+
+
+def _open_directory(path: Path, notes: list[str]) -> int:
+    """Open (make, ``0700``, when missing) the state directory without following a symbolic
+    link; refused unless it is this user's. Group and other permissions are taken away."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW
+    shown = repr(str(path))
     try:
-        os.fsync(fd)
-    finally:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise StateError(f"state_dir: cannot create {shown}: {exc}") from None
+        try:
+            fd = os.open(path, flags)
+        except OSError as exc:
+            raise StateError(f"state_dir: cannot open {shown}: {exc}") from None
+    except OSError as exc:
+        if path.is_symlink():
+            raise StateError(
+                f"state_dir: {shown} is a symbolic link; give the directory itself (another"
+                f" user who can change the link could change what is counted)"
+            ) from None
+        if exc.errno == errno.ENOTDIR:
+            raise StateError(f"state_dir: cannot create {shown}: a file is in the way") from None
+        raise StateError(f"state_dir: cannot open {shown}: {exc}") from None
+    try:
+        info = os.fstat(fd)
+        _check_owned(info, shown, file=False)
+        mode = stat.S_IMODE(info.st_mode)
+        if mode & 0o077:
+            os.fchmod(fd, 0o700)
+            notes.append(f"{shown} was mode {mode:04o}; made 0700 (only this user may read it)")
+    except OSError as exc:
         os.close(fd)
+        raise StateError(f"state_dir: cannot make {shown} 0700: {exc}") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
-def _read_snapshot(path: Path) -> dict[str, Any]:
-    data = path.read_bytes()
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _snapshot_of(data: bytes) -> dict[str, Any]:
+    """A snapshot file's state; ``ValueError`` naming what is wrong."""
     if not data.startswith(_SNAPSHOT_MAGIC):
-        raise ValueError("not an otel-loopguard snapshot (or another version)")
+        raise ValueError("not an otel-loopguard snapshot of this format")
     start = len(_SNAPSHOT_MAGIC) + _SNAPSHOT_HEAD.size
     if len(data) < start:
         raise ValueError("truncated")
-    length, crc = _SNAPSHOT_HEAD.unpack_from(data, len(_SNAPSHOT_MAGIC))
+    length, digest = _SNAPSHOT_HEAD.unpack_from(data, len(_SNAPSHOT_MAGIC))
     payload = data[start:]
-    if len(payload) != length or zlib.crc32(payload) != crc:
-        raise ValueError("damaged (length or checksum)")
+    if len(payload) != length or hashlib.blake2b(payload, digest_size=32).digest() != digest:
+        raise ValueError("damaged (length or digest)")
     state = plain_loads(payload)
-    if not isinstance(state, dict) or "next_seq" not in state:
+    if not isinstance(state, dict) or not isinstance(state.get("next_seq"), int):
         raise ValueError("no state in it")
     return state
 
 
-_PLAIN: Final = (dict, list, tuple, str, bytes, int, float, bool, type(None))
-
-
-def plain_dumps(data: object) -> bytes:
-    """``data``, plain data only (dicts, lists, tuples, strings, bytes, numbers, booleans,
-    ``None``), as a pickle :func:`plain_loads` reads. ``ValueError`` naming the first value of
-    another type (its path from the top)."""
-    _check_plain(data, "snapshot")
-    return pickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def _check_plain(value: object, path: str) -> None:
-    kind = type(value)
-    if kind not in _PLAIN:
-        raise ValueError(f"{path}: {kind.__name__} is not plain data")
-    if kind is dict:
-        for key, item in value.items():  # type: ignore[attr-defined]
-            _check_plain(key, f"{path} key")
-            _check_plain(item, f"{path}[{key!r:.40}]")
-    elif kind is list or kind is tuple:
-        for index, item in enumerate(value):  # type: ignore[arg-type]
-            _check_plain(item, f"{path}[{index}]")
-
-
-class _PlainUnpickler(pickle.Unpickler):
-    """Loads no global: a pickle that names any class or function (the only way a pickle runs
-    code) is refused."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise ValueError(f"not plain data: the snapshot names {module}.{name}")
-
-
-def plain_loads(payload: bytes) -> Any:
-    """A :func:`plain_dumps` pickle back; ``ValueError`` for one that names a class or
-    function (or any damage)."""
-    try:
-        return _PlainUnpickler(io.BytesIO(payload)).load()
-    except ValueError:
-        raise
-    except Exception as exc:
-        raise ValueError(f"not a plain-data pickle ({type(exc).__name__}: {exc})") from None
-
-
-def _read_frames(path: Path, into: list[Record]) -> tuple[int, str | None]:
-    """Append the frames of one log file to ``into``; (bytes read in good frames, what ended
-    it early or None)."""
-    data = path.read_bytes()
-    offset = 0
-    size = _FRAME_SIZE
+def _read_frames(data: bytes, into: list[Record]) -> tuple[int | None, list[str]]:
+    """Append the good frames of one log file to ``into``. Returns where a damaged or torn end
+    starts (None when the file ends in a whole frame) and a note for each damaged stretch that
+    good frames follow."""
+    problems: list[str] = []
+    if len(data) < _LOG_HEADER_SIZE or not data.startswith(_LOG_MAGIC):
+        # Created, and the crash hit the header: nothing in it was answered. Anything else
+        # without the header is no log of this format.
+        if _LOG_MAGIC.startswith(data[: len(_LOG_MAGIC)]) and len(data) < _LOG_HEADER_SIZE:
+            return (0 if data else None), problems
+        return 0, problems
+    key = data[len(_LOG_MAGIC) : _LOG_HEADER_SIZE]
+    offset = _LOG_HEADER_SIZE
+    last_seq = 0
     while offset < len(data):
-        if len(data) - offset < size:
-            return offset, "torn frame header"
-        length, crc = _PREFIX.unpack_from(data, offset)
-        head = data[offset + _PREFIX.size : offset + size]
-        seq, when, kind = _HEAD.unpack(head)
-        end = offset + size + length
-        if length > _MAX_FRAME or end > len(data):
-            return offset, "torn frame"
-        payload = data[offset + size : end]
-        if zlib.crc32(payload, zlib.crc32(head)) != crc:
-            return offset, "damaged frame (checksum)"
-        if kind not in (BATCH, DECISION, ADVICE):
-            return offset, f"unknown frame kind {kind}"
-        into.append(Record(seq, when, kind, payload))
-        offset = end
-    return offset, None
+        frame = _frame_at(data, offset, key)
+        if frame is not None:
+            into.append(frame[0])
+            last_seq = frame[0].seq
+            offset = frame[1]
+            continue
+        # Damaged here: the next frame whose digest holds, if any.
+        found = _next_frame(data, offset, key, last_seq)
+        if found is None:
+            return offset, problems
+        first = found[0].seq
+        lost = f"; sequence numbers {last_seq + 1}-{first - 1} lost" if last_seq else ""
+        problems.append(
+            f"{found[1] - offset:,} damaged bytes at byte {offset:,} skipped{lost}; the frames"
+            f" after them recovered"
+        )
+        offset = found[1]
+    return None, problems
+
+
+def _next_frame(data: bytes, offset: int, key: bytes, last_seq: int) -> tuple[Record, int] | None:
+    """The first good frame after ``offset`` (one of a later sequence number) and where it
+    starts."""
+    resume = data.find(_FRAME_MARK, offset + 1)
+    while resume != -1:
+        frame = _frame_at(data, resume, key)
+        if frame is not None and frame[0].seq > last_seq:
+            return frame[0], resume
+        resume = data.find(_FRAME_MARK, resume + 1)
+    return None
+
+
+def _frame_at(data: bytes, offset: int, key: bytes) -> tuple[Record, int] | None:
+    """The frame at ``offset`` and where the next starts, or None when none whole is there."""
+    if len(data) - offset < _FRAME_SIZE:
+        return None
+    mark, length, digest = _PREFIX.unpack_from(data, offset)
+    if mark != _FRAME_MARK or length > _MAX_FRAME:
+        return None
+    start = offset + _PREFIX.size
+    end = start + _HEAD.size + length
+    if end > len(data):
+        return None
+    check = hashlib.blake2b(data[offset + 4 : offset + 8], digest_size=8, key=key)
+    check.update(data[start:end])
+    if check.digest() != digest:
+        return None
+    seq, when, kind = _HEAD.unpack_from(data, start)
+    if kind not in _KINDS:
+        return None
+    return Record(seq, when, kind, data[start + _HEAD.size : end]), end
 
 
 def note(text: str) -> None:
     """One line on stderr about the state directory."""
     print(f"otel-loopguard serve: state_dir: {text}", file=sys.stderr, flush=True)
+
+
+# -- the plain-data format ------------------------------------------------------------------
+
+#: Nesting read or written at most (the snapshot's own structure plus span attribute values,
+#: themselves at most :data:`~otel_loopguard._traces.MAX_VALUE_DEPTH` deep).
+MAX_PLAIN_DEPTH: Final = 100
+_INT: Final = struct.Struct("<cq")
+_FLOAT: Final = struct.Struct("<cd")
+_SIZED: Final = struct.Struct("<cI")
+_Q: Final = struct.Struct("<q")
+_D: Final = struct.Struct("<d")
+_I: Final = struct.Struct("<I")
+_MIN64: Final = -(1 << 63)
+_MAX64: Final = (1 << 63) - 1
+_PLAIN: Final = (dict, list, tuple, str, bytes, int, float, bool, type(None))
+
+
+class _NotPlain(Exception):
+    pass
+
+
+def plain_dumps(data: object) -> bytes:
+    """``data``, plain data only (dicts, lists, tuples, strings, bytes, integers, floats,
+    booleans, ``None``, nested at most :data:`MAX_PLAIN_DEPTH` deep), in the state directory's
+    data-only format: one tag byte per value (``N T F`` None and booleans; ``i`` a 64-bit
+    integer, ``I`` a longer one with its byte length; ``f`` a float; ``s`` UTF-8 text and
+    ``b`` bytes with their length; ``r`` the same text as the n-th ``s`` before it; ``l`` a
+    list, ``t`` a tuple, ``d`` a dict with their item count), little-endian. ``ValueError``
+    naming the first value of another type (its path from the top)."""
+    writer = _Writer()
+    try:
+        writer.walk(data, 0)
+    except (_NotPlain, RecursionError):
+        _check_plain(data, "snapshot", 0)
+        raise ValueError(f"snapshot: nested more than {MAX_PLAIN_DEPTH} levels deep") from None
+    return b"".join(writer.out)
+
+
+class _Writer:
+    """Writes :func:`plain_dumps`'s format."""
+
+    __slots__ = ("out", "put", "seen")
+
+    def __init__(self) -> None:
+        self.out: list[bytes] = []
+        self.put = self.out.append
+        self.seen: dict[str, int] = {}  # each text written once; later ones refer to it ("r")
+
+    def walk(self, value: Any, depth: int) -> None:
+        kind = type(value)
+        put = self.put
+        if kind is str:
+            self.text(value)
+        elif kind is int:
+            if _MIN64 <= value <= _MAX64:
+                put(_INT.pack(b"i", value))
+            else:
+                raw = value.to_bytes(value.bit_length() // 8 + 1, "little", signed=True)
+                put(_SIZED.pack(b"I", len(raw)))
+                put(raw)
+        elif value is None:
+            put(b"N")
+        elif kind is bool:
+            put(b"T" if value else b"F")
+        elif kind is float:
+            put(_FLOAT.pack(b"f", value))
+        elif kind is bytes:
+            put(_SIZED.pack(b"b", len(value)))
+            put(value)
+        elif kind is list or kind is tuple or kind is dict:
+            self.nested(value, kind, depth)
+        else:
+            raise _NotPlain
+
+    def text(self, value: str) -> None:
+        index = self.seen.get(value)
+        if index is not None:
+            self.put(_SIZED.pack(b"r", index))
+            return
+        self.seen[value] = len(self.seen)
+        raw = value.encode("utf-8", "surrogatepass")
+        self.put(_SIZED.pack(b"s", len(raw)))
+        self.put(raw)
+
+    def nested(self, value: Any, kind: type, depth: int) -> None:
+        if depth >= MAX_PLAIN_DEPTH:
+            raise _NotPlain
+        walk = self.walk
+        if kind is dict:
+            self.put(_SIZED.pack(b"d", len(value)))
+            for key, item in value.items():
+                walk(key, depth + 1)
+                walk(item, depth + 1)
+        else:
+            self.put(_SIZED.pack(b"l" if kind is list else b"t", len(value)))
+            for item in value:
+                walk(item, depth + 1)
+
+
+def _check_plain(value: object, path: str, depth: int) -> None:
+    kind = type(value)
+    if kind not in _PLAIN:
+        raise ValueError(f"{path}: {kind.__name__} is not plain data")
+    if depth >= MAX_PLAIN_DEPTH:
+        return
+    if kind is dict:
+        for key, item in value.items():  # type: ignore[attr-defined]
+            _check_plain(key, f"{path} key", depth + 1)
+            _check_plain(item, f"{path}[{key!r:.40}]", depth + 1)
+    elif kind is list or kind is tuple:
+        for index, item in enumerate(value):  # type: ignore[arg-type]
+            _check_plain(item, f"{path}[{index}]", depth + 1)
+
+
+def plain_loads(payload: bytes) -> Any:
+    """A :func:`plain_dumps` value back; ``ValueError`` for anything else (a tag it does not
+    know, a length past the end, nesting past :data:`MAX_PLAIN_DEPTH`, bytes left over, a key
+    that cannot be one). Reads data only: there is nothing in the format that names code."""
+    reader = _Reader(bytes(payload))
+    try:
+        value = reader.read(0)
+    except ValueError:
+        raise
+    except (TypeError, struct.error, OverflowError) as exc:  # a list as a dict key, ...
+        raise ValueError(f"not plain data ({type(exc).__name__}: {exc})") from None
+    left = reader.size - reader.position
+    if left:
+        raise ValueError(f"{left:,} bytes after the value")
+    return value
+
+
+class _Reader:
+    """Reads :func:`plain_dumps`'s format: one method per tag (:data:`_READERS`)."""
+
+    __slots__ = ("data", "position", "size", "texts")
+
+    def __init__(self, data: bytes) -> None:
+        self.texts: list[str] = []
+        self.data = data
+        self.size = len(data)
+        self.position = 0
+
+    def read(self, depth: int) -> Any:
+        position = self.position
+        if position >= self.size:
+            raise ValueError("truncated")
+        self.position = position + 1
+        method = _READERS.get(self.data[position])
+        if method is None:
+            raise ValueError(f"unknown tag {self.data[position]:#04x} at byte {position:,}")
+        return method(self, depth)
+
+    def _fixed(self, width: int) -> int:
+        """Where the next ``width`` bytes start (they are there)."""
+        start = self.position
+        if self.size - start < width:
+            raise ValueError("truncated")
+        self.position = start + width
+        return start
+
+    def _count(self, least: int) -> int:
+        """A length or item count, each item at least ``least`` bytes (all there)."""
+        count = int(_I.unpack_from(self.data, self._fixed(4))[0])
+        if count * least > self.size - self.position:
+            raise ValueError(f"a length past the end ({count:,})")
+        return count
+
+    def _raw(self) -> bytes:
+        count = self._count(1)
+        start = self._fixed(count)
+        return self.data[start : start + count]
+
+    def _none(self, depth: int) -> None:
+        return None
+
+    def _true(self, depth: int) -> bool:
+        return True
+
+    def _false(self, depth: int) -> bool:
+        return False
+
+    def _int(self, depth: int) -> int:
+        return int(_Q.unpack_from(self.data, self._fixed(8))[0])
+
+    def _big(self, depth: int) -> int:
+        return int.from_bytes(self._raw(), "little", signed=True)
+
+    def _float(self, depth: int) -> float:
+        return float(_D.unpack_from(self.data, self._fixed(8))[0])
+
+    def _str(self, depth: int) -> str:
+        text = self._raw().decode("utf-8", "surrogatepass")
+        self.texts.append(text)
+        return text
+
+    def _ref(self, depth: int) -> str:
+        index = int(_I.unpack_from(self.data, self._fixed(4))[0])
+        if index >= len(self.texts):
+            raise ValueError(f"a reference to text {index:,} of {len(self.texts):,}")
+        return self.texts[index]
+
+    def _bytes(self, depth: int) -> bytes:
+        return self._raw()
+
+    def _nested(self, depth: int) -> int:
+        if depth >= MAX_PLAIN_DEPTH:
+            raise ValueError(f"nested more than {MAX_PLAIN_DEPTH} levels deep")
+        return depth + 1
+
+    def _list(self, depth: int) -> list[Any]:
+        inner = self._nested(depth)
+        return [self.read(inner) for _ in range(self._count(1))]
+
+    def _tuple(self, depth: int) -> tuple[Any, ...]:
+        inner = self._nested(depth)
+        return tuple([self.read(inner) for _ in range(self._count(1))])
+
+    def _dict(self, depth: int) -> dict[Any, Any]:
+        inner = self._nested(depth)
+        out: dict[Any, Any] = {}
+        for _ in range(self._count(2)):
+            key = self.read(inner)
+            out[key] = self.read(inner)
+        return out
+
+
+_READERS: Final[dict[int, Callable[[_Reader, int], Any]]] = {
+    ord("N"): _Reader._none,
+    ord("T"): _Reader._true,
+    ord("F"): _Reader._false,
+    ord("i"): _Reader._int,
+    ord("I"): _Reader._big,
+    ord("f"): _Reader._float,
+    ord("s"): _Reader._str,
+    ord("r"): _Reader._ref,
+    ord("b"): _Reader._bytes,
+    ord("l"): _Reader._list,
+    ord("t"): _Reader._tuple,
+    ord("d"): _Reader._dict,
+}
 
 
 #: A recorded span's fields, in order: how a batch's spans are written in the log.
@@ -623,8 +1064,7 @@ def batch_payload(read: OtlpSpans) -> bytes:
     """An accepted batch for the log (``BATCH``): its spans' fields, problems, bad-span count
     and parent links, as plain data (:func:`batch_of` reads it)."""
     spans = [tuple(getattr(span, name) for name in _SPAN_FIELDS) for span in read.spans]
-    data = (spans, read.problems, read.bad_spans, read.links)
-    return pickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL)
+    return plain_dumps((spans, read.problems, read.bad_spans, read.links))
 
 
 def batch_of(payload: bytes) -> OtlpSpans:

@@ -15,21 +15,34 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Final
+from typing import Final, Protocol
 
 from otel_loopguard._guard import LoopGuard
 from otel_loopguard._policy import Action
 from otel_loopguard._traces import OtlpSpans, RunStarted, TraceBuffer, TraceEvent, feed
 
+from ._durable import ServiceClock
 from ._logs import decision_fields, log_decision, wants_allow_lines
 
-__all__ = ["EXPIRE_INTERVAL_SECONDS", "Ingest"]
+__all__ = ["EXPIRE_INTERVAL_SECONDS", "Ingest", "Logged"]
 
 #: How often the ingest thread looks for tool spans that waited ``hold_seconds`` (at most).
 _TICK_SECONDS: Final = 0.25
 #: How often the ingest thread drops the guard's sessions idle past ``session_ttl_seconds``
 #: (calls do so on their own only when calls come; a quiet server would keep them).
 EXPIRE_INTERVAL_SECONDS: Final = 1.0
+
+
+class Logged(Protocol):
+    """What the ingest thread needs of ``serve --state-dir``: the service's clock (pinned to a
+    batch's logged time while the batch is added, to a tick's while it judges) and a way to log
+    a tick (``TICK``: its time, the last batch added, whether idle sessions were dropped) and
+    wait until it is synced."""
+
+    @property
+    def clock(self) -> ServiceClock: ...
+
+    def tick(self, when: float, after_batch: int, expire: bool) -> None: ...
 
 
 class Ingest:
@@ -42,14 +55,17 @@ class Ingest:
         max_queued: int,
         hold_seconds: float,
         on_pause: Callable[[], None] | None = None,
+        logged: Logged | None = None,
     ) -> None:
         self._guard = guard
         self._buffer = buffer
         self._max = max_queued
         self._cond = threading.Condition()
-        self._batches: deque[tuple[OtlpSpans, int]] = deque()
+        self._batches: deque[tuple[OtlpSpans, int, float]] = deque()
         # Called by the ingest thread between batches (serve --state-dir: a snapshot may be due).
         self._on_pause = on_pause
+        self._logged = logged
+        self._last_batch = 0  # the sequence number of the last batch added (--state-dir)
         self._quiet = False
         self._closing = False
         self.queued = 0
@@ -66,14 +82,25 @@ class Ingest:
         """Start the ingest thread (after :meth:`replay`, if any)."""
         self._thread.start()
 
-    def replay(self, batch: OtlpSpans) -> None:
-        """On the caller's thread, before :meth:`start`: add a batch again as the ingest
-        thread would have, without logging its decisions (``serve --state-dir`` after a
-        restart)."""
+    def replay(self, batch: OtlpSpans, seq: int) -> None:
+        """On the caller's thread, before :meth:`start`, with the clock at the batch's logged
+        time: add a logged batch again as the ingest thread did, without logging its decisions
+        (``serve --state-dir`` after a restart)."""
         self._quiet = True
         try:
             self._add(batch)
+            self._last_batch = seq
+        finally:
+            self._quiet = False
+
+    def replay_tick(self, expire: bool) -> None:
+        """On the caller's thread, with the clock at the tick's logged time: judge what the
+        hold timer judged then (and drop the idle sessions, when it did), quietly."""
+        self._quiet = True
+        try:
             self._feed(self._buffer.take_due())
+            if expire:
+                self._guard.expire_idle_sessions()
         finally:
             self._quiet = False
 
@@ -82,14 +109,16 @@ class Ingest:
         with self._cond:
             return self._batches[0][1] if self._batches else None
 
-    def offer(self, batch: OtlpSpans, seq: int = 0) -> bool:
-        """Queue a batch; False when the queue is full (an oversized batch is taken only when
-        the queue is empty, so any batch the body cap allows can get through) or closing."""
+    def offer(self, batch: OtlpSpans, seq: int = 0, when: float = 0.0) -> bool:
+        """Queue a batch (``seq`` and ``when``: its frame in the state directory's log, whose
+        time it is added at); False when the queue is full (an oversized batch is taken only
+        when the queue is empty, so any batch the body cap allows can get through) or
+        closing."""
         size = batch.accepted
         with self._cond:
             if self._closing or (self.queued and self.queued + size > self._max):
                 return False
-            self._batches.append((batch, seq))
+            self._batches.append((batch, seq, when))
             self.queued += size
             self._cond.notify()
         return True
@@ -126,13 +155,19 @@ class Ingest:
             if done:
                 break
             try:
-                if item is not None:
-                    self._add(item[0])
-                self._feed(buffer.take_due())
-                now = time.monotonic()
-                if now >= self._next_expiry:
-                    self._next_expiry = now + EXPIRE_INTERVAL_SECONDS
-                    self._guard.expire_idle_sessions()
+                logged = self._logged
+                if logged is None:
+                    if item is not None:
+                        self._add(item[0])
+                    self._feed(buffer.take_due())
+                    if self._expiry_due():
+                        self._guard.expire_idle_sessions()
+                else:
+                    if item is not None:
+                        with logged.clock.pinned_here(item[2]):
+                            self._add(item[0])
+                        self._last_batch = item[1]
+                    self._logged_tick(logged)
                 self.flushed_early_time = buffer.flushed_early
                 self.agents_lost = buffer.agents_lost
                 self.duplicates = buffer.duplicate_spans
@@ -153,6 +188,30 @@ class Ingest:
             self._feed(buffer.finish())
         except Exception as exc:
             self._guard.report_internal_error("serve.ingest", exc)
+
+    def _expiry_due(self) -> bool:
+        now = time.monotonic()
+        if now < self._next_expiry:
+            return False
+        self._next_expiry = now + EXPIRE_INTERVAL_SECONDS
+        return True
+
+    def _logged_tick(self, logged: Logged) -> None:
+        """The hold timer and the session TTL at one time, logged (``TICK``) when they changed
+        anything, before the guard is fed: a restart judges the same spans at the same time,
+        between the same batches."""
+        buffer = self._buffer
+        clock = logged.clock
+        now = clock()
+        expire = self._expiry_due()
+        with clock.pinned_here(now):
+            before = (buffer.flushed_early, buffer.buffered_traces, buffer.buffered_spans)
+            events = buffer.take_due()
+            expired = self._guard.expire_idle_sessions() if expire else 0
+            after = (buffer.flushed_early, buffer.buffered_traces, buffer.buffered_spans)
+            if events or expired or after != before:
+                logged.tick(now, self._last_batch, expire)
+            self._feed(events)
 
     def _add(self, batch: OtlpSpans) -> None:
         buffer = self._buffer

@@ -51,7 +51,7 @@ from otel_loopguard.config import Policy
 from otel_loopguard.metrics import PrometheusRecorder
 
 from ._budget import ByteBudget
-from ._decisions import DecisionAPI
+from ._decisions import DecisionAPI, DecisionCall
 from ._durable import (
     ADVICE,
     BATCH,
@@ -59,6 +59,7 @@ from ._durable import (
     SNAPSHOT_INTERVAL_SECONDS,
     SNAPSHOT_LOG_BYTES,
     SNAPSHOT_VERSION,
+    TICK,
     Gate,
     Record,
     ServiceClock,
@@ -74,6 +75,10 @@ from ._ingest import Ingest
 from ._logs import answer_fields, log_decision, wants_allow_lines
 from ._metrics import ServiceMetrics
 from ._options import RETRY_AFTER_SECONDS, ServeOptions
+
+#: Seconds a decision call waits for its log frame to be synced: long, since a call answered
+#: 503 must not be in the log (a restart would apply it).
+DECISION_SYNC_TIMEOUT_SECONDS: Final = 60.0
 
 __all__ = ["Service"]
 
@@ -160,6 +165,7 @@ class Service:
             options.max_queued_spans,
             options.hold_seconds,
             on_pause=self._checkpoint if options.state_dir is not None else None,
+            logged=_IngestLog(self) if options.state_dir is not None else None,
         )
         port: tuple[str, int | None] = ("OTLP/HTTP", options.http_port)
         try:
@@ -346,35 +352,59 @@ class Service:
 
     def decide(self, endpoint: str, payload: object) -> dict[str, object]:
         """One decision API call (:class:`~._decisions.DecisionAPI`), its decision logged
-        (:func:`~._logs.log_decision`); raises ``ValueError`` naming a bad field."""
+        (:func:`~._logs.log_decision`); raises ``ValueError`` naming a bad field. With
+        ``state_dir`` the call is logged and synced before it is applied: ``StateError`` when it
+        cannot be (nothing is applied then)."""
+        decisions = self._decisions
+        call = decisions.parse(endpoint, payload)  # a bad call is neither logged nor applied
         state = self._state
         if state is None:
-            answer = self._decisions.decide(endpoint, payload)
+            answer = decisions.apply(call)
         else:
-            with self._gate.shared():  # a snapshot sees a decision applied and logged, or neither
-                answer = self._decisions.decide(endpoint, payload)
-                seq = state.append(
-                    DECISION, self._clock(), orjson.dumps({"endpoint": endpoint, "body": payload})
-                )
-            if not state.wait(seq):  # applied already: answered, and counted as not kept
-                self.metrics.state_errors.labels("log").inc()
+            answer = self._decide_logged(state, call, endpoint, payload)
         decision = answer.get("decision")
         if isinstance(decision, dict) and (
             decision.get("detected") != "allow" or wants_allow_lines()
         ):
-            agent = payload.get("agent") if isinstance(payload, dict) else None
-            log_decision(answer_fields(decision, agent if isinstance(agent, str) else None))
+            log_decision(answer_fields(decision, call.agent))
         return answer
 
     # -- serve --state-dir (:mod:`._durable`) ----------------------------------------------
 
     def _offer_logged(self, state: StateDir, read: OtlpSpans) -> tuple[bool, int]:
-        """Queue a batch and log it, in one step: the queue's order is the log's."""
+        """Queue a batch and log it, in one step: the queue's order is the log's (the ingest
+        thread adds it at the time logged with it)."""
         ingest = self._ingest
         assert ingest is not None
         payload = batch_payload(read)  # off the lock
-        seq = state.append(BATCH, self._clock(), payload, lambda seq: ingest.offer(read, seq))
+        when = self._clock()
+        seq = state.append(BATCH, when, payload, lambda seq: ingest.offer(read, seq, when))
         return seq != 0, seq
+
+    def _decide_logged(
+        self, state: StateDir, call: DecisionCall, endpoint: str, payload: object
+    ) -> dict[str, object]:
+        """Log a decision call, wait until it is synced, then apply it at the time logged with
+        it (as a restart applies it again); not applied when it cannot be logged."""
+        try:
+            body = orjson.dumps({"endpoint": endpoint, "body": payload})
+        except (TypeError, orjson.JSONEncodeError) as exc:
+            self.metrics.state_errors.labels("log").inc()
+            raise StateError(f"the call cannot be logged ({exc}); not applied") from None
+        clock = self._clock
+        assert isinstance(clock, ServiceClock)
+        # Shared: a snapshot sees a decision logged and applied, or neither.
+        with self._gate.shared():
+            when = clock()
+            seq = state.append(DECISION, when, body)
+            if not state.wait(seq, DECISION_SYNC_TIMEOUT_SECONDS):
+                self.metrics.state_errors.labels("log").inc()
+                raise StateError(
+                    f"cannot write the state directory; the call was not applied (retry after"
+                    f" {RETRY_AFTER_SECONDS} s)"
+                )
+            with clock.pinned_here(when):
+                return self._decisions.apply(call)
 
     def _recover(self, directory: str) -> None:
         """Open the state directory, load its snapshot, apply its log again, and snapshot."""
@@ -386,6 +416,8 @@ class Service:
             raise StateError(f"state_dir: cannot read {str(state.path)!r}: {exc}") from None
         for text in recovered.notes:
             note(text)
+        if recovered.damaged:
+            self.metrics.state_errors.labels("damaged").inc(recovered.damaged)
         snapshot = recovered.snapshot
         if snapshot is not None:
             try:
@@ -434,30 +466,28 @@ class Service:
         self._decisions.held.restore(held)
 
     def _replay(self, records: list[Record], snapshot: Mapping[str, Any] | None) -> int:
-        """Apply again the log records a snapshot does not cover, on the clock of each, with
-        the advisor answering from the log (:meth:`LoopGuard.replaying`); how many."""
-        applied_batches = snapshot["batches"] if snapshot is not None else 0
-        applied_decisions = snapshot["covered"] if snapshot is not None else 0
+        """Apply again the log records a snapshot does not cover (:func:`_replay_order`), on
+        the clock of each, with the advisor answering from the log
+        (:meth:`LoopGuard.replaying`); how many."""
         answers: dict[str, deque[str | None]] = {}
         for record in records:
             if record.kind == ADVICE:
                 advice = orjson.loads(record.payload)
                 answers.setdefault(advice["key"], deque()).append(advice["answer"])
+        due = _replay_order(
+            records,
+            snapshot["batches"] if snapshot is not None else 0,
+            snapshot["covered"] if snapshot is not None else 0,
+        )
         clock = self._clock
         assert isinstance(clock, ServiceClock)
         guard = self.guard
-        replayed = failed = 0
+        failed = 0
         problem = ""
         with guard.replaying(_ReplayAdvisor(answers)):
             try:
-                for record in records:
+                for record in due:
                     clock.pin(record.time)
-                    due = (record.kind == BATCH and record.seq > applied_batches) or (
-                        record.kind == DECISION and record.seq > applied_decisions
-                    )
-                    if not due:
-                        continue
-                    replayed += 1
                     try:
                         self._apply(record)
                     except Exception as exc:  # one bad record must not keep the service down
@@ -469,14 +499,18 @@ class Service:
                 clock.pin(None)
         if failed:
             note(f"{failed:,} log records could not be applied again (first: {problem})")
-        return replayed
+        return len(due)
 
     def _apply(self, record: Record) -> None:
-        """Apply one logged batch or decision call again."""
+        """Apply one logged batch, tick or decision call again."""
+        ingest = self._ingest
+        assert ingest is not None
         if record.kind == BATCH:
-            ingest = self._ingest
-            assert ingest is not None
-            ingest.replay(batch_of(record.payload))
+            ingest.replay(batch_of(record.payload), record.seq)
+            return
+        if record.kind == TICK:
+            tick = orjson.loads(record.payload)
+            ingest.replay_tick(bool(tick["expire"]))
             return
         call = orjson.loads(record.payload)
         try:
@@ -541,6 +575,15 @@ class Service:
     def _state_write_failed(self, error: OSError) -> None:
         note(f"cannot write the log: {error}; requests are answered 503 until it can")
 
+    def log_tick(self, when: float, after_batch: int, expire: bool) -> None:
+        """Log a tick of the hold timer (:class:`~._ingest.Logged`) and wait for it."""
+        state = self._state
+        if state is None:
+            return
+        payload = orjson.dumps({"after": after_batch, "expire": expire})
+        if not state.wait(state.append(TICK, when, payload)):
+            self.metrics.state_errors.labels("log").inc()
+
     def enter_request(self) -> None:
         with self._inflight_lock:
             self._inflight += 1
@@ -554,6 +597,48 @@ class Service:
     @property
     def closing(self) -> bool:
         return self._closing
+
+
+def _replay_order(records: list[Record], batches: int, covered: int) -> list[Record]:
+    """The records a snapshot does not cover (batches after ``batches``, ticks and decisions
+    after ``covered``), in the order to apply them: the log's, except that batches and ticks
+    keep the ingest thread's order (a tick comes right after the batch it followed, and a batch
+    the tick preceded waits for it: a batch is logged when it is received, before the ingest
+    thread adds it)."""
+    ingest: list[tuple[tuple[int, int, int], Record]] = []
+    decisions: list[Record] = []
+    for record in records:
+        if record.kind == BATCH and record.seq > batches:
+            ingest.append(((record.seq, 0, 0), record))
+        elif record.kind == TICK and record.seq > covered:
+            after = int(orjson.loads(record.payload)["after"])
+            ingest.append(((after, 1, record.seq), record))
+        elif record.kind == DECISION and record.seq > covered:
+            decisions.append(record)
+    ingest.sort(key=lambda item: item[0])
+    placed: list[tuple[int, int, int, Record]] = [(r.seq, 0, r.seq, r) for r in decisions]
+    position = 0
+    for index, (_, record) in enumerate(ingest):
+        position = max(position, record.seq)  # never before what the ingest thread did first
+        placed.append((position, 1, index, record))
+    placed.sort(key=lambda item: item[:3])
+    return [item[3] for item in placed]
+
+
+class _IngestLog:
+    """``serve --state-dir`` as the ingest thread sees it (:class:`~._ingest.Logged`)."""
+
+    def __init__(self, service: Service) -> None:
+        self._service = service
+
+    @property
+    def clock(self) -> ServiceClock:
+        clock = self._service._clock
+        assert isinstance(clock, ServiceClock)
+        return clock
+
+    def tick(self, when: float, after_batch: int, expire: bool) -> None:
+        self._service.log_tick(when, after_batch, expire)
 
 
 class _ReplayAdvisor:
