@@ -74,8 +74,9 @@ DECISION_REQUESTS: Final = MetricSpec(
 STATE_ERRORS: Final = MetricSpec(
     "loopguard_state_errors",
     MetricKind.COUNTER,
-    "serve --state-dir: writes that failed, by what: log (a batch answered 503, or a decision"
-    " answered but not kept) or snapshot (the log is kept longer).",
+    "serve --state-dir: what failed, by what: log (a write failed: a batch or a decision"
+    " answered 503, not applied), snapshot (the log is kept longer), damaged (a damaged"
+    " stretch of the log found at a start: skipped, the good frames after it replayed).",
     ("what",),
     "{error}",
 )
@@ -134,7 +135,7 @@ class ServiceMetrics:
         self.state_errors = Counter(
             STATE_ERRORS.name, STATE_ERRORS.description, STATE_ERRORS.labels, registry=registry
         )
-        for what in ("log", "snapshot"):
+        for what in ("log", "snapshot", "damaged"):
             self.state_errors.labels(what)
         queue = Gauge(INGEST_QUEUE_SPANS.name, INGEST_QUEUE_SPANS.description, registry=registry)
         queue.set_function(queue_size)
