@@ -28,6 +28,7 @@ from otel_loopguard.metrics import (
     OTHER,
     RESCUE_OUTCOMES,
     RULES,
+    STORE_OPS,
     MetricKind,
     NoopRecorder,
     OpenTelemetryRecorder,
@@ -653,3 +654,36 @@ def test_the_series_budget_boundary() -> None:
     assert reg.get_sample_value("loopguard_tool_calls_total", {"agent": OTHER, "tool": OTHER}) == 2
     with pytest.raises(ValueError, match="max_series"):
         PrometheusRecorder(max_series=2 * SERIES_PER_PAIR - 1)
+
+
+def test_store_errors_are_counted_by_operation_in_both_recorders() -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    recorder = PrometheusRecorder()
+    for op in STORE_OPS:
+        assert sample(recorder, "loopguard_store_errors_total", op=op) == 0
+    recorder.store_error("read")
+    recorder.store_error("read")
+    recorder.store_error("4bf92f3577b34da6a3ce929d0e0e4736")  # not a known op: other
+    assert sample(recorder, "loopguard_store_errors_total", op="read") == 2
+    assert sample(recorder, "loopguard_store_errors_total", op=OTHER) == 1
+    NoopRecorder().store_error("read")
+
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    otel = OpenTelemetryRecorder(provider.get_meter("otel_loopguard"))
+    otel.store_error("decode")
+    data = reader.get_metrics_data()
+    assert data is not None
+    found: list[Any] = [
+        p
+        for resource in data.resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        if metric.name == "loopguard_store_errors"
+        for p in metric.data.data_points
+    ]
+    points = {p.attributes["op"]: p.value for p in found}
+    assert points == {**{op: 0 for op in STORE_OPS}, "decode": 1}
+    provider.shutdown()

@@ -40,6 +40,7 @@ from ._spec import (
     METRICS,
     RESCUE_OUTCOMES,
     RULES,
+    STORE_OPS,
     MetricKind,
     MetricSpec,
     NoopRecorder,
@@ -56,6 +57,7 @@ from ._spec import RESCUES as RESCUES
 from ._spec import SESSIONS as SESSIONS
 from ._spec import SESSIONS_EVICTED as SESSIONS_EVICTED
 from ._spec import STOPPED_RUNS as STOPPED_RUNS
+from ._spec import STORE_ERRORS as STORE_ERRORS
 from ._spec import TOOL_CALLS as TOOL_CALLS
 from ._spec import WASTED_SECONDS as WASTED_SECONDS
 from .otel import OpenTelemetryRecorder
@@ -79,4 +81,5 @@ __all__ = [
     "RESCUE_OUTCOMES",
     "RULES",
     "Recorder",
+    "STORE_OPS",
 ]

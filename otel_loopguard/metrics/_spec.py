@@ -42,6 +42,10 @@ class Recorder(Protocol):
     def internal_error(self, where: str) -> None:
         """An exception was caught at ``where`` and a fallback taken."""
 
+    def store_error(self, op: str) -> None:
+        """The shared session store (Redis) failed at ``op`` (one of :data:`STORE_OPS`) and the
+        decision was made as the policy's ``store_failure`` says."""
+
 
 class NoopRecorder:
     """A recorder that records nothing (the default when metrics are off)."""
@@ -65,6 +69,9 @@ class NoopRecorder:
         pass
 
     def internal_error(self, where: str) -> None:
+        pass
+
+    def store_error(self, op: str) -> None:
         pass
 
 
@@ -157,6 +164,15 @@ INTERNAL_ERRORS: Final = MetricSpec(
     ("where",),
     "{error}",
 )
+STORE_ERRORS: Final = MetricSpec(
+    "loopguard_store_errors",
+    MetricKind.COUNTER,
+    "Failures of the shared session store (Redis), by operation: read, write, conflict (too many"
+    " concurrent updates), decode (a stored state that could not be read, reset); the decision"
+    " was made as the policy's store_failure says.",
+    ("op",),
+    "{error}",
+)
 #: Counts are whole numbers: one bucket per count up to 20, so ``ceil(histogram_quantile(...))``
 #: is the exact count there (a count n lies in the bucket (n-1, n], which linear interpolation
 #: never leaves); above 20 the buckets are coarser and a quantile is only bounded by them.
@@ -189,6 +205,7 @@ METRICS: Final = (
     SESSIONS,
     SESSIONS_EVICTED,
     INTERNAL_ERRORS,
+    STORE_ERRORS,
     DECISION_REPEATS,
     REPEATED_CALL_SECONDS,
 )
@@ -215,5 +232,7 @@ ERROR_PLACES: Final = (
     "exporter.export",
     "exporter.next",
 )
+#: What the shared session store reports failing (``loopguard_store_errors_total{op}``).
+STORE_OPS: Final = ("read", "write", "conflict", "decode")
 NO_RULE: Final = "none"
 NO_AGENT: Final = "none"

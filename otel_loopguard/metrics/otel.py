@@ -31,6 +31,8 @@ from ._spec import (
     RULES,
     SESSIONS_EVICTED,
     STOPPED_RUNS,
+    STORE_ERRORS,
+    STORE_OPS,
     TOOL_CALLS,
     WASTED_SECONDS,
     MetricKind,
@@ -92,6 +94,8 @@ class OpenTelemetryRecorder:
         self._rescues = instruments[RESCUES.name]
         self._evicted = instruments[SESSIONS_EVICTED.name]
         self._errors = instruments[INTERNAL_ERRORS.name]
+        self._store_errors = instruments[STORE_ERRORS.name]
+        self._store_ops = Bounded(0, STORE_OPS)
         self._agents = Bounded(limit, none=NO_AGENT)
         self._tools = Bounded(limit)
         self._rules = Bounded(0, RULES + (NO_RULE,))
@@ -107,6 +111,8 @@ class OpenTelemetryRecorder:
             self._evicted.add(0, {"reason": reason})
         for place in ERROR_PLACES:
             self._errors.add(0, {"where": place})
+        for op in STORE_OPS:
+            self._store_errors.add(0, {"op": op})
 
     def observe_sessions(self, count: Callable[[], int]) -> None:
         """Read ``loopguard_sessions`` from ``count()`` at each collection."""
@@ -174,6 +180,12 @@ class OpenTelemetryRecorder:
             self._errors.add(1, {"where": self._places(where)})
         except Exception as exc:
             self.failures("internal_error", exc)
+
+    def store_error(self, op: str) -> None:
+        try:
+            self._store_errors.add(1, {"op": self._store_ops(op)})
+        except Exception as exc:
+            self.failures("store_error", exc)
 
     def _pair(self, agent: object, tool: object) -> Mapping[str, str]:
         attributes = {"agent": self._agents(agent), "tool": self._tools(tool)}

@@ -41,6 +41,8 @@ from ._spec import (
     SESSIONS,
     SESSIONS_EVICTED,
     STOPPED_RUNS,
+    STORE_ERRORS,
+    STORE_OPS,
     TOOL_CALLS,
     WASTED_SECONDS,
     MetricKind,
@@ -203,6 +205,10 @@ class PrometheusRecorder:
         self._errors_metric = metrics[INTERNAL_ERRORS.name]
         self._errors = {p: self._errors_metric.labels(p) for p in ERROR_PLACES}
         self._decision_children: dict[tuple[object, ...], Any] = {}
+        self._store_ops = Bounded(0, STORE_OPS)
+        self._store_errors = {
+            op: metrics[STORE_ERRORS.name].labels(op) for op in STORE_OPS + (OTHER,)
+        }
 
     # -- Recorder ------------------------------------------------------------------------
 
@@ -288,6 +294,12 @@ class PrometheusRecorder:
             child.inc()
         except Exception as exc:
             self.failures("internal_error", exc)
+
+    def store_error(self, op: str) -> None:
+        try:
+            self._store_errors[self._store_ops(op)].inc()
+        except Exception as exc:
+            self.failures("store_error", exc)
 
     # -- exposition ----------------------------------------------------------------------
 
