@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grafana_foundation_sdk.builders import bargauge, stat, timeseries
+from grafana_foundation_sdk.builders import bargauge, stat, table, timeseries
 from grafana_foundation_sdk.builders import common as cb
 from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.builders import prometheus as pb
@@ -82,11 +82,14 @@ def _filtered(extra: str = "") -> str:
 
 @dataclass(frozen=True, slots=True)
 class Query:
-    """One PromQL query of a panel: an instant one for stat and bar panels, else a range."""
+    """One PromQL query of a panel: an instant one for stat and bar panels, else a range;
+    ``exemplar``: Grafana also asks Prometheus for the exemplars of the series the query reads
+    (each the trace id and span id of a call counted), drawn as points linked to the trace."""
 
     expr: str
     legend: str = "__auto"
     instant: bool = False
+    exemplar: bool = False
 
 
 def _target(query: Query, ref_id: str) -> pb.Dataquery:
@@ -97,10 +100,12 @@ def _target(query: Query, ref_id: str) -> pb.Dataquery:
         .ref_id(ref_id)
         .datasource(DATASOURCE)
     )
+    if query.exemplar:
+        target = target.exemplar(True)
     return target.instant() if query.instant else target.range()
 
 
-Builder = stat.Panel | bargauge.Panel | timeseries.Panel
+Builder = stat.Panel | bargauge.Panel | timeseries.Panel | table.Panel
 
 
 def _common(
@@ -196,6 +201,50 @@ def time_panel(
     return _common(panel, title, description, queries, grid, unit, decimals)
 
 
+def recent_loops_panel(grid: tuple[int, int, int, int]) -> Builder:
+    """The latest denials, rescues and stops, one row per call with its agent, tool, rule and
+    trace id: the exemplars of ``loopguard_decisions_total`` (the query's own series are empty:
+    ``< 0`` keeps none, while Prometheus returns the exemplars of every series the selector
+    reads). A click on the trace id opens the trace (the data source's exemplar link)."""
+    query = Query(f"{DECIDED}{_filtered(BLOCKING)} < 0", "{{action}}", exemplar=True)
+    organize: dict[str, Any] = {
+        "excludeByName": {"Value": True, "__name__": True, "job": True, "instance": True},
+        "indexByName": {
+            "Time": 0,
+            "agent": 1,
+            "tool": 2,
+            "action": 3,
+            "rule": 4,
+            "trace_id": 5,
+            "span_id": 6,
+        },
+        "renameByName": {"Time": "when"},
+    }
+    panel = (
+        table.Panel()
+        .with_transformation(dm.DataTransformerConfig(id_val="merge", options={}))
+        .with_transformation(dm.DataTransformerConfig(id_val="organize", options=organize))
+        .with_transformation(
+            dm.DataTransformerConfig(
+                id_val="sortBy", options={"sort": [{"field": "when", "desc": True}]}
+            )
+        )
+        .with_transformation(dm.DataTransformerConfig(id_val="limit", options={"limitField": 50}))
+    )
+    return _common(
+        panel,
+        "Recent loops",
+        "The latest calls denied, rescued or stopped, newest first, with the trace of each"
+        " (from the exemplars of loopguard_decisions_total; Prometheus keeps them with"
+        " --enable-feature=exemplar-storage and scrapes them in OpenMetrics). Click a trace"
+        " id to open the looping run.",
+        [query],
+        grid,
+        "short",
+        None,
+    )
+
+
 def _repeat_count(quantile: str) -> str:
     """The repeat count at decisions at ``quantile``, exact: counts are whole and the
     histogram has one bucket per count (see DECISION_REPEAT_BUCKETS), so rounding the
@@ -267,6 +316,7 @@ def panels() -> list[Builder]:
                 Query(
                     f"sum by (rule, action) (rate({DECIDED}{FILTER}[$__rate_interval])) * 60",
                     "{{rule}} / {{action}}",
+                    exemplar=True,
                 )
             ],
             (0, 4, 12, 8),
@@ -311,7 +361,13 @@ def panels() -> list[Builder]:
         time_panel(
             "Repeated calls by tool (/min)",
             "Calls per minute whose arguments were already seen in the progress epoch.",
-            [Query(f"sum by (tool) (rate({REPEATS}{FILTER}[$__rate_interval])) * 60", "{{tool}}")],
+            [
+                Query(
+                    f"sum by (tool) (rate({REPEATS}{FILTER}[$__rate_interval])) * 60",
+                    "{{tool}}",
+                    exemplar=True,
+                )
+            ],
             (0, 20, 12, 8),
             legend_table=True,
         ),
@@ -349,6 +405,7 @@ def panels() -> list[Builder]:
                     "histogram_quantile(0.9, sum by (le)"
                     f" (rate({durations}_bucket[$__rate_interval])))",
                     "p90",
+                    exemplar=True,
                 ),
             ],
             (12, 28, 12, 8),
@@ -394,6 +451,20 @@ def panels() -> list[Builder]:
             ],
             (16, 36, 8, 8),
         ),
+        time_panel(
+            "Stopped runs by agent (/h)",
+            "Runs stopped per hour, by agent; each point of the exemplars is one stopped run,"
+            " linked to its trace.",
+            [
+                Query(
+                    f"sum by (agent) (rate({STOPPED}{FILTER}[$__rate_interval])) * 3600",
+                    "{{agent}}",
+                    exemplar=True,
+                )
+            ],
+            (0, 44, 8, 8),
+        ),
+        recent_loops_panel((8, 44, 16, 8)),
     ]
 
 
@@ -453,7 +524,7 @@ def dashboard() -> dict[str, Any]:
     for import (``__inputs``, ``__requires``), which the SDK's schema does not model."""
     model: dict[str, Any] = json.loads(json.dumps(build(), cls=JSONEncoder))
     kinds = sorted({panel["type"] for panel in model["panels"]})
-    names = {"bargauge": "Bar gauge", "stat": "Stat", "timeseries": "Time series"}
+    names = {"bargauge": "Bar gauge", "stat": "Stat", "table": "Table", "timeseries": "Time series"}
     shared: dict[str, Any] = {
         "__inputs": [
             {

@@ -208,3 +208,22 @@ def test_readme_names_every_file() -> None:
     readme = (COLLECTOR / "README.md").read_text()
     for name in (*CONFIGS, "docker-compose.yml", "Dockerfile"):
         assert f"`{name}`" in readme, name
+
+
+def test_exemplars_link_to_a_defined_trace_data_source() -> None:
+    """Prometheus keeps exemplars (the feature flag), and Grafana's Prometheus data source turns
+    an exemplar's ``trace_id`` into a link to a data source the provisioning defines."""
+    compose = load("docker-compose.yml")
+    (script,) = compose["services"]["prometheus"]["command"]
+    assert "--enable-feature=exemplar-storage" in script
+    provisioning = COLLECTOR / "grafana" / "provisioning" / "datasources" / "prometheus.yaml"
+    sources = yaml.safe_load(provisioning.read_text())["datasources"]
+    uids = {source["uid"]: source for source in sources}
+    (prometheus,) = [s for s in sources if s["type"] == "prometheus"]
+    destinations = prometheus["jsonData"]["exemplarTraceIdDestinations"]
+    assert [d["name"] for d in destinations] == ["trace_id"]  # the label our exemplars carry
+    for destination in destinations:
+        target = uids[destination["datasourceUid"]]
+        assert target["type"] == "jaeger"
+        assert target["url"] == f"http://jaeger:{16686}"
+    assert "jaeger" in compose["services"]

@@ -6,6 +6,7 @@ import importlib.metadata
 import json
 import re
 import subprocess
+from typing import Any
 
 import pytest
 
@@ -171,3 +172,63 @@ def test_promtool_checks_the_alert_rules(command: list[str]) -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
+
+
+def _panel(dashboard: dict[str, object], title: str) -> dict[str, Any]:
+    (panel,) = [p for p in dashboard["panels"] if p["title"] == title]  # type: ignore[attr-defined]
+    return panel  # type: ignore[no-any-return]
+
+
+def test_decision_stop_and_repeat_panels_ask_for_exemplars() -> None:
+    """The panels a spike shows on carry the exemplars (the trace of each call counted)."""
+    dashboard = json.loads(COMMITTED.read_text())
+    for title, metric in (
+        ("Loops over time by rule and action (/min)", "loopguard_decisions_total"),
+        ("Stopped runs by agent (/h)", "loopguard_stopped_runs_total"),
+        ("Repeated calls by tool (/min)", "loopguard_repeated_calls_total"),
+        ("Duration of repeated calls (s)", "loopguard_repeated_call_seconds_bucket"),
+    ):
+        targets = [t for t in _panel(dashboard, title)["targets"] if metric in t["expr"]]
+        assert targets and all(t.get("exemplar") is True for t in targets), title
+    plain = _panel(dashboard, "Top looping agents")["targets"]
+    assert not any(t.get("exemplar") for t in plain)  # an instant bar needs none
+
+
+def test_recent_loops_lists_the_exemplars_of_blocking_decisions() -> None:
+    """The table reads exemplars only: its expression keeps no series (``< 0``) while its
+    selector names every denial, rescue and stop of the filtered agents and tools."""
+    panel = _panel(json.loads(COMMITTED.read_text()), "Recent loops")
+    assert panel["type"] == "table"
+    (target,) = panel["targets"]
+    assert target["exemplar"] is True
+    assert target["expr"] == (
+        'loopguard_decisions_total{agent=~"$agent", tool=~"$tool", action=~"deny|rescue|stop"} < 0'
+    )
+    organize = next(t for t in panel["transformations"] if t["id"] == "organize")
+    assert {"trace_id", "span_id", "agent", "tool", "action"} <= set(
+        organize["options"]["indexByName"]
+    )
+    sort = next(t for t in panel["transformations"] if t["id"] == "sortBy")
+    assert sort["options"]["sort"] == [{"field": "when", "desc": True}]  # newest first
+
+
+def test_alert_dashboard_links_open_this_dashboard_filtered() -> None:
+    """Each alert's ``dashboard`` annotation names this dashboard's uid, and every variable it
+    sets is one of the dashboard's filters."""
+    import yaml
+
+    dashboard = json.loads(COMMITTED.read_text())
+    names = {v["name"] for v in dashboard["templating"]["list"]}
+    rules = yaml.safe_load(ALERTS.read_text())["groups"][0]["rules"]
+    linked = {}
+    for rule in rules:
+        link = rule["annotations"].get("dashboard")
+        if link is None:
+            continue
+        path, _, query = link.partition("?")
+        assert path == f"/d/{dashboard['uid']}/otel-loopguard", link
+        for pair in filter(None, query.split("&")):
+            assert pair.split("=", 1)[0].removeprefix("var-") in names, link
+        linked[rule["alert"]] = link
+    assert "var-agent={{ $labels.agent }}" in linked["LoopGuardAgentKeepsStopping"]
+    assert "LoopGuardLoopStorm" in linked
