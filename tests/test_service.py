@@ -989,6 +989,7 @@ def test_connections_beyond_the_bound_are_closed_and_the_server_recovers(
     http_server = service._http
     assert http_server is not None
     monkeypatch.setattr(http_server.protocol, "max_connections", 2)
+    monkeypatch.setattr(http_server.protocol, "reserve", 0)  # no slot kept for decisions
     idle = [socket.create_connection(("127.0.0.1", service.http_port), timeout=5) for _ in range(2)]
 
     try:
@@ -1006,6 +1007,38 @@ def test_connections_beyond_the_bound_are_closed_and_the_server_recovers(
             return False
 
     assert wait_for(healthy, 5)
+
+
+def test_the_last_slots_serve_decisions_and_health_and_replace_waiting_connections(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+
+    http_server = service._http
+    assert http_server is not None
+    port = service.http_port
+    monkeypatch.setattr(http_server.protocol, "max_connections", 3)
+    monkeypatch.setattr(http_server.protocol, "reserve", 1)
+    general = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(2)]
+    waiting = socket.create_connection(("127.0.0.1", port), timeout=5)  # the reserved slot
+    try:
+        assert wait_for(lambda: len(http_server.protocol.reserved) == 1, 5)
+        # every slot is taken: a decision replaces the reserved connection still waiting
+        body = b'{"tool": "grep", "session": "s"}'
+        answer = request(port, "POST", "/v1/decisions/before", body, JSON)
+        assert answer.status == 200, answer.body
+        assert waiting.recv(1) == b""  # closed for it
+        assert request(port, "GET", "/healthz").status == 200
+        # anything else gets 503 in the reserved slot
+        answer = request(port, "GET", "/metrics")
+        assert answer.status == 503 and answer.headers["retry-after"] == "1"
+        assert answer.headers["connection"] == "close"
+        post = request(port, "POST", "/v1/traces", b"{}", JSON)
+        assert post.status == 503
+    finally:
+        for sock in [*general, waiting]:
+            sock.close()
+    assert wait_for(lambda: request(port, "GET", "/metrics").status == 200, 5)
 
 
 def test_keyed_by_conversation_serve_decides_as_the_processor(tmp_path: Path) -> None:

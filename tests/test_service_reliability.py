@@ -500,6 +500,44 @@ def test_tls_round_trip_with_the_real_otlp_http_exporter(
         exporter.shutdown()  # type: ignore[no-untyped-call]
 
 
+def test_tls_handshakes_count_against_the_cap_and_the_deadline(tmp_path: Path) -> None:
+    """TCP connections that never send a ClientHello: never more open than max_connections
+    (the reserved slot's waiting one is replaced by each new one), each closed within the
+    request deadline; HTTPS keeps answering."""
+    cert, key = _self_signed(tmp_path)
+    context = ssl.create_default_context(cafile=cert)
+    with Service(_options(tls_cert=cert, tls_key=key, max_connections=8), policy=Policy()) as svc:
+        receiver = svc._http
+        assert receiver is not None
+        protocol = receiver.protocol
+        silent = []
+        start = time.monotonic()
+        for _ in range(40):
+            sock = socket.create_connection(("127.0.0.1", svc.http_port), 2)
+            sock.settimeout(3 * DEADLINE)
+            silent.append(sock)
+            time.sleep(0.005)
+            assert len(protocol.handshaking) + len(receiver._server.server_state.connections) <= 8
+        assert wait_for(lambda: len(protocol.handshaking) > 0, 1)
+        lifetimes = []
+        for sock in silent:
+            try:
+                closed = sock.recv(1) == b""
+            except ConnectionResetError:
+                closed = True
+            except TimeoutError:
+                closed = False
+            lifetimes.append((closed, time.monotonic() - start))
+            sock.close()
+        assert all(closed for closed, _ in lifetimes), lifetimes
+        assert max(t for _, t in lifetimes) < 2 * DEADLINE + 1, lifetimes
+        assert wait_for(lambda: not protocol.handshaking, 2)
+        out = _raw(
+            svc.http_port, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", context
+        )
+        assert out.startswith(b"HTTP/1.1 200"), out
+
+
 def test_a_certificate_that_cannot_be_loaded_is_a_clear_error(tmp_path: Path) -> None:
     bad = tmp_path / "bad.pem"
     bad.write_text("not a certificate")
@@ -576,3 +614,206 @@ def test_a_token_on_the_command_line_warns_and_a_token_file_works(
     assert main(["serve", "--token-file", str(token_file), "--max-connections", "0"]) == 2
     err = capsys.readouterr().err
     assert "ps" not in err and "max_connections" in err
+
+
+# -- issue 23: heads, pipelining, slow readers, gzip, decision bodies, TLS handshakes -----------
+
+
+def test_a_head_past_its_byte_or_header_cap_is_431_while_it_is_read(service: Service) -> None:
+    from otel_loopguard.service._http import MAX_HEAD_BYTES, MAX_HEADERS
+
+    port = service.http_port
+    big_value = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"v" * (MAX_HEAD_BYTES + 1)
+    many = b"GET /healthz HTTP/1.1\r\n" + b"".join(
+        b"X-%d: 1\r\n" % n for n in range(MAX_HEADERS + 1)
+    )
+    long_url = b"GET /healthz?" + b"q" * (MAX_HEAD_BYTES + 1) + b" HTTP/1.1\r\n"
+    for head in (big_value, many + b"\r\n", long_url):  # the first never ends its head
+        out = _raw(port, head)
+        assert out.startswith(b"HTTP/1.1 431"), out[:80]
+        assert out.count(b"HTTP/1.1 ") == 1 and b"connection: close" in out
+    # just under the caps: answered
+    fits = b"GET /healthz HTTP/1.1\r\n" + b"".join(b"X-%d: 1\r\n" % n for n in range(MAX_HEADERS))
+    assert _raw(port, fits + b"Connection: close\r\n\r\n").startswith(b"HTTP/1.1 431")
+    fits = b"GET /healthz HTTP/1.1\r\n" + b"".join(
+        b"X-%d: 1\r\n" % n for n in range(MAX_HEADERS - 1)
+    )
+    assert _raw(port, fits + b"Connection: close\r\n\r\n").startswith(b"HTTP/1.1 200")
+    value = b"v" * (MAX_HEAD_BYTES - 200)
+    out = _raw(port, b"GET /healthz HTTP/1.1\r\nX-Big: " + value + b"\r\nConnection: close\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 200"), out[:80]
+
+
+def test_a_head_dribbled_in_small_headers_is_cut_at_the_cap(service: Service) -> None:
+    """Many small reads, each far under the cap: counted together, 431 once they pass it (one
+    unauthenticated connection sending small headers took serve to 2.6 GB before)."""
+    with socket.create_connection(("127.0.0.1", service.http_port), 5) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\n")
+        sock.setblocking(False)
+        sent, out = 0, b""
+        while sent < 4 << 20 and not out:
+            try:
+                sock.sendall(b"X-Filler: " + b"f" * 1000 + b"\r\n")
+                sent += 1012
+                if sent % (16 * 1012) == 0:
+                    time.sleep(0.005)
+                out = sock.recv(65536)
+            except BlockingIOError:
+                pass
+            except OSError:
+                break
+        sock.settimeout(2)
+        try:
+            while chunk := sock.recv(65536):
+                out += chunk
+        except OSError:
+            pass
+    assert out.startswith(b"HTTP/1.1 431"), out[:80]
+    assert sent < 1 << 20, sent  # answered long before a megabyte was sent
+
+
+def test_pipelined_requests_wait_in_a_bounded_queue_and_all_get_answers(
+    service: Service,
+) -> None:
+    """2,000 pipelined requests sent before any answer is read: at most MAX_PIPELINED (plus
+    what one parse step holds) wait in serve, the rest wait unread (TCP pushes back on the
+    client); every one is answered, in order."""
+    from otel_loopguard.service._http import MAX_PIPELINED
+
+    receiver = service._http
+    assert receiver is not None
+    connections = receiver._server.server_state.connections
+    one = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    count = 2000
+    with socket.create_connection(("127.0.0.1", service.http_port), 5) as sock:
+        sender = threading.Thread(target=sock.sendall, args=(one * count,))
+        sender.start()
+        deepest = 0
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:  # nothing read meanwhile
+            for protocol in list(connections):
+                assert isinstance(protocol, receiver.protocol)
+                deepest = max(deepest, len(protocol.pipeline))
+                assert len(protocol._held) <= 256 * 1024
+            time.sleep(0.01)
+        assert 0 < deepest <= MAX_PIPELINED + 256 // len(b"GET / HTTP/1.1\r\n\r\n"), deepest
+        out = b""
+        sock.settimeout(5)
+        while out.count(b"HTTP/1.1 200") < count:
+            chunk = sock.recv(65536)
+            assert chunk, out.count(b"HTTP/1.1 200")
+            out += chunk
+        sender.join(5)
+    assert out.count(b"HTTP/1.1 ") == count
+
+
+def test_a_client_that_does_not_read_its_answers_is_closed(service: Service) -> None:
+    """GET /metrics pipelined one at a time (never past the pipelining bound) and never read:
+    once the answers fill the buffers, the connection is closed after the write deadline,
+    while the server answers others."""
+    receiver = service._http
+    assert receiver is not None
+    connections = receiver._server.server_state.connections
+    with socket.create_connection(("127.0.0.1", service.http_port), 5) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        get = b"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret\r\n\r\n"
+        sock.settimeout(0.2)
+        for sent in range(400):  # 400 answers of about 24 KB: more than every buffer holds
+            try:
+                sock.sendall(get)
+            except TimeoutError:
+                pass
+            except OSError:
+                break
+            if sent % 50 == 0:
+                assert request(service.http_port, "GET", "/healthz", timeout=2).status == 200
+            time.sleep(0.003)
+        assert wait_for(lambda: not connections, 4 * DEADLINE), "still open"
+    timeouts = service.metrics.requests.labels("http", "timeout")._value.get()
+    assert timeouts >= 1
+
+
+def _gzip_bomb(inflated: int) -> bytes:
+    import zlib
+
+    packer = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    chunk = b"\0" * (1 << 20)
+    parts = [packer.compress(chunk) for _ in range(inflated >> 20)]
+    parts.append(packer.flush())
+    return b"".join(parts)
+
+
+def test_a_gzip_body_is_budgeted_as_it_inflates() -> None:
+    import gzip
+
+    with Service(
+        _options(max_body_bytes=8 << 20, max_inflight_bytes=4 << 20), policy=Policy()
+    ) as svc:
+        headers = {**AUTH, "Content-Type": "application/json", "Content-Encoding": "gzip"}
+        bomb = _gzip_bomb(64 << 20)
+        answer = request(svc.http_port, "POST", "/v1/traces", bomb, headers)
+        assert answer.status == 413 and b"inflates to more than" in answer.body
+        assert wait_for(lambda: svc.budget.used == 0, 2)
+        # a body that inflates within the limit but past what the budget has left: 429
+        holder = socket.create_connection(("127.0.0.1", svc.http_port), 2)
+        try:
+            holder.sendall(
+                _HEAD + b"Content-Type: application/x-protobuf\r\nContent-Length: 3000000\r\n\r\nx"
+            )
+            assert wait_for(lambda: svc.budget.used == 3_000_000, 2)
+            answer = request(svc.http_port, "POST", "/v1/traces", _gzip_bomb(2 << 20), headers)
+            assert answer.status == 429 and answer.headers["retry-after"] == "1"
+        finally:
+            holder.close()
+        assert wait_for(lambda: svc.budget.used == 0, 2 * DEADLINE)
+        # alone, a body that inflates to more than the whole budget is still read
+        body = gzip.compress(_big_json_body(6 << 20))
+        answer = request(svc.http_port, "POST", "/v1/traces", body, headers)
+        assert answer.status == 200, answer.body
+        assert wait_for(lambda: svc.budget.used == 0, 2)
+
+
+def test_decision_bodies_have_their_own_budget_and_a_depth_limit(service: Service) -> None:
+    from otel_loopguard.service._http import MAX_DECISION_DEPTH
+
+    port = service.http_port
+    headers = {**AUTH, "Content-Type": "application/json"}
+
+    def nested(depth: int) -> bytes:
+        inner = "[" * (depth - 2) + "]" * (depth - 2)
+        return f'{{"session": "s", "tool": "t", "arguments": {{"a": {inner}}}}}'.encode()
+
+    answer = request(port, "POST", "/v1/decisions/before", nested(MAX_DECISION_DEPTH + 1), headers)
+    assert answer.status == 400 and b"nested deeper than" in answer.body
+    answer = request(port, "POST", "/v1/decisions/before", nested(MAX_DECISION_DEPTH), headers)
+    assert answer.status == 200, answer.body
+    receiver = service._http
+    assert receiver is not None
+    budget = receiver.decision_budget
+    assert budget.limit == service.options.max_inflight_bytes // 8
+    # big decision bodies under way take at most half of it; small ones still pass
+    holders = []
+    try:
+        for _ in range(8):
+            sock = socket.create_connection(("127.0.0.1", port), 2)
+            sock.sendall(
+                b"POST /v1/decisions/before HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret\r\n"
+                b"Content-Type: application/json\r\nContent-Length: 1000000\r\n\r\n["
+            )
+            holders.append(sock)
+        assert wait_for(lambda: budget.used >= budget.limit // 2 - 1_000_000, 2)
+        assert budget.used <= budget.limit // 2
+        refused = request(
+            port,
+            "POST",
+            "/v1/decisions/before",
+            b"[" + b" " * 999_998 + b"]",
+            headers,
+        )
+        assert refused.status == 429 and refused.headers["retry-after"] == "1"
+        small = request(port, "POST", "/v1/decisions/before", nested(3), headers, timeout=2)
+        assert small.status == 200
+    finally:
+        for sock in holders:
+            sock.close()
+    assert wait_for(lambda: budget.used == 0, 2 * DEADLINE)

@@ -23,10 +23,13 @@ class ByteBudget:
         self._used = 0
         self._lock = threading.Lock()
 
-    def take(self, size: int) -> bool:
-        """Take ``size`` bytes; False (nothing taken) when they do not fit."""
+    def take(self, size: int, ceiling: int | None = None, held: int = 0) -> bool:
+        """Take ``size`` bytes; False (nothing taken) when they do not fit under ``ceiling``
+        (the whole budget when None). ``held``: bytes the same request holds already (a
+        request growing its share is alone when nothing else is in flight)."""
+        top = self.limit if ceiling is None else ceiling
         with self._lock:
-            if self._used and self._used + size > self.limit:
+            if self._used > held and self._used + size > top:
                 return False
             self._used += size
             return True

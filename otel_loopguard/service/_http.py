@@ -42,14 +42,16 @@ import time
 import zlib
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final, cast
 
+import httptools
 import orjson
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from otel_loopguard._traces import BadSpan, OtlpSpans, otlp_json_spans
 
+from ._budget import ByteBudget
 from ._decisions import DECISION_ENDPOINTS, MAX_DECISION_BODY_BYTES
 from ._durable import StateError
 from ._options import RETRY_AFTER_SECONDS
@@ -63,24 +65,80 @@ from ._proto import (
 )
 
 if TYPE_CHECKING:
-    from ._budget import ByteBudget
     from ._seam import ServiceSeam
 
-__all__ = ["CONNECTION_TIMEOUT_SECONDS", "HTTP_WORKERS", "HTTPReceiver", "bind_http"]
+__all__ = [
+    "CONNECTION_TIMEOUT_SECONDS",
+    "DECISION_BUDGET_SHARE",
+    "DECISION_WORKERS",
+    "HTTP_WORKERS",
+    "MAX_DECISION_DEPTH",
+    "MAX_HEADERS",
+    "MAX_HEAD_BYTES",
+    "MAX_PIPELINED",
+    "RESERVED_SHARE",
+    "SMALL_DECISION_BYTES",
+    "HTTPReceiver",
+    "bind_http",
+]
 
 #: Seconds an idle keep-alive HTTP connection stays open.
 CONNECTION_TIMEOUT_SECONDS: Final = 30.0
-#: Threads decoding requests and answering decisions (off the event loop).
+#: Threads decoding OTLP requests and building /metrics (off the event loop).
 HTTP_WORKERS: Final = 16
+#: Threads answering decisions: their own, so a flood of exports never delays a hook.
+DECISION_WORKERS: Final = 4
+#: Largest request head (request line and headers, in bytes) and most headers: 431 beyond,
+#: enforced while the head is read (the Collector's Go server allows 1 MiB; browsers send < 8 KiB).
+MAX_HEAD_BYTES: Final = 64 * 1024
+MAX_HEADERS: Final = 100
+#: Requests waiting for their answers on one connection (pipelined); past it nothing more is
+#: read from it until they are answered.
+MAX_PIPELINED: Final = 16
+#: Bytes parsed at a time outside a body of known length (so that one read of many tiny
+#: pipelined requests queues at most MAX_PIPELINED + 15 of them).
+_HEAD_STEP: Final = 256
+#: The share of ``max_connections`` kept for ``/v1/decisions/*`` and ``/healthz`` (at least one
+#: slot when ``max_connections`` is 2 or more).
+RESERVED_SHARE: Final = 8
+#: The decision API's own byte budget is this share of ``max_inflight_bytes`` (on top of it);
+#: a body over :data:`SMALL_DECISION_BYTES` may take at most half of it, so that small decisions
+#: always find room.
+DECISION_BUDGET_SHARE: Final = 8
+SMALL_DECISION_BYTES: Final = 64 * 1024
+#: Deepest JSON nesting a decision body may have (checked before anything is applied, with or
+#: without ``--state-dir``: the state log's JSON writer refuses 255 levels).
+MAX_DECISION_DEPTH: Final = 128
 #: A body up to this many times the cap is left to the parser to skip (without buffering it)
 #: after the 413, so the client reads the answer; a larger one gets the 413 and a close.
 _DISCARD_FACTOR: Final = 4
 
 _PROTOBUF: Final = "application/x-protobuf"
 _JSON: Final = "application/json"
-_408: Final = (
-    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\ncontent-length: 29\r\n"
-    b'connection: close\r\n\r\n{"error": "request too slow"}'
+
+
+def _raw_answer(status: str, error: str, extra: bytes = b"") -> bytes:
+    """A whole answer with a JSON error and ``connection: close``, for the connection to write
+    itself (no request reached the application)."""
+    body = orjson.dumps({"error": error})
+    return (
+        f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n".encode()
+        + extra
+        + b"connection: close\r\n\r\n"
+        + body
+    )
+
+
+_408: Final = _raw_answer("408 Request Timeout", "request too slow")
+_431: Final = _raw_answer(
+    "431 Request Header Fields Too Large",
+    f"request head over {MAX_HEAD_BYTES:,} bytes or {MAX_HEADERS} headers",
+)
+_503: Final = _raw_answer(
+    "503 Service Unavailable",
+    "every connection slot is taken; the last ones serve /v1/decisions and /healthz only",
+    f"retry-after: {RETRY_AFTER_SECONDS}\r\n".encode(),
 )
 
 _Message = Mapping[str, Any]
@@ -98,42 +156,241 @@ def bind_http(service: ServiceSeam) -> HTTPReceiver:
 # -- the connection ----------------------------------------------------------------------------
 
 
+class _HeadTooLarge(Exception):
+    """The request head passed :data:`MAX_HEAD_BYTES` or :data:`MAX_HEADERS` (raised inside
+    the parser's callbacks, which stops it)."""
+
+
+class _ReservedOnly(Exception):
+    """A connection admitted into the reserved slots asked for something else."""
+
+
 class _DeadlineProtocol(HttpToolsProtocol):
-    """uvicorn's httptools connection with a deadline for each whole request and a connection
-    cap. Its limits are class attributes of a subclass made for each service
-    (:meth:`HTTPReceiver._protocol`)."""
+    """uvicorn's httptools connection with deadlines, caps and a reserve. Its limits are class
+    attributes of a subclass made for each service (:meth:`HTTPReceiver._protocol`):
+
+    - the whole request (head and body) must arrive within ``request_deadline`` of the
+      connection's accept (the TLS handshake included) or of the request's first byte;
+    - an answer the client does not read (the transport's write buffer stays past its high-water
+      mark) for ``request_deadline`` closes the connection;
+    - the head is capped while it is read (:data:`MAX_HEAD_BYTES`, :data:`MAX_HEADERS`: 431);
+    - at most :data:`MAX_PIPELINED` pipelined requests wait for their answers: past them,
+      what was read is kept unparsed and nothing more is read until they are answered (bytes
+      are parsed :data:`_HEAD_STEP` at a time, a body up to its ``Content-Length`` at once, so
+      one read cannot queue thousands);
+    - at most ``max_connections`` are open or in their TLS handshake; the last ``reserve`` of
+      them only serve ``/v1/decisions/*`` and ``/healthz`` (anything else: 503), and when all
+      are taken a new connection replaces the oldest reserved one still waiting for a request.
+    """
 
     request_deadline: float = 10.0
     max_connections: int = 1024
+    reserve: int = 0
+    tls: ssl.SSLContext | None = None
     on_timeout: Callable[[], None] = staticmethod(lambda: None)
+    on_too_large: Callable[[], None] = staticmethod(lambda: None)
+    #: Connections in their TLS handshake, and connections in the reserved slots (per service).
+    handshaking: ClassVar[set[_DeadlineProtocol]] = set()
+    reserved: ClassVar[set[_DeadlineProtocol]] = set()
 
     _deadline: asyncio.TimerHandle | None = None
+    _write_deadline: asyncio.TimerHandle | None = None
+    _raw: asyncio.Transport | None = None  # the TCP transport, while the TLS handshake runs
     _app_called = False  # the current request's headers are in: the app has it
     _refused = False
+    _made = False  # uvicorn's connection_made ran
+    _in_head = True  # waiting for (or reading) a request's head
+    _head_bytes = 0  # bytes received since the head began
+    _head_size = 0  # the head's URL, names and values
+    _header_count = 0
+    _body_left: int | None = None  # body bytes still to come (Content-Length), when known
+    _held = b""  # bytes read but not yet parsed: enough pipelined requests wait already
+    _since = 0.0
+
+    # -- accept ------------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        if len(self.connections) >= self.max_connections:  # before super() adds this one
+        cls = type(self)
+        open_now = len(self.connections) + len(cls.handshaking)
+        if open_now >= self.max_connections and not self._evict():
             self._refused = True
             transport.abort()
             return
+        open_now = len(self.connections) + len(cls.handshaking)
+        if open_now - len(cls.reserved) >= self.max_connections - self.reserve:
+            cls.reserved.add(self)
+        self._since = self.loop.time()
+        self._arm()  # a silent new connection is covered too, its TLS handshake included
+        if self.tls is None:
+            self._start(transport)
+            return
+        self._raw = transport
+        cls.handshaking.add(self)
+        self.loop.create_task(self._handshake(transport, self.tls))
+
+    async def _handshake(self, raw: asyncio.Transport, context: ssl.SSLContext) -> None:
+        try:
+            secure = await self.loop.start_tls(
+                raw,
+                self,
+                context,
+                server_side=True,
+                ssl_handshake_timeout=self.request_deadline,
+            )
+        except (OSError, ssl.SSLError, asyncio.TimeoutError, asyncio.CancelledError):
+            secure = None
+        type(self).handshaking.discard(self)
+        self._raw = None
+        if secure is None or raw.is_closing():
+            self._disarm()
+            type(self).reserved.discard(self)
+            raw.abort()
+            return
+        self._start(secure)
+
+    def _start(self, transport: asyncio.Transport) -> None:
+        self._made = True
         super().connection_made(transport)
-        self._arm()  # a silent new connection is covered too
+        if self._held:
+            self.data_received(b"")
+
+    def _evict(self) -> bool:
+        """Close the oldest reserved connection still waiting for a request: True if one was."""
+        waiting = [
+            connection
+            for connection in type(self).reserved
+            if connection._in_head and connection._idle()
+        ]
+        if not waiting:
+            return False
+        oldest = min(waiting, key=lambda connection: connection._since)
+        oldest._close_now()
+        return True
+
+    def _idle(self) -> bool:
+        return (self.cycle is None or self.cycle.response_complete) and not self.pipeline
+
+    def _close_now(self) -> None:
+        cls = type(self)
+        cls.reserved.discard(self)
+        cls.handshaking.discard(self)
+        self.connections.discard(self)
+        self._disarm()
+        transport = self._raw if self._raw is not None else getattr(self, "transport", None)
+        if transport is not None:
+            transport.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        cls = type(self)
+        cls.reserved.discard(self)
+        cls.handshaking.discard(self)
         self._disarm()
-        if not self._refused:
+        if self._write_deadline is not None:
+            self._write_deadline.cancel()
+            self._write_deadline = None
+        if self._made:
             super().connection_lost(exc)
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        if (
+            not self._made
+        ):  # TLS: what came with the end of the handshake, before start_tls returned
+            self._held += data
+            return
+        self._unset_keepalive_if_required()
+        if self._held:  # reading is paused; this is what was left over
+            data, self._held = self._held + data, b""
+        pos, size = 0, len(data)
+        while pos < size:
+            if len(self.pipeline) >= MAX_PIPELINED:
+                # Enough requests wait for answers: keep the rest, read nothing more until
+                # they are answered (the client's writes then wait: TCP pushes back).
+                self._held = data[pos:]
+                self.flow.pause_reading()
+                return
+            left = self._body_left
+            step = left if not self._in_head and left is not None and left > 0 else _HEAD_STEP
+            piece = data[pos : pos + step]
+            pos += len(piece)
+            if self._in_head:
+                self._head_bytes += len(piece)
+            if not self._feed(piece):
+                return
+            if self._in_head and self._head_bytes > MAX_HEAD_BYTES:
+                type(self).on_too_large()
+                self._answer_and_close(_431)
+                return
+
+    def _feed(self, data: bytes) -> bool:
+        """Parse ``data``; False (answered or closed) when the connection is done with."""
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:
+            cause = exc.__context__
+            if isinstance(cause, _HeadTooLarge):
+                type(self).on_too_large()
+                self._answer_and_close(_431)
+            elif isinstance(cause, _ReservedOnly):
+                self._answer_and_close(_503)
+            else:
+                self.send_400_response("Invalid HTTP request received.")
+            return False
+        except httptools.HttpParserError:
+            self.send_400_response("Invalid HTTP request received.")
+            return False
+        except httptools.HttpParserUpgrade:
+            return False  # no upgrade is served: the request was answered as a plain one
+        return True
+
+    def _feed_held(self) -> None:
+        if self._held and not self.transport.is_closing() and self.parser is not None:
+            self.data_received(b"")
+
+    def _answer_and_close(self, answer: bytes) -> None:
+        """Answer at once and close, unless an earlier answer is still due (then just close)."""
+        if self._idle():
+            self.transport.write(answer)
+            self.transport.close()
+        else:
+            self.transport.abort()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._head_size = 0
+        self._header_count = 0
         self._arm()  # a further request on a keep-alive connection (armed already on the first)
 
+    def on_url(self, url: bytes) -> None:
+        self._head_size += len(url)
+        if self._head_size > MAX_HEAD_BYTES:
+            raise _HeadTooLarge
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_count += 1
+        self._head_size += len(name) + len(value) + 4
+        if self._head_size > MAX_HEAD_BYTES or self._header_count > MAX_HEADERS:
+            raise _HeadTooLarge
+        super().on_header(name, value)
+
     def on_headers_complete(self) -> None:
+        self._in_head = False
+        if self in type(self).reserved:
+            path = self.url.split(b"?", 1)[0]
+            if path != b"/healthz" and not path.startswith(b"/v1/decisions/"):
+                raise _ReservedOnly
         self._app_called = True
         super().on_headers_complete()
+        length = dict(self.headers).get(b"content-length")
+        self._body_left = int(length) if length and length.isdigit() else None
 
     def on_message_complete(self) -> None:
         self._disarm()
+        self._in_head = True
+        self._head_bytes = 0
+        self._since = self.loop.time()
         super().on_message_complete()
         cycle = self.cycle
         if (
@@ -149,6 +406,38 @@ class _DeadlineProtocol(HttpToolsProtocol):
                 self.timeout_keep_alive, self.timeout_keep_alive_handler
             )
 
+    def on_body(self, body: bytes) -> None:
+        if self._body_left is not None:
+            self._body_left -= len(body)
+        super().on_body(body)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # reads again, and starts the next pipelined request
+        if self._held and not self.transport.is_closing():
+            self.flow.pause_reading()  # what is held first
+            self.loop.call_soon(self._feed_held)
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._write_deadline is None:
+            self._write_deadline = self.loop.call_later(self.request_deadline, self._unread)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._write_deadline is not None:
+            self._write_deadline.cancel()
+            self._write_deadline = None
+
+    def _unread(self) -> None:
+        """The client has not read its answers for the deadline: close the connection."""
+        self._write_deadline = None
+        type(self).on_timeout()
+        self.transport.abort()
+
+    # -- the request deadline ----------------------------------------------------------------
+
     def _arm(self) -> None:
         if self._deadline is None:
             self._app_called = False
@@ -161,7 +450,11 @@ class _DeadlineProtocol(HttpToolsProtocol):
 
     def _expired(self) -> None:
         self._deadline = None
-        if self.transport.is_closing():
+        if self._raw is not None:  # the TLS handshake did not finish
+            type(self).on_timeout()
+            self._close_now()
+            return
+        if not self._made or self.transport.is_closing():
             return
         type(self).on_timeout()
         if self._app_called:  # the body is late: the app reads a disconnect
@@ -183,8 +476,13 @@ class HTTPReceiver:
         self.service = service
         self.protocol = self._protocol(service)
         self._executor = ThreadPoolExecutor(HTTP_WORKERS, thread_name_prefix="loopguard-http")
+        self._decider = ThreadPoolExecutor(DECISION_WORKERS, thread_name_prefix="loopguard-decide")
+        #: Decision bodies being read or decided (their own share: :data:`DECISION_BUDGET_SHARE`).
+        self.decision_budget = ByteBudget(
+            max(4 * SMALL_DECISION_BYTES, options.max_inflight_bytes // DECISION_BUDGET_SHARE)
+        )
         config = uvicorn.Config(
-            _App(service, self._executor),
+            _App(service, self._executor, self._decider, self.decision_budget),
             http=self.protocol,
             loop="asyncio",
             lifespan="off",
@@ -203,10 +501,13 @@ class HTTPReceiver:
         try:
             config.load()  # the TLS context: a bad certificate is an error now, not in the thread
         except (OSError, ssl.SSLError) as exc:
-            self._executor.shutdown(wait=False)
+            self._shutdown_workers()
             raise ValueError(
                 f"tls_cert / tls_key: cannot load {options.tls_cert!r} / {options.tls_key!r}: {exc}"
             ) from None
+        # The connection does the TLS handshake itself (after the cap, under the deadline):
+        # the listener accepts plain TCP.
+        self.protocol.tls, config.ssl = config.ssl, None
         host = options.host.strip("[]")
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and
@@ -219,7 +520,7 @@ class HTTPReceiver:
             sock.listen(128)
         except BaseException:
             sock.close()
-            self._executor.shutdown(wait=False)
+            self._shutdown_workers()
             raise
         self._socket = sock
         self.port: int = int(sock.getsockname()[1])
@@ -230,13 +531,19 @@ class HTTPReceiver:
     def _protocol(service: ServiceSeam) -> type[_DeadlineProtocol]:
         options = service.options
         timeouts = service.metrics.requests.labels("http", "timeout")
+        too_large = service.metrics.requests.labels("http", "too_large")
+        slots = options.max_connections
         return type(
             "_ServiceProtocol",
             (_DeadlineProtocol,),
             {
                 "request_deadline": options.request_timeout_seconds,
-                "max_connections": options.max_connections,
+                "max_connections": slots,
+                "reserve": max(1, slots // RESERVED_SHARE) if slots >= 2 else 0,
                 "on_timeout": staticmethod(timeouts.inc),
+                "on_too_large": staticmethod(too_large.inc),
+                "handshaking": set(),
+                "reserved": set(),
             },
         )
 
@@ -265,7 +572,11 @@ class HTTPReceiver:
                 self._server.force_exit = True
                 thread.join(2)
         self._socket.close()
+        self._shutdown_workers()
+
+    def _shutdown_workers(self) -> None:
         self._executor.shutdown(wait=False)
+        self._decider.shutdown(wait=False)
 
 
 # -- the application ---------------------------------------------------------------------------
@@ -342,9 +653,17 @@ class _Exchange:
 class _App:
     """The ASGI application: routes as the endpoint table of docs/serve.md says."""
 
-    def __init__(self, service: ServiceSeam, executor: ThreadPoolExecutor) -> None:
+    def __init__(
+        self,
+        service: ServiceSeam,
+        executor: ThreadPoolExecutor,
+        decider: ThreadPoolExecutor,
+        decision_budget: ByteBudget,
+    ) -> None:
         self._service = service
         self._executor = executor
+        self._decider = decider
+        self._decision_budget = decision_budget
 
     async def _off_loop(self, function: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
@@ -414,8 +733,7 @@ class _App:
         as_json = kind != _PROTOBUF  # answers in the request's type; JSON when it has none we know
         outcome = "error"
         counted = False  # each request is counted once, before its answer goes out
-        budget = service.budget
-        taken = 0
+        held = _Held(service.budget)
 
         def count(result: str) -> None:
             nonlocal counted
@@ -437,18 +755,10 @@ class _App:
                 )
             limit = service.options.max_body_bytes
             length = _content_length(exchange, limit)
-            if not budget.take(length):
-                raise _Reject(
-                    429,
-                    RPC_RESOURCE_EXHAUSTED,
-                    f"too many request bytes in flight (over {budget.limit:,});"
-                    f" retry after {RETRY_AFTER_SECONDS} s",
-                    "over_budget",
-                )
-            taken = length
+            held.grow(length)
             body = await exchange.body(length)
-            outcome, answer, taken = await self._off_loop(
-                _ingest, service, exchange.headers, body, as_json, taken
+            outcome, answer = await self._off_loop(
+                _ingest, service, exchange.headers, body, as_json, held
             )
             count(outcome)
             await exchange.send(200, answer, _JSON if as_json else _PROTOBUF)
@@ -466,8 +776,7 @@ class _App:
                 headers,
             )
         finally:
-            if taken:
-                budget.give(taken)
+            held.release()
             if not counted:
                 count(outcome)
 
@@ -478,18 +787,36 @@ class _App:
         if not service.authorized(exchange.headers.get("authorization")):
             await _unauthorized(exchange)
             return
+        budget = self._decision_budget
+        taken = 0
         try:
             length = _content_length(exchange, MAX_DECISION_BODY_BYTES)
+            ceiling = budget.limit if length <= SMALL_DECISION_BYTES else budget.limit // 2
+            if not budget.take(length, ceiling):
+                raise _Reject(
+                    429,
+                    RPC_RESOURCE_EXHAUSTED,
+                    f"too many decision bytes in flight (over {ceiling:,});"
+                    f" retry after {RETRY_AFTER_SECONDS} s",
+                    "over_budget",
+                )
+            taken = length
             body = await exchange.body(length)
-            answer = await self._off_loop(_decide, service, endpoint, body)
+            answer = await asyncio.get_running_loop().run_in_executor(
+                self._decider, _decide, service, endpoint, body
+            )
         except _Reject as reject:
             if reject.close:
                 exchange.close = True
-            headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if reject.status == 503 else None
+            retry = reject.status in (429, 503)
+            headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if retry else None
             await exchange.send(
                 reject.status, orjson.dumps({"error": reject.message}), _JSON, headers
             )
             return
+        finally:
+            if taken:
+                budget.give(taken)
         service.metrics.decisions.labels(endpoint).inc()
         await exchange.send(200, orjson.dumps(answer), _JSON)
 
@@ -542,15 +869,17 @@ def _content_length(exchange: _Exchange, limit: int) -> int:
 
 
 def _ingest(
-    service: ServiceSeam, headers: Mapping[str, str], body: bytes, as_json: bool, taken: int
-) -> tuple[str, bytes, int]:
-    """Decode, read and queue one OTLP body: ``(outcome, answer body, bytes taken from the
-    budget)``; raises :class:`_Reject`."""
-    limit = service.options.max_body_bytes
+    service: ServiceSeam,
+    headers: Mapping[str, str],
+    body: bytes | bytearray,
+    as_json: bool,
+    held: _Held,
+) -> tuple[str, bytes]:
+    """Decode, read and queue one OTLP body: ``(outcome, answer body)``, the inflated bytes of a
+    gzip body taken from the budget into ``held``; raises :class:`_Reject`."""
     encoding = headers.get("content-encoding", "identity").strip().lower()
     if encoding != "identity":
-        body = _inflated(body, encoding, limit)
-        taken = _take_more(service.budget, taken, len(body))
+        body = _inflated(bytes(body), encoding, service.options.max_body_bytes, held)
     read = _spans(body, as_json)
     del body
     outcome, message = service.accept(read, "http")
@@ -571,27 +900,46 @@ def _ingest(
                 "rejectedSpans": str(read.bad_spans),
                 "errorMessage": message,
             }
-        return outcome, orjson.dumps(answer), taken
-    return outcome, response_bytes(read.bad_spans, message), taken
+        return outcome, orjson.dumps(answer)
+    return outcome, response_bytes(read.bad_spans, message)
 
 
-def _take_more(budget: ByteBudget, taken: int, size: int) -> int:
-    """Grow a request's share of the budget to ``size`` (its inflated body); 429 when it
-    cannot."""
-    if size <= taken:
-        return taken
-    if not budget.take(size - taken):
-        raise _Reject(
-            429,
-            RPC_RESOURCE_EXHAUSTED,
-            f"too many request bytes in flight (over {budget.limit:,});"
-            f" retry after {RETRY_AFTER_SECONDS} s",
-            "over_budget",
-        )
-    return size
+class _Held:
+    """What one request holds of the byte budget: :meth:`grow` to a size (429 when the budget
+    cannot cover it), :meth:`release` when the request ends."""
+
+    def __init__(self, budget: ByteBudget) -> None:
+        self._budget = budget
+        self.taken = 0
+
+    def grow(self, size: int) -> None:
+        if size <= self.taken:
+            return
+        if not self._budget.take(size - self.taken, held=self.taken):
+            raise _Reject(
+                429,
+                RPC_RESOURCE_EXHAUSTED,
+                f"too many request bytes in flight (over {self._budget.limit:,});"
+                f" retry after {RETRY_AFTER_SECONDS} s",
+                "over_budget",
+            )
+        self.taken = size
+
+    def release(self) -> None:
+        if self.taken:
+            self._budget.give(self.taken)
+            self.taken = 0
 
 
-def _inflated(body: bytes, encoding: str, limit: int) -> bytes:
+#: Bytes inflated at a time: each step is taken from the budget before the next one is made.
+_INFLATE_STEP: Final = 256 * 1024
+
+
+def _inflated(body: bytes, encoding: str, limit: int, held: _Held) -> bytearray:
+    """A gzip body inflated step by step, the inflated bytes taken from the budget as they grow
+    (the Collector's rule: the body limit applies after decompression): 413 as soon as they pass
+    ``limit``, 429 as soon as the budget cannot cover them (the compressed body, still held, and
+    the inflated bytes both count)."""
     if encoding != "gzip":
         raise _Reject(
             415,
@@ -600,26 +948,34 @@ def _inflated(body: bytes, encoding: str, limit: int) -> bytes:
             "unsupported",
         )
     inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    out = bytearray()
+    pending = body
     try:
-        out = inflater.decompress(body, limit + 1)
+        while True:
+            step = inflater.decompress(pending, _INFLATE_STEP)
+            pending = inflater.unconsumed_tail
+            if len(out) + len(step) > limit:
+                raise _Reject(
+                    413,
+                    RPC_INVALID_ARGUMENT,
+                    f"body inflates to more than {limit:,} bytes",
+                    "too_large",
+                )
+            held.grow(len(body) + len(out) + len(step))
+            out += step
+            if inflater.eof or not (step or pending):
+                break
     except zlib.error as exc:
         raise _Reject(400, RPC_INVALID_ARGUMENT, f"not valid gzip ({exc})", "bad_request") from None
-    if len(out) > limit:
-        raise _Reject(
-            413,
-            RPC_INVALID_ARGUMENT,
-            f"body inflates to more than {limit:,} bytes",
-            "too_large",
-        )
     if not inflater.eof:
         raise _Reject(400, RPC_INVALID_ARGUMENT, "gzip body is truncated", "bad_request")
-    return out
+    return out  # not copied: both readers take a bytearray
 
 
-def _spans(body: bytes, as_json: bool) -> OtlpSpans:
+def _spans(body: bytes | bytearray, as_json: bool) -> OtlpSpans:
     try:
         if not as_json:
-            return proto_spans(body)
+            return proto_spans(cast(bytes, body))  # protobuf reads any bytes-like object
         try:
             record = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
@@ -639,12 +995,37 @@ def _decide(service: ServiceSeam, endpoint: str, body: bytes) -> dict[str, objec
         payload = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise _Reject(400, RPC_INVALID_ARGUMENT, f"not valid JSON ({exc})", "bad_request") from None
+    if _deeper_than(payload, MAX_DECISION_DEPTH):
+        raise _Reject(
+            400,
+            RPC_INVALID_ARGUMENT,
+            f"JSON nested deeper than {MAX_DECISION_DEPTH} levels",
+            "bad_request",
+        )
     try:
         return service.decide(endpoint, payload)
     except ValueError as exc:
         raise _Reject(400, RPC_INVALID_ARGUMENT, str(exc), "bad_request") from None
     except StateError as exc:  # not logged, so not applied: the hook follows its fail mode
         raise _Reject(503, RPC_UNAVAILABLE, str(exc), "unavailable") from None
+
+
+def _deeper_than(value: object, limit: int) -> bool:
+    """Whether JSON ``value`` nests arrays and objects more than ``limit`` levels deep (without
+    recursion)."""
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
 
 
 def _status_body(code: int, message: str, as_json: bool) -> bytes:
