@@ -197,6 +197,7 @@ def test_the_committed_snapshot_is_read_as_plain_data() -> None:
     snapshot = _snapshot_of((DATA / "snapshot").read_bytes())
     assert snapshot["version"] == 1 and snapshot["guard"]["version"] == 1
     assert snapshot["buffer"]["version"] == 1
+    assert isinstance(snapshot["time"], float)  # the trace buffer's times are relative to it
     sessions = snapshot["guard"]["sessions"]["sessions"]
     assert [(entry["session"], entry["agent"]) for entry in sessions] == [
         ("hook-1", None),

@@ -459,7 +459,11 @@ class Service:
         blank = guard.snapshot()
         guard.restore(snapshot["guard"])
         try:
-            buffer.restore(snapshot["buffer"])
+            when = snapshot.get("time")
+            clock = self._clock
+            assert isinstance(clock, ServiceClock)
+            with clock.pinned_here(when if isinstance(when, float) else clock()):
+                buffer.restore(snapshot["buffer"])
         except Exception:
             guard.restore(blank)
             raise
@@ -551,12 +555,18 @@ class Service:
             held = [[*key, text] for key, text in self._decisions.held.saved().items()]
         # The trace buffer after the gate: decisions never touch it, and only this thread (the
         # ingest thread, or a stopped service) adds to it, so it stays as of `batches` while
-        # decisions go on.
-        spans = buffer.snapshot()
+        # decisions go on. Its times are kept relative to the snapshot's "time", which a
+        # restart restores it at: the hold timer's deadlines stay where they were.
+        clock = self._clock
+        assert isinstance(clock, ServiceClock)
+        when = clock()
+        with clock.pinned_here(when):
+            spans = buffer.snapshot()
         try:
             state.write_snapshot(
                 {
                     "version": SNAPSHOT_VERSION,
+                    "time": when,
                     "guard": guard,
                     "held": held,
                     "buffer": spans,

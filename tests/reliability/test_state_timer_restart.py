@@ -142,3 +142,44 @@ def test_a_restart_after_timer_judged_spans_counts_what_the_live_run_counted(
     assert [probe["count"] for probe in live[1:]] == [0, 0], live
     restarted = _scenario(run, tmp_path / "killed", key_by, crash=True)
     assert restarted == live
+
+
+@pytest.mark.slow
+def test_a_snapshot_taken_while_spans_wait_keeps_their_deadline(tmp_path: Path) -> None:
+    """A snapshot taken while the tool spans wait for the timer, then the timer's judgement and
+    the agent span in the log after it, then a crash: the restart puts the spans' deadline
+    where it was (not that far after the restart), so the logged judgement judges them again
+    as it did live."""
+    from otel_loopguard.config import Policy
+    from otel_loopguard.service import ServeOptions, Service
+    from otel_loopguard.service._durable import _snapshot_of
+
+    run = Run()
+    live = _scenario(run, tmp_path / "live", "trace", crash=False)
+    state = tmp_path / "state"
+    options = ServeOptions(http_port=0, grpc_port=None, state_dir=str(state), hold_seconds=2.0)
+    service = Service(options, policy=Policy()).start()
+    try:
+        url = f"http://127.0.0.1:{service.http_port}"
+        _export(url, run.tools)
+        service._next_snapshot = 0.0  # due now: taken by the ingest thread's next pause
+        assert wait_for(lambda: service._snapshot_covered >= 1, timeout=1.5)
+        held = _snapshot_of((state / "snapshot").read_bytes())["buffer"]["traces"]
+        assert len(held) == 1 and len(held[0]["tools"]) == 3  # still waiting for the timer
+        flushed = 'loopguard_trace_flushes_early_total{reason="time"}'
+        assert wait_for(lambda: _metric(service.http_port, flushed) >= 1, timeout=30)
+        _export(url, run.agent)
+        assert service.wait_idle()
+    finally:
+        assert service._state is not None
+        service._state.close()  # a crash: no last snapshot
+        service._state = None
+        service.close()
+    restarted = ServeProcess("--hold-seconds", "2", "--state-dir", str(state))
+    try:
+        sessions = [(run.trace, None), (run.with_agent, "coder"), (CONVERSATION, "coder")]
+        probes = [_probe(restarted.port, session, agent) for session, agent in sessions]
+        assert restarted.stop() == 0
+    finally:
+        restarted.close()
+    assert probes == live
