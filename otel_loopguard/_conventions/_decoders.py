@@ -233,7 +233,8 @@ def conversation_id(attributes: Mapping[str, object]) -> str | None:
 
     Tried in order: ``gen_ai.conversation.id``, ``session.id`` (OpenInference, Strands),
     OpenLLMetry association properties (``thread_id``, ``session_id``, ``conversation_id``),
-    ADK's ``gcp.vertex.agent.session_id``, then LangGraph's ``thread_id`` inside OpenInference's
+    ADK's ``gcp.vertex.agent.session_id``, CrewAI's run id (``crewai.execution_uuid``, on every
+    span of CrewAI's own tracing), then LangGraph's ``thread_id`` inside OpenInference's
     ``metadata`` JSON. Never raises.
     """
     if not _is_mapping(attributes):

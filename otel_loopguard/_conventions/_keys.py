@@ -89,6 +89,13 @@ HAYSTACK_TOOL_INPUT: Final = "haystack.agent.step.tool.input"
 HAYSTACK_TOOL_OUTPUT: Final = "haystack.agent.step.tool.output"
 HAYSTACK_TOOL_ERROR: Final = "haystack.tool.error"
 
+# CrewAI's own tracing (crewai.telemetry.tracing): every span of a run carries the run's
+# kickoff id (a run's session when no conversation id is set; see _CONVERSATION_ID_KEYS).
+CREWAI_EXECUTION_UUID: Final = "crewai.execution_uuid"
+#: On its agent spans ("execute agent", gen_ai.operation.name invoke_agent, whose
+#: gen_ai.agent.name is the agent's key, a hash): the agent's role.
+CREWAI_AGENT_ROLE: Final = "crewai.agent.role"
+
 # The MCP Python SDK's own server spans ("tools/call <tool>"); they publish no arguments.
 MCP_METHOD_NAME: Final = "mcp.method.name"
 
@@ -117,5 +124,6 @@ _CONVERSATION_ID_KEYS: Final = (
     TRACELOOP_SESSION_ID,
     TRACELOOP_CONVERSATION_ID,
     ADK_SESSION_ID,
+    CREWAI_EXECUTION_UUID,
 )
 _METADATA_CONVERSATION_KEYS: Final = ("thread_id", "session_id", "conversation_id")

@@ -36,6 +36,7 @@ from ._keys import (
     ADK_TOOL_RESPONSE,
     AUTOGEN_SYSTEM,
     CREWAI_AGENT_MARKERS,
+    CREWAI_AGENT_ROLE,
     CREWAI_TOOL_AGENT_ROLE,
     EXECUTE_TOOL_SPAN_PREFIX,
     GEN_AI_AGENT_ID,
@@ -439,6 +440,16 @@ ARGUMENTS_AT_START_CONVENTIONS: Final = frozenset(
 
 AGENT_CONVENTIONS: Final[tuple[AgentConvention, ...]] = (
     # GenAI semconv (Pydantic AI incl. legacy "agent run", Strands, ADK, OpenLLMetry LangGraph).
+    # CrewAI's own tracing: a GenAI agent span whose gen_ai.agent.name is the agent's key (a
+    # hash, which a metric label refuses); the role names the agent, as CrewAI's hooks do.
+    AgentConvention(
+        name="crewai",
+        when=(
+            attribute_is(GEN_AI_OPERATION_NAME, OPERATION_INVOKE_AGENT),
+            attribute_present(CREWAI_AGENT_ROLE),
+        ),
+        name_keys=(CREWAI_AGENT_ROLE, GEN_AI_AGENT_NAME),
+    ),
     AgentConvention(
         name="genai",
         when=(attribute_is(GEN_AI_OPERATION_NAME, OPERATION_INVOKE_AGENT),),

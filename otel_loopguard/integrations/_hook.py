@@ -101,11 +101,17 @@ class ToolHook:
     # -- keys --------------------------------------------------------------------------------
 
     def keys(
-        self, framework_session: str | None = None, framework_agent: str | None = None
+        self,
+        framework_session: str | None = None,
+        framework_agent: str | None = None,
+        *,
+        current_span: bool = True,
     ) -> tuple[str, str | None]:
         """(session, agent) for a call made now: the processor's keys inside one of its spans,
-        else the caller's ``session``, else the framework's id, else :data:`DEFAULT_SESSION`."""
-        if self.processor is not None:
+        else the caller's ``session``, else the framework's id, else :data:`DEFAULT_SESSION`.
+        ``current_span=False``: not the processor's keys (the framework's ids are what its
+        spans are keyed by, and a current span is another tracer's)."""
+        if self.processor is not None and current_span:
             try:
                 keys = self.processor.current_session()
             except Exception as exc:  # never let key resolution break the agent

@@ -34,6 +34,16 @@ ends before the after hook; a refused call has no tool span). Session otherwise:
 else the agent's; the agent label is its role. Each task an agent starts (its first model call)
 starts a new progress epoch.
 
+CrewAI's own tracing (``crewai.telemetry.tracing.telemetry_session``, which makes a
+TracerProvider for the run; a host passes it ``processors=`` and ``exporters=``): put the
+processor among its processors, keyed by conversation (``LoopGuardSpanProcessor(guard,
+key_by="conversation")``). Its spans are never current on the crew's thread; each carries the
+run's ``gen_ai.conversation.id`` (when the session was given one) and its kickoff id
+(``crewai.execution_uuid``), which the processor keys the run by, and its agent span the agent's
+role (``crewai.agent.role``): inside such a session the hooks ask with those same keys, so each
+call counts once. A decision drawn at a tool span's end goes through the run's provider, so it
+reaches the run's exporters.
+
 CrewAI stops a run by itself on the fifth identical (tool, arguments, result) call; the guard's
 reminders and denials change the result text, and it denies and stops earlier with the default
 policy. Hooks run on the crew's threads and never raise except to end a run on stop.
@@ -47,6 +57,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from .._guard import LoopGuard
 from .._policy import Action, Decision, LoopDetected
+from .._spans import KeyBy
 from ._hook import OnStop, Ticket, ToolHook, missing_framework
 
 try:
@@ -61,6 +72,7 @@ try:
         unregister_before_llm_call_hook,
         unregister_before_tool_call_hook,
     )
+    from crewai.telemetry.tracing.context import get_telemetry_context
     from crewai.tools.tool_failure import ToolFailure
 except ImportError as exc:  # pragma: no cover - exercised by tests/integrations/test_imports.py
     raise missing_framework("crewai", "CrewAI", "crewai") from exc
@@ -96,6 +108,22 @@ def _framework_keys(crew: Any, agent: Any) -> tuple[str | None, str | None]:
     role = getattr(agent, "role", None)
     return (
         f"crewai:{owner_id}" if owner_id is not None else None,
+        role if isinstance(role, str) else None,
+    )
+
+
+def _traced_keys(agent: Any) -> tuple[str | None, str | None] | None:
+    """Under CrewAI's own tracing (a telemetry session active on this thread): the run's
+    conversation id, else its kickoff id (what every span of the run carries:
+    ``gen_ai.conversation.id``, ``crewai.execution_uuid``), and the agent's role (on its agent
+    span: ``crewai.agent.role``); else ``None``."""
+    context = get_telemetry_context()
+    if context is None:
+        return None
+    session = context.conversation_id or context.kickoff_id
+    role = getattr(agent, "role", None)
+    return (
+        session if isinstance(session, str) and session else None,
         role if isinstance(role, str) else None,
     )
 
@@ -163,6 +191,13 @@ class LoopGuardHooks:
     # -- the hooks ---------------------------------------------------------------------------
 
     def _keys(self, context: ToolCallHookContext | LLMCallHookContext) -> tuple[str, str | None]:
+        processor = self.hook.processor
+        if processor is not None and processor.key_by is KeyBy.CONVERSATION:
+            # CrewAI's own spans are never current on the crew's thread (a current span there
+            # is another tracer's): its run's ids are what the processor keys them by
+            traced = _traced_keys(context.agent)
+            if traced is not None:
+                return self.hook.keys(*traced, current_span=False)
         return self.hook.keys(*_framework_keys(context.crew, context.agent))
 
     def before_llm_call(self, context: LLMCallHookContext) -> None:

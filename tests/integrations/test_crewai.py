@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from otel_loopguard import Action, LoopGuard
 from otel_loopguard.metrics import PrometheusRecorder
@@ -29,6 +30,7 @@ from .conftest import (
     POLICY,
     PROMPTS,
     REFERENCE,
+    RESULT,
     SAFETY_CAP,
     TOOL,
     Script,
@@ -315,3 +317,93 @@ def test_the_advisor_is_told_the_runs_prompt(mode: tuple[Forward, bool], via: st
     for prompt, tasks in told.items():
         assert tasks, f"the guard never rescued in the run of {prompt!r}"
         assert all(task is not None and prompt in task for task in tasks), tasks
+
+
+# -- CrewAI's own tracing: a TracerProvider of its own per run (telemetry_session) ---------------
+
+#: What CrewAI's own tracing names the agent by (its agent span's crewai.agent.role).
+ROLE = "Weather researcher"
+
+
+def traced_run(
+    plan: Plan, script: Script | Detour, processor: LoopGuardSpanProcessor, **session: Any
+) -> tuple[InMemorySpanExporter, BaseException | None]:
+    """:func:`kickoff` inside CrewAI's own ``telemetry_session``: a TracerProvider of CrewAI's,
+    made for the run, with the processor among its span processors and an exporter of its own
+    (as a host passes them); the exporter once the session ended, and what the kickoff raised."""
+    from crewai.telemetry.tracing import telemetry_session
+
+    exporter = InMemorySpanExporter()
+    raised: BaseException | None = None
+    try:
+        with telemetry_session(
+            "kickoff-1", "crew", exporters=[exporter], processors=[processor], **session
+        ):
+            kickoff(plan, script)
+    except Exception as exc:  # the guard's stop, or CrewAI's own (a ToolExecutionFailedError)
+        raised = exc
+    return exporter, raised
+
+
+def test_crewai_own_tracing_decisions_reach_the_runs_exporter() -> None:
+    # the spans alone (no hooks): each decision drawn at a tool span's end goes through the
+    # provider CrewAI made for the run, so it reaches that run's exporter, in the run's trace
+    guard = LoopGuard(POLICY, recorder=PrometheusRecorder())
+    processor = LoopGuardSpanProcessor(guard)
+    script = Script()
+    exporter, raised = traced_run(looping(script), script, processor)
+    # nothing enforced: the loop goes on until CrewAI's own cap on identical calls ends it
+    assert raised is not None and not isinstance(raised, LoopStopped)
+    assert script.tool_runs > FIRST_DENY
+    spans = exporter.get_finished_spans()
+    tools = [span for span in spans if span.name == "call tool"]
+    decisions = [span for span in spans if span.name == "loopguard.decision"]
+    assert len(tools) == script.tool_runs == calls_seen(guard)
+    reference = LoopGuard(POLICY)
+    expected = []
+    for n in range(len(tools)):
+        decision = reference.after_tool(
+            TOOL, ARGUMENTS, session="reference", call_id=str(n), result=RESULT
+        )
+        if decision is not None and decision.action is not Action.ALLOW:
+            expected.append((decision.action.value, decision.count))
+    shown = [dict(span.attributes or {}) for span in decisions]
+    assert expected
+    assert [(row["loopguard.action"], row["loopguard.count"]) for row in shown] == expected
+    trace_ids = {span.context.trace_id for span in tools}
+    assert len(trace_ids) == 1 and {span.context.trace_id for span in decisions} == trace_ids
+    assert processor.decisions_to_global_provider == 0
+
+
+@pytest.mark.parametrize("conversation", [None, "conv-7"], ids=["kickoff-id", "conversation"])
+def test_crewai_own_tracing_with_the_hooks_counts_each_call_once(conversation: str | None) -> None:
+    # hooks and CrewAI's own spans (no call id on either, and no span of CrewAI's is current on
+    # the crew's thread): both key the run by its conversation id, else its kickoff id, and the
+    # agent by its role, so each call counts once
+    guard = LoopGuard(POLICY, recorder=PrometheusRecorder())
+    processor = LoopGuardSpanProcessor(guard, key_by="conversation")
+    script = Script()
+    attributes = {"gen_ai.conversation.id": conversation} if conversation else None
+    with LoopGuardHooks(processor=processor).register():
+        exporter, raised = traced_run(looping(script), script, processor, attributes=attributes)
+    assert isinstance(raised, LoopStopped)
+    assert raised.message == REFERENCE[FIRST_STOP - 1].message
+    assert script.calls == FIRST_STOP and script.tool_runs == FIRST_DENY - 1
+    assert script.seen == expected_tool_results(FIRST_STOP - 1)
+    # CrewAI's own tracing has a tool span for a refused call too (its result the refusal)
+    tools = [span for span in exporter.get_finished_spans() if span.name == "call tool"]
+    assert len(tools) == FIRST_STOP
+    assert calls_seen(guard) == FIRST_STOP
+    assert guard.session_count == 1 and agents_counted(guard) == {ROLE}
+
+
+def agents_counted(guard: LoopGuard) -> set[str]:
+    """The ``agent`` labels of ``loopguard_tool_calls_total`` in the guard's registry."""
+    recorder = guard.recorder
+    assert isinstance(recorder, PrometheusRecorder)
+    return {
+        sample.labels["agent"]
+        for metric in recorder.registry.collect()
+        for sample in metric.samples
+        if sample.name == "loopguard_tool_calls_total"
+    }
