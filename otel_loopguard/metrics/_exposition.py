@@ -12,11 +12,22 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 
-def exposition(registry: Any) -> bytes:
-    """``registry`` in the Prometheus text format, as ``/metrics`` serves it."""
-    from prometheus_client import generate_latest
+def exposition(registry: Any, accept: str | None = None) -> bytes:
+    """``registry`` as ``/metrics`` serves it to a scraper whose ``Accept`` header is
+    ``accept``: OpenMetrics (with exemplars: the trace of each denial, stop and repeat) when it
+    asks for ``application/openmetrics-text``, the Prometheus text format otherwise (exemplars
+    left out: that format has none). :func:`content_type` says which."""
+    from prometheus_client.exposition import choose_encoder
 
-    return bytes(generate_latest(registry))
+    encoder, _ = choose_encoder(accept or "")
+    return bytes(encoder(registry))
+
+
+def content_type(accept: str | None = None) -> str:
+    """The ``Content-Type`` of :func:`exposition`'s answer to ``accept``."""
+    from prometheus_client.exposition import choose_encoder
+
+    return str(choose_encoder(accept or "")[1])
 
 
 def wsgi_app(registry: Any) -> Callable[..., Iterable[bytes]]:

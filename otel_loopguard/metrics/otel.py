@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from .._exemplars import current_call
 from ._failsafe import Failures, session_reader
 from ._labels import DEFAULT_MAX_LABEL_VALUES, MAX_CACHED_PAIRS, Bounded, check_max_label_values
 from ._spec import (
@@ -133,7 +134,7 @@ class OpenTelemetryRecorder:
             attributes = self._pairs.get((agent, tool)) or self._pair(agent, tool)
             self._calls.add(1, attributes)
             if repeated:
-                self._repeated.add(1, attributes)
+                self._repeated.add(1, attributes, _context())
         except Exception as exc:
             self.failures("tool_call", exc)
 
@@ -143,7 +144,7 @@ class OpenTelemetryRecorder:
                 return
             attributes = self._pairs.get((agent, tool)) or self._pair(agent, tool)
             self._wasted.add(seconds, attributes)
-            self._wasted_hist.record(seconds)
+            self._wasted_hist.record(seconds, None, _context())
         except Exception as exc:
             self.failures("wasted", exc)
 
@@ -151,7 +152,8 @@ class OpenTelemetryRecorder:
         try:
             pair = self._pairs.get((agent, tool)) or self._pair(agent, tool)
             bounded_action = self._actions(action)
-            self._decisions.add(1, {**pair, "rule": self._rules(rule), "action": bounded_action})
+            labels = {**pair, "rule": self._rules(rule), "action": bounded_action}
+            self._decisions.add(1, labels, _context())
             self._repeats.record(count, {"action": bounded_action})
         except Exception as exc:
             self.failures("decision", exc)
@@ -159,7 +161,7 @@ class OpenTelemetryRecorder:
     def stopped_run(self, agent: str | None, tool: str, rule: str) -> None:
         try:
             pair = self._pairs.get((agent, tool)) or self._pair(agent, tool)
-            self._stopped_runs.add(1, {**pair, "rule": self._rules(rule)})
+            self._stopped_runs.add(1, {**pair, "rule": self._rules(rule)}, _context())
         except Exception as exc:
             self.failures("stopped_run", exc)
 
@@ -204,3 +206,18 @@ class OpenTelemetryRecorder:
             if len(self._pairs) < MAX_CACHED_PAIRS:
                 self._pairs[(agent, tool)] = attributes
         return attributes
+
+
+def _context() -> Any:
+    """The OpenTelemetry context whose span is the call being counted, so that the SDK's
+    exemplar filter (``trace_based`` by default: sampled spans) attaches its trace id and span id;
+    ``None`` (the active context) when no span named the call (:mod:`.._exemplars`)."""
+    ids = current_call()
+    if ids is None:
+        return None
+    from opentelemetry import trace
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+    trace_id, span_id = ids
+    span = NonRecordingSpan(SpanContext(trace_id, span_id, False, TraceFlags(TraceFlags.SAMPLED)))
+    return trace.set_span_in_context(span)

@@ -9,9 +9,11 @@ from __future__ import annotations
 import itertools
 import math
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any, Final
 
+from .._exemplars import current_call, exemplar_labels
 from . import _exposition
 from ._exposition import MetricsServer
 from ._failsafe import Failures, session_reader
@@ -56,6 +58,12 @@ SERIES_PER_PAIR: Final = 3 + len(RULES) * len(ACTIONS) + 1 + len(RULES)
 _OVERFLOW: Final = (OTHER, OTHER)
 
 
+def _exemplar() -> dict[str, str] | None:
+    """The exemplar of the call being counted (its trace and span id), or ``None``."""
+    ids = current_call()
+    return None if ids is None else exemplar_labels(ids)
+
+
 class _Pair:
     """One (agent, tool) label pair: its per-call counts and its wasted-seconds child.
 
@@ -64,13 +72,15 @@ class _Pair:
     (see benchmarks/README.md). They are read at collection by :func:`_count_value`.
     """
 
-    __slots__ = ("agent", "calls", "repeated", "tool", "wasted")
+    __slots__ = ("agent", "calls", "repeated", "repeated_exemplar", "tool", "wasted")
 
     def __init__(self, agent: str, tool: str, wasted: Any) -> None:
         self.agent = agent
         self.tool = tool
         self.calls = itertools.count()
         self.repeated = itertools.count()
+        # The latest repeat's call (its exemplar's labels) and when it was counted.
+        self.repeated_exemplar: tuple[dict[str, str], float] | None = None
         self.wasted = wasted
 
 
@@ -98,7 +108,7 @@ class _CallCounts:
 
     @staticmethod
     def _families(pairs: list[_Pair]) -> list[Any]:
-        from prometheus_client.core import CounterMetricFamily
+        from prometheus_client.core import CounterMetricFamily, Exemplar
 
         calls = CounterMetricFamily(
             TOOL_CALLS.name, TOOL_CALLS.description, labels=TOOL_CALLS.labels
@@ -108,7 +118,11 @@ class _CallCounts:
         )
         for pair in pairs:
             calls.add_metric([pair.agent, pair.tool], _count_value(pair.calls))
-            repeated.add_metric([pair.agent, pair.tool], _count_value(pair.repeated))
+            latest = pair.repeated_exemplar
+            exemplar = None if latest is None else Exemplar(latest[0], 1.0, latest[1])
+            repeated.add_metric(
+                [pair.agent, pair.tool], _count_value(pair.repeated), exemplar=exemplar
+            )
         return [calls, repeated]
 
 
@@ -237,6 +251,9 @@ class PrometheusRecorder:
             next(pair.calls)
             if repeated:
                 next(pair.repeated)
+                ids = current_call()
+                if ids is not None:
+                    pair.repeated_exemplar = (exemplar_labels(ids), time.time())
         except Exception as exc:
             self.failures("tool_call", exc)
 
@@ -248,7 +265,7 @@ class PrometheusRecorder:
             if pair is None:
                 pair = self._pair(agent, tool)
             pair.wasted.inc(seconds)
-            self._wasted_hist.observe(seconds)
+            self._wasted_hist.observe(seconds, _exemplar())
         except Exception as exc:
             self.failures("wasted", exc)
 
@@ -262,7 +279,7 @@ class PrometheusRecorder:
                 child = self._decisions.labels(*labels)
                 if len(self._decision_children) < MAX_CACHED_PAIRS:
                     self._decision_children[key] = child
-            child.inc()
+            child.inc(1, _exemplar())
             self._repeats[self._actions(action)].observe(count)
         except Exception as exc:
             self.failures("decision", exc)
@@ -270,7 +287,7 @@ class PrometheusRecorder:
     def stopped_run(self, agent: str | None, tool: str, rule: str) -> None:
         try:
             pair = self._pairs.get((agent, tool)) or self._pair(agent, tool)
-            self._stopped_runs.labels(pair.agent, pair.tool, self._rules(rule)).inc()
+            self._stopped_runs.labels(pair.agent, pair.tool, self._rules(rule)).inc(1, _exemplar())
         except Exception as exc:
             self.failures("stopped_run", exc)
 
@@ -303,9 +320,16 @@ class PrometheusRecorder:
 
     # -- exposition ----------------------------------------------------------------------
 
-    def exposition(self) -> bytes:
-        """The registry in the Prometheus text format, as ``/metrics`` serves it."""
-        return _exposition.exposition(self.registry)
+    def exposition(self, accept: str | None = None) -> bytes:
+        """The registry as ``/metrics`` serves it: in the format an ``Accept`` header asks for
+        (OpenMetrics, with exemplars, when it names ``application/openmetrics-text``), the
+        Prometheus text format otherwise (see :meth:`page` for the content type too)."""
+        return _exposition.exposition(self.registry, accept)
+
+    def page(self, accept: str | None = None) -> tuple[bytes, str]:
+        """``/metrics``'s answer to a scraper whose ``Accept`` header is ``accept``: the body
+        (:meth:`exposition`) and its ``Content-Type``."""
+        return _exposition.exposition(self.registry, accept), _exposition.content_type(accept)
 
     def wsgi_app(self) -> Callable[..., Iterable[bytes]]:
         """A WSGI app serving the registry (mount it at ``/metrics`` in your own server)."""

@@ -1,0 +1,87 @@
+"""Which call a metric sample counts: its trace id and span id, for exemplars.
+
+A call reported through a span (the processor, and through :mod:`._traces` the exporter,
+``serve`` and ``replay`` of traces) names its span with :func:`counting`, around the guard's
+call; a call reported through the hook API or a framework adapter is the active span's, read from
+OpenTelemetry's context when nothing was named. A recorder asks :func:`current_call` when it
+counts a repeat, a decision or a stop: the ids of the call, or ``None`` (no trace: command hooks
+without telemetry, or ids that are zero, out of range or not integers; those are counted in
+:data:`DROPPED`, never raised).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Final
+
+__all__ = ["DROPPED", "counting", "current_call", "exemplar_labels"]
+
+#: (trace id, span id) of the call being counted on this thread or task, when a span named it.
+_CALL: Final[ContextVar[tuple[object, object] | None]] = ContextVar(
+    "otel_loopguard_counted_call", default=None
+)
+_MAX_TRACE_ID: Final = (1 << 128) - 1
+_MAX_SPAN_ID: Final = (1 << 64) - 1
+
+
+class _Dropped:
+    """How many calls named ids that cannot be an exemplar (zero, out of range, not integers)."""
+
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
+#: Ids dropped since the process started (read by tests and by ``LoopGuard.internal_errors``'s
+#: neighbours; never raised).
+DROPPED: Final = _Dropped()
+
+
+@contextmanager
+def counting(trace_id: object, span_id: object) -> Iterator[None]:
+    """Within this block, the call being counted is the span ``(trace_id, span_id)``."""
+    token = _CALL.set((trace_id, span_id))
+    try:
+        yield
+    finally:
+        _CALL.reset(token)
+
+
+def current_call() -> tuple[int, int] | None:
+    """The (trace id, span id) of the call being counted, or ``None``. Never raises."""
+    try:
+        named = _CALL.get()
+        if named is None:
+            return _active_span()
+        trace_id, span_id = named
+        if (
+            type(trace_id) is int
+            and type(span_id) is int
+            and 0 < trace_id <= _MAX_TRACE_ID
+            and 0 < span_id <= _MAX_SPAN_ID
+        ):
+            return trace_id, span_id
+        DROPPED.count += 1
+        return None
+    except Exception:
+        DROPPED.count += 1
+        return None
+
+
+def _active_span() -> tuple[int, int] | None:
+    from opentelemetry import trace
+
+    context = trace.get_current_span().get_span_context()
+    if not context.is_valid:
+        return None
+    return context.trace_id, context.span_id
+
+
+def exemplar_labels(ids: tuple[int, int]) -> dict[str, str]:
+    """An exemplar's labels for ``ids``: ``trace_id`` (32 hex digits) and ``span_id`` (16), as
+    Grafana links them to a trace (63 characters with the names: within OpenMetrics' 128)."""
+    trace_id, span_id = ids
+    return {"trace_id": f"{trace_id:032x}", "span_id": f"{span_id:016x}"}
