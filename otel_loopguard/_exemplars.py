@@ -11,9 +11,7 @@ without telemetry, or ids that are zero, out of range or not integers; those are
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from typing import Final
 
 __all__ = ["DROPPED", "counting", "current_call", "exemplar_labels"]
@@ -40,14 +38,20 @@ class _Dropped:
 DROPPED: Final = _Dropped()
 
 
-@contextmanager
-def counting(trace_id: object, span_id: object) -> Iterator[None]:
-    """Within this block, the call being counted is the span ``(trace_id, span_id)``."""
-    token = _CALL.set((trace_id, span_id))
-    try:
-        yield
-    finally:
-        _CALL.reset(token)
+class counting:  # noqa: N801 - used as a function: ``with counting(trace_id, span_id):``
+    """Within this block, the call being counted is the span ``(trace_id, span_id)``. A class,
+    not a generator: it runs around every call a span reports."""
+
+    __slots__ = ("_ids", "_token")
+
+    def __init__(self, trace_id: object, span_id: object) -> None:
+        self._ids = (trace_id, span_id)
+
+    def __enter__(self) -> None:
+        self._token: Token[tuple[object, object] | None] = _CALL.set(self._ids)
+
+    def __exit__(self, *exc: object) -> None:
+        _CALL.reset(self._token)
 
 
 def current_call() -> tuple[int, int] | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._attributes import Shape, decision_attributes
+from ._exemplars import current_call, exemplar_labels
 from ._policy import Action, Decision, Phase, Step, arguments_preview
 from ._triplog import TripLog
 from .config import Policy
@@ -51,9 +52,13 @@ class Reporter:
             if trip_log.arguments and canonical is not None
             else None
         )
-        return decision_attributes(
+        line = decision_attributes(
             decision, Shape.TRIP, agent=agent, mode=policy.mode, arguments=arguments, kind=kind
         )
+        ids = current_call()
+        if ids is not None:
+            line.update(exemplar_labels(ids))  # trace_id, span_id: the line joins its trace
+        return line
 
     def write(self, line: TripLine | None) -> None:
         """Append a trip line made by :meth:`trip_line` (nothing for ``None``)."""

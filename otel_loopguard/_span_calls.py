@@ -25,6 +25,7 @@ from ._conventions import (
     conversation_id,
     tool_call_from_span,
 )
+from ._exemplars import counting
 from ._spans import START_NAME_PREFIXES
 
 if TYPE_CHECKING:
@@ -88,11 +89,21 @@ def duration_seconds(start_ns: int | None, end_ns: int | None) -> float | None:
     return max(0.0, (end_ns - start_ns) / 1e9)
 
 
-def call_started(guard: LoopGuard, tool: str, arguments: object, keys: Keys) -> Decision:
+def call_started(
+    guard: LoopGuard,
+    tool: str,
+    arguments: object,
+    keys: Keys,
+    span: tuple[int, int] | None = None,
+) -> Decision:
     """Decide a call at its span's start, under ``keys`` (which its end reuses): counted then,
-    never waiting for an advisor. Never raises (the guard's hook contract)."""
+    never waiting for an advisor. ``span``: the (trace id, span id) of the call's span, the
+    exemplar of what it counts (:mod:`._exemplars`). Never raises (the guard's hook contract)."""
     session, agent, call_id = keys
-    return guard.decide_at_span_start(tool, arguments, session, agent, call_id)
+    if span is None:
+        return guard.decide_at_span_start(tool, arguments, session, agent, call_id)
+    with counting(*span):
+        return guard.decide_at_span_start(tool, arguments, session, agent, call_id)
 
 
 def call_ended(
@@ -103,14 +114,15 @@ def call_ended(
     error: bool | None,
     result: object,
     duration: float | None,
+    span: tuple[int, int] | None = None,
 ) -> Ended | None:
     """Report a call at its span's end (``after_tool``): counted now, or only its outcome added
     when it was decided at start (the decision is then ``None``). ``arguments``
     :data:`~otel_loopguard._conventions.MISSING`: the span was recognised without arguments
     (content capture off, or an instrumentation that publishes none), a call of the tool without
     arguments (``{}``) when the policy counts those, else skipped: ``None``. ``keys``: or the
-    function that finds them, called only for a call reported. Never raises (the guard's hook
-    contract)."""
+    function that finds them, called only for a call reported. ``span``: as for
+    :func:`call_started`. Never raises (the guard's hook contract)."""
     if arguments is MISSING:
         if not guard.policy.count_calls_without_arguments:
             return None
@@ -118,14 +130,27 @@ def call_ended(
     if not isinstance(keys, tuple):
         keys = keys()
     session, agent, call_id = keys
-    decision = guard.after_tool(
-        tool,
-        arguments,
-        session=session,
-        agent=agent,
-        call_id=call_id,
-        error=error,
-        result=result,
-        duration_seconds=duration,
-    )
+    if span is None:
+        decision = guard.after_tool(
+            tool,
+            arguments,
+            session=session,
+            agent=agent,
+            call_id=call_id,
+            error=error,
+            result=result,
+            duration_seconds=duration,
+        )
+        return keys, arguments, decision
+    with counting(*span):
+        decision = guard.after_tool(
+            tool,
+            arguments,
+            session=session,
+            agent=agent,
+            call_id=call_id,
+            error=error,
+            result=result,
+            duration_seconds=duration,
+        )
     return keys, arguments, decision

@@ -60,8 +60,12 @@ class TripLog:
         signature: str,
         arguments: str | None = None,
         kind: str | None = None,
+        trace_id: str | None = None,
+        span_id: str | None = None,
     ) -> None:
-        """Append one trip line (``kind`` defaults to ``action``). Never raises."""
+        """Append one trip line (``kind`` defaults to ``action``; ``trace_id`` and ``span_id``,
+        of the call decided, only when it has them, so a logs backend links the line to its
+        trace). Never raises."""
         record: dict[str, object] = {
             "time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
             "session": session,
@@ -77,6 +81,9 @@ class TripLog:
         }
         if self.arguments and arguments is not None:
             record["arguments"] = arguments
+        if trace_id is not None and span_id is not None:
+            record["trace_id"] = trace_id
+            record["span_id"] = span_id
         try:
             line = orjson.dumps(record) + b"\n"
             with self._lock:

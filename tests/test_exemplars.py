@@ -194,3 +194,28 @@ def test_the_opentelemetry_recorder_attaches_the_trace_to_its_exemplars(tracer: 
         loop(guard)
     assert _exemplar_traces(reader)["loopguard_stopped_runs"] == {0x123}
     meters.shutdown()
+
+
+def test_trip_lines_carry_the_trace_of_the_call_decided(tmp_path: object, tracer: object) -> None:
+    """The in-process guard's decision log (the trip log) joins its trace: ``trace_id`` and
+    ``span_id`` on each line of a call that has them, none on a call without a trace."""
+    import json
+    from pathlib import Path
+
+    from otel_loopguard import PRESETS
+
+    path = Path(str(tmp_path)) / "trips.jsonl"
+    guard = LoopGuard(PRESETS["default"].replace(trip_log_path=str(path)))
+    with tracer.start_as_current_span("agent run") as span:  # type: ignore[attr-defined]
+        loop(guard)
+        context = span.get_span_context()
+    traced = [json.loads(line) for line in path.read_text().splitlines()]
+    assert traced and all(
+        line["trace_id"] == f"{context.trace_id:032x}"
+        and line["span_id"] == f"{context.span_id:016x}"
+        for line in traced
+    )
+    guard.new_run("s")
+    loop(guard)
+    untraced = [json.loads(line) for line in path.read_text().splitlines()][len(traced) :]
+    assert untraced and not any("trace_id" in line or "span_id" in line for line in untraced)
