@@ -345,6 +345,12 @@ class SessionState:
             raw = orjson.loads(data)
         except orjson.JSONDecodeError as exc:
             raise ValueError(f"session state: not JSON ({exc})") from None
+        return cls.from_plain(raw, policy)
+
+    @classmethod
+    def from_plain(cls, raw: object, policy: Policy) -> SessionState:
+        """:meth:`from_bytes` of the state already parsed (an object inside a larger JSON
+        value, as the Redis store keeps it)."""
         if not isinstance(raw, dict):
             raise ValueError("session state: expected an object")
         if raw.get("v") != _SNAPSHOT_VERSION:
@@ -496,6 +502,14 @@ class SessionStore:
         self._index(key)
         while len(sessions) > self._max:
             self._drop_oldest("capacity")
+
+    def take(self, key: object) -> SessionState | None:
+        """Remove and return the state of ``key`` (``None`` when not kept); no eviction is
+        reported. For a store that only holds sessions in flight (the Redis store's)."""
+        state = self._sessions.pop(key, None)
+        if state is not None:
+            self._unindex(key)
+        return state
 
     def agent_keys(self, session: object) -> list[object]:
         """The ``(session, agent)`` keys of ``session`` kept now, oldest first (not the

@@ -43,6 +43,12 @@ class LoopGuard:
     install a :class:`~otel_loopguard.metrics.PrometheusRecorder`). A recorder with an
     ``observe_sessions`` method is given a reader of :attr:`session_count` for
     ``loopguard_sessions``, read at collection time, never on the hot path.
+    ``store``: where sessions are kept, overriding ``policy.store``: ``None`` (this process's
+    memory) or a Redis URL (``"redis://host:6379/0"``, ``rediss://`` for TLS), shared by every
+    guard that uses it, so one session's calls may be decided in any process (see
+    :mod:`otel_loopguard._redis_store`; needs ``otel-loopguard[redis]``). Raises
+    ``ValueError`` for a bad URL or a missing client; a Redis that is down is not an error
+    here: calls are then decided as ``policy.store_failure`` says.
     """
 
     def __init__(
@@ -52,10 +58,14 @@ class LoopGuard:
         advisor: Advisor | None = None,
         clock: Callable[[], float] | None = None,
         recorder: Recorder | None = None,
+        store: str | None = None,
     ) -> None:
         if policy is not None and not isinstance(policy, Policy):
             raise ValueError(f"policy: expected a Policy, got {type(policy).__name__}")
-        self.policy: Final = policy if policy is not None else policy_from_env()
+        policy = policy if policy is not None else policy_from_env()
+        if store is not None:
+            policy = policy.replace(store=store)
+        self.policy: Final = policy
         if advisor is None and self.policy.advisor_command:
             advisor = CommandAdvisor(
                 self.policy.advisor_command,
@@ -64,7 +74,12 @@ class LoopGuard:
             )
         if advisor is not None and not callable(advisor):
             raise ValueError(f"advisor: expected a callable, got {type(advisor).__name__}")
-        self._core = GuardCore(self.policy, advisor, clock, recorder)
+        if self.policy.store is None:
+            self._core = GuardCore(self.policy, advisor, clock, recorder)
+        else:
+            from ._redis_store import RedisCore  # imports the Redis client
+
+            self._core = RedisCore(self.policy, advisor, clock, recorder)
 
     @property
     def advisor(self) -> Advisor | None:
@@ -228,6 +243,12 @@ class LoopGuard:
         return self._core.errors()
 
     @property
+    def store_errors(self) -> Mapping[str, int]:
+        """Failures of the Redis store so far, by operation (``read``, ``write``, ``conflict``,
+        ``decode``; as ``loopguard_store_errors_total``); empty without a store."""
+        return dict(getattr(self._core, "store_errors", {}))
+
+    @property
     def session_count(self) -> int:
         """Sessions currently tracked, after dropping those idle beyond the policy's
         ``session_ttl_seconds`` (so the ``loopguard_sessions`` gauge, read at each scrape, is
@@ -306,8 +327,12 @@ class LoopGuard:
     def close(self, *, wait: bool = False) -> None:
         """Stop the advisor worker. Queued asks are abandoned; with ``wait``, an ask under way is
         waited for, so its advice is cached (or its budget refunded) before this returns. The
-        guard stays usable."""
+        guard stays usable (with a Redis store, its connections are opened again when
+        needed)."""
         self._core.rescues.pool.close(wait=wait)
+        sessions = getattr(self._core, "sessions", None)
+        if sessions is not None:
+            sessions.close()
 
     # -- wrapping plain Python tools ---------------------------------------------------------
 

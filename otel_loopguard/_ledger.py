@@ -86,6 +86,20 @@ class ReportLedger:
             self.settle(store_key, match, key, awaiting and not taken.blocked)
         return taken
 
+    def take_calls(self, store_key: object) -> dict[str, Settled] | None:
+        """Remove and return a session's reported calls (for the Redis store, which keeps them
+        with the session's state)."""
+        return self._calls.pop(store_key, None)
+
+    def put_calls(self, store_key: object, calls: dict[str, Settled]) -> None:
+        """Keep ``calls`` as a session's reported calls (the newest ``max_calls``)."""
+        while len(calls) > self._max_calls:
+            del calls[next(iter(calls))]
+        self._calls[store_key] = calls
+        self._calls.move_to_end(store_key)
+        while len(self._calls) > self._max_sessions:
+            self._calls.popitem(last=False)
+
     def forget(self, store_key: object) -> None:
         """Drop a session's reported calls (a new run may reuse call ids)."""
         self._calls.pop(store_key, None)

@@ -47,7 +47,10 @@ __all__ = [
     "RESCUE_PLUGIN_IGNORED_ARGS",
     "RESCUE_PLUGIN_MUTATING_TOOLS",
     "Rule",
+    "STORE_SCHEMES",
+    "StoreFailure",
     "close_names",
+    "redact_url",
     "env_var",
     "unknown_message",
     "policy_from_env",
@@ -81,6 +84,24 @@ class AdvisorInput(str, Enum):
     ARGV = "argv"
     #: The whole request as one JSON object on stdin, the question included; no extra argv.
     STDIN_JSON = "stdin_json"
+
+
+class StoreFailure(str, Enum):
+    """What the guard decides when the shared session store (Redis) fails."""
+
+    #: Allow the call (uncounted): an outage never stops an agent.
+    OPEN = "open"
+    #: Deny the call: nothing runs that the guard could not count.
+    CLOSED = "closed"
+
+
+#: URL schemes a ``store`` may have (redis-py's): plain, TLS, a Unix socket.
+STORE_SCHEMES: Final = ("redis", "rediss", "unix")
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (for messages and logs)."""
+    return re.sub(r"(://[^/@]*:)[^/@]*@", r"\1***@", url)
 
 
 class Rule(str, Enum):
@@ -505,6 +526,46 @@ class Policy:
         default=256,
         metadata=_doc("distinct signatures remembered per session and epoch", _Kind.COUNT),
     )
+    store: str | None = field(
+        default=None,
+        metadata=_doc(
+            "where sessions are kept: none (this process's memory) or a Redis URL"
+            " (redis://host:6379/0, rediss:// for TLS, unix:///path), shared by every process"
+            " that uses it (needs otel-loopguard[redis])",
+            _Kind.TEXT,
+        ),
+    )
+    store_prefix: str = field(
+        default="loopguard:",
+        metadata=_doc(
+            "start of every Redis key of this deployment (several can share one Redis)",
+            _Kind.TEXT,
+        ),
+    )
+    store_password_file: str | None = field(
+        default=None,
+        metadata=_doc(
+            "file holding the Redis password (its first line), instead of one in the URL",
+            _Kind.PATH,
+        ),
+    )
+    store_timeout_seconds: float = field(
+        default=0.05,
+        metadata=_doc(
+            "longest wait for one Redis command (connecting included) before the store counts"
+            " as failed",
+            _Kind.POSITIVE_SECONDS,
+        ),
+    )
+    store_failure: StoreFailure = field(
+        default=StoreFailure.OPEN,
+        metadata=_doc(
+            "what a call gets when the Redis store fails: open (allowed, not counted) or closed"
+            " (denied)",
+            _Kind.CHOICE,
+            choices=StoreFailure,
+        ),
+    )
 
     def __post_init__(self) -> None:
         """Normalise collections and validate; raises ``ValueError`` naming field and value."""
@@ -544,6 +605,11 @@ class Policy:
             raise ValueError(
                 f"max_signatures_per_session: {self.max_signatures_per_session!r} must be at least"
                 f" twice window_size={self.window_size}"
+            )
+        store = self.store
+        if store is not None and store.partition("://")[0].lower() not in STORE_SCHEMES:
+            raise ValueError(
+                f"store: expected a redis://, rediss:// or unix:// URL, got {redact_url(store)!r}"
             )
         if Rule.WINDOW in self.rules and self.window_size < 2:
             raise ValueError(
