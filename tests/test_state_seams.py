@@ -116,6 +116,9 @@ def test_plain_data_round_trips_exactly() -> None:
         7: "an int key",
         "text": "é \u2603 \x00",
         "again": ["text", "version", "text"],
+        "flat": {"a": 1, "b": "x", "c": None, "d": -0.0},  # written as JSON
+        "lone": {"s": "\ud800"},  # JSON cannot write it: as a dict
+        "odd": {"nan": float("inf"), "big": 1 << 64},
     }
     back = plain_loads(plain_dumps(data))
     assert back == data
@@ -266,25 +269,45 @@ def test_a_logged_batch_is_plain_data_and_comes_back_equal() -> None:
     from otel_loopguard._traces import OtlpSpans, RecordedSpan
     from otel_loopguard.service._durable import batch_of, batch_payload
 
-    span = RecordedSpan(
-        (1 << 127) + 5,
-        7,
-        None,
-        "execute_tool grep",
-        {"gen_ai.tool.name": "grep", "tags": ("a", "b"), "raw": b"\x01", "n": 2.5},
-        (("event", {"k": 1}),),
-        True,
-        10,
-        20,
-        parent_remote=True,
+    def span(span_id: int, **attributes: object) -> RecordedSpan:
+        return RecordedSpan(
+            (1 << 127) + 5,
+            span_id,
+            None,
+            "execute_tool grep",
+            {"gen_ai.tool.name": "grep", **attributes},
+            (("event", {"k": 1}), ("other", {"tags": ("x",), "raw": b"\x02"})),
+            True,
+            10,
+            20,
+            start_name="execute_tool grep",
+            start_attributes={"gen_ai.tool.name": "grep", "n": -(1 << 63)},
+            parent_remote=True,
+        )
+
+    plain = span(7, tags=("a", "b"), n=2.5, flag=False, empty=None, big=(1 << 63) - 1)
+    unusual = span(8, raw=b"\x01", nan=float("nan"), inf=float("-inf"), nested={"a": ("b",)})
+    unusual_list = span(9, listed=["a"], huge=1 << 70)
+    read = OtlpSpans(
+        [plain, unusual, unusual_list], ["spans[1]: bad"], 1, [((1 << 100), 3, None, False)]
     )
-    read = OtlpSpans([span], ["spans[1]: bad"], 1, [((1 << 100), 3, None, False)])
-    back = batch_of(batch_payload(read))
-    assert back == read
-    # The payload names no class: the plain unpickler reads it.
-    assert plain_loads(batch_payload(read))[0][0][0] == (1 << 127) + 5
-    with pytest.raises(ValueError, match="not a logged batch"):
-        batch_of(pickle.dumps(read))
+    payload = batch_payload(read)
+    assert payload[:1] == b"J"  # JSON: 128-bit ids in hex, attribute maps JSON keeps as they are
+    rows = orjson.loads(payload[1:])[0]
+    assert rows[0][0] == f"{(1 << 127) + 5:x}" and rows[0][4]["tags"] == ["a", "b"]
+    assert isinstance(rows[1][4], str)  # bytes, nan: in the plain format (Base64)
+    back = batch_of(payload)
+    assert back.spans[0] == plain and back.spans[2] == unusual_list
+    assert str(back.spans[1]) == str(unusual)  # nan != nan: compared as text
+    assert type(back.spans[0].attributes["tags"]) is tuple
+    assert type(back.spans[2].attributes["listed"]) is list
+    assert (back.problems, back.bad_spans, back.links) == (read.problems, 1, read.links)
+    # Text JSON cannot write (a lone surrogate): the whole batch in the plain format.
+    odd = OtlpSpans([span(10, text="\ud800")], [], 0, [])
+    assert batch_payload(odd)[:1] == b"P" and batch_of(batch_payload(odd)) == odd
+    for bad in (pickle.dumps(read), b"J[1]", b"Jnot json", b"P" + pickle.dumps(read), b""):
+        with pytest.raises(ValueError, match="not a logged batch"):
+            batch_of(bad)
 
 
 def test_the_pickled_state_of_the_last_release_is_refused_saying_how_to_start_fresh(

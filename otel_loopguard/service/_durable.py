@@ -49,6 +49,7 @@ start fresh (move or delete ``DIR``).
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import errno
 import fcntl
@@ -65,6 +66,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
+
+import orjson
 
 from otel_loopguard._traces import OtlpSpans, RecordedSpan
 
@@ -841,8 +844,10 @@ def plain_dumps(data: object) -> bytes:
     data-only format: one tag byte per value (``N T F`` None and booleans; ``i`` a 64-bit
     integer, ``I`` a longer one with its byte length; ``f`` a float; ``s`` UTF-8 text and
     ``b`` bytes with their length; ``r`` the same text as the n-th ``s`` before it; ``l`` a
-    list, ``t`` a tuple, ``d`` a dict with their item count), little-endian. ``ValueError``
-    naming the first value of another type (its path from the top)."""
+    list, ``t`` a tuple, ``d`` a dict with their item count; ``j`` a dict as JSON with its
+    length, for a dict JSON keeps exactly: text keys, and text, booleans, ``None``, 64-bit
+    integers or finite floats as values), little-endian. ``ValueError`` naming the first value
+    of another type (its path from the top)."""
     writer = _Writer()
     try:
         writer.walk(data, 0)
@@ -850,6 +855,32 @@ def plain_dumps(data: object) -> bytes:
         _check_plain(data, "snapshot", 0)
         raise ValueError(f"snapshot: nested more than {MAX_PLAIN_DEPTH} levels deep") from None
     return b"".join(writer.out)
+
+
+def _flat_json(value: dict[Any, Any], tuples: bool = False) -> bool:
+    """Whether JSON (orjson) writes ``value`` and reads it back equal, types and all: text keys,
+    and values that are text, booleans, ``None``, 64-bit integers or finite floats (with
+    ``tuples``, also tuples of those, which JSON reads back as lists)."""
+    for key, item in value.items():
+        if type(key) is not str:
+            return False
+        if type(item) is str or _json_scalar(item):
+            continue
+        if not tuples or type(item) is not tuple:
+            return False
+        for element in item:
+            if not _json_scalar(element):
+                return False
+    return True
+
+
+def _json_scalar(item: object) -> bool:
+    kind = type(item)
+    if kind is str or kind is bool or item is None:
+        return True
+    if kind is int:
+        return _MIN64 <= item <= _MAX64  # type: ignore[operator]
+    return kind is float and item - item == 0.0  # type: ignore[operator]  # not inf, nan
 
 
 class _Writer:
@@ -903,6 +934,15 @@ class _Writer:
             raise _NotPlain
         walk = self.walk
         if kind is dict:
+            if _flat_json(value):  # most span attributes: one C call each way
+                try:
+                    raw = orjson.dumps(value)
+                except TypeError:  # orjson.JSONEncodeError: text with a lone surrogate
+                    pass
+                else:
+                    self.put(_SIZED.pack(b"j", len(raw)))
+                    self.put(raw)
+                    return
             self.put(_SIZED.pack(b"d", len(value)))
             for key, item in value.items():
                 walk(key, depth + 1)
@@ -1023,6 +1063,15 @@ class _Reader:
             raise ValueError(f"nested more than {MAX_PLAIN_DEPTH} levels deep")
         return depth + 1
 
+    def _json(self, depth: int) -> dict[Any, Any]:
+        try:
+            value = orjson.loads(self._raw())
+        except orjson.JSONDecodeError as exc:
+            raise ValueError(f"not JSON ({exc})") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"JSON that is not an object: {type(value).__name__}")
+        return value
+
     def _list(self, depth: int) -> list[Any]:
         inner = self._nested(depth)
         return [self.read(inner) for _ in range(self._count(1))]
@@ -1053,6 +1102,7 @@ _READERS: Final[dict[int, Callable[[_Reader, int], Any]]] = {
     ord("l"): _Reader._list,
     ord("t"): _Reader._tuple,
     ord("d"): _Reader._dict,
+    ord("j"): _Reader._json,
 }
 
 
@@ -1062,20 +1112,96 @@ _SPAN_FIELDS: Final = tuple(item.name for item in dataclasses.fields(RecordedSpa
 
 def batch_payload(read: OtlpSpans) -> bytes:
     """An accepted batch for the log (``BATCH``): its spans' fields, problems, bad-span count
-    and parent links, as plain data (:func:`batch_of` reads it)."""
-    spans = [tuple(getattr(span, name) for name in _SPAN_FIELDS) for span in read.spans]
-    return plain_dumps((spans, read.problems, read.bad_spans, read.links))
+    and parent links, as plain data (:func:`batch_of` reads it). As JSON (``J``), each span a
+    row of its fields with 128-bit ids in hex and each attribute map as itself when JSON keeps
+    it exactly (:func:`_flat_json`), else as :func:`plain_dumps` in Base64; a batch JSON cannot
+    hold (text that is not UTF-8) as :func:`plain_dumps` (``P``)."""
+    try:
+        return b"J" + orjson.dumps(
+            [
+                [_span_row(span) for span in read.spans],
+                read.problems,
+                read.bad_spans,
+                [[f"{t:x}", s, p, r] for t, s, p, r in read.links],
+            ]
+        )
+    except TypeError:  # orjson.JSONEncodeError: text with a lone surrogate
+        spans = [tuple(getattr(span, name) for name in _SPAN_FIELDS) for span in read.spans]
+        return b"P" + plain_dumps((spans, read.problems, read.bad_spans, read.links))
+
+
+def _span_row(span: RecordedSpan) -> list[object]:
+    """One span's fields in :data:`_SPAN_FIELDS`' order, for JSON."""
+    return [
+        f"{span.trace_id:x}",
+        span.span_id,
+        span.parent_id,
+        span.name,
+        _attributes_json(span.attributes),
+        [[name, _attributes_json(attributes)] for name, attributes in span.events],
+        span.status_error,
+        span.start_ns,
+        span.end_ns,
+        span.start_name,
+        None if span.start_attributes is None else _attributes_json(span.start_attributes),
+        span.parent_remote,
+    ]
+
+
+def _attributes_json(attributes: Any) -> object:
+    """An attribute map as JSON when JSON keeps it (arrays are tuples, and come back as such),
+    else its :func:`plain_dumps` in Base64."""
+    if type(attributes) is dict and _flat_json(attributes, tuples=True):
+        return attributes
+    return base64.b64encode(plain_dumps(dict(attributes))).decode()
+
+
+def _attributes_back(value: object) -> dict[str, object]:
+    if isinstance(value, str):
+        value = plain_loads(base64.b64decode(value, validate=True))
+    elif isinstance(value, dict):
+        value = {k: tuple(v) if type(v) is list else v for k, v in value.items()}
+    if not isinstance(value, dict):
+        raise ValueError(f"attributes: expected a map, got {type(value).__name__}")
+    return value
+
+
+def _span_back(row: list[Any]) -> RecordedSpan:
+    (trace_id, span_id, parent_id, name, attributes, events) = row[:6]
+    (status_error, start_ns, end_ns, start_name, start_attributes, parent_remote) = row[6:]
+    return RecordedSpan(
+        int(trace_id, 16),
+        int(span_id),
+        None if parent_id is None else int(parent_id),
+        str(name),
+        _attributes_back(attributes),
+        tuple((str(event), _attributes_back(values)) for event, values in events),
+        bool(status_error),
+        int(start_ns),
+        int(end_ns),
+        None if start_name is None else str(start_name),
+        None if start_attributes is None else _attributes_back(start_attributes),
+        bool(parent_remote),
+    )
 
 
 def batch_of(payload: bytes) -> OtlpSpans:
     """A :func:`batch_payload` back; ``ValueError`` for anything else."""
     try:
-        spans, problems, bad_spans, links = plain_loads(payload)
+        if payload[:1] == b"J":
+            rows, problems, bad_spans, links = orjson.loads(payload[1:])
+            spans = [_span_back(row) for row in rows]
+            links = [(int(a, 16), b, c, d) for a, b, c, d in links]
+        elif payload[:1] == b"P":
+            rows, problems, bad_spans, links = plain_loads(payload[1:])
+            spans = [RecordedSpan(*row) for row in rows]
+        else:
+            raise ValueError("no batch marker")
         return OtlpSpans(
-            [RecordedSpan(*row) for row in spans],
+            spans,
             [str(problem) for problem in problems],
             int(bad_spans),
             [(int(a), int(b), None if c is None else int(c), bool(d)) for a, b, c, d in links],
         )
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"not a logged batch ({exc})") from None
+    except (TypeError, ValueError, AttributeError) as exc:  # JSONDecodeError is a ValueError
+        raise ValueError(f"not a logged batch ({type(exc).__name__}: {exc})") from None
