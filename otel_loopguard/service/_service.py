@@ -24,10 +24,13 @@ the queue and flushes every buffered trace through the guard before returning: e
 was answered 200 is judged.
 
 With ``state_dir`` (:mod:`._durable`), a batch is logged and queued in one step and answered
-only once the log is synced; a decision is applied and logged under a shared gate (a snapshot
-takes it exclusively, so it never sees a decision half done) and answered once synced; the
-ingest thread takes the snapshots between batches. :meth:`start` loads the snapshot and applies
-the log after it again, with the clock pinned to each record's time, before it listens.
+only once the log is synced (the ingest thread adds it at the time logged with it); a decision
+is checked, logged, synced and only then applied, at the time logged with it, under a shared
+gate (a snapshot takes it exclusively, so it never sees a decision half done): one that cannot
+be logged is not applied (``StateError``: 503). The ingest thread logs the hold timer's
+judgements (``TICK``) and takes the snapshots between batches. :meth:`start` loads the snapshot
+and applies the log after it again, with the clock pinned to each record's time, before it
+listens: a restart judges the same spans at the same times as the live run.
 
 Every receiver catches everything: an unexpected error is counted as the guard's internal error
 (``loopguard_internal_errors_total{where="serve..."}``) and answered 500 / ``INTERNAL``; the
