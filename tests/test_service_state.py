@@ -250,7 +250,8 @@ def test_a_log_that_cannot_be_written_is_answered_503_never_200(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A full disk: OTLP is answered 503 (the exporter sends again) and counted, never 200 for
-    spans not kept; once the disk has room the log goes on in a new file, and a restart
+    spans not kept; once the disk has room the log goes on (here in a new file: with every
+    fdatasync failing, the failed group could not be cut off either), and a restart
     replays both."""
     from otel_loopguard.config import Policy
     from otel_loopguard.service import ServeOptions, Service
@@ -275,12 +276,22 @@ def test_a_log_that_cannot_be_written_is_answered_503_never_200(
             port, "POST", "/v1/traces", body, {"Content-Type": "application/x-protobuf"}
         )
         assert answer.status == 503 and answer.headers["retry-after"] == "1"
+        # A decision that cannot be logged: 503, and not applied (the counts below show it).
+        grep = {"session": "hook-1", "tool": "grep", "arguments": {"q": "x"}}
+        refused = request(
+            port,
+            "POST",
+            "/v1/decisions/before",
+            json.dumps(grep).encode(),
+            {"Content-Type": "application/json"},
+        )
+        assert refused.status == 503, refused.body
         page = request(port, "GET", "/metrics").body.decode()
-        assert 'loopguard_state_errors_total{what="log"} 1.0' in page
+        assert 'loopguard_state_errors_total{what="log"} 2.0' in page
         monkeypatch.setattr(os, "fdatasync", real)
         _export(url, script.complete)  # the exporter's retry: counted once
         _hook_loop(port, 1)
-        assert len(list(state.glob("wal-*.log"))) == 2  # a new file after the failed write
+        assert len(list(state.glob("wal-*.log"))) == 2  # the cut failed too: a new file
         expected = [
             _decide(port, "before", session="hook-1", tool="grep", arguments={"q": "x"}),
         ]
