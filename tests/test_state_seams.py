@@ -342,3 +342,35 @@ def test_the_pickled_state_of_the_last_release_is_refused_saying_how_to_start_fr
         assert server.stop() == 0
     finally:
         server.close()
+
+
+def test_frames_a_later_log_file_starts_again_are_not_replayed(tmp_path: Path) -> None:
+    """After a write that could not be cut off, the next file is named after the failed group's
+    first frame: whatever the earlier file holds from there was never answered, and a restart
+    reads those sequence numbers from the later file only."""
+    from otel_loopguard.service._durable import DECISION, StateDir
+
+    state = tmp_path / "state"
+    first = StateDir(str(state))
+    first.recover()
+    first.open_log(1)
+    for n in range(1, 6):
+        assert first.wait(first.append(DECISION, float(n), f"old {n}".encode()))
+    first.close()
+    second = StateDir(str(state))
+    assert [r.payload for r in second.recover().records][-1] == b"old 5"
+    second.open_log(4)  # as after a failed group 4-5
+    for n in range(4, 7):
+        assert second.wait(second.append(DECISION, float(n), f"new {n}".encode()))
+    second.close()
+    third = StateDir(str(state))
+    records = third.recover().records
+    third.close()
+    assert [(r.seq, r.payload) for r in records] == [
+        (1, b"old 1"),
+        (2, b"old 2"),
+        (3, b"old 3"),
+        (4, b"new 4"),
+        (5, b"new 5"),
+        (6, b"new 6"),
+    ]
