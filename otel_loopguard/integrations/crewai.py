@@ -25,6 +25,10 @@ out of a hook) out of ``kickoff()``. A stop the guard concludes from a call's re
 post, e.g. the same call failing the same way again) ends the run the same way; with
 ``on_stop="message"`` the stop text is added to the result instead. A failure is a tool that
 raised (CrewAI hands the model ``"Error executing tool: ..."``) or returned a ``ToolFailure``.
+In ReAct text mode CrewAI itself refuses a call whose tool and input are its last call's ("I
+tried reusing the same input, ..."), without running it: the hooks read that as a call that did
+not run and learnt nothing, ending as the run it repeats did (no progress), so the guard's
+ladder is the one it climbs when every repeat runs.
 
 CrewAI's hooks see no call id: a call is matched to its result by its arguments (the after hook
 gets the same argument dict as the before hook). With ``processor=`` (on the provider that
@@ -51,6 +55,7 @@ policy. Hooks run on the crew's threads and never raise except to end a run on s
 
 from __future__ import annotations
 
+import json
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
@@ -74,6 +79,7 @@ try:
     )
     from crewai.telemetry.tracing.context import get_telemetry_context
     from crewai.tools.tool_failure import ToolFailure
+    from crewai.utilities.i18n import I18N_DEFAULT
 except ImportError as exc:  # pragma: no cover - exercised by tests/integrations/test_imports.py
     raise missing_framework("crewai", "CrewAI", "crewai") from exc
 
@@ -86,6 +92,9 @@ __all__ = ["LoopGuardHooks", "LoopStopped"]
 _BLOCKED_PREFIX: Final = "Tool execution blocked by hook."
 #: The text CrewAI gives the model for a tool that raised.
 _ERROR_PREFIX: Final = "Error executing tool:"
+#: The text CrewAI gives the model, without running the tool, for a call whose tool and input
+#: are its last call's (ReAct text mode: "I tried reusing the same input, ...").
+_REPEATED_INPUT: Final = str(I18N_DEFAULT.errors("task_repeated_usage")).strip()
 #: Calls between their before and after hooks, and stops waiting for the next model call,
 #: remembered at most (oldest forgotten first): a hook CrewAI never pairs must not leak.
 _MAX_PENDING: Final = 4096
@@ -128,12 +137,27 @@ def _traced_keys(agent: Any) -> tuple[str | None, str | None] | None:
     )
 
 
+def _refused_repeat(raw: object) -> bool:
+    """Whether CrewAI refused the call itself, as a repeat of its last call (it did not run)."""
+    return isinstance(raw, str) and bool(_REPEATED_INPUT) and raw.strip() == _REPEATED_INPUT
+
+
 def _failed(raw: object, text: object) -> bool:
     """Whether a call that ran failed: it returned a ``ToolFailure``, or raised (CrewAI then
     gives the model ``"Error executing tool: ..."`` as both the raw and the shown result)."""
     if isinstance(raw, ToolFailure):
         return True
     return isinstance(raw, str) and raw == text and raw.startswith(_ERROR_PREFIX)
+
+
+def _outcome_key(ticket: Ticket) -> tuple[str, str | None, str, str] | None:
+    """What a call's last outcome is remembered under; ``None`` for arguments JSON cannot
+    hold."""
+    try:
+        arguments = json.dumps(ticket.arguments, sort_keys=True, default=str)
+    except (TypeError, ValueError):
+        return None
+    return ticket.session, ticket.agent, ticket.tool, arguments
 
 
 class LoopGuardHooks:
@@ -164,6 +188,11 @@ class LoopGuardHooks:
         self._tickets: OrderedDict[int, tuple[object, Ticket]] = OrderedDict()
         # keys -> a stop to raise at that agent's next model call
         self._stops: OrderedDict[tuple[str, str | None], Decision] = OrderedDict()
+        # (session, agent, tool, arguments as JSON) -> how its last run ended (result, failed):
+        # the outcome of a call CrewAI refuses as a repeat of it
+        self._outcomes: OrderedDict[tuple[str, str | None, str, str], tuple[object, bool]] = (
+            OrderedDict()
+        )
 
     # -- registration ------------------------------------------------------------------------
 
@@ -236,7 +265,21 @@ class LoopGuardHooks:
         if isinstance(result, str) and result.startswith(_BLOCKED_PREFIX):
             return None  # another hook refused it: it did not run
         raw = context.raw_tool_result
-        post = self.hook.after(ticket, result=result, error=_failed(raw, result))
+        ran = _outcome_key(ticket)
+        if _refused_repeat(raw):
+            # CrewAI refused it as a repeat of its last call: not run, and nothing learnt, so
+            # it ends as that run did (no progress; a changed "result" would read as polling)
+            last = self._outcomes.get(ran) if ran is not None else None
+            post = self.hook.after(
+                ticket,
+                result=last[0] if last is not None else None,
+                error=last[1] if last is not None else None,
+            )
+        else:
+            failed = _failed(raw, result)
+            post = self.hook.after(ticket, result=result, error=failed)
+            if ran is not None:
+                self._remember_outcome(ran, result, failed)
         if self.hook.ends_run(post):
             self._stop((ticket.session, ticket.agent), post)
             return post.message
@@ -251,6 +294,15 @@ class LoopGuardHooks:
         tickets[id(arguments)] = (arguments, ticket)
         if len(tickets) > _MAX_PENDING:
             tickets.popitem(last=False)
+
+    def _remember_outcome(
+        self, ran: tuple[str, str | None, str, str], result: object, failed: bool
+    ) -> None:
+        outcomes = self._outcomes
+        outcomes[ran] = (result, failed)
+        outcomes.move_to_end(ran)
+        if len(outcomes) > _MAX_PENDING:
+            outcomes.popitem(last=False)
 
     def _stop(self, keys: tuple[str, str | None], decision: Decision) -> None:
         """End the run at this agent's next model call (a stop only reaches here with

@@ -111,9 +111,40 @@ class ScriptedLLM(BaseLLM):
             return response
 
 
-def kickoff(plan: Plan, script: Script | Detour, fail: bool = False, prompt: str = TASK) -> str:
+class ReActLLM(BaseLLM):
+    """A model without function calling (CrewAI's ReAct text mode): it writes ``Action:`` and
+    ``Action Input:`` lines for the plan's next call, or a ``Final Answer:``, and reads the
+    ``Observation:`` CrewAI appends to its last message."""
+
+    plan: Any = None
+    turns: int = 0
+
+    def supports_function_calling(self) -> bool:
+        return False
+
+    def call(self, messages: Any, tools: Any = None, callbacks: Any = None, **kwargs: Any) -> Any:
+        said = next((m["content"] for m in reversed(messages) if m["role"] == "assistant"), None)
+        last = None
+        if isinstance(said, str) and "Observation:" in said:
+            last = said.split("Observation:", 1)[1].strip()  # what follows its own words
+        self.turns += 1
+        call = self.plan(last)
+        if call is None:
+            return f"Thought: I now know the final answer\nFinal Answer: {FINAL}"
+        name, arguments = call
+        return f"Thought: I search.\nAction: {name}\nAction Input: {json.dumps(arguments)}"
+
+
+def kickoff(
+    plan: Plan,
+    script: Script | Detour,
+    fail: bool = False,
+    prompt: str = TASK,
+    llm: type[BaseLLM] = ScriptedLLM,
+) -> str:
     """One crew, one agent, one task (``prompt``, its description); ``fail``: ``search`` fails
-    the same way every time (it raises; CrewAI hands the model the error and the loop goes on)."""
+    the same way every time (it raises; CrewAI hands the model the error and the loop goes on).
+    ``llm``: the model's class (:class:`ScriptedLLM` calls tools natively)."""
 
     @tool("search")
     def search(query: str) -> str:
@@ -133,7 +164,7 @@ def kickoff(plan: Plan, script: Script | Detour, fail: bool = False, prompt: str
         role="Weather researcher",
         goal="Answer weather questions",
         backstory="You look things up.",
-        llm=ScriptedLLM(model="scripted", plan=plan),
+        llm=llm(model="scripted", plan=plan),
         tools=[search, get_weather],
         max_iter=2 * SAFETY_TURNS,
     )
@@ -407,3 +438,27 @@ def agents_counted(guard: LoopGuard) -> set[str]:
         for sample in metric.samples
         if sample.name == "loopguard_tool_calls_total"
     }
+
+
+def test_react_text_mode_crewais_own_refusal_of_a_repeat_is_not_a_run() -> None:
+    # ReAct text mode: CrewAI refuses a call whose input is its last call's itself, without
+    # running it; that refusal is no new result (which would read as polling), so the guard
+    # climbs the documented ladder: remind, deny from the configured repeat, stop
+    from crewai.utilities.i18n import I18N_DEFAULT
+
+    script = Script()
+    guard = LoopGuard(POLICY, recorder=PrometheusRecorder())
+    with LoopGuardHooks(guard).register(), pytest.raises(LoopStopped) as raised:
+        kickoff(looping(script), script, llm=ReActLLM)
+    assert raised.value.message == REFERENCE[FIRST_STOP - 1].message
+    assert script.calls == FIRST_STOP and script.tool_runs == 1
+    refusal = str(I18N_DEFAULT.errors("task_repeated_usage")).strip()
+    assert script.seen[0] == RESULT and script.seen[1].startswith(refusal)
+    for text, decision in zip(script.seen[1:], REFERENCE[1 : FIRST_STOP - 1], strict=True):
+        if decision.blocks:
+            assert text == decision.message
+        elif decision.action is Action.REMIND:
+            assert text.startswith(refusal) and decision.message in text
+        else:
+            assert text.startswith(refusal) and "[loopguard]" not in text
+    assert calls_seen(guard) == FIRST_STOP
