@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -323,6 +324,77 @@ def test_the_byte_budget_covers_grpc() -> None:
             )
         finally:
             svc.budget.give(1 << 20)
+
+
+def _stalled_grpc_calls(
+    port: int, count: int, metadata: tuple[tuple[str, str], ...]
+) -> tuple[list[Any], threading.Event, Any]:
+    """``count`` Export calls that send their headers and never a message (the request
+    iterator blocks until the event is set)."""
+    import grpc
+
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    export = channel.stream_unary(
+        "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+        request_serializer=lambda m: m,
+        response_deserializer=lambda b: b,
+    )
+    release = threading.Event()
+
+    def never() -> Iterator[bytes]:
+        release.wait(60)
+        return
+        yield b""  # pragma: no cover
+
+    calls = [export.future(never(), metadata=metadata, timeout=60) for _ in range(count)]
+    return calls, release, channel
+
+
+@pytest.mark.parametrize("token", [TOKEN, None])
+def test_grpc_calls_that_never_send_a_message_stall_nothing(token: str | None) -> None:
+    """64 calls that send headers and never the message (with a wrong token, and, where serve
+    has no token, with none needed): the real OTLP/gRPC exporter still exports within seconds;
+    unauthenticated calls end at once, the others at the request deadline."""
+    import grpc
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    recorded = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(recorded))
+    with provider.get_tracer("t").start_as_current_span("chat"):
+        pass
+    with Service(_options(grpc_port=0, token=token), policy=Policy()) as svc:
+        wrong = (("authorization", "Bearer wrong"),)
+        assert svc.grpc_port is not None
+        stalled, release, channel = _stalled_grpc_calls(svc.grpc_port, 64, wrong if token else ())
+        try:
+            time.sleep(0.3)  # every stalled call is under way
+            exporter = OTLPSpanExporter(
+                endpoint=f"127.0.0.1:{svc.grpc_port}",
+                insecure=True,
+                headers={"authorization": f"Bearer {TOKEN}"} if token else None,
+                timeout=5,
+            )
+            start = time.monotonic()
+            assert exporter.export(recorded.get_finished_spans()) == SpanExportResult.SUCCESS
+            assert time.monotonic() - start < 2.0
+            exporter.shutdown()
+            assert wait_for(lambda: svc.processed_spans == 1, 5)
+            codes = []
+            for call in stalled:
+                with pytest.raises(grpc.RpcError) as failure:
+                    call.result(timeout=4 * DEADLINE)
+                codes.append(failure.value.code())
+            expected = (
+                grpc.StatusCode.UNAUTHENTICATED if token else grpc.StatusCode.DEADLINE_EXCEEDED
+            )
+            assert set(codes) == {expected}
+        finally:
+            release.set()
+            channel.close()
 
 
 # -- concurrent big bodies under a memory ceiling ----------------------------------------------

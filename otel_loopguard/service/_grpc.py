@@ -1,12 +1,23 @@
-"""OTLP/gRPC: ``TraceService/Export`` on a pool of gRPC threads (grpcio, imported when started).
+"""OTLP/gRPC: ``TraceService/Export`` on a ``grpc.aio`` server (grpcio, imported when started),
+on an asyncio loop in a thread of its own.
 
-Each call is authenticated, takes its size from the service's in-flight byte budget
+A call costs a coroutine while it waits, never a thread: the handler is registered as
+client-streaming, so it runs as soon as the call's headers are in, before its message. It
+authenticates first (``UNAUTHENTICATED`` at once, nothing read), then waits for the one
+message at most ``request_timeout_seconds`` (``DEADLINE_EXCEEDED`` after), so calls that send
+headers and never a message cannot hold anything for long. At most
+:data:`MAX_CONCURRENT_STREAMS` calls run on one connection and :data:`MAX_CONCURRENT_RPCS` in
+all (more: ``RESOURCE_EXHAUSTED`` from gRPC); keepalive pings are enforced as gRPC-Go's
+defaults do (:data:`_KEEPALIVE`: a client pinging more often than every 5 minutes, or without a
+call under way, is sent GOAWAY).
+
+The message then takes its size from the service's in-flight byte budget
 (``RESOURCE_EXHAUSTED`` with a retry delay past it, :mod:`._budget`), is decoded
 (:func:`~otel_loopguard.service._proto.proto_spans`, raw bytes in: no generated stubs) and
-offered to the ingest queue (:meth:`Service.accept`); a full queue or a draining service answers
-``RESOURCE_EXHAUSTED`` / ``UNAVAILABLE`` with a retry delay in the trailing metadata. An
-unexpected error is counted as the guard's internal error (``where="serve.grpc"``) and answered
-``INTERNAL``.
+offered to the ingest queue (:meth:`Service.accept`) on one of :data:`GRPC_WORKERS` threads; a
+full queue or a draining service answers ``RESOURCE_EXHAUSTED`` / ``UNAVAILABLE`` with a retry
+delay in the trailing metadata. An unexpected error is counted as the guard's internal error
+(``where="serve.grpc"``) and answered ``INTERNAL``.
 
 A port gRPC cannot bind is an ``OSError`` whose ``strerror`` says why (``Address already in
 use``), found by binding it the same way with a plain socket; the gRPC C core's own log line
@@ -17,14 +28,16 @@ everything when the port is bound, still reaches stderr.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 import socket
 import sys
 import tempfile
-from collections.abc import Callable
+import threading
+from collections.abc import AsyncIterator, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from typing import IO, TYPE_CHECKING, Any, Final
+from typing import IO, TYPE_CHECKING, Any, Final, TypeVar
 
 from otel_loopguard._traces import BadSpan
 
@@ -34,88 +47,136 @@ from ._proto import RPC_RESOURCE_EXHAUSTED, proto_spans, response_bytes
 if TYPE_CHECKING:
     from ._seam import ServiceSeam
 
-__all__ = ["GRPC_WORKERS", "MAX_CONCURRENT_RPCS", "GrpcReceiver"]
+__all__ = ["GRPC_WORKERS", "MAX_CONCURRENT_RPCS", "MAX_CONCURRENT_STREAMS", "GrpcReceiver"]
 
-#: Threads answering gRPC calls.
+#: Threads decoding messages and queueing their spans (a call waiting for its message holds
+#: none).
 GRPC_WORKERS: Final = 8
-#: gRPC calls under way at once; more are refused by gRPC with RESOURCE_EXHAUSTED.
-MAX_CONCURRENT_RPCS: Final = 64
+#: gRPC calls under way at once, over every connection; more are refused by gRPC with
+#: RESOURCE_EXHAUSTED. A waiting call costs a coroutine, and waits at most the request timeout.
+MAX_CONCURRENT_RPCS: Final = 1024
+#: Calls under way at once on one connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS).
+MAX_CONCURRENT_STREAMS: Final = 100
+#: Keepalive enforcement, as gRPC-Go's server (and so the Collector) does by default.
+_KEEPALIVE: Final = (
+    ("grpc.http2.min_ping_interval_without_data_ms", 300_000),
+    ("grpc.keepalive_permit_without_calls", 0),
+    ("grpc.http2.max_ping_strikes", 2),
+)
 
 _GRPC_SERVICE: Final = "opentelemetry.proto.collector.trace.v1.TraceService"
+_T = TypeVar("_T")
 
 
 class GrpcReceiver:
     """The gRPC port of ``service``, bound (``OSError`` when it cannot be); serves from
-    :meth:`start`."""
+    :meth:`start` until :meth:`stop`."""
 
     def __init__(self, service: ServiceSeam) -> None:
+        self._service = service
+        self._executor = ThreadPoolExecutor(GRPC_WORKERS, thread_name_prefix="loopguard-grpc")
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="loopguard-grpc", daemon=True
+        )
+        self._thread.start()
+        try:
+            self._server, self.port = self._run(self._bind())
+        except BaseException:
+            self._close_loop()
+            raise
+
+    def _run(self, coroutine: Coroutine[Any, Any, _T], timeout: float | None = 30) -> _T:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
+
+    async def _bind(self) -> tuple[Any, int]:
         import grpc
 
-        self._service = service
-        options = service.options
-        server = grpc.server(
-            ThreadPoolExecutor(max_workers=GRPC_WORKERS, thread_name_prefix="loopguard-grpc"),
+        options = self._service.options
+        server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", options.max_body_bytes),
+                ("grpc.max_concurrent_streams", MAX_CONCURRENT_STREAMS),
                 ("grpc.so_reuseport", 0),
+                *_KEEPALIVE,
             ],
             maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
         )
         handler = grpc.method_handlers_generic_handler(
             _GRPC_SERVICE,
             {
-                # No deserializer: the handler gets the request bytes (see proto.proto_spans).
-                "Export": grpc.unary_unary_rpc_method_handler(self._export),
+                # Client-streaming: the handler runs once the headers are in, before the
+                # message. No deserializer: it reads the raw bytes (see proto.proto_spans).
+                "Export": grpc.stream_unary_rpc_method_handler(self._export),
             },
         )
         server.add_generic_rpc_handlers((handler,))
-        host = (
-            options.host
-            if ":" not in options.host.strip("[]")
-            else (f"[{options.host.strip('[]')}]")
-        )
+        host = options.host.strip("[]")
+        host = f"[{host}]" if ":" in host else options.host
         assert options.grpc_port is not None, "no gRPC port to serve (--no-grpc)"
-        port = _add_port(server, host, options.grpc_port)
-        self._server = server
-        self.port: int = port
+        return server, _add_port(server, host, options.grpc_port)
 
     def start(self) -> None:
-        self._server.start()
+        self._run(self._server.start())
 
     def stop(self, grace: float) -> bool:
         """Stop accepting, give calls under way ``grace`` seconds; False if they did not end."""
-        return bool(self._server.stop(grace).wait(grace + 1))
+        try:
+            self._run(self._server.stop(grace), grace + 5)
+            return True
+        except Exception:  # noqa: BLE001 - not stopped in time: the loop is closed anyway
+            return False
+        finally:
+            self._close_loop()
 
-    def _export(self, request: bytes, context: Any) -> bytes:
-        """OTLP/gRPC ``TraceService/Export`` on a gRPC worker thread; raw bytes in and out."""
+    def _close_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        if not self._thread.is_alive():
+            self._loop.close()
+        self._executor.shutdown(wait=False)
+
+    async def _export(self, requests: AsyncIterator[bytes], context: Any) -> bytes:
+        """OTLP/gRPC ``TraceService/Export``: raw bytes in and out."""
         import grpc
 
         service = self._service
         outcome, message, answer = "error", "internal error", b""
         try:
-            outcome, message, answer = self._answer(request, context)
+            outcome, message, answer = await self._answer(context)
         except Exception as exc:
             service.guard.report_internal_error("serve.grpc", exc)
         service.metrics.requests.labels("grpc", outcome).inc()
         if outcome in ("ok", "partial"):
             return answer
+        trailers: tuple[tuple[str, bytes], ...] = ()
         if outcome in ("throttled", "over_budget", "unavailable"):
-            context.set_trailing_metadata(_retry_metadata(message))
+            trailers = _retry_metadata(message)
         code = {
             "unauthorized": grpc.StatusCode.UNAUTHENTICATED,
             "bad_request": grpc.StatusCode.INVALID_ARGUMENT,
             "throttled": grpc.StatusCode.RESOURCE_EXHAUSTED,
             "over_budget": grpc.StatusCode.RESOURCE_EXHAUSTED,
             "unavailable": grpc.StatusCode.UNAVAILABLE,
+            "timeout": grpc.StatusCode.DEADLINE_EXCEEDED,
         }.get(outcome, grpc.StatusCode.INTERNAL)
-        context.abort(code, message)  # raises
+        await context.abort(code, message, trailers)  # raises
         return b""  # pragma: no cover
 
-    def _answer(self, request: bytes, context: Any) -> tuple[str, str, bytes]:
+    async def _answer(self, context: Any) -> tuple[str, str, bytes]:
+        import grpc
+
         service = self._service
-        metadata = dict(context.invocation_metadata())
+        metadata = dict(context.invocation_metadata() or ())
         if not service.authorized(metadata.get("authorization")):
             return "unauthorized", "missing or wrong bearer token", b""
+        timeout = service.options.request_timeout_seconds
+        try:
+            request = await asyncio.wait_for(context.read(), timeout)
+        except asyncio.TimeoutError:
+            return "timeout", f"no whole message within {timeout:g} s", b""
+        if request is grpc.aio.EOF or not isinstance(request, bytes):
+            return "bad_request", "no message", b""
         budget = service.budget
         if not budget.take(len(request)):
             # grpcio has read the message (at most max_body_bytes); decoding it costs many
@@ -127,13 +188,19 @@ class GrpcReceiver:
                 b"",
             )
         try:
-            try:
-                read = proto_spans(request)
-            except BadSpan as exc:
-                return "bad_request", str(exc), b""
-            outcome, message = service.accept(read, "grpc")
+            return await asyncio.get_running_loop().run_in_executor(
+                self._executor, self._decode, request
+            )
         finally:
             budget.give(len(request))
+
+    def _decode(self, request: bytes) -> tuple[str, str, bytes]:
+        """Decode a message and queue its spans, on a worker thread."""
+        try:
+            read = proto_spans(request)
+        except BadSpan as exc:
+            return "bad_request", str(exc), b""
+        outcome, message = self._service.accept(read, "grpc")
         if outcome in ("ok", "partial"):
             return outcome, message, response_bytes(read.bad_spans, message)
         return outcome, message, b""

@@ -77,6 +77,7 @@ __all__ = [
     "MAX_HEAD_BYTES",
     "MAX_PIPELINED",
     "RESERVED_SHARE",
+    "SEND_BUFFER_BYTES",
     "SMALL_DECISION_BYTES",
     "HTTPReceiver",
     "bind_http",
@@ -95,6 +96,9 @@ MAX_HEADERS: Final = 100
 #: Requests waiting for their answers on one connection (pipelined); past it nothing more is
 #: read from it until they are answered.
 MAX_PIPELINED: Final = 16
+#: The kernel's send buffer of each connection (fixed, not autotuned up to megabytes): answers
+#: a client does not read fill it and then the write buffer, whose deadline closes the connection.
+SEND_BUFFER_BYTES: Final = 128 * 1024
 #: Bytes parsed at a time outside a body of known length (so that one read of many tiny
 #: pipelined requests queues at most MAX_PIPELINED + 15 of them).
 _HEAD_STEP: Final = 256
@@ -171,8 +175,9 @@ class _DeadlineProtocol(HttpToolsProtocol):
 
     - the whole request (head and body) must arrive within ``request_deadline`` of the
       connection's accept (the TLS handshake included) or of the request's first byte;
-    - an answer the client does not read (the transport's write buffer stays past its high-water
-      mark) for ``request_deadline`` closes the connection;
+    - an answer the client does not read (the kernel's send buffer, fixed at
+      :data:`SEND_BUFFER_BYTES`, is full and the transport's write buffer stays past its
+      high-water mark) for ``request_deadline`` closes the connection;
     - the head is capped while it is read (:data:`MAX_HEAD_BYTES`, :data:`MAX_HEADERS`: 431);
     - at most :data:`MAX_PIPELINED` pipelined requests wait for their answers: past them,
       what was read is kept unparsed and nothing more is read until they are answered (bytes
@@ -220,6 +225,12 @@ class _DeadlineProtocol(HttpToolsProtocol):
         if open_now - len(cls.reserved) >= self.max_connections - self.reserve:
             cls.reserved.add(self)
         self._since = self.loop.time()
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:  # a fixed kernel buffer: an unread answer fills it soon, and costs no more
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
+            except OSError:
+                pass
         self._arm()  # a silent new connection is covered too, its TLS handshake included
         if self.tls is None:
             self._start(transport)
