@@ -846,7 +846,7 @@ def test_a_gzip_body_is_budgeted_as_it_inflates() -> None:
 
 
 def test_decision_bodies_have_their_own_budget_and_a_depth_limit(service: Service) -> None:
-    from otel_loopguard.service._http import MAX_DECISION_DEPTH
+    from otel_loopguard.service._decisions import MAX_DECISION_DEPTH
 
     port = service.http_port
     headers = {**AUTH, "Content-Type": "application/json"}
@@ -856,7 +856,7 @@ def test_decision_bodies_have_their_own_budget_and_a_depth_limit(service: Servic
         return f'{{"session": "s", "tool": "t", "arguments": {{"a": {inner}}}}}'.encode()
 
     answer = request(port, "POST", "/v1/decisions/before", nested(MAX_DECISION_DEPTH + 1), headers)
-    assert answer.status == 400 and b"nested deeper than" in answer.body
+    assert answer.status == 400 and f"{MAX_DECISION_DEPTH} levels".encode() in answer.body
     answer = request(port, "POST", "/v1/decisions/before", nested(MAX_DECISION_DEPTH), headers)
     assert answer.status == 200, answer.body
     receiver = service._http

@@ -72,7 +72,6 @@ __all__ = [
     "DECISION_BUDGET_SHARE",
     "DECISION_WORKERS",
     "HTTP_WORKERS",
-    "MAX_DECISION_DEPTH",
     "MAX_HEADERS",
     "MAX_HEAD_BYTES",
     "MAX_PIPELINED",
@@ -110,9 +109,6 @@ RESERVED_SHARE: Final = 8
 #: always find room.
 DECISION_BUDGET_SHARE: Final = 8
 SMALL_DECISION_BYTES: Final = 64 * 1024
-#: Deepest JSON nesting a decision body may have (checked before anything is applied, with or
-#: without ``--state-dir``: the state log's JSON writer refuses 255 levels).
-MAX_DECISION_DEPTH: Final = 128
 #: A body up to this many times the cap is left to the parser to skip (without buffering it)
 #: after the 413, so the client reads the answer; a larger one gets the 413 and a close.
 _DISCARD_FACTOR: Final = 4
@@ -1006,37 +1002,12 @@ def _decide(service: ServiceSeam, endpoint: str, body: bytes) -> dict[str, objec
         payload = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise _Reject(400, RPC_INVALID_ARGUMENT, f"not valid JSON ({exc})", "bad_request") from None
-    if _deeper_than(payload, MAX_DECISION_DEPTH):
-        raise _Reject(
-            400,
-            RPC_INVALID_ARGUMENT,
-            f"JSON nested deeper than {MAX_DECISION_DEPTH} levels",
-            "bad_request",
-        )
     try:
         return service.decide(endpoint, payload)
     except ValueError as exc:
         raise _Reject(400, RPC_INVALID_ARGUMENT, str(exc), "bad_request") from None
     except StateError as exc:  # not logged, so not applied: the hook follows its fail mode
         raise _Reject(503, RPC_UNAVAILABLE, str(exc), "unavailable") from None
-
-
-def _deeper_than(value: object, limit: int) -> bool:
-    """Whether JSON ``value`` nests arrays and objects more than ``limit`` levels deep (without
-    recursion)."""
-    stack: list[tuple[object, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            children: Any = item.values()
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
-        if depth > limit:
-            return True
-        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
-    return False
 
 
 def _status_body(code: int, message: str, as_json: bool) -> bytes:
