@@ -1748,3 +1748,58 @@ def test_spans_decided_at_start_begin_with_their_entry_start_names(dump: Dump) -
         assert span.name_at_start[:4] in START_NAME_PREFIXES
         (entry,) = {entry for entry in TOOL_CONVENTIONS if entry.name == call.convention}
         assert span.name_at_start.startswith(entry.start_names), (entry.name, span.name_at_start)
+
+
+# OpenInference's DSPy instrumentation (openinference-instrumentation-dspy 0.1.48): the span is
+# "<tool>.__call__" (".acall" when awaited), without tool.name; input.value is the bound call of
+# dspy.Tool.__call__(**kwargs), output.value the JSON of what the tool returned.
+DSPY_TOOL = {"openinference.span.kind": "TOOL", "input.mime_type": "application/json"}
+
+
+@pytest.mark.parametrize("method", ["__call__", "acall"])
+def test_dspy_tool_spans_are_named_without_the_method(method: str) -> None:
+    call = tool_call_from_span(
+        f"search.{method}",
+        {
+            **DSPY_TOOL,
+            "input.value": json.dumps({"kwargs": SEARCH_ARGS}),
+            "output.value": json.dumps("results for 'weather in Paris': nothing useful"),
+        },
+    )
+    assert call is not None and call.convention == "openinference"
+    assert (call.tool, call.arguments, call.result) == (
+        "search",
+        SEARCH_ARGS,
+        "results for 'weather in Paris': nothing useful",
+    )
+
+
+def test_dspy_react_finish_is_a_final_answer_not_a_call() -> None:
+    # DSPy's ReAct adds a "finish" tool to end the trajectory: its span is not a call
+    attributes = {**DSPY_TOOL, "input.value": '{"kwargs": {}}', "output.value": '"Completed."'}
+    assert tool_call_from_span("finish.__call__", attributes) is None
+    assert tool_call_from_span("finish.acall", attributes) is None
+    # a tool named finish that says so (tool.name) is another framework's tool: tracked
+    named = tool_call_from_span("finish", {**attributes, "tool.name": "finish"})
+    assert named is not None and named.tool == "finish"
+    # a span named after the tool without DSPy's suffix keeps its whole name
+    plain = tool_call_from_span("lookup", {**DSPY_TOOL, "input.value": "{}"})
+    assert plain is not None and plain.tool == "lookup"
+
+
+def test_crewai_own_tracing_names_the_agent_by_role_and_the_run_by_its_kickoff_id() -> None:
+    # crewai 1.15's own tracing (crewai.telemetry.tracing): the agent span's gen_ai.agent.name is
+    # the agent's key (a hash); crewai.agent.role names it; every span has the run's kickoff id
+    agent_span = {
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.agent.name": "ad85c5604c4bb6c39f5eb0f96f5e127a",
+        "gen_ai.agent.id": "62c0bb25-d718-4e8f-9bb6-4e47d5dd2487",
+        "crewai.agent.role": "Weather researcher",
+        "crewai.execution_uuid": "kickoff-1",
+    }
+    assert agent_from_span("execute agent", agent_span) == SpanAgent(
+        "62c0bb25-d718-4e8f-9bb6-4e47d5dd2487", "Weather researcher", "kickoff-1"
+    )
+    assert conversation_id(agent_span) == "kickoff-1"
+    # a conversation id, when the session was given one, comes first
+    assert conversation_id({**agent_span, "gen_ai.conversation.id": "conv-7"}) == "conv-7"

@@ -24,6 +24,7 @@ PUBLIC_MODULES = {
     "otel_loopguard.integrations.agno",
     "otel_loopguard.integrations.autogen",
     "otel_loopguard.integrations.crewai",
+    "otel_loopguard.integrations.dspy",
     "otel_loopguard.integrations.google_adk",
     "otel_loopguard.integrations.haystack",
     "otel_loopguard.integrations.langgraph",

@@ -96,6 +96,11 @@ CREWAI_EXECUTION_UUID: Final = "crewai.execution_uuid"
 #: gen_ai.agent.name is the agent's key, a hash): the agent's role.
 CREWAI_AGENT_ROLE: Final = "crewai.agent.role"
 
+# OpenInference's DSPy instrumentation: tool spans named "<tool>.__call__" or "<tool>.acall",
+# without tool.name; DSPy's ReAct adds a tool of its own to end a trajectory (a final answer).
+DSPY_TOOL_SUFFIXES: Final = (".__call__", ".acall")
+DSPY_FINISH_TOOL: Final = "finish"
+
 # The MCP Python SDK's own server spans ("tools/call <tool>"); they publish no arguments.
 MCP_METHOD_NAME: Final = "mcp.method.name"
 

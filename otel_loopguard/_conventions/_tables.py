@@ -38,6 +38,8 @@ from ._keys import (
     CREWAI_AGENT_MARKERS,
     CREWAI_AGENT_ROLE,
     CREWAI_TOOL_AGENT_ROLE,
+    DSPY_FINISH_TOOL,
+    DSPY_TOOL_SUFFIXES,
     EXECUTE_TOOL_SPAN_PREFIX,
     GEN_AI_AGENT_ID,
     GEN_AI_AGENT_NAME,
@@ -203,6 +205,17 @@ def _no_name(name: str) -> str | None:
 _execute_tool_suffix: Final = _after_prefix(EXECUTE_TOOL_SPAN_PREFIX)
 
 
+def _openinference_tool_name(name: str) -> str | None:
+    """The tool of an OpenInference tool span without ``tool.name``: its name, less DSPy's
+    method suffix; ``None`` for DSPy's ``finish`` (read only where ``tool.name`` is absent, so
+    another framework's tool named ``finish`` is tracked)."""
+    for suffix in DSPY_TOOL_SUFFIXES:
+        if name.endswith(suffix):
+            tool = name[: -len(suffix)]
+            return None if tool == DSPY_FINISH_TOOL else (tool or None)
+    return name or None
+
+
 @dataclass(frozen=True, slots=True)
 class ToolConvention:
     """How one instrumentation marks a tool call.
@@ -322,14 +335,15 @@ TOOL_CONVENTIONS: Final[tuple[ToolConvention, ...]] = (
         result_shape=openllmetry_tool_result,
     ),
     # OpenInference (LangChain/LangGraph, OpenAI Agents SDK, smolagents, LlamaIndex, Agno,
-    # CrewAI): span named after the tool (LlamaIndex: "FunctionTool.acall"; smolagents: the
-    # tool's class), tool.name on it. smolagents and LlamaIndex wrap the arguments in the bound
-    # call ({"args", "kwargs"}), LlamaIndex the result in a ToolOutput (with is_error).
+    # CrewAI, DSPy): span named after the tool (LlamaIndex: "FunctionTool.acall"; smolagents:
+    # the tool's class), tool.name on it, except DSPy's ("<tool>.__call__", no tool.name; its
+    # ReAct's own "finish" is not a call). smolagents, LlamaIndex and DSPy wrap the arguments in
+    # the bound call ({"args", "kwargs"}), LlamaIndex the result in a ToolOutput (with is_error).
     ToolConvention(
         name="openinference",
         when=(attribute_is(OPENINFERENCE_SPAN_KIND, "TOOL"),),
         tool_keys=(OPENINFERENCE_TOOL_NAME, GEN_AI_TOOL_NAME),
-        tool_from_span_name=_whole_name,
+        tool_from_span_name=_openinference_tool_name,
         argument_keys=(OPENINFERENCE_INPUT_VALUE,),
         arguments_shape=openinference_arguments,
         result_keys=(OPENINFERENCE_OUTPUT_VALUE,),

@@ -41,6 +41,7 @@ FRAMEWORKS = {
     "semantic_kernel": ("semantic_kernel", "semantic-kernel"),
     "agno": ("agno", "agno"),
     "autogen": ("autogen_agentchat", "autogen"),
+    "dspy": ("dspy", "dspy"),
 }
 _SELECTED = os.environ.get("LOOPGUARD_FRAMEWORK_TESTS")
 SELECTED = {name.strip() for name in _SELECTED.split(",") if name.strip()} if _SELECTED else None

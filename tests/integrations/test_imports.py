@@ -25,11 +25,15 @@ ADAPTERS = {
     "agno": (["agno"], "agno"),
     "autogen": (["autogen_core", "autogen_agentchat"], "autogen"),
 }
+#: Adapters whose README snippet is still to come (the README's framework section names the
+#: others, test_readme_snippets_import_what_the_adapters_export); checked like ADAPTERS above.
+NOT_IN_README_YET = {"dspy": (["dspy"], "dspy")}
+EVERY_ADAPTER = {**ADAPTERS, **NOT_IN_README_YET}
 
 
-@pytest.mark.parametrize("adapter", sorted(ADAPTERS))
+@pytest.mark.parametrize("adapter", sorted(EVERY_ADAPTER))
 def test_missing_framework_names_the_extra(adapter: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    hidden, extra = ADAPTERS[adapter]
+    hidden, extra = EVERY_ADAPTER[adapter]
     for name in list(sys.modules):
         if any(name == h or name.startswith(h + ".") for h in hidden):
             monkeypatch.delitem(sys.modules, name)
@@ -45,7 +49,7 @@ def test_missing_framework_names_the_extra(adapter: str, monkeypatch: pytest.Mon
 def test_importing_the_package_loads_no_framework() -> None:
     code = (
         "import sys, otel_loopguard, otel_loopguard.integrations; "
-        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {sorted(ADAPTERS)!r} "
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {sorted(EVERY_ADAPTER)!r} "
         "or m.startswith(('langchain_core', 'google.adk'))))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -59,7 +63,7 @@ def test_every_adapter_is_listed_in_pyproject_extras() -> None:
 
     pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
     extras = pyproject["project"]["optional-dependencies"]
-    assert {extra for _, extra in ADAPTERS.values()} <= set(extras)
+    assert {extra for _, extra in EVERY_ADAPTER.values()} <= set(extras)
 
 
 def test_readme_snippets_import_what_the_adapters_export() -> None:
