@@ -59,6 +59,8 @@ T = TypeVar("T")
 
 #: Runs of one entrance when other processes keep writing its session in between.
 MAX_TRIES: Final = 32
+#: Sessions whose last value is kept decoded (see :meth:`RedisCore._take_out`).
+MAX_DECODED: Final = 4096
 #: After a failure, seconds during which calls are decided without trying Redis.
 RETRY_AFTER_SECONDS: Final = 1.0
 #: Version of the session value's layout; another version is reset (``decode``).
@@ -266,7 +268,7 @@ class _SessionLock:
             self._lock.release()
             return
         try:
-            value = self._core._take_out(session, self.tx.keys)
+            value = self._core._take_out(session, self.tx.keys, keep=kind is None)
         finally:
             self._lock.release()
         unreadable = self.tx.unreadable
@@ -315,6 +317,8 @@ class RedisCore(GuardCore):
         self._down_until = 0.0
         self._store_logged: set[str] = set()
         self.store_errors: dict[str, int] = {}
+        # Session -> (the value this process last wrote or read, its entries), oldest first.
+        self._decoded: dict[str, tuple[bytes, list[_Entry]]] = {}
 
     # -- the transaction around one entrance -------------------------------------------------
 
@@ -354,10 +358,14 @@ class RedisCore(GuardCore):
         session starts afresh, and the next write replaces it (reported by the lock, off it)."""
         if value is None:
             return [], None
-        try:
-            entries = decode(value, self.policy)
-        except Exception as exc:
-            return [], exc
+        cached = self._decoded.pop(session, None)
+        if cached is not None and cached[0] == value and self.rescues.advisor is None:
+            entries = cached[1]  # what this process wrote last: the same states, not decoded
+        else:
+            try:
+                entries = decode(value, self.policy)
+            except Exception as exc:
+                return [], exc
         keys: list[object] = []
         for agent, state, calls in entries:
             key = self._store_key(session, agent)
@@ -368,8 +376,11 @@ class RedisCore(GuardCore):
                 self._settled.put_calls(key, calls)
         return keys, None
 
-    def _take_out(self, session: str, brought: list[object]) -> bytes | None:
-        """Under the lock: the session's value, taken out of the in-process store and ledger."""
+    def _take_out(self, session: str, brought: list[object], *, keep: bool) -> bytes | None:
+        """Under the lock: the session's value, taken out of the in-process store and ledger;
+        with ``keep``, its states kept beside it, so that reading the same value back needs no
+        decoding (:data:`MAX_DECODED`; not with an advisor, whose answer changes a state
+        after it was taken out)."""
         entries: list[tuple[str | None, SessionState | None, dict[str, Settled]]] = []
         keys: list[object] = [session, *self.store.agent_keys(session)]
         keys.extend(key for key in brought if key not in keys)
@@ -379,7 +390,13 @@ class RedisCore(GuardCore):
             if state is not None or calls:
                 agent = key[1] if type(key) is tuple else None
                 entries.append((agent, state, calls))
-        return encode(entries)
+        value = encode(entries)
+        if keep and value is not None:
+            decoded = self._decoded
+            decoded[session] = (value, entries)
+            if len(decoded) > MAX_DECODED:
+                del decoded[next(iter(decoded))]
+        return value
 
     def _store_failed(self, op: str | None, exc: BaseException | None) -> None:
         """Count a store failure (``op`` ``None``: a call made while the store is not tried,
@@ -492,14 +509,21 @@ class RedisCore(GuardCore):
         self._in_session(session, agent, lambda: GuardCore.set_task(self, session, task, agent))
 
     def export_session(self, session: str, agent: str | None) -> SessionState | None:
-        return self._in_session(
+        state = self._in_session(
             session, agent, lambda: GuardCore.export_session(self, session, agent)
         )
+        self._forget_decoded(session, agent)  # the caller holds the state now
+        return state
 
     def import_session(self, session: str, state: SessionState, agent: str | None) -> None:
         self._in_session(
             session, agent, lambda: GuardCore.import_session(self, session, state, agent)
         )
+        self._forget_decoded(session, agent)  # the caller may change its state later
+
+    def _forget_decoded(self, session: str, agent: str | None) -> None:
+        with self._lock:
+            self._decoded.pop(self._ids(session, agent)[0], None)
 
     def count_sessions(self) -> int:
         """0: the sessions are Redis's (count its keys with ``--scan --pattern``)."""
