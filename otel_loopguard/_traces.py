@@ -175,9 +175,11 @@ def feed(guard: LoopGuard, event: TraceEvent) -> Decision | None:
     span carried no arguments and the policy does not ``count_calls_without_arguments`` (the
     call is then skipped, as the span processor skips it). Never raises (the guard's hook
     contract)."""
+    span = event.span if not isinstance(event, RunStarted) else None
+    ids = None if span is None else (span.trace_id, span.span_id)  # the exemplar's
     if isinstance(event, CallDecidedAtStart):
         keys = (event.session, event.agent, event.call_id)
-        return call_started(guard, event.tool, event.arguments, keys)
+        return call_started(guard, event.tool, event.arguments, keys, ids)
     if isinstance(event, RunStarted):
         guard.new_run(event.session, agent=event.agent)
         return None
@@ -189,6 +191,7 @@ def feed(guard: LoopGuard, event: TraceEvent) -> Decision | None:
         event.error,
         event.result,
         event.duration_seconds,
+        ids,
     )
     return None if ended is None else ended[2]
 

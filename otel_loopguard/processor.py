@@ -402,7 +402,7 @@ class LoopGuardSpanProcessor(SpanProcessor):
             return
         session, agent = self._keys(call, span, trace_id, attributes)
         keys = (session, agent, call.call_id)
-        decision = call_started(self.guard, call.tool, call.arguments, keys)
+        decision = call_started(self.guard, call.tool, call.arguments, keys, (trace_id, span_id))
         self._started[span_id] = keys
         _START_DECISIONS[span_id] = decision
         if decision.detected is not Action.ALLOW:
@@ -437,6 +437,7 @@ class LoopGuardSpanProcessor(SpanProcessor):
             call.is_error,
             call.result,
             duration_seconds(span.start_time, span.end_time),
+            (trace_id, span_id),  # the exemplar of what it counts
         )
         if ended is None:
             return

@@ -219,3 +219,45 @@ def test_trip_lines_carry_the_trace_of_the_call_decided(tmp_path: object, tracer
     loop(guard)
     untraced = [json.loads(line) for line in path.read_text().splitlines()][len(traced) :]
     assert untraced and not any("trace_id" in line or "span_id" in line for line in untraced)
+
+
+def test_the_span_processor_names_the_tool_span_of_each_call() -> None:
+    """Through the processor, an exemplar is the tool span's own (trace and span id), not the
+    agent span that is active while the tool spans end."""
+    import json
+
+    from otel_loopguard import LoopGuardSpanProcessor
+
+    recorder = PrometheusRecorder()
+    guard = LoopGuard(recorder=recorder)
+    provider = TracerProvider()
+    provider.add_span_processor(LoopGuardSpanProcessor(guard))
+    tracer = provider.get_tracer("agent")
+    tool_spans: set[str] = set()
+    with tracer.start_as_current_span(
+        "invoke_agent coder",
+        attributes={"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "coder"},
+    ) as run:
+        trace_id = f"{run.get_span_context().trace_id:032x}"
+        for _ in range(10):
+            span = tracer.start_span(
+                "execute_tool bash",
+                attributes={
+                    "gen_ai.operation.name": "execute_tool",
+                    "gen_ai.tool.name": "bash",
+                    "gen_ai.tool.call.arguments": json.dumps({"command": "pytest -x"}),
+                },
+            )
+            tool_spans.add(f"{span.get_span_context().span_id:016x}")
+            span.set_attribute("gen_ai.tool.call.result", FAILED)
+            span.end()
+    provider.shutdown()
+    body = recorder.exposition(OPENMETRICS).decode()
+    spans = {
+        sample.exemplar.labels["span_id"]
+        for family in om_families(body)  # type: ignore[no-untyped-call]
+        for sample in family.samples
+        if sample.exemplar is not None
+    }
+    assert exemplars(body).get("loopguard_decisions_total") == {trace_id}
+    assert spans and spans <= tool_spans
