@@ -253,7 +253,14 @@ class _SessionLock:
         if session is None:
             self._lock.acquire()
             return
-        value = self._core.sessions.load(session)  # off the lock: other sessions go on
+        tx = self.tx
+        core = self._core
+        # What this process wrote last is taken for the value without asking (the write at the
+        # end checks it); after a conflict, and for a session not kept, Redis is read.
+        cached = None if tx.reread else core._decoded.get(session)
+        tx.verified = cached is None or core.rescues.advisor is not None
+        # Off the lock: other sessions go on.
+        value = core.sessions.load(session) if tx.verified else cached[0]  # type: ignore[index]
         self._lock.acquire()
         try:
             self.tx.keys, self.tx.unreadable = self._core._bring_in(session, value)
@@ -278,9 +285,10 @@ class _SessionLock:
         if kind is not None:
             return  # the block failed: nothing is written; the error goes on
         old: bytes | None = self.tx.value
-        if value == old:
+        if value == old and self.tx.verified:
             return
         if not self._core.sessions.swap(session, old, value):
+            self.tx.reread = True
             raise _Conflict()
 
     # The Rescues' lock role: acquire/release for ``with``.
@@ -334,6 +342,7 @@ class RedisCore(GuardCore):
         sid = self._ids(session, agent)[0]
         with self._stripes[hash(sid) % _STRIPES]:  # this process's calls of a session in turn
             tx.session = sid
+            tx.reread = False
             try:
                 for _ in range(MAX_TRIES):
                     try:
