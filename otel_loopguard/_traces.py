@@ -208,6 +208,12 @@ MAX_BUFFERED_SPANS: Final = 100_000
 #: this many spans of later forgotten traces came after it (forgotten before twice as many
 #: did). Between this many and twice as many are kept (about 70 bytes each).
 MAX_SEEN_SPANS: Final = 262_144
+#: The flush counts of a snapshot written before they were renamed (``replayed_early`` counted
+#: the flushes for capacity): read when the new name is missing.
+_OLD_COUNT_NAMES: Final = {
+    "flushed_early_capacity": "replayed_early",
+    "flushed_early_time": "flushed_early",
+}
 #: Nesting of OTLP attribute values (arrays, key-value lists) read before a span is refused.
 MAX_VALUE_DEPTH: Final = 32
 #: Bad spans named per OTLP request (or line); the rest are only counted.
@@ -390,7 +396,7 @@ class TraceBuffer:
     A live receiver cannot wait for a root forever: with ``hold_seconds`` set, :meth:`take_due`
     flushes the tool spans of a trace that have waited that long (measured by ``clock``, seconds)
     with the ancestors known so far, and keeps the trace's parent links for its later spans
-    (:attr:`flushed_early` counts such flushes). Children sent before their parents, within
+    (:attr:`flushed_early_time` counts such flushes). Children sent before their parents, within
     ``hold_seconds``, still find their agent; an agent span that arrives later above tool spans
     already flushed without one is a run that lost its agent (:attr:`agents_lost` counts them:
     the exporters batch for longer than the hold). Each parent span, once it has been resolved to an
@@ -400,15 +406,15 @@ class TraceBuffer:
     forgotten by :meth:`take_due`.
 
     Memory is bounded by ``max_spans`` buffered spans (parent links included): past it the oldest
-    traces are flushed and forgotten before their root arrived (:attr:`replayed_early` counts
-    them). A span id seen twice in a trace (an exporter's retry) counts once, also after its
+    traces are flushed and forgotten before their root arrived (:attr:`flushed_early_capacity`
+    counts them). A span id seen twice in a trace (an exporter's retry) counts once, also after its
     trace was flushed and forgotten: the span ids of forgotten traces are remembered as 64-bit
-    hashes of (trace id, span id), and a span among them is dropped (:attr:`duplicate_spans`
-    counts the spans dropped either way). A span stays remembered while fewer than
-    ``max_seen_spans`` spans of later forgotten traces came after it, and is forgotten before
-    ``2 * max_seen_spans`` did (two generations of ``max_seen_spans`` hashes each: memory is
-    that of ``2 * max_seen_spans`` hashes at most). A hash collision drops a new span with a
-    probability about ``2 * max_seen_spans`` / 2**63.
+    hashes of (trace id, span id), and a span among them is dropped (:attr:`duplicate_spans` counts
+    the spans dropped either way). A span stays remembered while fewer than ``max_seen_spans`` spans
+    of later forgotten traces came after it, and is forgotten before ``2 * max_seen_spans`` did (two
+    generations of ``max_seen_spans`` hashes each: memory is that of ``2 * max_seen_spans`` hashes
+    at most). A hash collision drops a new span with a probability about ``2 * max_seen_spans`` /
+    2**63.
 
     Not thread-safe: one thread adds and takes.
     """
@@ -428,8 +434,8 @@ class TraceBuffer:
         "_ttl",
         "agents_lost",
         "duplicate_spans",
-        "flushed_early",
-        "replayed_early",
+        "flushed_early_capacity",
+        "flushed_early_time",
     )
 
     def __init__(
@@ -483,8 +489,8 @@ class TraceBuffer:
         self._seen_before: set[int] = set()
         self._seen_max = max_seen_spans
         self.duplicate_spans = 0
-        self.replayed_early = 0
-        self.flushed_early = 0
+        self.flushed_early_capacity = 0
+        self.flushed_early_time = 0
         self.agents_lost = 0
 
     @property
@@ -591,7 +597,7 @@ class TraceBuffer:
                 excess -= len(trace.parents)
             for trace_id in oldest:
                 events.extend(self._flush(trace_id))
-                self.replayed_early += 1
+                self.flushed_early_capacity += 1
         return events
 
     def take_due(self) -> list[TraceEvent]:
@@ -607,7 +613,7 @@ class TraceBuffer:
             if trace.tools:
                 if trace.due is not None and trace.due <= now:
                     events.extend(self._flush(trace_id, keep=True))
-                    self.flushed_early += 1
+                    self.flushed_early_time += 1
             elif trace.seen <= idle_before:
                 self._flush(trace_id)
         return events
@@ -625,7 +631,8 @@ class TraceBuffer:
     def snapshot(self) -> dict[str, Any]:
         """The buffer's contents as plain data (dicts, lists, strings, numbers, ``None``, and
         span attribute values as spans hold them: tuples for arrays, bytes), for
-        :meth:`restore` in another process. Versioned (``"version"``); pickle keeps it exactly.
+        :meth:`restore` in another process. Versioned (``"version"``); serve's state format
+        (``service._durable``) keeps it exactly.
 
         The settings (``max_spans``, ``hold_seconds``, ``key_by``, ...) are not in it: they are
         the restoring buffer's own. Times read from ``clock`` are kept as seconds before now
@@ -643,8 +650,8 @@ class TraceBuffer:
             "seen": list(self._seen),
             "seen_before": list(self._seen_before),
             "duplicate_spans": self.duplicate_spans,
-            "replayed_early": self.replayed_early,
-            "flushed_early": self.flushed_early,
+            "flushed_early_capacity": self.flushed_early_capacity,
+            "flushed_early_time": self.flushed_early_time,
             "agents_lost": self.agents_lost,
         }
 
@@ -663,14 +670,15 @@ class TraceBuffer:
         try:
             traces = {int(item["id"]): _trace_back(item, now) for item in data["traces"]}
             complete = {int(trace_id): None for trace_id in data["complete"]}
+            # the two flush counts under their names before 2026-12 too (the v2 snapshot)
             counts = [
-                int(data[name])
+                int(data[name] if name in data else data[_OLD_COUNT_NAMES[name]])
                 for name in (
                     "spans",
                     "order",
                     "duplicate_spans",
-                    "replayed_early",
-                    "flushed_early",
+                    "flushed_early_capacity",
+                    "flushed_early_time",
                     "agents_lost",
                 )
             ]
@@ -686,8 +694,8 @@ class TraceBuffer:
             self._spans,
             self._order,
             self.duplicate_spans,
-            self.replayed_early,
-            self.flushed_early,
+            self.flushed_early_capacity,
+            self.flushed_early_time,
             self.agents_lost,
         ) = counts
         self._seen = seen

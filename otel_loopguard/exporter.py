@@ -202,12 +202,12 @@ class LoopGuardSpanExporter(SpanExporter):
     @property
     def flushed_early_time(self) -> int:
         """Trace flushes after ``hold_seconds``, before the trace's root came."""
-        return self._buffer.flushed_early
+        return self._buffer.flushed_early_time
 
     @property
     def flushed_early_capacity(self) -> int:
         """Traces judged before their root came because ``max_buffered_spans`` was reached."""
-        return self._buffer.replayed_early
+        return self._buffer.flushed_early_capacity
 
     # -- SpanExporter ----------------------------------------------------------------------
 

@@ -92,7 +92,7 @@ def test_children_before_parents_find_their_agent_within_the_hold() -> None:
     events = buffer.take_due()
     assert sessions(events) == [WITH_AGENT] * 3
     assert [e.timestamp for e in events] == sorted(e.timestamp or 0 for e in events)
-    assert buffer.flushed_early == 1 and buffer.agents_lost == 0
+    assert buffer.flushed_early_time == 1 and buffer.agents_lost == 0
 
 
 def test_a_root_flushes_at_once() -> None:
@@ -113,7 +113,7 @@ def test_a_root_flushes_at_once() -> None:
         )
     )
     assert sessions(buffer.take_ready()) == [WITH_AGENT]
-    assert buffer.buffered_traces == 0 and buffer.flushed_early == 0
+    assert buffer.buffered_traces == 0 and buffer.flushed_early_time == 0
 
 
 def test_after_the_hold_a_run_stays_in_one_chain() -> None:
@@ -131,7 +131,7 @@ def test_after_the_hold_a_run_stays_in_one_chain() -> None:
     clock.advance(HOLD)
     got += buffer.take_due()
     assert sessions(got) == [BARE] * 5
-    assert buffer.flushed_early == 5
+    assert buffer.flushed_early_time == 5
     assert buffer.agents_lost == 1  # the agent span came after its tools were judged: one run
     guard = LoopGuard(PRESETS["default"])
     decisions = [feed(guard, event) for event in got]
@@ -149,7 +149,7 @@ def test_idle_traces_are_forgotten_and_memory_is_bounded() -> None:
     assert buffer.take_due() == [] and buffer.buffered_traces == 0
     for n in range(4):
         buffer.add(RecordedSpan(n + 1, 5, 4, "other", {}, (), False, 0, 1))
-    assert buffer.take_ready() == [] and buffer.replayed_early == 1
+    assert buffer.take_ready() == [] and buffer.flushed_early_capacity == 1
     assert buffer.buffered_spans == 3
 
 
@@ -205,7 +205,7 @@ def test_a_million_distinct_trace_ids_stay_within_the_bounds() -> None:
             buffer.take_ready()
             most = max(most, buffer.buffered_spans)
     assert most <= MAX_BUFFERED_SPANS and buffer.buffered_traces <= MAX_BUFFERED_SPANS
-    assert buffer.replayed_early >= 1_000_000 - MAX_BUFFERED_SPANS
+    assert buffer.flushed_early_capacity >= 1_000_000 - MAX_BUFFERED_SPANS
     assert len(buffer._seen) + len(buffer._seen_before) <= buffer._seen_max * 2
     clock.advance(301)
     buffer.take_due()

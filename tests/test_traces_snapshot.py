@@ -106,7 +106,7 @@ def busy_buffer(clock: FakeClock, key_by: str) -> TraceBuffer:
     # Trace 4: its root arrived, not yet taken.
     buffer.add(tool(4, 0x41, 0xA4, 60))
     buffer.add(agent(4, 0xA4, None))
-    assert buffer.duplicate_spans == 1 and buffer.flushed_early == 1
+    assert buffer.duplicate_spans == 1 and buffer.flushed_early_time == 1
     return buffer
 
 
@@ -130,8 +130,8 @@ def counters(buffer: TraceBuffer) -> tuple[int, ...]:
         buffer.buffered_spans,
         buffer.buffered_traces,
         buffer.duplicate_spans,
-        buffer.replayed_early,
-        buffer.flushed_early,
+        buffer.flushed_early_capacity,
+        buffer.flushed_early_time,
         buffer.agents_lost,
     )
 

@@ -30,9 +30,9 @@ def _buffered(
     :class:`BadRecord` carrying them when the record had bad spans or overflowed the buffer."""
     for span in spans:
         buffer.add(span)
-    early = buffer.replayed_early
+    early = buffer.flushed_early_capacity
     events: list[Event] = list(buffer.take_ready())
-    early = buffer.replayed_early - early
+    early = buffer.flushed_early_capacity - early
     reasons = list(problems[:MAX_SPAN_PROBLEMS])
     hidden = bad_spans - len(reasons)
     if hidden > 0:

@@ -168,7 +168,7 @@ class Ingest:
                             self._add(item[0])
                         self._last_batch = item[1]
                     self._logged_tick(logged)
-                self.flushed_early_time = buffer.flushed_early
+                self.flushed_early_time = buffer.flushed_early_time
                 self.agents_lost = buffer.agents_lost
                 self.duplicates = buffer.duplicate_spans
             except Exception as exc:  # the ingest thread must outlive any span
@@ -205,10 +205,10 @@ class Ingest:
         now = clock()
         expire = self._expiry_due()
         with clock.pinned_here(now):
-            before = (buffer.flushed_early, buffer.buffered_traces, buffer.buffered_spans)
+            before = (buffer.flushed_early_time, buffer.buffered_traces, buffer.buffered_spans)
             events = buffer.take_due()
             expired = self._guard.expire_idle_sessions() if expire else 0
-            after = (buffer.flushed_early, buffer.buffered_traces, buffer.buffered_spans)
+            after = (buffer.flushed_early_time, buffer.buffered_traces, buffer.buffered_spans)
             if events or expired or after != before:
                 logged.tick(now, self._last_batch, expire)
             self._feed(events)
@@ -222,7 +222,7 @@ class Ingest:
         for span in batch.spans:
             add(span)
         self._feed(buffer.take_ready())
-        self.flushed_early_capacity = buffer.replayed_early
+        self.flushed_early_capacity = buffer.flushed_early_capacity
 
     def _feed(self, events: list[TraceEvent]) -> None:
         guard = self._guard
