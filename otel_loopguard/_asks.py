@@ -104,8 +104,9 @@ class AdvisorPool:
             executor.shutdown(wait=wait, cancel_futures=True)
 
 
-#: A reserved ask: the session, its epoch then, and its cooldown before the reservation.
-Reserved = tuple[SessionState, int, float | None]
+#: A reserved ask: the session, its epoch then, its cooldown before the reservation, and its
+#: key in the guard's store.
+Reserved = tuple[SessionState, int, float | None, object]
 
 
 class Rescues:
@@ -127,6 +128,7 @@ class Rescues:
         "_reporter",
         "advisor",
         "pool",
+        "settle",
     )
 
     def __init__(
@@ -147,9 +149,13 @@ class Rescues:
         self._on_error = on_error
         self._on_failure = on_failure
         self.pool = AdvisorPool()
+        # How an answer reaches a session kept outside the process (the Redis store):
+        # settle(store key, change) applies change to the session's kept state. None: the
+        # state reserved is changed in place, under the lock.
+        self.settle: Callable[[object, Callable[[SessionState], None]], None] | None = None
 
     def reserve(
-        self, state: SessionState, key: str
+        self, state: SessionState, key: str, store_key: object = None
     ) -> tuple[str | None, str | None, Reserved | None]:
         """Under the lock: (cached advice, why no ask: ``cached``/``budget``/``cooldown``, or
         the ask reserved)."""
@@ -171,7 +177,7 @@ class Rescues:
         previous = state.last_rescue_at
         state.rescues += 1
         state.last_rescue_at = now
-        return None, None, (state, state.epoch, previous)
+        return None, None, (state, state.epoch, previous, store_key)
 
     @staticmethod
     def context(state: SessionState, key: str) -> dict[str, Any]:
@@ -218,11 +224,11 @@ class Rescues:
         own ``escalation-failed`` trip line. One not waited for is kept for :meth:`awaited`."""
         advisor = self.advisor
         assert advisor is not None
-        state, epoch, previous = reserved
+        state, epoch, previous, store_key = reserved
         future = self.pool.submit(
             advisor,
             request,
-            lambda done: self._done(done, state, epoch, previous, key, trip),
+            lambda done: self._done(done, state, epoch, previous, key, trip, store_key),
         )
         if not wait:
             self.pool.keep((request.session, request.agent, request.signature), future)
@@ -254,6 +260,7 @@ class Rescues:
         previous: float | None,
         key: str,
         trip: TripLine | None,
+        store_key: object = None,
     ) -> None:
         """On the advisor thread: cache advice for this signature and epoch, or refund (and,
         for an ask nobody waited for, write its ``escalation-failed`` trip line)."""
@@ -262,7 +269,8 @@ class Rescues:
             advice = (
                 None if future.cancelled() or error is not None else clean_advice(future.result())
             )
-            with self._lock:
+
+            def change(state: SessionState) -> None:
                 if advice:
                     if state.epoch == epoch:
                         if state.advice is None:
@@ -272,6 +280,13 @@ class Rescues:
                     state.rescues = max(0, state.rescues - 1)
                     if state.last_rescue_at is not None:
                         state.last_rescue_at = previous
+
+            settle = self.settle
+            if settle is None:
+                with self._lock:
+                    change(state)
+            else:
+                settle(store_key, change)
             self._reporter.recorder.rescue("advice" if advice else "failed")
             if not advice:
                 self._reporter.write(trip)

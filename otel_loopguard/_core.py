@@ -510,7 +510,7 @@ class GuardCore:
             self._trail_attempt(state, name, key, trail_arguments, enforced_block, ran)
         rescue = None
         if step.action is Action.RESCUE:
-            advice, outcome, ask = self.rescues.reserve(state, key)
+            advice, outcome, ask = self.rescues.reserve(state, key, store_key)
             context = Rescues.context(state, key) if ask is not None else None
             rescue = _Rescue(advice, outcome, ask, context)
         return step, repeated, newly_stopped, post, rescue

@@ -258,7 +258,7 @@ class _SessionLock:
         # What this process wrote last is taken for the value without asking (the write at the
         # end checks it); after a conflict, and for a session not kept, Redis is read.
         cached = None if tx.reread else core._decoded.get(session)
-        tx.verified = cached is None or core.rescues.advisor is not None
+        tx.verified = cached is None
         # Off the lock: other sessions go on.
         value = core.sessions.load(session) if tx.verified else cached[0]  # type: ignore[index]
         self._lock.acquire()
@@ -321,6 +321,7 @@ class RedisCore(GuardCore):
         self._session_lock = _SessionLock(self)
         self._lock = cast(threading.Lock, self._session_lock)
         self.rescues._lock = self._lock
+        self.rescues.settle = self._settle_answer
         self._stripes = [threading.Lock() for _ in range(_STRIPES)]
         self._down_until = 0.0
         self._store_logged: set[str] = set()
@@ -368,7 +369,7 @@ class RedisCore(GuardCore):
         if value is None:
             return [], None
         cached = self._decoded.pop(session, None)
-        if cached is not None and cached[0] == value and self.rescues.advisor is None:
+        if cached is not None and cached[0] == value:
             entries = cached[1]  # what this process wrote last: the same states, not decoded
         else:
             try:
@@ -388,8 +389,7 @@ class RedisCore(GuardCore):
     def _take_out(self, session: str, brought: list[object], *, keep: bool) -> bytes | None:
         """Under the lock: the session's value, taken out of the in-process store and ledger;
         with ``keep``, its states kept beside it, so that reading the same value back needs no
-        decoding (:data:`MAX_DECODED`; not with an advisor, whose answer changes a state
-        after it was taken out)."""
+        decoding (:data:`MAX_DECODED`)."""
         entries: list[tuple[str | None, SessionState | None, dict[str, Settled]]] = []
         keys: list[object] = [session, *self.store.agent_keys(session)]
         keys.extend(key for key in brought if key not in keys)
@@ -406,6 +406,19 @@ class RedisCore(GuardCore):
             if len(decoded) > MAX_DECODED:
                 del decoded[next(iter(decoded))]
         return value
+
+    def _settle_answer(self, store_key: object, change: Callable[[SessionState], None]) -> None:
+        """On the advisor's thread: its answer (advice cached, or the budget refunded) applied
+        to the session as Redis keeps it, in a transaction of its own."""
+        sid, agent = store_key if type(store_key) is tuple else (store_key, None)
+
+        def run() -> None:
+            with self._lock:
+                state = self.store.get(store_key, create=False)
+                if state is not None:
+                    change(state)
+
+        self._in_session(sid, agent, run)
 
     def _store_failed(self, op: str | None, exc: BaseException | None) -> None:
         """Count a store failure (``op`` ``None``: a call made while the store is not tried,

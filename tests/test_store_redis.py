@@ -21,6 +21,7 @@ from otel_loopguard._redis_store import CLOSED_MESSAGE, RETRY_AFTER_SECONDS, Red
 from otel_loopguard.config import StoreFailure, load_policy, policy_from_env
 from otel_loopguard.metrics import PrometheusRecorder
 
+from .conftest import FakeClock
 from .redis_tools import RedisServer, Silent, free_port, redis_server, require_redis_server
 
 __all__ = ["redis_server"]  # the fixture, used by name
@@ -302,3 +303,48 @@ def test_eight_processes_give_the_counts_and_actions_of_one(redis_server: RedisS
     assert got == expected
     # Every count from 2 to 320 was given once per session: no update lost, none twice.
     assert got["s1"][("stop", 320)] == 1 and sum(got["s1"].values()) == 320
+
+
+# -- the advisor's answer reaches the session in Redis ---------------------------------------
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_advice_is_cached_and_a_failed_ask_refunded_in_redis(
+    redis_server: RedisServer, fails: bool
+) -> None:
+    asked: list[str] = []
+
+    def advisor(request: Any) -> str:
+        asked.append(request.session)
+        if fails:
+            raise RuntimeError("model down")
+        return "Read the file instead of searching it again."
+
+    policy = PRESETS["rescue"].replace(store_timeout_seconds=5.0)
+    memory_clock, redis_clock = FakeClock(), FakeClock()
+    memory = LoopGuard(policy, advisor=advisor, clock=memory_clock)
+    shared = [
+        LoopGuard(policy, advisor=advisor, clock=redis_clock, store=redis_server.url)
+        for _ in range(2)
+    ]
+    expected, got = [], []
+    for i in range(10):
+        expected.append(grep(memory))
+        memory.close(wait=True)  # the answer is settled before the next call
+        got.append(grep(shared[i % 2]))
+        shared[i % 2].close(wait=True)
+        memory_clock.advance(7)
+        redis_clock.advance(7)
+    assert got == expected
+    assert sum(d.blocks for d in got) >= 5
+    advised = [d for d in got if "Read the file" in d.message]
+    assert len(advised) == (0 if fails else sum(d.action is Action.RESCUE for d in got))
+    assert fails or len(advised) >= 5
+    # Asked as often with two processes on Redis as with one in memory: once when the advice
+    # is kept; when every ask fails, as often as the refunded budget and the cooldown allow.
+    assert len(asked) % 2 == 0 and len(asked) >= 2
+    kept = shared[0].export_session("s")
+    mine = memory.export_session("s")
+    assert kept is not None and mine is not None
+    assert kept.to_bytes() == mine.to_bytes()
+    assert (kept.advice is None) is fails and kept.rescues == (0 if fails else 1)
