@@ -147,6 +147,8 @@ def running_prometheus(tmp_path: Path, address: str) -> Iterator[PrometheusServe
             f"--storage.tsdb.path={tmp_path / 'data'}",
             f"--web.listen-address=127.0.0.1:{port}",
             "--log.level=warn",
+            # as the compose stack runs it: the exemplars (trace ids) of what we count are kept
+            "--enable-feature=exemplar-storage",
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -194,7 +196,8 @@ class Agent:
         self.span_ids: set[str] = set()
         self.call_ids: set[str] = set()
 
-    def run(self, agent: str, calls: list[tuple[str, dict[str, Any], str]]) -> None:
+    def run(self, agent: str, calls: list[tuple[str, dict[str, Any], str]]) -> str:
+        """Run the calls in one agent span; its trace id (hex)."""
         with self.tracer.start_as_current_span(
             f"invoke_agent {agent}",
             attributes={
@@ -221,6 +224,40 @@ class Agent:
                 self.span_ids.add(format(span.get_span_context().span_id, "016x"))
                 span.set_attribute("gen_ai.tool.call.result", result)
                 span.end(end_time=started + int(CALL_SECONDS * 1e9))
+        return format(run.get_span_context().trace_id, "032x")
+
+
+def check_exemplars(
+    prometheus: PrometheusServer,
+    queries: list[tuple[str, str, str]],
+    looping: str,
+    trace_ids: set[str],
+) -> None:
+    """The exemplars-only panels' queries find the looping run's trace on its denials and its
+    stop, through Prometheus's exemplar API, and no trace that is not one of the agent's."""
+    for title, _, expr in queries:
+        if not expr.endswith(" < 0"):
+            continue
+        found: dict[str, set[str]] = {}
+
+        def exemplars_in(expr: str = expr, found: dict[str, set[str]] = found) -> bool:
+            found.clear()
+            result = prometheus.get(
+                "/api/v1/query_exemplars",
+                query=substitute(expr),
+                start=str(time.time() - 600),
+                end=str(time.time() + 60),
+            )
+            assert result["status"] == "success", result
+            for series in result["data"]:
+                action = series["seriesLabels"]["action"]
+                for exemplar in series["exemplars"]:
+                    found.setdefault(action, set()).add(exemplar["labels"]["trace_id"])
+            return {"deny", "stop"} <= set(found)
+
+        wait_for(f"the exemplars of {title!r}", exemplars_in)
+        assert found["stop"] == {looping} and found["deny"] == {looping}, (found, looping)
+        assert set().union(*found.values()) <= trace_ids
 
 
 @pytest.mark.slow
@@ -254,7 +291,9 @@ def test_dashboard_queries_against_a_real_prometheus(
         scraped('sum(loopguard_tool_calls_total{tool="grep"})', healthy_calls),
     )
     # 3. The loop: one run repeats the same call, the same answer each time.
-    agent.run("coder", [("grep", {"pattern": "flaky", "path": "tests"}, "no matches")] * LOOP_CALLS)
+    looping = agent.run(
+        "coder", [("grep", {"pattern": "flaky", "path": "tests"}, "no matches")] * LOOP_CALLS
+    )
     wait_for(
         "the rescue advice to be recorded",
         lambda: (
@@ -295,6 +334,10 @@ def test_dashboard_queries_against_a_real_prometheus(
         elif not numbers or max(numbers) <= 0:
             empty.append((title, ref, substitute(expr), numbers))
     assert not empty, empty
+
+    # The exemplars: Prometheus scraped OpenMetrics and kept the looping run's trace on the
+    # denials and the stop (and on the "Recent loops" table's query), never a healthy run's.
+    check_exemplars(prometheus, queries, looping, agent.trace_ids)
 
     # The variables' queries, through the label-values API Grafana uses for them.
     for variable in dashboard["templating"]["list"][1:]:
