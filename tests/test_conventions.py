@@ -1803,3 +1803,51 @@ def test_crewai_own_tracing_names_the_agent_by_role_and_the_run_by_its_kickoff_i
     assert conversation_id(agent_span) == "kickoff-1"
     # a conversation id, when the session was given one, comes first
     assert conversation_id({**agent_span, "gen_ai.conversation.id": "conv-7"}) == "conv-7"
+
+
+# The Vercel AI SDK (ai 6.0.333, experimental_telemetry; src/generate-text/execute-tool-call.ts),
+# as its ai.toolCall spans arrive from tests/typescript/agent.mjs.
+VERCEL_TOOL = {
+    "operation.name": "ai.toolCall weather-agent",
+    "resource.name": "weather-agent",
+    "ai.operationId": "ai.toolCall",
+    "ai.telemetry.functionId": "weather-agent",
+    "ai.toolCall.name": "search",
+    "ai.toolCall.id": "call-1",
+    "ai.toolCall.args": '{"query":"weather in Paris"}',
+}
+
+
+def test_vercel_ai_tool_call_spans() -> None:
+    done = tool_call_from_span(
+        "ai.toolCall", {**VERCEL_TOOL, "ai.toolCall.result": '"results for it: nothing"'}
+    )
+    assert done is not None and done.convention == "vercel_ai"
+    assert (done.tool, done.arguments, done.result, done.call_id, done.is_error) == (
+        "search",
+        SEARCH_ARGS,
+        "results for it: nothing",
+        "call-1",
+        None,
+    )
+    # a tool that threw: no result, status ERROR and an exception event (recordErrorOnSpan)
+    failed = tool_call_from_span(
+        "ai.toolCall", VERCEL_TOOL, [("exception", {"exception.message": "down"})], True
+    )
+    assert failed is not None and (failed.result, failed.is_error) == (None, True)
+    # the function id is the agent's, on the enclosing span; the tool span names no agent
+    assert (done.agent_name, done.agent_id) == (None, None)
+
+
+def test_vercel_ai_generate_and_stream_calls_are_the_agent_runs() -> None:
+    for operation in ("ai.generateText", "ai.streamText"):
+        run = {"ai.operationId": operation, "ai.telemetry.functionId": "weather-agent"}
+        assert agent_from_span(operation, run) == SpanAgent(None, "weather-agent", None)
+        # without a function id, the run is keyed by its span alone
+        assert agent_from_span(operation, {"ai.operationId": operation}) == SpanAgent(
+            None, None, None
+        )
+    # the model call steps inside it are not agents, nor tool calls
+    step = {"ai.operationId": "ai.generateText.doGenerate", "ai.telemetry.functionId": "x"}
+    assert agent_from_span("ai.generateText.doGenerate", step) is None
+    assert tool_call_from_span("ai.generateText.doGenerate", step) is None

@@ -101,6 +101,21 @@ CREWAI_AGENT_ROLE: Final = "crewai.agent.role"
 DSPY_TOOL_SUFFIXES: Final = (".__call__", ".acall")
 DSPY_FINISH_TOOL: Final = "finish"
 
+# The Vercel AI SDK (ai 6.x, experimental_telemetry; ai 7 with @ai-sdk/otel's
+# LegacyOpenTelemetry): an "ai.toolCall" span per tool call (src/generate-text/
+# execute-tool-call.ts: ai.toolCall.name, .id, .args = JSON.stringify(input), .result =
+# JSON.stringify(output) on success; a thrown error sets status ERROR and an exception event),
+# a child of the "ai.generateText" / "ai.streamText" span of the whole call, whose
+# ai.telemetry.functionId names the function (telemetry/assemble-operation-name.ts).
+VERCEL_AI_OPERATION_ID: Final = "ai.operationId"
+VERCEL_AI_TOOL_CALL: Final = "ai.toolCall"
+VERCEL_AI_TOOL_NAME: Final = "ai.toolCall.name"
+VERCEL_AI_TOOL_CALL_ID: Final = "ai.toolCall.id"
+VERCEL_AI_TOOL_ARGS: Final = "ai.toolCall.args"
+VERCEL_AI_TOOL_RESULT: Final = "ai.toolCall.result"
+VERCEL_AI_RUNS: Final = ("ai.generateText", "ai.streamText")
+VERCEL_AI_FUNCTION_ID: Final = "ai.telemetry.functionId"
+
 # The MCP Python SDK's own server spans ("tools/call <tool>"); they publish no arguments.
 MCP_METHOD_NAME: Final = "mcp.method.name"
 

@@ -85,6 +85,14 @@ from ._keys import (
     TRACELOOP_ENTITY_OUTPUT,
     TRACELOOP_SPAN_KIND,
     TRACELOOP_WORKFLOW_NAME,
+    VERCEL_AI_FUNCTION_ID,
+    VERCEL_AI_OPERATION_ID,
+    VERCEL_AI_RUNS,
+    VERCEL_AI_TOOL_ARGS,
+    VERCEL_AI_TOOL_CALL,
+    VERCEL_AI_TOOL_CALL_ID,
+    VERCEL_AI_TOOL_NAME,
+    VERCEL_AI_TOOL_RESULT,
 )
 
 # --------------------------------------------------------------------------------------------
@@ -351,6 +359,20 @@ TOOL_CONVENTIONS: Final[tuple[ToolConvention, ...]] = (
         call_id_keys=(OPENINFERENCE_TOOL_CALL_ID, GEN_AI_TOOL_CALL_ID),
         agent_name_keys=(GEN_AI_AGENT_NAME, CREWAI_TOOL_AGENT_ROLE),
     ),
+    # The Vercel AI SDK (TypeScript): "ai.toolCall" spans, arguments and result as JSON text;
+    # the call id is the model's. No agent on the span: the enclosing ai.generateText or
+    # ai.streamText span is the agent (see AGENT_CONVENTIONS).
+    ToolConvention(
+        name="vercel_ai",
+        when=(attribute_is(VERCEL_AI_OPERATION_ID, VERCEL_AI_TOOL_CALL),),
+        tool_keys=(VERCEL_AI_TOOL_NAME,),
+        tool_from_span_name=_no_name,
+        argument_keys=(VERCEL_AI_TOOL_ARGS,),
+        result_keys=(VERCEL_AI_TOOL_RESULT,),
+        call_id_keys=(VERCEL_AI_TOOL_CALL_ID,),
+        agent_id_keys=(),
+        agent_name_keys=(),
+    ),
     # Haystack's own tracing: one constant span name; arguments and output only with
     # HAYSTACK_CONTENT_TRACING_ENABLED=true; a failure is haystack.tool.error (status unset).
     ToolConvention(
@@ -507,6 +529,15 @@ AGENT_CONVENTIONS: Final[tuple[AgentConvention, ...]] = (
         name="openllmetry",
         when=(attribute_is(TRACELOOP_SPAN_KIND, "agent", "workflow"),),
         name_keys=(GEN_AI_AGENT_NAME, TRACELOOP_ENTITY_NAME, TRACELOOP_WORKFLOW_NAME),
+        name_from_span_name=_no_name,
+    ),
+    # The Vercel AI SDK: a generateText / streamText call (its tool loop) is the agent run,
+    # named by the call's telemetry functionId when it has one.
+    AgentConvention(
+        name="vercel_ai",
+        when=(attribute_is(VERCEL_AI_OPERATION_ID, *VERCEL_AI_RUNS),),
+        id_keys=(),
+        name_keys=(VERCEL_AI_FUNCTION_ID,),
         name_from_span_name=_no_name,
     ),
     # Haystack's Agent run: the agent has no name of its own (its pipeline component's name is
