@@ -478,23 +478,28 @@ def _add_serve(commands: argparse._SubParsersAction[_CommandParser]) -> None:
         metavar="N",
         type=int,
         default=DEFAULT_MAX_INFLIGHT_BYTES,
-        help="request body bytes being read or decoded at once, HTTP and gRPC together, before"
-        " clients get 429 / RESOURCE_EXHAUSTED with a retry delay (default: %(default)s)",
+        help="request body bytes being read, inflated or decoded at once, HTTP and gRPC together,"
+        " before clients get 429 / RESOURCE_EXHAUSTED with a retry delay; decision bodies have"
+        " a budget of their own, an eighth of this (default: %(default)s)",
     )
     parser.add_argument(
         "--max-connections",
         metavar="N",
         type=int,
         default=DEFAULT_MAX_CONNECTIONS,
-        help="open HTTP connections; one more is closed at once (default: %(default)s)",
+        help="open HTTP connections, TLS handshakes included; the last eighth serve only"
+        " decisions and /healthz, and when all are taken a new connection replaces the oldest"
+        " one there still waiting for a request, else it is closed at once"
+        " (default: %(default)s)",
     )
     parser.add_argument(
         "--request-timeout",
         metavar="SECONDS",
         type=_non_negative_seconds,
         default=DEFAULT_REQUEST_TIMEOUT_SECONDS,
-        help="seconds to receive a whole HTTP request, headers and body; a slower one gets 408"
-        " and is closed (default: %(default)s)",
+        help="seconds to receive a whole HTTP request (TLS handshake, headers and body; a slower"
+        " one gets 408 and is closed), for a client to read its answers (else closed) and for"
+        " a gRPC call's message to arrive (else DEADLINE_EXCEEDED) (default: %(default)s)",
     )
     parser.add_argument(
         "--log-level",

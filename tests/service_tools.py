@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import datetime
 import http.client
 import importlib
 import json
 import os
+import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -213,12 +215,58 @@ def keep_alive(port: int, timeout: float = 10.0) -> Iterator[http.client.HTTPCon
         conn.close()
 
 
+def timed_decisions(
+    port: int,
+    count: int,
+    token: str | None = None,
+    timeout: float = 2.0,
+    pause: float = 0.0,
+    context: Any = None,
+) -> list[tuple[int, float]]:
+    """``count`` hook decisions (``/v1/decisions/before``), one after another, each on a fresh
+    connection with the hook's ``timeout``: ``(status, seconds)`` each, status -1 when none
+    came in time. ``context``: an ``ssl.SSLContext`` for HTTPS."""
+    results: list[tuple[int, float]] = []
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    for n in range(count):
+        body = json.dumps(
+            {"session": f"legit-{n % 7}", "tool": "read_file", "arguments": {"path": f"{n}.py"}}
+        ).encode()
+        start = time.monotonic()
+        conn: http.client.HTTPConnection = (
+            http.client.HTTPSConnection("127.0.0.1", port, timeout=timeout, context=context)
+            if context is not None
+            else http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+        )
+        try:
+            conn.request("POST", "/v1/decisions/before", body=body, headers=headers)
+            response = conn.getresponse()
+            response.read()
+            status = response.status
+        except OSError:
+            status = -1
+        finally:
+            conn.close()
+        results.append((status, time.monotonic() - start))
+        if pause:
+            time.sleep(pause)
+    return results
+
+
 class ServeProcess:
-    """A real ``python -m otel_loopguard serve`` on a free loopback HTTP port, no gRPC, with
-    ``args`` added, started and listening; its stderr lines are collected in :attr:`lines`."""
+    """A real ``python -m otel_loopguard serve`` on a free loopback HTTP port, no gRPC (with
+    ``grpc``: on a free port, :attr:`grpc_port`), with ``args`` added, started and listening;
+    its stderr lines are collected in :attr:`lines`. ``open_files``: its file descriptor limit."""
 
     def __init__(
-        self, *args: str, env: Mapping[str, str] | None = None, timeout: float = 60.0
+        self,
+        *args: str,
+        env: Mapping[str, str] | None = None,
+        timeout: float = 60.0,
+        grpc: bool = False,
+        open_files: int | None = None,
     ) -> None:
         import queue
         import subprocess
@@ -226,13 +274,22 @@ class ServeProcess:
         import threading
 
         command = [sys.executable, "-m", "otel_loopguard", "serve", "--http-port", "0"]
+        limit: Callable[[], None] | None = None
+        if open_files is not None:
+
+            def limit() -> None:
+                import resource
+
+                resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
+
         self.process = subprocess.Popen(
-            [*command, "--no-grpc", *args],
+            [*command, *(("--grpc-port", "0") if grpc else ("--no-grpc",)), *args],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
             env=dict(env) if env is not None else None,
+            preexec_fn=limit,
         )
         self.lines: list[str] = []
         started: queue.Queue[str] = queue.Queue()
@@ -242,7 +299,7 @@ class ServeProcess:
         def pump() -> None:
             for line in stream:
                 self.lines.append(line)
-                if " on http://" in line:
+                if " on http://" in line or " on https://" in line:
                     started.put(line)
             started.put("")  # ended before it listened
 
@@ -254,8 +311,22 @@ class ServeProcess:
             self.close()
             raise
         #: Its HTTP URL.
-        self.url = "http://" + first.split(" on http://", 1)[1].split(";", 1)[0].strip()
+        self.url = first.split(" on ", 1)[1].split(";", 1)[0].strip()
         self.port = int(self.url.rsplit(":", 1)[1])
+        #: Its gRPC port (with ``grpc``).
+        self.grpc_port: int | None = None
+        if " OTLP/gRPC on " in first:
+            self.grpc_port = int(
+                first.split(" OTLP/gRPC on ", 1)[1].split(";", 1)[0].rsplit(":", 1)[1]
+            )
+
+    def peak_rss_mb(self) -> float:
+        """Its peak resident memory so far (VmHWM in /proc), in MiB."""
+        return _proc_status_mb(self.process.pid, "VmHWM")
+
+    def rss_mb(self) -> float:
+        """Its resident memory now (VmRSS in /proc), in MiB."""
+        return _proc_status_mb(self.process.pid, "VmRSS")
 
     def kill9(self) -> None:
         """A crash: SIGKILL, nothing drained."""
@@ -277,6 +348,13 @@ class ServeProcess:
             self.process.wait(timeout=10)
 
 
+def _proc_status_mb(pid: int, field: str) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no {field} in /proc/{pid}/status")
+
+
 @contextmanager
 def serve_process(
     *args: str, env: Mapping[str, str] | None = None, timeout: float = 30.0
@@ -289,3 +367,55 @@ def serve_process(
         assert server.stop(timeout) == 0
     finally:
         server.close()
+
+
+# -- TLS ---------------------------------------------------------------------------------------
+
+
+def self_signed(directory: Path) -> tuple[str, str]:
+    """A certificate for 127.0.0.1 and its key (the ``cryptography`` package, else openssl)."""
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    try:
+        import ipaddress
+
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+    except ImportError:
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256"]
+            + ["-nodes", "-days", "1", "-subj", "/CN=127.0.0.1"]
+            + ["-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
+        return str(cert), str(key)
+    private = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(private.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(private, hashes.SHA256())
+    )
+    cert.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key.write_bytes(
+        private.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return str(cert), str(key)

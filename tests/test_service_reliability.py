@@ -8,7 +8,6 @@ quotes these figures next to what the OpenTelemetry Collector promises.
 from __future__ import annotations
 
 import asyncio
-import datetime
 import io
 import json
 import os
@@ -25,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from tests.service_tools import request, require_serve_prerequisites, wait_for
+from tests.service_tools import request, require_serve_prerequisites, self_signed, wait_for
 
 require_serve_prerequisites()
 
@@ -484,55 +483,6 @@ def test_concurrent_big_bodies_stay_under_a_memory_ceiling() -> None:
 # -- TLS ---------------------------------------------------------------------------------------
 
 
-def _self_signed(directory: Path) -> tuple[str, str]:
-    """A certificate for 127.0.0.1 and its key (the ``cryptography`` package, else openssl)."""
-    cert, key = directory / "cert.pem", directory / "key.pem"
-    try:
-        import ipaddress
-
-        from cryptography import x509
-        from cryptography.hazmat.primitives import hashes, serialization
-        from cryptography.hazmat.primitives.asymmetric import ec
-        from cryptography.x509.oid import NameOID
-    except ImportError:
-        subprocess.run(
-            ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256"]
-            + ["-nodes", "-days", "1", "-subj", "/CN=127.0.0.1"]
-            + ["-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-            check=True,
-            capture_output=True,
-            timeout=30,
-        )
-        return str(cert), str(key)
-    private = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    certificate = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(private.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(private, hashes.SHA256())
-    )
-    cert.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
-    key.write_bytes(
-        private.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return str(cert), str(key)
-
-
 def test_tls_round_trip_with_the_real_otlp_http_exporter(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -549,7 +499,7 @@ def test_tls_round_trip_with_the_real_otlp_http_exporter(
     provider.add_span_processor(SimpleSpanProcessor(recorded))
     with provider.get_tracer("t").start_as_current_span("chat"):
         pass
-    cert, key = _self_signed(tmp_path)
+    cert, key = self_signed(tmp_path)
     with Service(_options(tls_cert=cert, tls_key=key), policy=Policy()) as svc:
         assert svc.urls["http"].startswith("https://")
         exporter = OTLPSpanExporter(
@@ -576,7 +526,7 @@ def test_tls_handshakes_count_against_the_cap_and_the_deadline(tmp_path: Path) -
     """TCP connections that never send a ClientHello: never more open than max_connections
     (the reserved slot's waiting one is replaced by each new one), each closed within the
     request deadline; HTTPS keeps answering."""
-    cert, key = _self_signed(tmp_path)
+    cert, key = self_signed(tmp_path)
     context = ssl.create_default_context(cafile=cert)
     with Service(_options(tls_cert=cert, tls_key=key, max_connections=8), policy=Policy()) as svc:
         receiver = svc._http

@@ -35,6 +35,7 @@ answered 500; the server keeps serving.
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import ssl
 import threading
@@ -71,13 +72,16 @@ __all__ = [
     "CONNECTION_TIMEOUT_SECONDS",
     "DECISION_BUDGET_SHARE",
     "DECISION_WORKERS",
+    "FILE_HEADROOM",
     "HTTP_WORKERS",
+    "LISTEN_BACKLOG",
     "MAX_HEADERS",
     "MAX_HEAD_BYTES",
     "MAX_PIPELINED",
     "RESERVED_SHARE",
     "SEND_BUFFER_BYTES",
     "SMALL_DECISION_BYTES",
+    "WRITE_BUFFER_BYTES",
     "HTTPReceiver",
     "bind_http",
 ]
@@ -98,6 +102,15 @@ MAX_PIPELINED: Final = 16
 #: The kernel's send buffer of each connection (fixed, not autotuned up to megabytes): answers
 #: a client does not read fill it and then the write buffer, whose deadline closes the connection.
 SEND_BUFFER_BYTES: Final = 128 * 1024
+#: File descriptors kept for everything but HTTP connections (the gRPC port and its
+#: connections, the state directory, logs): ``max_connections`` is lowered to the process's
+#: file limit less these when the limit cannot be raised.
+FILE_HEADROOM: Final = 128
+#: Unsent answer bytes a connection holds before its writes wait (and the write deadline
+#: starts); asyncio's default is 64 KiB.
+WRITE_BUFFER_BYTES: Final = 16 * 1024
+#: Connections waiting to be accepted (the kernel caps it at net.core.somaxconn).
+LISTEN_BACKLOG: Final = 1024
 #: Bytes parsed at a time outside a body of known length (so that one read of many tiny
 #: pipelined requests queues at most MAX_PIPELINED + 15 of them).
 _HEAD_STEP: Final = 256
@@ -181,7 +194,8 @@ class _DeadlineProtocol(HttpToolsProtocol):
       one read cannot queue thousands);
     - at most ``max_connections`` are open or in their TLS handshake; the last ``reserve`` of
       them only serve ``/v1/decisions/*`` and ``/healthz`` (anything else: 503), and when all
-      are taken a new connection replaces the oldest reserved one still waiting for a request.
+      are taken a new connection replaces the one whose client has left its answers unread
+      longest, else the oldest reserved one still waiting for a request, else it is closed.
     """
 
     request_deadline: float = 10.0
@@ -190,9 +204,11 @@ class _DeadlineProtocol(HttpToolsProtocol):
     tls: ssl.SSLContext | None = None
     on_timeout: Callable[[], None] = staticmethod(lambda: None)
     on_too_large: Callable[[], None] = staticmethod(lambda: None)
-    #: Connections in their TLS handshake, and connections in the reserved slots (per service).
+    #: Connections in their TLS handshake, in the reserved slots, and whose writes wait for the
+    #: client to read (oldest first); per service.
     handshaking: ClassVar[set[_DeadlineProtocol]] = set()
     reserved: ClassVar[set[_DeadlineProtocol]] = set()
+    stalled: ClassVar[dict[_DeadlineProtocol, None]] = {}
 
     _deadline: asyncio.TimerHandle | None = None
     _write_deadline: asyncio.TimerHandle | None = None
@@ -257,41 +273,48 @@ class _DeadlineProtocol(HttpToolsProtocol):
 
     def _start(self, transport: asyncio.Transport) -> None:
         self._made = True
+        transport.set_write_buffer_limits(WRITE_BUFFER_BYTES)
         super().connection_made(transport)
         if self._held:
             self.data_received(b"")
 
     def _evict(self) -> bool:
-        """Close the oldest reserved connection still waiting for a request: True if one was."""
+        """Make room: close the connection whose client has left its answers unread longest,
+        else the oldest reserved connection still waiting for a request (one that has sent
+        nothing yet first). True if one was."""
+        cls = type(self)
+        if cls.stalled:
+            cls.on_timeout()
+            next(iter(cls.stalled))._close_now()
+            return True
         waiting = [
-            connection
-            for connection in type(self).reserved
-            if connection._in_head and connection._idle()
+            connection for connection in cls.reserved if connection._in_head and connection._idle()
         ]
-        if not waiting:
-            return False
-        oldest = min(waiting, key=lambda connection: connection._since)
-        oldest._close_now()
-        return True
+        if waiting:  # silent ones first
+            min(waiting, key=lambda c: (c._head_bytes > 0, c._since))._close_now()
+            return True
+        return False
 
     def _idle(self) -> bool:
         return (self.cycle is None or self.cycle.response_complete) and not self.pipeline
 
     def _close_now(self) -> None:
-        cls = type(self)
-        cls.reserved.discard(self)
-        cls.handshaking.discard(self)
-        self.connections.discard(self)
-        self._disarm()
+        self._forget()
         transport = self._raw if self._raw is not None else getattr(self, "transport", None)
         if transport is not None:
             transport.abort()
 
-    def connection_lost(self, exc: Exception | None) -> None:
+    def _forget(self) -> None:
+        """No longer counted: the connection is being closed."""
         cls = type(self)
         cls.reserved.discard(self)
         cls.handshaking.discard(self)
+        cls.stalled.pop(self, None)
+        self.connections.discard(self)
         self._disarm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._forget()
         if self._write_deadline is not None:
             self._write_deadline.cancel()
             self._write_deadline = None
@@ -301,9 +324,7 @@ class _DeadlineProtocol(HttpToolsProtocol):
     # -- reading -----------------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
-        if (
-            not self._made
-        ):  # TLS: what came with the end of the handshake, before start_tls returned
+        if not self._made:  # TLS: what came with the handshake's end, before start_tls returned
             self._held += data
             return
         self._unset_keepalive_if_required()
@@ -357,6 +378,7 @@ class _DeadlineProtocol(HttpToolsProtocol):
 
     def _answer_and_close(self, answer: bytes) -> None:
         """Answer at once and close, unless an earlier answer is still due (then just close)."""
+        self._forget()  # its slot is free now
         if self._idle():
             self.transport.write(answer)
             self.transport.close()
@@ -430,9 +452,11 @@ class _DeadlineProtocol(HttpToolsProtocol):
         super().pause_writing()
         if self._write_deadline is None:
             self._write_deadline = self.loop.call_later(self.request_deadline, self._unread)
+            type(self).stalled[self] = None
 
     def resume_writing(self) -> None:
         super().resume_writing()
+        type(self).stalled.pop(self, None)
         if self._write_deadline is not None:
             self._write_deadline.cancel()
             self._write_deadline = None
@@ -524,7 +548,7 @@ class HTTPReceiver:
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((host, options.http_port))
-            sock.listen(128)
+            sock.listen(LISTEN_BACKLOG)
         except BaseException:
             sock.close()
             self._shutdown_workers()
@@ -539,7 +563,7 @@ class HTTPReceiver:
         options = service.options
         timeouts = service.metrics.requests.labels("http", "timeout")
         too_large = service.metrics.requests.labels("http", "too_large")
-        slots = options.max_connections
+        slots = _connection_slots(options.max_connections)
         return type(
             "_ServiceProtocol",
             (_DeadlineProtocol,),
@@ -551,6 +575,7 @@ class HTTPReceiver:
                 "on_too_large": staticmethod(too_large.inc),
                 "handshaking": set(),
                 "reserved": set(),
+                "stalled": {},
             },
         )
 
@@ -584,6 +609,38 @@ class HTTPReceiver:
     def _shutdown_workers(self) -> None:
         self._executor.shutdown(wait=False)
         self._decider.shutdown(wait=False)
+
+
+def _connection_slots(wanted: int) -> int:
+    """How many connections the process can hold open: ``wanted``, the file descriptor limit
+    raised to hold them and :data:`FILE_HEADROOM` more when it can be (as Go does at start),
+    else fewer, with a warning (a connection accepted past the limit would stop every accept)."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not on Windows
+        return wanted
+    unlimited = resource.RLIM_INFINITY
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = wanted + FILE_HEADROOM
+    if soft != unlimited and soft < need:
+        target = need if hard == unlimited else min(need, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    if soft == unlimited or soft >= need:
+        return wanted
+    slots = max(1, soft - FILE_HEADROOM)
+    logging.getLogger("otel_loopguard.serve").warning(
+        "max_connections: %d connections need %d file descriptors, the limit is %d:"
+        " serving at most %d (raise it with ulimit -n)",
+        wanted,
+        need,
+        soft,
+        slots,
+    )
+    return slots
 
 
 # -- the application ---------------------------------------------------------------------------
@@ -671,6 +728,7 @@ class _App:
         self._executor = executor
         self._decider = decider
         self._decision_budget = decision_budget
+        self._pages = _Pages(service.metrics_page, executor)
 
     async def _off_loop(self, function: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
@@ -727,7 +785,7 @@ class _App:
             await _unauthorized(exchange)
             return
         if path == "/metrics":
-            page, content_type = await self._off_loop(service.metrics_page)
+            page, content_type = await self._pages.next_page()
             await exchange.send(200, page, content_type)
             return
         await exchange.send(404, orjson.dumps({"error": f"no such endpoint: GET {path}"}), _JSON)
@@ -826,6 +884,46 @@ class _App:
                 budget.give(taken)
         service.metrics.decisions.labels(endpoint).inc()
         await exchange.send(200, orjson.dumps(answer), _JSON)
+
+
+class _Pages:
+    """``/metrics`` pages, made one at a time however many are asked for at once: a request
+    gets the next page begun after it arrived, shared by every request that arrived meanwhile
+    (so a flood of scrapes costs one page at a time, and no answer is older than its request).
+    """
+
+    def __init__(self, make: Callable[[], tuple[bytes, str]], executor: ThreadPoolExecutor) -> None:
+        self._make = make
+        self._executor = executor
+        self._running: asyncio.Future[tuple[bytes, str]] | None = None
+        self._next: asyncio.Future[tuple[bytes, str]] | None = None
+
+    async def next_page(self) -> tuple[bytes, str]:
+        page = self._next
+        if page is None:
+            page = self._next = asyncio.get_running_loop().create_future()
+            if self._running is None:
+                self._begin()
+        return await asyncio.shield(page)
+
+    def _begin(self) -> None:
+        page, self._next = self._next, None
+        assert page is not None
+        self._running = page
+        job = asyncio.get_running_loop().run_in_executor(self._executor, self._make)
+
+        def done(job: asyncio.Future[tuple[bytes, str]]) -> None:
+            self._running = None
+            error = job.exception()
+            if error is not None:
+                page.set_exception(error)
+                page.exception()  # retrieved: each waiting request raises it
+            else:
+                page.set_result(job.result())
+            if self._next is not None:
+                self._begin()
+
+        job.add_done_callback(done)
 
 
 async def _unauthorized(exchange: _Exchange) -> None:

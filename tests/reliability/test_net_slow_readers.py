@@ -1,0 +1,142 @@
+"""Issue 23, item 3: connections with a write deadline, bounded pipelining, slots kept for
+decisions.
+
+Round two: 1,024 connections pipelining ``GET /metrics`` and never reading the answers were not
+closed in 100 s, legitimate decisions were answered 0 of 200 (the hooks then failed open) and
+memory went from 34 to 212 MiB. Now an answer left unread for the request timeout closes its
+connection, at most 16 pipelined requests wait per connection (nothing more is read until they
+are answered), a connection's unsent answers are capped (16 KiB in serve, a fixed 128 KiB kernel
+buffer), /metrics pages are made one at a time however many are asked for, and the last eighth of
+the connection slots serve only decisions and /healthz (when every slot is taken a new connection
+replaces the slowest reader, else the oldest connection waiting in the reserved slots).
+
+A real ``serve`` process, attacked from another process; its peak resident memory (VmHWM) and
+open descriptors are read from /proc.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.service_tools import (
+    ServeProcess,
+    require_serve_prerequisites,
+    timed_decisions,
+    wait_for,
+)
+
+require_serve_prerequisites()
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc/PID/status"),
+]
+
+#: serve's peak resident memory must stay under this (measured: 135-140 MiB).
+CEILING_MB = 200
+#: The hook's own timeout.
+HOOK_TIMEOUT = 2.0
+#: serve's --request-timeout here (the default is 10 s; shorter keeps the test short).
+DEADLINE = 3.0
+ATTACKERS = 1024
+
+#: The attacker: ATTACKERS connections, each with a small receive buffer it never reads,
+#: pipelining GET /metrics in bursts of 8 every half second, reconnecting when closed, for
+#: ``seconds``; then every connection stays open, silent, for ``hold`` seconds. Prints how
+#: many connections it opened.
+_ATTACKER = r"""
+import asyncio, socket, sys
+
+port, count, seconds, hold = (int(a) for a in sys.argv[1:5])
+GET = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
+
+async def reader(stop, done):
+    opened, writer, loop = 0, None, asyncio.get_running_loop()
+    while not stop.is_set():
+        try:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.setblocking(False)
+            try:
+                await loop.sock_connect(sock, ("127.0.0.1", port))
+            except OSError:
+                sock.close()
+                raise
+            _, writer = await asyncio.open_connection(sock=sock, limit=1024)
+            opened += 1
+            while not stop.is_set() and not writer.transport.is_closing():
+                writer.write(GET * 8)
+                await asyncio.wait_for(writer.drain(), 1.0)
+                await asyncio.sleep(0.5)
+        except (OSError, asyncio.TimeoutError):
+            await asyncio.sleep(0.2)
+    await done.wait()
+    return opened
+
+async def main():
+    stop, done = asyncio.Event(), asyncio.Event()
+    tasks = [asyncio.ensure_future(reader(stop, done)) for _ in range(count)]
+    await asyncio.sleep(seconds)
+    stop.set()
+    await asyncio.sleep(hold)
+    done.set()
+    print(sum(await asyncio.gather(*tasks)), flush=True)
+
+asyncio.run(main())
+"""
+
+
+def _descriptors(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_1024_slow_readers_leave_decisions_answered_and_are_closed() -> None:
+    server = ServeProcess("--request-timeout", str(DEADLINE))
+    attack_seconds = 14
+    attacker: subprocess.Popen[str] | None = None
+    try:
+        idle_mb = server.peak_rss_mb()
+        idle_fds = _descriptors(server.process.pid)
+        attacker = subprocess.Popen(
+            [sys.executable, "-c", _ATTACKER, str(server.port), str(ATTACKERS)]
+            + [str(attack_seconds), str(int(5 * DEADLINE))],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        started = time.monotonic()
+        time.sleep(3)  # every slot taken, answers piling up unread
+        held_fds = _descriptors(server.process.pid) - idle_fds
+        legit = timed_decisions(server.port, 200, pause=0.02)
+        assert time.monotonic() - started < attack_seconds, "the attack ended before the hooks"
+        # the attackers stop writing and keep their sockets open, their answers unread
+        time.sleep(max(0.0, attack_seconds - (time.monotonic() - started)))
+        # a connection whose last answers all fit in the buffers is idle to serve, not stalled:
+        # it is closed by the 30 s keep-alive timeout instead (a few of them)
+        closed = wait_for(lambda: _descriptors(server.process.pid) < idle_fds + 48, 4 * DEADLINE)
+        remaining = _descriptors(server.process.pid) - idle_fds
+        out, _ = attacker.communicate(timeout=60)
+        peak_mb = server.peak_rss_mb()
+        answered = sum(1 for status, _ in legit if status == 200)
+        slowest = max(t for _, t in legit)
+        print(
+            f"slow readers: {out.strip()} connections opened, {held_fds} held at once;"
+            f" decisions {answered}/200, slowest {slowest:.3f} s; idle {idle_mb:.0f} MiB,"
+            f" peak {peak_mb:.0f} MiB; {remaining} still open {4 * DEADLINE:g} s after"
+        )
+        assert held_fds > ATTACKERS // 2  # the attack held the slots it could
+        assert answered == 200, [r for r in legit if r[0] != 200][:5]
+        assert slowest < HOOK_TIMEOUT
+        assert closed, f"{remaining} connections still open"
+        assert peak_mb < CEILING_MB, (idle_mb, peak_mb)
+    finally:
+        if attacker is not None and attacker.poll() is None:
+            attacker.kill()
+            attacker.wait(10)
+        assert server.stop(30) == 0
+        server.close()
