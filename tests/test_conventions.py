@@ -200,6 +200,10 @@ DUMPS = [
     # LlamaIndex + OpenInference: {"kwargs": ...} unwrapped, the ToolOutput's raw_output read;
     # no AGENT span (the workflow's root is a CHAIN).
     Dump("llamaindex/spans.jsonl", "openinference", FULL_RUN, NO_IDS),
+    # DSPy's ReAct (DummyLM) with OpenInference: "<tool>.__call__" spans without tool.name, no
+    # agent span (ReAct.forward is a CHAIN); its own finish tool's span is not a call.
+    Dump("dspy/spans.jsonl", "openinference", FULL_RUN, NO_IDS),
+    Dump("dspy/spans_blocked.jsonl", "openinference", BLOCKED_RUN, [None] * 3),
     Dump("llamaindex/spans_blocked.jsonl", "openinference", BLOCKED_RUN, [None] * 3),
     # Haystack's own tracing (content tracing on): its Agent has no name.
     Dump(
@@ -536,6 +540,7 @@ def test_non_tool_spans_are_not_tool_calls_at_start_either(dump: Dump) -> None:
     [
         ("autogen/spans.jsonl", {"invoke_agent weather_agent"}),  # not its create_agent span
         ("llamaindex/spans.jsonl", set()),  # the workflow's root is a CHAIN
+        ("dspy/spans.jsonl", set()),  # ReAct.forward is a CHAIN
         ("mcp/spans.jsonl", set()),  # MCP has no agent; the host's span is no agent either
         ("semantic_kernel/spans_default.jsonl", set()),  # its agent span needs diagnostics on
     ],
