@@ -233,3 +233,31 @@ def test_each_question_is_its_own_session_with_the_processor(instrumented: Traci
         assert prediction.answer == FINAL
         assert script.seen == expected_tool_results(FIRST_DENY)
     assert calls_seen(tracing.guard) == 2 * FIRST_DENY
+
+
+def test_async_react_is_guarded_the_same_way(instrumented: Tracing) -> None:
+    # ReAct's aforward calls each tool's acall: the same denials, then the stop
+    import asyncio
+
+    tracing = instrumented
+    script = Script()
+    tools = LoopGuardTools(processor=tracing.processor)
+    lm = ScriptedLM(looping(script))
+
+    async def search(query: str) -> str:
+        """Search the web."""
+        return script.run_tool(query)
+
+    agent = dspy.ReAct("question -> answer", tools=tools.wrap([search]), max_iters=SAFETY_CAP)
+
+    async def ask() -> None:
+        with dspy.context(lm=lm):
+            await agent.acall(question="What's the weather in Paris?")
+
+    with pytest.raises(LoopStopped) as raised:
+        asyncio.run(ask())
+    assert raised.value.message == REFERENCE[FIRST_STOP - 1].message
+    assert script.calls == FIRST_STOP and script.tool_runs == FIRST_DENY - 1
+    assert script.seen == expected_tool_results(FIRST_STOP - 1)
+    assert calls_seen(tracing.guard) == FIRST_STOP
+    assert len(tool_spans(tracing)) == FIRST_DENY - 1  # "search.acall" spans
