@@ -203,6 +203,17 @@ DUMPS = [
     # DSPy's ReAct (DummyLM) with OpenInference: "<tool>.__call__" spans without tool.name, no
     # agent span (ReAct.forward is a CHAIN); its own finish tool's span is not a call.
     Dump("dspy/spans.jsonl", "openinference", FULL_RUN, NO_IDS),
+    # The Vercel AI SDK (TypeScript, ai 6): ai.toolCall spans under the ai.generateText span,
+    # the agent, named by its telemetry functionId; no conversation.
+    Dump(
+        "vercel_ai/spans.jsonl",
+        "vercel_ai",
+        FULL_RUN,
+        FULL_IDS,
+        agent_spans=("ai.generateText",),
+        agent_conversation=None,
+        conversation=None,
+    ),
     Dump("dspy/spans_blocked.jsonl", "openinference", BLOCKED_RUN, [None] * 3),
     Dump("llamaindex/spans_blocked.jsonl", "openinference", BLOCKED_RUN, [None] * 3),
     # Haystack's own tracing (content tracing on): its Agent has no name.
