@@ -102,15 +102,16 @@ MAX_PIPELINED: Final = 16
 #: The kernel's send buffer of each connection (fixed, not autotuned up to megabytes): answers
 #: a client does not read fill it and then the write buffer, whose deadline closes the connection.
 SEND_BUFFER_BYTES: Final = 128 * 1024
-#: File descriptors kept for everything but HTTP connections (the gRPC port and its
-#: connections, the state directory, logs): ``max_connections`` is lowered to the process's
-#: file limit less these when the limit cannot be raised.
-FILE_HEADROOM: Final = 128
 #: Unsent answer bytes a connection holds before its writes wait (and the write deadline
 #: starts); asyncio's default is 64 KiB.
 WRITE_BUFFER_BYTES: Final = 16 * 1024
-#: Connections waiting to be accepted (the kernel caps it at net.core.somaxconn).
-LISTEN_BACKLOG: Final = 1024
+#: Connections waiting to be accepted (the kernel caps it at net.core.somaxconn); asyncio also
+#: accepts up to this many at once before serve counts them (uvicorn's default is 2,048).
+LISTEN_BACKLOG: Final = 256
+#: File descriptors kept for everything but HTTP connections (a burst of accepts, the gRPC port
+#: and its connections, the state directory, logs): ``max_connections`` is lowered to the
+#: process's file limit less these when the limit cannot be raised.
+FILE_HEADROOM: Final = LISTEN_BACKLOG + 128
 #: Bytes parsed at a time outside a body of known length (so that one read of many tiny
 #: pipelined requests queues at most MAX_PIPELINED + 15 of them).
 _HEAD_STEP: Final = 256
@@ -526,6 +527,7 @@ class HTTPReceiver:
             date_header=True,
             timeout_keep_alive=int(CONNECTION_TIMEOUT_SECONDS),
             timeout_graceful_shutdown=max(1, round(options.drain_timeout_seconds)),
+            backlog=LISTEN_BACKLOG,
             ssl_certfile=options.tls_cert,
             ssl_keyfile=options.tls_key,
         )
