@@ -73,11 +73,12 @@ CLOSED_MESSAGE: Final = (
 )
 
 # Compare-and-set: write ARGV[2] (delete when empty) only if the key still holds ARGV[1]
-# ('' for no key). A session value is never empty.
+# ('' for no key), and return 1; else return {0, the value it holds} (so a try again needs no
+# read of its own). A session value is never empty.
 _CAS_SCRIPT: Final = """
 local current = redis.call('GET', KEYS[1])
 if current == false then current = '' end
-if current ~= ARGV[1] then return 0 end
+if current ~= ARGV[1] then return {0, current} end
 if ARGV[2] == '' then
   redis.call('DEL', KEYS[1])
 else
@@ -85,6 +86,10 @@ else
 end
 return 1
 """
+
+
+#: No value found by a compare-and-set is waiting for the next try.
+_NOTHING: Final = object()
 
 
 class StoreDown(BaseException):
@@ -170,14 +175,17 @@ class RedisSessions:
             raise StoreDown("read", exc) from None
         return cast("bytes | None", value)
 
-    def swap(self, session: str, old: bytes | None, new: bytes | None) -> bool:
-        """Write ``new`` (delete for ``None``) if the value is still ``old``; whether it was.
-        Raises :class:`StoreDown`."""
+    def swap(self, session: str, old: bytes | None, new: bytes | None) -> tuple[bool, bytes | None]:
+        """Write ``new`` (delete for ``None``) if the value is still ``old``: (whether it was,
+        else the value it is). Raises :class:`StoreDown`."""
         try:
             done = self._cas(keys=[self.key(session)], args=[old or b"", new or b"", self.ttl_ms])
         except Exception as exc:
             raise StoreDown("write", exc) from None
-        return bool(done)
+        if isinstance(done, list):
+            current = done[1] if len(done) > 1 else None
+            return False, bytes(current) if current else None
+        return True, None
 
     def close(self) -> None:
         self.client.close()
@@ -255,12 +263,16 @@ class _SessionLock:
             return
         tx = self.tx
         core = self._core
-        # What this process wrote last is taken for the value without asking (the write at the
-        # end checks it); after a conflict, and for a session not kept, Redis is read.
-        cached = None if tx.reread else core._decoded.get(session)
-        tx.verified = cached is None
-        # Off the lock: other sessions go on.
-        value = core.sessions.load(session) if tx.verified else cached[0]  # type: ignore[index]
+        # After a conflict: the value the compare-and-set found. Else what this process wrote
+        # last, taken without asking (the write at the end checks it); else Redis is read.
+        value: bytes | None
+        if tx.found is not _NOTHING:
+            value, tx.found, tx.verified = tx.found, _NOTHING, True
+        else:
+            cached = core._decoded.get(session)
+            tx.verified = cached is None
+            # Off the lock: other sessions go on.
+            value = core.sessions.load(session) if cached is None else cached[0]
         self._lock.acquire()
         try:
             self.tx.keys, self.tx.unreadable = self._core._bring_in(session, value)
@@ -287,8 +299,9 @@ class _SessionLock:
         old: bytes | None = self.tx.value
         if value == old and self.tx.verified:
             return
-        if not self._core.sessions.swap(session, old, value):
-            self.tx.reread = True
+        done, found = self._core.sessions.swap(session, old, value)
+        if not done:
+            self.tx.found = found
             raise _Conflict()
 
     # The Rescues' lock role: acquire/release for ``with``.
@@ -326,6 +339,7 @@ class RedisCore(GuardCore):
         self._down_until = 0.0
         self._store_logged: set[str] = set()
         self.store_errors: dict[str, int] = {}
+        self.retries = 0  # entrances run again after another process wrote their session
         # Session -> (the value this process last wrote or read, its entries), oldest first.
         self._decoded: dict[str, tuple[bytes, list[_Entry]]] = {}
 
@@ -343,12 +357,13 @@ class RedisCore(GuardCore):
         sid = self._ids(session, agent)[0]
         with self._stripes[hash(sid) % _STRIPES]:  # this process's calls of a session in turn
             tx.session = sid
-            tx.reread = False
+            tx.found = _NOTHING
             try:
                 for _ in range(MAX_TRIES):
                     try:
                         result = run()
                     except _Conflict:
+                        self.retries += 1
                         continue
                     self._down_until = 0.0
                     return result
@@ -359,6 +374,7 @@ class RedisCore(GuardCore):
             finally:
                 tx.session = None
                 tx.value = None
+                tx.found = _NOTHING
         self._store_failed(*failure)
         return None
 
