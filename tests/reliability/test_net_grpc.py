@@ -15,10 +15,14 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.service_tools import ServeProcess, require_serve_prerequisites
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import ReadableSpan
 
 require_serve_prerequisites()
 
@@ -34,7 +38,7 @@ CEILING_MB = 150
 STALLED = 256
 
 
-def _spans() -> list[object]:
+def _spans() -> list[ReadableSpan]:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
