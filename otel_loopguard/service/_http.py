@@ -8,25 +8,39 @@ answering every legitimate request; httptools (llhttp) refuses every hostile fra
 LF, obsolete line folding) with 400 + close; and it ingested fastest of the servers tried.
 
 The socket is bound here, in the caller's thread (an ``OSError`` at once; port 0 works), then
-uvicorn serves it from a daemon thread. Each connection is a :class:`_DeadlineProtocol`: the
-whole request (headers and body) must arrive within ``request_timeout_seconds`` of the
-connection's accept or of the request's first byte (408 + close while the headers are
-incomplete, else close), at most ``max_connections`` are open (one more is closed at once), and
-an idle keep-alive connection is closed after :data:`CONNECTION_TIMEOUT_SECONDS`.
+uvicorn serves it from a daemon thread. Each connection is a :class:`_DeadlineProtocol`, which
+bounds what one client can hold (the class says how):
+
+- time: the whole request (TLS handshake, head and body) must arrive within
+  ``request_timeout_seconds`` of the connection's accept or of the request's first byte (408 +
+  close while the head is incomplete, else close); answers left unread that long close it; an
+  idle keep-alive connection is closed after :data:`CONNECTION_TIMEOUT_SECONDS`;
+- memory: a head over :data:`MAX_HEAD_BYTES` or :data:`MAX_HEADERS` is 431 while it is read; at
+  most :data:`MAX_PIPELINED` pipelined requests wait (then nothing more is read); at most
+  :data:`WRITE_BUFFER_BYTES` of unsent answers in serve and :data:`SEND_BUFFER_BYTES` in the
+  kernel;
+- slots: at most ``max_connections`` are open or in their TLS handshake (fewer when the file
+  limit cannot hold them); the last eighth (:data:`RESERVED_SHARE`) serve only decisions and
+  ``/healthz``; when all are taken a new connection replaces the slowest reader, else the oldest
+  connection waiting in the reserved slots, else it is closed at once.
 
 Each request is authenticated, framed strictly (``Content-Length`` required for a POST body:
-411; larger than the cap: 413; the body's bytes taken from the service's in-flight byte budget
-before it is read, else 429 with ``Retry-After``) and decoded / decided on a worker thread, off
-the event loop:
+411; larger than the cap: 413; the body's bytes taken from a byte budget before it is read,
+else 429 with ``Retry-After``) and decoded / decided on a worker thread, off the event loop:
 
 - ``POST /v1/traces``: protobuf (:func:`~otel_loopguard.service._proto.proto_spans`) or OTLP
-  JSON (:func:`~otel_loopguard._traces.otlp_json_spans`), gzip or not, offered to the ingest
-  queue (:meth:`Service.accept`); answered in the request's encoding once queued: 200 (with
-  ``partial_success`` when some spans were rejected), 400 for data that cannot be read, 429 / 503
-  with ``Retry-After`` when the queue is full or the service is draining.
-- ``POST /v1/decisions/{before,after,user_message,new_run}``: :meth:`Service.decide` (not
-  subject to the byte budget: its bodies are small, and a hook's decision must stay answered).
-- ``GET /metrics`` and ``GET /healthz`` (the only endpoint without the token).
+  JSON (:func:`~otel_loopguard._traces.otlp_json_spans`), gzip or not (inflated 256 KiB at a
+  time, each step taken from the budget first: the body limit applies after decompression),
+  offered to the ingest queue (:meth:`Service.accept`); answered in the request's encoding once
+  queued: 200 (with ``partial_success`` when some spans were rejected), 400 for data that cannot
+  be read, 429 / 503 with ``Retry-After`` when the queue is full or the service is draining.
+- ``POST /v1/decisions/{before,after,user_message,new_run}``: :meth:`Service.decide` on
+  :data:`DECISION_WORKERS` threads of their own, the body from a budget of its own (an eighth,
+  :data:`DECISION_BUDGET_SHARE`, of ``max_inflight_bytes``; a body over
+  :data:`SMALL_DECISION_BYTES` may take half of it), so a flood of exports or of big decision
+  bodies never delays a hook's small one; a decision the state log cannot keep is 503.
+- ``GET /metrics`` (pages made one at a time, shared by the requests that arrived meanwhile)
+  and ``GET /healthz`` (the only endpoint without the token).
 
 An unexpected error is counted as the guard's internal error (``where="serve.http"``) and
 answered 500; the server keeps serving.
