@@ -4,8 +4,9 @@ A request costs many times its body while it is decoded (the bytes, the decoded 
 spans read from it: 13 to 19 times the body for OTLP JSON), so the receivers take its size from
 the budget before reading its body (HTTP) or decoding it (gRPC), and give it back once its spans
 are queued; a gzip body's inflated bytes are taken too, step by step as they grow (HTTP). The
-decision API has a budget of its own (``_http``). Past the budget a request is answered 429 / ``RESOURCE_EXHAUSTED`` with a retry
-delay, its body unread: memory stays bounded however many clients send at once.
+decision API has a budget of its own (``_http``). Past the budget a request is answered 429 /
+``RESOURCE_EXHAUSTED`` with a retry delay, its body unread: memory stays bounded however many
+clients send at once.
 """
 
 from __future__ import annotations
