@@ -40,13 +40,14 @@ starts a new progress epoch.
 
 CrewAI's own tracing (``crewai.telemetry.tracing.telemetry_session``, which makes a
 TracerProvider for the run; a host passes it ``processors=`` and ``exporters=``): put the
-processor among its processors, keyed by conversation (``LoopGuardSpanProcessor(guard,
-key_by="conversation")``). Its spans are never current on the crew's thread; each carries the
-run's ``gen_ai.conversation.id`` (when the session was given one) and its kickoff id
-(``crewai.execution_uuid``), which the processor keys the run by, and its agent span the agent's
-role (``crewai.agent.role``): inside such a session the hooks ask with those same keys, so each
-call counts once. A decision drawn at a tool span's end goes through the run's provider, so it
-reaches the run's exporters.
+processor among its processors and pass it here. Its spans are never current on the crew's
+thread, so inside such a session the hooks ask with the keys the processor gives that run's tool
+spans: keyed by trace, those of the agent's open span (``execute agent``, found by its
+``gen_ai.agent.id``); keyed by conversation, the run's ``gen_ai.conversation.id`` (when the
+session was given one), else its kickoff id (``crewai.execution_uuid``, on every span of the
+run). The agent is its role (``crewai.agent.role`` on its span). Each call counts once. A
+decision drawn at a tool span's end goes through the run's provider, so it reaches the run's
+exporters.
 
 CrewAI stops a run by itself on the fifth identical (tool, arguments, result) call; the guard's
 reminders and denials change the result text, and it denies and stops earlier with the default
@@ -60,6 +61,9 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
+from opentelemetry import trace
+
+from .._conventions._keys import GEN_AI_AGENT_ID
 from .._guard import LoopGuard
 from .._policy import Action, Decision, LoopDetected
 from .._spans import KeyBy
@@ -142,6 +146,22 @@ def _refused_repeat(raw: object) -> bool:
     return isinstance(raw, str) and bool(_REPEATED_INPUT) and raw.strip() == _REPEATED_INPUT
 
 
+def _agent_span(agent: Any) -> trace.Span | None:
+    """Under CrewAI's own tracing, the open span of ``agent``'s run (``gen_ai.agent.id`` is
+    the agent's id), else ``None``."""
+    context = get_telemetry_context()
+    agent_id = getattr(agent, "id", None)
+    if context is None or agent_id is None:
+        return None
+    wanted = str(agent_id)
+    spans: list[trace.Span] = list(context.active_spans.values())
+    for span in spans:
+        attributes = getattr(span, "attributes", None) or {}
+        if attributes.get(GEN_AI_AGENT_ID) == wanted and span.is_recording():
+            return span
+    return None
+
+
 def _failed(raw: object, text: object) -> bool:
     """Whether a call that ran failed: it returned a ``ToolFailure``, or raised (CrewAI then
     gives the model ``"Error executing tool: ..."`` as both the raw and the shown result)."""
@@ -221,13 +241,30 @@ class LoopGuardHooks:
 
     def _keys(self, context: ToolCallHookContext | LLMCallHookContext) -> tuple[str, str | None]:
         processor = self.hook.processor
-        if processor is not None and processor.key_by is KeyBy.CONVERSATION:
+        if processor is not None:
             # CrewAI's own spans are never current on the crew's thread (a current span there
-            # is another tracer's): its run's ids are what the processor keys them by
-            traced = _traced_keys(context.agent)
-            if traced is not None:
-                return self.hook.keys(*traced, current_span=False)
+            # is another tracer's): the processor keys them by the run's ids, or by the trace
+            # and the agent span
+            keys = self._traced_keys(processor, context.agent)
+            if keys is not None:
+                return keys
         return self.hook.keys(*_framework_keys(context.crew, context.agent))
+
+    def _traced_keys(
+        self, processor: LoopGuardSpanProcessor, agent: Any
+    ) -> tuple[str, str | None] | None:
+        """The processor's keys for this agent's calls under CrewAI's own tracing; ``None``
+        outside it (or, keyed by trace, before the agent's span is there)."""
+        traced = _traced_keys(agent)
+        if traced is None:
+            return None
+        if processor.key_by is KeyBy.CONVERSATION:
+            return self.hook.keys(*traced, current_span=False)
+        span = _agent_span(agent)
+        if span is None:
+            return None
+        with trace.use_span(span, end_on_exit=False):
+            return processor.current_session()
 
     def before_llm_call(self, context: LLMCallHookContext) -> None:
         """For ``register_before_llm_call_hook``: raises :class:`LoopStopped` for a stop decided

@@ -406,13 +406,20 @@ def test_crewai_own_tracing_decisions_reach_the_runs_exporter() -> None:
     assert processor.decisions_to_global_provider == 0
 
 
-@pytest.mark.parametrize("conversation", [None, "conv-7"], ids=["kickoff-id", "conversation"])
-def test_crewai_own_tracing_with_the_hooks_counts_each_call_once(conversation: str | None) -> None:
+@pytest.mark.parametrize(
+    ("key_by", "conversation"),
+    [("trace", None), ("conversation", None), ("conversation", "conv-7")],
+    ids=["trace", "kickoff-id", "conversation"],
+)
+def test_crewai_own_tracing_with_the_hooks_counts_each_call_once(
+    key_by: str, conversation: str | None
+) -> None:
     # hooks and CrewAI's own spans (no call id on either, and no span of CrewAI's is current on
-    # the crew's thread): both key the run by its conversation id, else its kickoff id, and the
-    # agent by its role, so each call counts once
+    # the crew's thread): keyed by trace, the hooks ask with the keys of the agent's open span;
+    # keyed by conversation, both key the run by its conversation id, else its kickoff id; the
+    # agent is its role: each call counts once
     guard = LoopGuard(POLICY, recorder=PrometheusRecorder())
-    processor = LoopGuardSpanProcessor(guard, key_by="conversation")
+    processor = LoopGuardSpanProcessor(guard, key_by=key_by)
     script = Script()
     attributes = {"gen_ai.conversation.id": conversation} if conversation else None
     with LoopGuardHooks(processor=processor).register():
