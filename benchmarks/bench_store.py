@@ -15,6 +15,11 @@ run, for 1 and N client processes started together:
   - redis, AOF always: the same with ``appendonly yes``, ``appendfsync always`` (no
     acknowledged write lost; an fsync per write, on this machine's disk).
 
+Then ``otel-loopguard serve``'s decision API (HTTP, ``POST /v1/decisions/before``) from one
+client, --decisions calls round-robin with no affinity: one serve with sessions in memory vs two
+replicas sharing the Redis (``LOOPGUARD_STORE``); decisions per second, p50 / p99 round trip,
+and whether the replicas gave exactly the one serve's actions and counts.
+
 Reported: pairs per second over all processes (wall time from the common start to the last
 process's end), and the p50 / p99 latency of before_tool (the decision) and of after_tool, over
 every call of every process. Medians over --repeat runs. The store timeout is 10 s here, so that
@@ -25,14 +30,19 @@ a slow answer is measured rather than answered by store_failure (errors are list
 from __future__ import annotations
 
 import argparse
+import http.client
+import json
 import multiprocessing
+import os
 import platform
+import re
 import shutil
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -138,11 +148,83 @@ def run(store: str | None, processes: int, pairs: int, prefix: str) -> dict[str,
     }
 
 
+class Serve:
+    """``otel-loopguard serve`` in a subprocess (HTTP only), sessions in ``store`` (given as
+    ``LOOPGUARD_STORE``, the policy field) or in its memory."""
+
+    def __init__(self, store: str | None, prefix: str) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPGUARD_")}
+        if store is not None:
+            env.update(LOOPGUARD_STORE=store, LOOPGUARD_STORE_PREFIX=prefix)
+            env.update(LOOPGUARD_STORE_TIMEOUT_SECONDS="10")
+        command = [sys.executable, "-m", "otel_loopguard", "serve", "--http-port", "0"]
+        self.process = subprocess.Popen(
+            [*command, "--no-grpc"], env=env, stderr=subprocess.PIPE, text=True
+        )
+        self.port = 0
+        ready = threading.Event()
+
+        def drain() -> None:  # serve logs a line per decision: keep reading
+            assert self.process.stderr is not None
+            for line in self.process.stderr:
+                match = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+                if match is not None and not ready.is_set():
+                    self.port = int(match.group(1))
+                    ready.set()
+
+        threading.Thread(target=drain, daemon=True).start()
+        if not ready.wait(60):
+            self.process.kill()
+            sys.exit("serve did not start")
+        self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+
+    def decide(self, body: bytes) -> dict[str, Any]:
+        self.conn.request(
+            "POST", "/v1/decisions/before", body, {"Content-Type": "application/json"}
+        )
+        response = self.conn.getresponse()
+        data = response.read()
+        if response.status != 200:
+            raise RuntimeError(f"decision status {response.status}: {data[:200]!r}")
+        answer: dict[str, Any] = json.loads(data)
+        return answer
+
+    def close(self) -> None:
+        self.conn.close()
+        self.process.terminate()
+        self.process.wait(30)
+
+
+def serve_run(replicas: list[Serve], count: int) -> tuple[dict[str, float], list[tuple[str, int]]]:
+    """``count`` decisions from one client, round-robin over ``replicas`` (no affinity): 20
+    sessions, 50 argument values, as bench_serve.py's decision client."""
+    times: list[int] = []
+    answers: list[tuple[str, int]] = []
+    for n in range(count + WARMUP):
+        body = json.dumps(
+            {"tool": "grep", "arguments": {"pattern": f"p{n % 50}"}, "session": f"s{n % 20}"}
+        ).encode()
+        started = time.perf_counter_ns()
+        answer = replicas[n % len(replicas)].decide(body)
+        if n >= WARMUP:
+            times.append(time.perf_counter_ns() - started)
+        answers.append((str(answer.get("action")), int(answer.get("count", 0))))
+    times.sort()
+    return {
+        "decisions/s": len(times) / (sum(times) / 1e9),
+        "p50": times[len(times) // 2] / 1000,
+        "p99": times[int(0.99 * len(times))] / 1000,
+    }, answers
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--pairs", type=int, default=4000, help="pairs per client process")
     parser.add_argument("--processes", default="1,4", help="client process counts")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--decisions", type=int, default=2000, help="serve decisions per setup (0: none)"
+    )
     options = parser.parse_args()
     counts = [int(n) for n in options.processes.split(",")]
     print(f"Python {platform.python_version()}, {platform.machine()}, {options.pairs} pairs")
@@ -160,6 +242,21 @@ def main() -> None:
                         prefix = f"bench{round_}-{processes}:"
                         result = run(url, processes, options.pairs, prefix)
                         rows.setdefault((name, processes), []).append(result)
+            served: dict[str, list[dict[str, float]]] = {}
+            same = True
+            for round_ in range(options.repeat if options.decisions else 0):
+                runs = [("one serve, memory", None, 1), ("two serve replicas, Redis", plain_url, 2)]
+                answers = []
+                for name, url, count in runs:
+                    replicas = [Serve(url, f"serve{round_}:") for _ in range(count)]
+                    try:
+                        result, given = serve_run(replicas, options.decisions)
+                    finally:
+                        for replica in replicas:
+                            replica.close()
+                    served.setdefault(name, []).append(result)
+                    answers.append(given)
+                same = same and answers[0] == answers[1]
         finally:
             plain.terminate()
             durable.terminate()
@@ -181,6 +278,17 @@ def main() -> None:
             f" {median('report p50'):,.0f} / {median('report p99'):,.0f} |"
             f" {median('retries'):.3f} | {sum(r['errors'] for r in results):.0f} |"
         )
+
+    if served:
+        print()
+        print("| serve decision API, one client | decisions/s | p50 / p99 (µs) |")
+        print("| --- | --- | --- |")
+        for name, results in served.items():
+            rate = statistics.median(r["decisions/s"] for r in results)
+            p50 = statistics.median(r["p50"] for r in results)
+            p99 = statistics.median(r["p99"] for r in results)
+            print(f"| {name} | {rate:,.0f} | {p50:,.0f} / {p99:,.0f} |")
+        print(f"\nround-robin replicas gave the one serve's actions and counts: {same}")
 
 
 if __name__ == "__main__":
