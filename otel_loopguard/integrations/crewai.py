@@ -45,7 +45,9 @@ thread, so inside such a session the hooks ask with the keys the processor gives
 spans: keyed by trace, those of the agent's open span (``execute agent``, found by its
 ``gen_ai.agent.id``); keyed by conversation, the run's ``gen_ai.conversation.id`` (when the
 session was given one), else its kickoff id (``crewai.execution_uuid``, on every span of the
-run). The agent is its role (``crewai.agent.role`` on its span). Each call counts once. A
+run). The agent is its role (``crewai.agent.role`` on its span). The after hook first waits
+(up to five seconds) for CrewAI's event bus, whose threads end the tool span, so the span
+reports the call before the hook does; each call counts once. A
 decision drawn at a tool span's end goes through the run's provider, so it reaches the run's
 exporters.
 
@@ -70,6 +72,7 @@ from .._spans import KeyBy
 from ._hook import OnStop, Ticket, ToolHook, missing_framework
 
 try:
+    from crewai.events.event_bus import crewai_event_bus
     from crewai.hooks import (
         HookAborted,
         LLMCallHookContext,
@@ -99,6 +102,9 @@ _ERROR_PREFIX: Final = "Error executing tool:"
 #: The text CrewAI gives the model, without running the tool, for a call whose tool and input
 #: are its last call's (ReAct text mode: "I tried reusing the same input, ...").
 _REPEATED_INPUT: Final = str(I18N_DEFAULT.errors("task_repeated_usage")).strip()
+#: How long the after hook waits, under CrewAI's own tracing, for the event bus to end the call's
+#: tool span (its handlers run on the bus's threads) before reporting the call itself.
+_SPAN_WAIT_SECONDS: Final = 5.0
 #: Calls between their before and after hooks, and stops waiting for the next model call,
 #: remembered at most (oldest forgotten first): a hook CrewAI never pairs must not leak.
 _MAX_PENDING: Final = 4096
@@ -295,6 +301,11 @@ class LoopGuardHooks:
         pending = self._tickets.pop(id(context.tool_input), None)
         if pending is None or pending[0] is not context.tool_input:
             return None
+        if self.hook.processor is not None and get_telemetry_context() is not None:
+            # CrewAI's own tracing ends the tool span on the event bus's threads, at an event
+            # emitted before this hook: let it report the call first, as a span that ends before
+            # the hook does, so that a late span never takes the next identical call for its own
+            crewai_event_bus.flush(timeout=_SPAN_WAIT_SECONDS)
         ticket = pending[1]
         if ticket.decision.blocks:
             return ticket.decision.message
