@@ -117,8 +117,10 @@ def test_1024_slow_readers_leave_decisions_answered_and_are_closed() -> None:
         # the attackers stop writing and keep their sockets open, their answers unread
         time.sleep(max(0.0, attack_seconds - (time.monotonic() - started)))
         # a connection whose last answers all fit in the buffers is idle to serve, not stalled:
-        # it is closed by the 30 s keep-alive timeout instead (a few of them)
-        closed = wait_for(lambda: _descriptors(server.process.pid) < idle_fds + 48, 4 * DEADLINE)
+        # it is closed by the 30 s keep-alive timeout instead (measured: 0 to 47 of 896)
+        closed = wait_for(
+            lambda: _descriptors(server.process.pid) < idle_fds + ATTACKERS // 10, 4 * DEADLINE
+        )
         remaining = _descriptors(server.process.pid) - idle_fds
         out, _ = attacker.communicate(timeout=60)
         peak_mb = server.peak_rss_mb()
