@@ -357,27 +357,7 @@ class SessionState:
             raise ValueError(f"session state: unknown version {raw.get('v')!r}")
         state = cls(read_number(raw.get("seen"), "seen"))
         state.epoch = read_count(raw.get("epoch"), "epoch")
-        keys: list[str] = []
-        signatures: dict[str, SignatureState] = {}
-        for entry in read_list(raw.get("sigs"), "sigs"):
-            # Five fields in states written before failures and exploration were remembered,
-            # eight before refused attempts were.
-            if not (isinstance(entry, list) and len(entry) in (5, 8, 9)):
-                raise ValueError(f"session state: bad signature entry {entry!r}")
-            key, count, last_outcome, same, changed = entry[:5]
-            signature = SignatureState()
-            if len(entry) >= 8:
-                signature.failed = read_flag(entry[5], "failed")
-                signature.novel_seen = read_count(entry[6], "novel seen")
-                signature.looped = read_flag(entry[7], "looped")
-            if len(entry) == 9:
-                signature.refused = read_count(entry[8], "refused")
-            signature.count = read_count(count, "count")
-            signature.last_outcome = read_optional_text(last_outcome, "last outcome")
-            signature.same_outcomes = read_count(same, "same outcomes")
-            signature.changed = read_flag(changed, "changed")
-            keys.append(read_text(key, "signature key"))
-            signatures[keys[-1]] = signature
+        keys, signatures = _read_signatures(read_list(raw.get("sigs"), "sigs"))
 
         def resolve(item: object) -> str:
             if isinstance(item, int) and not isinstance(item, bool) and 0 <= item < len(keys):
@@ -428,6 +408,71 @@ class SessionState:
         trail = raw.get("trail")
         state.trail = None if trail is None else Trail.from_json(trail)
         return state
+
+
+def _read_signatures(entries: list[object]) -> tuple[list[str], dict[str, SignatureState]]:
+    """The signatures of a state :meth:`SessionState.to_bytes` wrote: (keys in order, key ->
+    state). Raises ``ValueError`` naming the bad field."""
+    keys: list[str] = []
+    signatures: dict[str, SignatureState] = {}
+    new = SignatureState.__new__
+    for entry in entries:
+        if type(entry) is list and len(entry) == 9:
+            # The current layout, every field of its exact type, checked inline (the Redis
+            # store reads a session per call); anything else is read below, naming the field.
+            key, count, last_outcome, same, changed, failed, seen, looped, refused = entry
+            if (
+                type(key) is str
+                and type(count) is int
+                and count >= 0
+                and (last_outcome is None or type(last_outcome) is str)
+                and type(same) is int
+                and same >= 0
+                and type(changed) is bool
+                and type(failed) is bool
+                and type(seen) is int
+                and seen >= 0
+                and type(looped) is bool
+                and type(refused) is int
+                and refused >= 0
+            ):
+                signature = new(SignatureState)
+                signature.count = count
+                signature.last_outcome = last_outcome
+                signature.same_outcomes = same
+                signature.changed = changed
+                signature.failed = failed
+                signature.novel_seen = seen
+                signature.looped = looped
+                signature.refused = refused
+                keys.append(key)
+                signatures[key] = signature
+                continue
+        key, signature = _read_signature(entry)
+        keys.append(key)
+        signatures[key] = signature
+    return keys, signatures
+
+
+def _read_signature(entry: object) -> tuple[str, SignatureState]:
+    """One signature entry of any layout written so far, each field checked by name."""
+    # Five fields in states written before failures and exploration were remembered,
+    # eight before refused attempts were.
+    if not (isinstance(entry, list) and len(entry) in (5, 8, 9)):
+        raise ValueError(f"session state: bad signature entry {entry!r}")
+    key, count, last_outcome, same, changed = entry[:5]
+    signature = SignatureState()
+    if len(entry) >= 8:
+        signature.failed = read_flag(entry[5], "failed")
+        signature.novel_seen = read_count(entry[6], "novel seen")
+        signature.looped = read_flag(entry[7], "looped")
+    if len(entry) == 9:
+        signature.refused = read_count(entry[8], "refused")
+    signature.count = read_count(count, "count")
+    signature.last_outcome = read_optional_text(last_outcome, "last outcome")
+    signature.same_outcomes = read_count(same, "same outcomes")
+    signature.changed = read_flag(changed, "changed")
+    return read_text(key, "signature key"), signature
 
 
 class SessionStore:

@@ -211,6 +211,11 @@ def test_restore_refuses_what_it_did_not_write() -> None:
         orjson.dumps({**good, "epoch": -1}),
         orjson.dumps({**good, "stopped": "yes"}),
         orjson.dumps({**good, "sigs": [["k", 1, None, 0]]}),
+        # the current layout with one field of the wrong type (read field by field, named)
+        orjson.dumps({**good, "sigs": [["k", True, None, 0, False, False, 0, False, 0]]}),
+        orjson.dumps({**good, "sigs": [["k", 1, None, 0, False, False, -1, False, 0]]}),
+        orjson.dumps({**good, "sigs": [["k", 1, 7, 0, False, False, 0, False, 0]]}),
+        orjson.dumps({**good, "sigs": [[1, 1, None, 0, False, False, 0, False, 0]]}),
         orjson.dumps({**good, "window": [None]}),
         orjson.dumps({**good, "seen": "now"}),
         orjson.dumps({**good, "pending": [["r", "k", False, False, True]]}),
