@@ -252,7 +252,7 @@ class LoopGuard:
     def session_count(self) -> int:
         """Sessions currently tracked, after dropping those idle beyond the policy's
         ``session_ttl_seconds`` (so the ``loopguard_sessions`` gauge, read at each scrape, is
-        never stale). Never raises."""
+        never stale); 0 with a Redis store (the sessions are Redis's). Never raises."""
         return self._core.count_sessions()
 
     def expire_idle_sessions(self) -> int:

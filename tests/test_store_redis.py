@@ -158,6 +158,24 @@ def test_a_full_redis_fails_open_then_counts_resume(redis_server: RedisServer) -
     assert grep(guard).count == 3
 
 
+def test_a_read_only_redis_after_a_failover_fails_open_then_counts_resume(
+    redis_server: RedisServer,
+) -> None:
+    guard = LoopGuard(DEFAULT, store=redis_server.url)
+    client: Any = redis_server.client()
+    grep(guard)
+    grep(guard)
+    client.replicaof("127.0.0.1", free_port())  # a replica now: writes answer READONLY
+    try:
+        assert grep(guard).action is Action.ALLOW
+        assert guard.store_errors == {"write": 1}
+    finally:
+        client.replicaof("NO", "ONE")
+    time.sleep(RETRY_AFTER_SECONDS + 0.05)
+    assert grep(guard).count == 3
+    assert guard.session_count == 0  # the sessions are Redis's
+
+
 # -- (d) Redis stopped and restarted, with AOF -------------------------------------------------
 
 
