@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import subprocess
 import sys
 import threading
@@ -366,3 +367,54 @@ def test_advice_is_cached_and_a_failed_ask_refunded_in_redis(
     assert kept is not None and mine is not None
     assert kept.to_bytes() == mine.to_bytes()
     assert (kept.advice is None) is fails and kept.rescues == (0 if fails else 1)
+
+
+def test_rediss_with_tls_and_a_password(tmp_path: Path) -> None:
+    from .service_tools import self_signed
+
+    binary = require_redis_server()
+    cert, key = self_signed(tmp_path)
+    port = free_port()
+    server = subprocess.Popen(
+        [
+            binary,
+            "--port",
+            "0",
+            "--tls-port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--tls-cert-file",
+            cert,
+            "--tls-key-file",
+            key,
+            "--tls-auth-clients",
+            "no",
+            "--requirepass",
+            "tls secret",
+            "--save",
+            "",
+            "--dir",
+            str(tmp_path),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while True:  # listening?
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "redis-server with TLS did not start"
+                time.sleep(0.05)
+        url = f"rediss://:tls%20secret@127.0.0.1:{port}/0?ssl_ca_certs={cert}"
+        guard = LoopGuard(DEFAULT, store=url)
+        assert [grep(guard).count for _ in range(3)] == [0, 2, 3]
+        assert guard.store_errors == {}
+        plain = LoopGuard(DEFAULT, store=f"redis://127.0.0.1:{port}/0")  # no TLS: refused
+        assert grep(plain).action is Action.ALLOW and sum(plain.store_errors.values()) == 1
+    finally:
+        server.terminate()
+        server.wait(10)
