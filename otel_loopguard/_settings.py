@@ -289,11 +289,12 @@ class _Kind(Enum):
     COMMAND = "command"  # a command line, or None
     PATH = "path"  # a non-empty file path, or None (a leading ~ is expanded where it is used)
     TEXT = "text"  # a non-empty string, or None
+    URL = "url"  # a Redis URL (a scheme of STORE_SCHEMES), or None
     FLAG = "flag"  # true or false
 
 
 _OPTIONAL_KINDS: Final = frozenset(
-    {_Kind.OPTIONAL_THRESHOLD, _Kind.COMMAND, _Kind.PATH, _Kind.TEXT}
+    {_Kind.OPTIONAL_THRESHOLD, _Kind.COMMAND, _Kind.PATH, _Kind.TEXT, _Kind.URL}
 )
 _LIST_KINDS: Final = frozenset({_Kind.THRESHOLDS, _Kind.PATTERNS, _Kind.REGEXES})
 _SET_KINDS: Final = frozenset({_Kind.RULES, _Kind.NAMES})
@@ -532,7 +533,7 @@ class Policy:
             "where sessions are kept: none (this process's memory) or a Redis URL"
             " (redis://host:6379/0, rediss:// for TLS, unix:///path), shared by every process"
             " that uses it (needs otel-loopguard[redis])",
-            _Kind.TEXT,
+            _Kind.URL,
         ),
     )
     store_prefix: str = field(
@@ -605,11 +606,6 @@ class Policy:
             raise ValueError(
                 f"max_signatures_per_session: {self.max_signatures_per_session!r} must be at least"
                 f" twice window_size={self.window_size}"
-            )
-        store = self.store
-        if store is not None and store.partition("://")[0].lower() not in STORE_SCHEMES:
-            raise ValueError(
-                f"store: expected a redis://, rediss:// or unix:// URL, got {redact_url(store)!r}"
             )
         if Rule.WINDOW in self.rules and self.window_size < 2:
             raise ValueError(
@@ -718,6 +714,12 @@ def _check_single(kind: _Kind, name: str, value: object, minimum: int) -> None:
         if not isinstance(value, str) or not value:
             what = "a file path" if kind is _Kind.PATH else "a non-empty string"
             raise ValueError(f"{name}: expected {what}, got {value!r}")
+    elif kind is _Kind.URL:
+        if not isinstance(value, str) or value.partition("://")[0].lower() not in STORE_SCHEMES:
+            shown = redact_url(value) if isinstance(value, str) else value
+            raise ValueError(
+                f"{name}: expected a redis://, rediss:// or unix:// URL, got {shown!r}"
+            )
     elif kind is _Kind.FLAG and not isinstance(value, bool):
         raise ValueError(f"{name}: expected true or false, got {value!r}")
 
@@ -913,7 +915,7 @@ def _parse_env(name: str, text: str) -> object:
         return tuple(part.strip() for part in text.split(separator) if part.strip())
     if kind is _Kind.CHOICE:
         return text.lower()
-    if kind in (_Kind.COMMAND, _Kind.PATH, _Kind.TEXT):
+    if kind in (_Kind.COMMAND, _Kind.PATH, _Kind.TEXT, _Kind.URL):
         return text
     if kind is _Kind.FLAG:
         lowered = text.lower()
@@ -987,5 +989,8 @@ def policy_from_env(base: Policy | None = None, environ: Mapping[str, str] | Non
         try:
             policy = dataclasses.replace(policy, **{name: value})  # type: ignore[arg-type]
         except (ValueError, TypeError) as exc:
-            _log.warning("%s=%r ignored: %s", env_var(name), env[env_var(name)], exc)
+            shown = env[env_var(name)]
+            if _kind(name) is _Kind.URL:
+                shown = redact_url(shown)  # a URL may carry a password
+            _log.warning("%s=%r ignored: %s", env_var(name), shown, exc)
     return policy

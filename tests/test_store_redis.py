@@ -111,6 +111,20 @@ def test_the_store_comes_from_the_policy_the_environment_and_toml(
         DEFAULT.replace(store_timeout_seconds=0)
 
 
+def test_a_bad_store_url_is_named_without_its_password(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="otel_loopguard"):
+        policy = policy_from_env(DEFAULT, {"LOOPGUARD_STORE": "ftp://user:hunter2@h"})
+    assert policy.store is None  # a bad variable warns and keeps the default
+    assert "LOOPGUARD_STORE='ftp://user:***@h' ignored" in caplog.text
+    assert "hunter2" not in caplog.text
+    with pytest.raises(ValueError) as raised:
+        DEFAULT.replace(store="memcached://:hunter2@h")
+    assert "hunter2" not in str(raised.value) and "store: expected a redis://" in str(raised.value)
+    assert policy_from_env(DEFAULT, {"LOOPGUARD_STORE": "none"}).store is None
+
+
 def test_a_password_from_a_file(redis_server: RedisServer, tmp_path: Path) -> None:
     client: Any = redis_server.client()
     client.config_set("requirepass", "s3cret word")
