@@ -267,8 +267,10 @@ def test_a_silent_redis_never_holds_a_call_beyond_the_timeout(failure: StoreFail
         for thread in threads:
             thread.join(30)
         assert len(times) == 48
-        # One command's timeout, plus the scheduling of four threads on a shared machine.
-        assert max(times) < timeout + 0.15, sorted(times)[-5:]
+        # One command's timeout, plus the scheduling of four threads on a shared machine (a
+        # call that waited for a second command, or hung, would take far longer).
+        assert max(times) < timeout + 0.25, sorted(times)[-5:]
+        assert sorted(times)[len(times) // 2] < timeout  # most calls do not wait at all
         assert actions == {Action.ALLOW if failure is StoreFailure.OPEN else Action.DENY}
         assert guard.store_errors["read"] >= 2  # tried again after the pause
     finally:
