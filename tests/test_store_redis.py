@@ -268,7 +268,7 @@ def test_a_silent_redis_never_holds_a_call_beyond_the_timeout(failure: StoreFail
             thread.join(30)
         assert len(times) == 48
         # One command's timeout, plus the scheduling of four threads on a shared machine (a
-        # call that waited for a second command, or hung, would take far longer).
+        # call that hung, or waited for the client's own retries, would take far longer).
         assert max(times) < timeout + 0.25, sorted(times)[-5:]
         assert sorted(times)[len(times) // 2] < timeout  # most calls do not wait at all
         assert actions == {Action.ALLOW if failure is StoreFailure.OPEN else Action.DENY}
