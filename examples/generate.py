@@ -45,6 +45,7 @@ EXAMPLES: Final = {
     "command": '"my-advisor --model big"',
     "path": '"~/.local/state/otel-loopguard/trips.jsonl"',
     "text": '"my-model"',
+    "url": '"redis://localhost:6379/0"',
 }
 
 
