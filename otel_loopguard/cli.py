@@ -433,6 +433,14 @@ def _add_serve(commands: argparse._SubParsersAction[_CommandParser]) -> None:
         " loop count goes on where it was (default: state lives in memory only)",
     )
     parser.add_argument(
+        "--store",
+        metavar="URL",
+        help="keep the sessions in this Redis (redis://HOST:6379/0, rediss:// for TLS,"
+        " unix://PATH), shared by every serve on it: replicas behind any load balancer decide"
+        " as one; Redis keeps them, so not with --state-dir (default: the policy's store, else"
+        " memory)",
+    )
+    parser.add_argument(
         "--insecure", action="store_true", help="allow a non-loopback --host without a token"
     )
     _policy_options(parser, None)
@@ -532,6 +540,12 @@ def _run_serve(args: argparse.Namespace) -> int:
     if args.mode:
         policy = policy.replace(mode=Mode(args.mode))
     token = _serve_token(args, TOKEN_ENV)
+    if args.state_dir is not None and (args.store is not None or policy.store is not None):
+        given = "--store" if args.store is not None else "the policy's store"
+        raise _UsageError(
+            f"--state-dir cannot be combined with {given}: with a Redis store the sessions and"
+            " their durability are Redis's (run it with appendonly yes, appendfsync always)"
+        )
     try:
         options = ServeOptions(
             host=args.host,
@@ -549,6 +563,7 @@ def _run_serve(args: argparse.Namespace) -> int:
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
             state_dir=args.state_dir,
+            store=args.store,
         )
     except ValueError as exc:
         raise _UsageError(str(exc)) from None

@@ -91,7 +91,8 @@ Note = Callable[[str], None]
 
 
 class LocalBackend:
-    """A guard in this process, on the session kept in the SQLite store at ``store_path``."""
+    """A guard in this process, on the session kept in the SQLite store at ``store_path``, or
+    in the policy's shared store (Redis) when it names one."""
 
     def __init__(self, policy: Policy, store_path: Path, note: Note) -> None:
         self.policy = policy
@@ -108,6 +109,8 @@ class LocalBackend:
             guard = LoopGuard(policy, clock=time.time)
         except ValueError as exc:  # e.g. an advisor_command that cannot be split
             raise Misconfigured(f"policy: {exc}") from None
+        if policy.store is not None:
+            return self._answer_shared(guard, host, event)
         key = orjson.dumps([host.name, event.session, event.agent]).decode()
         # A prompt without an agent is the user's: as guard.user_message(session) does, it
         # starts a new epoch (and lifts a stop) for the sub-agents' rows of the session too.
@@ -125,7 +128,7 @@ class LocalBackend:
             ) as row:
                 for problem in row.problems:
                     self._note(f"session {event.session!r}: {problem}; starting it afresh")
-                if row.state is not None:
+                if row.state:  # empty: a row kept only for reminders (a shared store's)
                     try:
                         state = SessionState.from_bytes(row.state, policy)
                     except ValueError as exc:
@@ -146,6 +149,33 @@ class LocalBackend:
                         row.related_save[other] = kept.to_bytes()
         except StoreError as exc:
             raise Unavailable(str(exc)) from None
+        return answer
+
+    def _answer_shared(self, guard: LoopGuard, host: Host, event: HookEvent) -> Answer:
+        """With a shared store (``policy.store``: Redis) the guard keeps the session there,
+        read and written atomically by every process deciding its calls; the SQLite row keeps
+        only the reminders waiting for a call's result (a call's events run on one machine),
+        with an empty state."""
+        policy = self.policy
+        key = orjson.dumps([host.name, event.session, event.agent]).decode()
+        try:
+            with self.store.session(
+                key,
+                now=time.time(),
+                ttl_seconds=policy.session_ttl_seconds,
+                max_sessions=policy.max_sessions,
+            ) as row:
+                had_notes = bool(row.notes)
+                answer = decide(host, event, guard, row.notes, policy)
+                guard.close(wait=True)
+                while len(row.notes) > MAX_NOTES:
+                    del row.notes[next(iter(row.notes))]
+                if row.notes or had_notes:
+                    row.save = b""
+        except StoreError as exc:
+            raise Unavailable(str(exc)) from None
+        finally:
+            guard.close(wait=True)
         return answer
 
     @staticmethod

@@ -70,7 +70,9 @@ class ServeOptions:
     turns gRPC off. ``token``: bearer token every endpoint but ``/healthz`` requires.
     ``tls_cert``/``tls_key``: PEM files; both given, the HTTP port speaks HTTPS.
     ``state_dir``: keep a write-ahead log and snapshots there, so that a crash loses nothing
-    answered (:mod:`._durable`).
+    answered (:mod:`._durable`). ``store``: keep the sessions in this Redis (a URL, overriding
+    the policy's ``store``), shared by every replica that uses it; Redis is then the durability,
+    so it cannot be combined with ``state_dir``.
     """
 
     host: str = "127.0.0.1"
@@ -92,6 +94,8 @@ class ServeOptions:
     tls_key: str | None = None
     #: Directory of the write-ahead log and snapshots (None: state lives in memory only).
     state_dir: str | None = None
+    #: Redis URL of the session store (None: the policy's ``store``, else this process's memory).
+    store: str | None = None
 
     def __post_init__(self) -> None:
         if self.key_by not in ("trace", "conversation"):
@@ -127,6 +131,13 @@ class ServeOptions:
             not isinstance(self.state_dir, str) or not self.state_dir
         ):
             raise ValueError(f"state_dir: expected a directory path, got {self.state_dir!r}")
+        if self.store is not None and (not isinstance(self.store, str) or not self.store):
+            raise ValueError("store: expected a redis://, rediss:// or unix:// URL")
+        if self.store is not None and self.state_dir is not None:
+            raise ValueError(
+                "store, state_dir: give one; with a Redis store the sessions and their"
+                " durability are Redis's (run it with appendonly yes, appendfsync always)"
+            )
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("tls_cert, tls_key: give both (a PEM certificate and its key)")
         for name in ("hold_seconds", "drain_timeout_seconds"):

@@ -10,6 +10,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from otel_loopguard._settings import redact_url
 from otel_loopguard.config import Policy
 
 from ._logs import DECISION_LOGGER, FIELDS, install, uninstall
@@ -53,11 +54,14 @@ def _serve(options: ServeOptions, policy: Policy, ready: Callable[[Service], Non
             pass
     urls = service.urls
     grpc_text = f"; OTLP/gRPC on {urls['grpc']}" if "grpc" in urls else ""
+    store = service.guard.policy.store
+    shown_store = redact_url(store) if store is not None else None
     _log.info(
-        "OTLP/HTTP, decisions and /metrics on %s%s; mode %s%s; hold %gs (pid %d)",
+        "OTLP/HTTP, decisions and /metrics on %s%s; mode %s%s%s; hold %gs (pid %d)",
         urls["http"],
         grpc_text,
         policy.mode.value,
+        f"; sessions in {shown_store}" if shown_store else "",
         "; bearer token required" if options.token else "",
         options.hold_seconds,
         os.getpid(),
@@ -70,6 +74,7 @@ def _serve(options: ServeOptions, policy: Policy, ready: Callable[[Service], Non
                 "token_required": options.token is not None,
                 "hold_seconds": options.hold_seconds,
                 "key_by": options.key_by,
+                "store": shown_store,
                 "pid": os.getpid(),
             }
         },

@@ -50,7 +50,7 @@ import orjson
 
 from otel_loopguard._guard import LoopGuard
 from otel_loopguard._traces import OtlpSpans, TraceBuffer
-from otel_loopguard.config import Policy
+from otel_loopguard.config import Policy, policy_from_env
 from otel_loopguard.metrics import PrometheusRecorder
 
 from ._budget import ByteBudget
@@ -93,6 +93,8 @@ class Service:
     ``guard``: the guard to feed (default: a new one with ``policy``, or the ``LOOPGUARD_*``
     default). Its metrics are served on ``/metrics``: a guard without a recorder gets a
     :class:`~otel_loopguard.metrics.PrometheusRecorder`. ``clock`` drives the trace hold.
+    With ``options.store`` (or a policy whose ``store`` is set) the guard keeps its sessions in
+    that Redis: replicas on one Redis decide as one service, whichever gets a span or a call.
     """
 
     def __init__(
@@ -108,6 +110,23 @@ class Service:
         if guard is not None and not isinstance(guard, LoopGuard):
             raise ValueError(f"guard: expected a LoopGuard, got {type(guard).__name__}")
         self.options: Final = options if options is not None else ServeOptions()
+        store = self.options.store
+        if store is not None:
+            if guard is not None:
+                raise ValueError(
+                    "guard: with store the service makes its own guard on that store; give a"
+                    " policy instead"
+                )
+            if clock is not None:
+                raise ValueError("clock: with store the sessions are timed by the wall clock")
+        elif guard is None:
+            policy = policy if policy is not None else policy_from_env()
+            store = policy.store
+        if store is not None and self.options.state_dir is not None:
+            raise ValueError(
+                "store, state_dir: give one; with a Redis store the sessions and their"
+                " durability are Redis's (run it with appendonly yes, appendfsync always)"
+            )
         if self.options.state_dir is not None:
             if guard is not None:
                 raise ValueError(
@@ -118,7 +137,9 @@ class Service:
                 raise ValueError("clock: with state_dir the service keeps its own clock")
             clock = ServiceClock()
         if guard is None:
-            guard = LoopGuard(policy, recorder=PrometheusRecorder(), clock=clock)
+            # With a store, no clock: the Redis store times sessions by the wall clock, which
+            # every replica shares.
+            guard = LoopGuard(policy, recorder=PrometheusRecorder(), clock=clock, store=store)
         elif not isinstance(guard.recorder, PrometheusRecorder):
             guard.metrics_wsgi_app()  # installs a PrometheusRecorder when it has none
         self.guard: Final = guard
