@@ -38,7 +38,7 @@ from ._calls import (
     tool_name,
 )
 from ._classifier import Classifier
-from ._engine import Pending, SessionState, SessionStore
+from ._engine import Pending, SessionState, SessionStore, Spend
 from ._ledger import ReportLedger, Settled
 from ._policy import (
     ALLOW,
@@ -57,6 +57,7 @@ from ._policy import (
     settle_rescue,
     with_advice,
 )
+from ._prices import Cost, ModelUsage, Pricer
 from ._reporter import Reporter
 from ._rules import evaluate, no_progress_after_failures, trend
 from ._trail import MAX_TRAIL_ARGUMENT_CHARS, MAX_TRAIL_OUTPUT_CHARS, Trail
@@ -72,6 +73,8 @@ _log = logging.getLogger("otel_loopguard")
 #: framework hook's and its span's, in either order) does not count it again; and sessions kept.
 _MAX_SETTLED_CALLS: Final = 64
 _MAX_SETTLED_SESSIONS: Final = 1024
+#: Reasons kept for skipped model calls (the field a bad value was in); others are not counted.
+_MAX_SKIP_REASONS: Final = 64
 #: Version of :meth:`LoopGuard.snapshot`'s layout; :meth:`LoopGuard.restore` refuses others.
 SNAPSHOT_VERSION: Final = 1
 
@@ -206,6 +209,9 @@ class GuardCore:
         # OpenInference tool spans do) only returns None. Cleared per session on a new run.
         self._settled = ReportLedger(_MAX_SETTLED_SESSIONS, _MAX_SETTLED_CALLS)
         self._errors: dict[str, int] = {}
+        # Model calls: priced here; those whose usage could not be read, counted by reason.
+        self.pricer = Pricer()
+        self.skipped_model_calls: dict[str, int] = {}
         self._logged: set[tuple[str, str]] = set()
         self._watch_sessions(self.reporter.recorder)
 
@@ -809,6 +815,29 @@ class GuardCore:
             )
             trip = self.reporter.trip_line(asked, call.aid, call.canonical, "escalation-failed")
         return self.rescues.ask(ask, request, call.key, trip, wait)
+
+    def model_call(self, usage: ModelUsage, session: object, agent: object) -> Cost | None:
+        """Count one model call's usage under ``session`` and ``agent`` (the keys of the tool
+        calls it requested), priced (:class:`~otel_loopguard._prices.Pricer`) off the lock."""
+        cost = self.pricer.cost(usage)
+        sid, aid = self._ids(session, agent)
+        with self._lock:
+            state: SessionState = self.store.get(self._store_key(sid, aid))  # type: ignore[assignment]
+            spend = state.spend
+            if spend is None:
+                spend = state.spend = Spend()
+            spend.add(usage, cost)
+            evictions = self._take_evictions()
+        for reason in evictions:
+            self.reporter.recorder.evicted(reason)
+        return cost
+
+    def model_call_skipped(self, reason: str) -> None:
+        """A model call's usage that could not be read (a bad value): counted by ``reason``."""
+        with self._lock:
+            skipped = self.skipped_model_calls
+            if reason in skipped or len(skipped) < _MAX_SKIP_REASONS:
+                skipped[reason] = skipped.get(reason, 0) + 1
 
     def reset(
         self, session: object, agent: object, where: str, text: object = None, *, task: bool = False

@@ -30,6 +30,7 @@ from ._plain import (
     read_optional_text,
     read_text,
 )
+from ._prices import COMPUTED, PROVIDER, Cost, ModelUsage
 from ._trail import Trail
 from .config import Policy
 
@@ -40,6 +41,7 @@ __all__ = [
     "SessionStore",
     "STORE_SNAPSHOT_VERSION",
     "SignatureState",
+    "Spend",
 ]
 
 #: Hook calls awaiting their ``after_tool`` per session; the oldest is forgotten beyond this.
@@ -89,6 +91,94 @@ class Pending:
     outstanding: int = 1
 
 
+class Spend:
+    """Model-call totals of one session: ``calls``; ``input_tokens`` (cached ones included),
+    ``output_tokens``, ``cache_read_tokens``, ``cache_write_tokens``; ``provider_usd`` (costs
+    the provider reported) and ``computed_usd`` (computed at API prices); ``unpriced_calls``
+    (calls whose cost nobody knows: their tokens are counted, their cost is not)."""
+
+    __slots__ = (
+        "cache_read_tokens",
+        "cache_write_tokens",
+        "calls",
+        "computed_usd",
+        "input_tokens",
+        "output_tokens",
+        "provider_usd",
+        "unpriced_calls",
+    )
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.input_tokens = 0
+        self.output_tokens = 0
+        self.cache_read_tokens = 0
+        self.cache_write_tokens = 0
+        self.provider_usd = 0.0
+        self.computed_usd = 0.0
+        self.unpriced_calls = 0
+
+    @property
+    def tokens(self) -> int:
+        """Every token: input (cached ones included) and output."""
+        return self.input_tokens + self.output_tokens
+
+    @property
+    def cost_usd(self) -> float:
+        """The known cost: the provider's figures plus the computed ones (unpriced calls add
+        nothing; see :attr:`unpriced_calls`)."""
+        return self.provider_usd + self.computed_usd
+
+    def add(self, usage: ModelUsage, cost: Cost) -> None:
+        """Count one model call and its cost."""
+        self.calls += 1
+        self.input_tokens += usage.input_tokens
+        self.output_tokens += usage.output_tokens
+        self.cache_read_tokens += usage.cache_read_tokens
+        self.cache_write_tokens += usage.cache_write_tokens
+        if cost.usd is None:
+            self.unpriced_calls += 1
+        elif cost.source == PROVIDER:
+            self.provider_usd += cost.usd
+        elif cost.source == COMPUTED:
+            self.computed_usd += cost.usd
+
+    def copy(self) -> Spend:
+        other = Spend()
+        for name in Spend.__slots__:
+            setattr(other, name, getattr(self, name))
+        return other
+
+    def to_plain(self) -> list[object]:
+        return [
+            self.calls,
+            self.input_tokens,
+            self.output_tokens,
+            self.cache_read_tokens,
+            self.cache_write_tokens,
+            self.provider_usd,
+            self.computed_usd,
+            self.unpriced_calls,
+        ]
+
+    @classmethod
+    def from_plain(cls, raw: object) -> Spend:
+        """The spend :meth:`to_plain` wrote; ``ValueError`` naming the bad field."""
+        items = read_list(raw, "spend")
+        if len(items) < 8:
+            raise ValueError(f"session state: bad spend {raw!r}")
+        spend = cls()
+        spend.calls = read_count(items[0], "spend calls")
+        spend.input_tokens = read_count(items[1], "spend input tokens")
+        spend.output_tokens = read_count(items[2], "spend output tokens")
+        spend.cache_read_tokens = read_count(items[3], "spend cache read tokens")
+        spend.cache_write_tokens = read_count(items[4], "spend cache write tokens")
+        spend.provider_usd = read_number(items[5], "spend provider usd")
+        spend.computed_usd = read_number(items[6], "spend computed usd")
+        spend.unpriced_calls = read_count(items[7], "spend unpriced calls")
+        return spend
+
+
 class SessionState:
     """One session's state: the current epoch's history plus the ladder's bookkeeping.
 
@@ -109,6 +199,7 @@ class SessionState:
         "rescues",
         "run_length",
         "signatures",
+        "spend",
         "stopped",
         "stop_threshold",
         "trail",
@@ -136,6 +227,8 @@ class SessionState:
         self.mutation: str | None = None
         # Calls this epoch that were new (their signature's first attempt): exploration.
         self.novel = 0
+        # Model calls' tokens and cost (None until one is reported): kept across epochs.
+        self.spend: Spend | None = None
 
     def signature(self, key: str) -> SignatureState | None:
         return self.signatures.get(key)
@@ -291,7 +384,9 @@ class SessionState:
         signatures = self.signatures
         position = {key: index for index, key in enumerate(signatures)}
         last = self.last_key
-        extra = {} if self.trail is None else {"trail": self.trail.to_json()}
+        extra: dict[str, object] = {} if self.trail is None else {"trail": self.trail.to_json()}
+        if self.spend is not None:
+            extra["spend"] = self.spend.to_plain()
         return orjson.dumps(
             {
                 "v": _SNAPSHOT_VERSION,
@@ -407,6 +502,8 @@ class SessionState:
         state.pending = pending or None
         trail = raw.get("trail")
         state.trail = None if trail is None else Trail.from_json(trail)
+        spend = raw.get("spend")
+        state.spend = None if spend is None else Spend.from_plain(spend)
         return state
 
 

@@ -18,8 +18,9 @@ from typing import Any, Final, Literal, TypeVar, cast, overload
 
 from ._advice import Advisor, CommandAdvisor
 from ._core import GuardCore
-from ._engine import SessionState, SessionStore
+from ._engine import SessionState, SessionStore, Spend
 from ._policy import ALLOW, Decision
+from ._prices import Cost, ModelUsage
 from ._triplog import TripLog
 from ._wrap import wrap_tool
 from .config import Policy, policy_from_env
@@ -28,6 +29,30 @@ from .metrics import MetricsServer, Recorder
 __all__ = ["LoopGuard"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+_USAGE_FIELDS: Final = frozenset(
+    {
+        "model",
+        "provider",
+        "input_tokens",
+        "output_tokens",
+        "cache_read_tokens",
+        "cache_write_tokens",
+        "reported_cost_usd",
+    }
+)
+
+
+def _usage_of(value: object) -> ModelUsage:
+    """The usage a mapping of :class:`ModelUsage`'s fields gives; ``ValueError`` naming the
+    bad field."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f"usage: expected a ModelUsage or a mapping, got {type(value).__name__}")
+    unknown = set(value) - _USAGE_FIELDS
+    if unknown:
+        raise ValueError(f"usage: unknown field(s) {', '.join(sorted(map(str, unknown)))}")
+    fields = dict(value)
+    return ModelUsage.checked(fields.pop("model", None), fields.pop("provider", None), **fields)
 
 
 class LoopGuard:
@@ -236,6 +261,54 @@ class LoopGuard:
         the run's prompt only once its calls have begun. Kept only by a guard that can ask an
         advisor. Never raises."""
         self._core.set_task(session, task, agent)
+
+    def model_call(
+        self,
+        usage: ModelUsage | Mapping[str, object],
+        *,
+        session: str,
+        agent: str | None = None,
+    ) -> Cost | None:
+        """Report one model call's usage (a turn of the agent), under the same ``session`` and
+        ``agent`` as the tool calls it requests: for hosts that report their calls themselves.
+
+        ``usage``: a :class:`~otel_loopguard._prices.ModelUsage`, or a mapping of its fields
+        (``model``, ``provider``, ``input_tokens`` with the cached ones included,
+        ``output_tokens``, ``cache_read_tokens``, ``cache_write_tokens``,
+        ``reported_cost_usd``: the provider's own cost, which wins over a computed one). Returns
+        the call's cost and its source, or ``None`` when the usage is not readable (a count that
+        is not a whole number from 0 to 10^9, an unknown field: counted in
+        :attr:`skipped_model_calls` by field, never raised) or the store failed. Never raises."""
+        try:
+            if not isinstance(usage, ModelUsage):
+                try:
+                    usage = _usage_of(usage)
+                except ValueError as exc:
+                    self.model_call_skipped(str(exc).split(":", 1)[0])
+                    return None
+            return self._core.model_call(usage, session, agent)
+        except Exception as exc:
+            self._core.report_internal_error("model_call", exc)
+            return None
+
+    def model_call_skipped(self, reason: str) -> None:
+        """The seam for span entrances: a model call whose usage could not be read, counted
+        under ``reason`` (the bad field) in :attr:`skipped_model_calls`. Never raises."""
+        try:
+            self._core.model_call_skipped(reason)
+        except Exception as exc:
+            self._core.report_internal_error("model_call", exc)
+
+    def spend(self, session: str, *, agent: str | None = None) -> Spend | None:
+        """A copy of what ``session`` (and ``agent``) spent on model calls so far, or ``None``
+        when no model call was reported for it."""
+        state = self._core.export_session(session, agent)
+        return None if state is None or state.spend is None else state.spend.copy()
+
+    @property
+    def skipped_model_calls(self) -> Mapping[str, int]:
+        """Model calls whose usage could not be read, by the field that was bad."""
+        return dict(self._core.skipped_model_calls)
 
     @property
     def internal_errors(self) -> Mapping[str, int]:

@@ -47,6 +47,7 @@ from ._engine import SessionState, SessionStore
 from ._ledger import Settled
 from ._plain import read_flag, read_list, read_optional_text, read_text
 from ._policy import ALLOW, Action, Decision
+from ._prices import Cost, ModelUsage
 from ._settings import redact_url
 from .config import Mode, Policy, StoreFailure
 from .metrics import Recorder
@@ -541,6 +542,11 @@ class RedisCore(GuardCore):
     ) -> None:
         self._in_session(
             session, agent, lambda: GuardCore.reset(self, session, agent, where, text, task=task)
+        )
+
+    def model_call(self, usage: ModelUsage, session: object, agent: object) -> Cost | None:
+        return self._in_session(
+            session, agent, lambda: GuardCore.model_call(self, usage, session, agent)
         )
 
     def set_task(self, session: str, task: str, agent: str | None) -> None:

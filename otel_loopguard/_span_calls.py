@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Final
 
 from ._conventions import (
     MISSING,
+    SpanModelCall,
     SpanToolCall,
     agent_from_span,
     arguments_available_at_start,
@@ -26,6 +27,7 @@ from ._conventions import (
     tool_call_from_span,
 )
 from ._exemplars import counting
+from ._prices import ModelUsage
 from ._spans import START_NAME_PREFIXES
 
 if TYPE_CHECKING:
@@ -40,6 +42,8 @@ __all__ = [
     "call_ended",
     "call_started",
     "duration_seconds",
+    "model_ended",
+    "model_usage",
     "run_started",
 ]
 
@@ -154,3 +158,48 @@ def call_ended(
             duration_seconds=duration,
         )
     return keys, arguments, decision
+
+
+def model_usage(call: SpanModelCall) -> ModelUsage:
+    """The checked usage of a model call read from a span; ``ValueError`` naming the bad field.
+
+    Input tokens include the cached ones (the GenAI and OpenInference conventions); a span whose
+    cache reads and writes exceed its input counts them apart, as Anthropic's API does, and they
+    are added to it."""
+    input_tokens = call.input_tokens
+    cached = call.cache_read_tokens, call.cache_write_tokens
+    if (
+        type(input_tokens) is int
+        and type(cached[0]) is int
+        and type(cached[1]) is int
+        and cached[0] + cached[1] > input_tokens
+    ):
+        input_tokens += cached[0] + cached[1]
+    return ModelUsage.checked(
+        call.model,
+        call.provider,
+        input_tokens=input_tokens,
+        output_tokens=call.output_tokens,
+        cache_read_tokens=cached[0],
+        cache_write_tokens=cached[1],
+        reported_cost_usd=call.reported_cost_usd,
+    )
+
+
+def model_ended(
+    guard: LoopGuard,
+    call: SpanModelCall,
+    keys: tuple[str, str | None] | Callable[[], tuple[str, str | None]],
+) -> None:
+    """Report a model call's usage at its span's end, under ``keys`` (session and agent, as
+    :func:`~otel_loopguard._spans.session_for` gives them for the span; or the function that
+    finds them, called only for usage that reads). A bad value is a counted skip
+    (``guard.skipped_model_calls``). Never raises (the guard's hook contract)."""
+    try:
+        usage = model_usage(call)
+    except ValueError as exc:
+        guard.model_call_skipped(str(exc).split(":", 1)[0])
+        return
+    if not isinstance(keys, tuple):
+        keys = keys()
+    guard.model_call(usage, session=keys[0], agent=keys[1])

@@ -24,6 +24,7 @@ from ._conventions import (
     TOOL_CONVENTIONS,
     AgentConvention,
     SpanAgent,
+    SpanModelCall,
     SpanToolCall,
     ToolConvention,
     agent_from_span,
@@ -125,7 +126,7 @@ def nearest_agent(
     return None
 
 
-def _agent_label(call: SpanToolCall, frame: AgentFrame | None) -> str | None:
+def _agent_label(call: SpanToolCall | SpanModelCall, frame: AgentFrame | None) -> str | None:
     # The agent span's name first: a hook asking from inside that agent's span gets the same
     # key without knowing what the tool span will carry.
     if frame is not None and (frame.agent.agent_name or frame.agent.agent_id):
@@ -134,14 +135,15 @@ def _agent_label(call: SpanToolCall, frame: AgentFrame | None) -> str | None:
 
 
 def session_for(
-    call: SpanToolCall,
+    call: SpanToolCall | SpanModelCall,
     trace_id: int,
     frame: AgentFrame | None,
     key_by: KeyBy,
     tool_attributes: Mapping[str, object] | None = None,
     ancestor_conversation: str | None = None,
 ) -> tuple[str, str | None]:
-    """The guard's (session, agent) for a tool call found in a span of trace ``trace_id``.
+    """The guard's (session, agent) for a tool call (or a model call: the same rules) found in
+    a span of trace ``trace_id``.
 
     Keyed by trace: ``"<trace id hex>"``, plus ``"/<agent span id hex>"`` when an agent span was
     found; the agent label is the agent span's name, else the tool span's own.

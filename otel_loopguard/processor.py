@@ -56,7 +56,14 @@ from opentelemetry.sdk.trace import (
 from opentelemetry.trace import NonRecordingSpan, StatusCode
 
 from ._attributes import Shape, arguments_text, decision_attributes
-from ._conventions import MISSING, SpanToolCall, may_be_tool_span
+from ._conventions import (
+    MISSING,
+    SpanModelCall,
+    SpanToolCall,
+    may_be_model_span,
+    may_be_tool_span,
+    model_call_from_span,
+)
 from ._guard import LoopGuard
 from ._policy import Action, Decision, Phase
 from ._span_calls import (
@@ -65,6 +72,7 @@ from ._span_calls import (
     call_ended,
     call_started,
     duration_seconds,
+    model_ended,
     run_started,
 )
 from ._spans import (
@@ -280,9 +288,14 @@ class LoopGuardSpanProcessor(SpanProcessor):
             tracked = self._open.pop(span_id, None)
             name = span.name
             attributes = span_attributes(span)
-            if not may_be_tool_span(name, attributes):  # most spans end here
+            if may_be_tool_span(name, attributes) and self._end(
+                span, name, attributes, span_id, context.trace_id, tracked
+            ):
                 return
-            self._end(span, name, attributes, span_id, context.trace_id, tracked)
+            if may_be_model_span(attributes):  # a few dict lookups; most spans end here
+                model = model_call_from_span(name, attributes)
+                if model is not None:
+                    self._model_end(model, span, context.trace_id, attributes)
         except Exception as exc:
             self.guard.report_internal_error("span_processor.on_end", exc)
 
@@ -371,7 +384,11 @@ class LoopGuardSpanProcessor(SpanProcessor):
         return SpanView(span.name, span_attributes(span), parent.span_id if parent else None)
 
     def _keys(
-        self, call: SpanToolCall, span: ReadableSpan, trace_id: int, attributes: Mapping[str, Any]
+        self,
+        call: SpanToolCall | SpanModelCall,
+        span: ReadableSpan,
+        trace_id: int,
+        attributes: Mapping[str, Any],
     ) -> tuple[str, str | None]:
         # A remote parent is followed too, as current_session() and the ancestors' own links
         # are: one this processor tracks is in this process (an MCP server's tools/call span,
@@ -416,17 +433,18 @@ class LoopGuardSpanProcessor(SpanProcessor):
         span_id: int,
         trace_id: int,
         tracked: weakref.ref[Span] | None = None,
-    ) -> None:
-        """A span that passed the tool-span gate has ended. ``tracked``: the live SDK span, as
-        tracked since its start (the way to its provider's pipeline)."""
+    ) -> bool:
+        """A span that passed the tool-span gate has ended; whether it was a tool span.
+        ``tracked``: the live SDK span, as tracked since its start (the way to its provider's
+        pipeline)."""
         if name == DECISION_EVENT:
-            return  # ours, back through the pipeline: never a tool call (the gate stops it too)
+            return True  # ours, back through the pipeline: never a tool call (nor a model's)
         started = self._started.pop(span_id, None)
         if started is not None:
             _START_DECISIONS.pop(span_id, None)
         call = call_at_end(name, attributes, span_events(span), span_failed(span))
         if call is None:
-            return
+            return started is not None
         ended = call_ended(
             self.guard,
             call.tool,
@@ -440,12 +458,24 @@ class LoopGuardSpanProcessor(SpanProcessor):
             (trace_id, span_id),  # the exemplar of what it counts
         )
         if ended is None:
-            return
+            return True
         (session, agent, _), arguments, decision = ended
         if decision is not None and decision.detected is not Action.ALLOW:
             self._record_after(span, decision, call.call_id, arguments, tracked)
             if decision.phase is Phase.POST and decision.action is not Action.ALLOW:
                 self._conclude(session, agent, decision)
+        return True
+
+    def _model_end(
+        self,
+        model: SpanModelCall,
+        span: ReadableSpan,
+        trace_id: int,
+        attributes: Mapping[str, Any],
+    ) -> None:
+        """A model call's span ended: its usage, under the keys its turn's tool calls get (the
+        same agent ancestry)."""
+        model_ended(self.guard, model, lambda: self._keys(model, span, trace_id, attributes))
 
     def _conclude(self, session: str, agent: str | None, decision: Decision) -> None:
         """Keep a post-call conclusion for the adapter whose report comes after the span's."""

@@ -37,7 +37,7 @@ Layout (private modules; imports point one way, each only to those above it):
   the per-instrumentation shapes that unwrap arguments and results;
 * ``_tables``: :class:`Condition`, the entry types and the tables themselves;
 * ``_dispatch``: the tables compiled for the hot path (gates indexed once, at import) and the
-  public readers built on them.
+  public readers built on them; model calls' usage (:func:`model_call_from_span`).
 
 Names with a leading underscore are shared between those modules, not part of this API.
 """
@@ -46,10 +46,12 @@ from ._decoders import MAX_DECODE_CHARS, conversation_id, decode_json
 from ._dispatch import (
     agent_from_span,
     arguments_available_at_start,
+    may_be_model_span,
     may_be_tool_span,
+    model_call_from_span,
     tool_call_from_span,
 )
-from ._results import MISSING, Missing, SpanAgent, SpanToolCall
+from ._results import MISSING, Missing, SpanAgent, SpanModelCall, SpanToolCall
 from ._tables import (
     AGENT_CONVENTIONS,
     ARGUMENTS_AT_START_CONVENTIONS,
@@ -78,12 +80,15 @@ __all__ = [
     "Condition",
     "Missing",
     "SpanAgent",
+    "SpanModelCall",
     "SpanToolCall",
     "ToolConvention",
     "agent_from_span",
     "arguments_available_at_start",
     "conversation_id",
     "decode_json",
+    "may_be_model_span",
     "may_be_tool_span",
+    "model_call_from_span",
     "tool_call_from_span",
 ]

@@ -147,3 +147,43 @@ _CONVERSATION_ID_KEYS: Final = (
     CREWAI_EXECUTION_UUID,
 )
 _METADATA_CONVERSATION_KEYS: Final = ("thread_id", "session_id", "conversation_id")
+
+# Model calls' usage (otel_loopguard._conventions._usage). GenAI semantic conventions first, then
+# the older names still emitted (OpenLLMetry, Strands before its latest semconv), then
+# OpenInference's.
+GEN_AI_REQUEST_MODEL: Final = "gen_ai.request.model"
+GEN_AI_RESPONSE_MODEL: Final = "gen_ai.response.model"
+GEN_AI_USAGE_INPUT_TOKENS: Final = ("gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens")
+GEN_AI_USAGE_OUTPUT_TOKENS: Final = (
+    "gen_ai.usage.output_tokens",
+    "gen_ai.usage.completion_tokens",
+)
+GEN_AI_USAGE_CACHE_READ_TOKENS: Final = (
+    "gen_ai.usage.cache_read.input_tokens",
+    "gen_ai.usage.cache_read_input_tokens",
+)
+GEN_AI_USAGE_CACHE_WRITE_TOKENS: Final = (
+    "gen_ai.usage.cache_creation.input_tokens",
+    "gen_ai.usage.cache_creation_input_tokens",
+    "gen_ai.usage.cache_write_input_tokens",
+)
+#: The proposed provider-reported cost (open semantic-conventions proposal).
+GEN_AI_USAGE_COST_AMOUNT: Final = "gen_ai.usage.cost.amount"
+GEN_AI_USAGE_COST_CURRENCY: Final = "gen_ai.usage.cost.currency"
+OPENINFERENCE_LLM_KIND: Final = "LLM"
+OPENINFERENCE_TOKENS_PROMPT: Final = "llm.token_count.prompt"
+OPENINFERENCE_TOKENS_COMPLETION: Final = "llm.token_count.completion"
+OPENINFERENCE_TOKENS_CACHE_READ: Final = "llm.token_count.prompt_details.cache_read"
+OPENINFERENCE_TOKENS_CACHE_WRITE: Final = "llm.token_count.prompt_details.cache_write"
+OPENINFERENCE_MODEL_NAME: Final = "llm.model_name"
+OPENINFERENCE_PROVIDER: Final = "llm.provider"
+OPENINFERENCE_SYSTEM: Final = "llm.system"
+#: Operations whose spans sum their model calls' usage (Strands' invoke_agent span): never read
+#: as a model call of their own, or every token would count twice.
+USAGE_AGGREGATE_OPERATIONS: Final = frozenset(
+    {"invoke_agent", "create_agent", "execute_tool", "invoke_workflow"}
+)
+#: OpenInference and OpenLLMetry span kinds that sum their children's usage.
+USAGE_AGGREGATE_KINDS: Final = frozenset(
+    {"AGENT", "CHAIN", "TOOL", "workflow", "task", "agent", "tool"}
+)

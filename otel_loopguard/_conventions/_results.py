@@ -58,3 +58,26 @@ class SpanAgent:
     agent_id: str | None
     agent_name: str | None
     conversation_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SpanModelCall:
+    """One model call's usage as a span reports it, not yet checked: the token counts are
+    whole numbers when the span's values read as such, else the raw values (the caller checks
+    them, :meth:`otel_loopguard._prices.ModelUsage.checked`). ``input_tokens`` includes the
+    cache reads and writes (GenAI and OpenInference both count them in). ``reported_cost_usd``:
+    the provider's own cost (``gen_ai.usage.cost.amount`` in USD), else ``None``.
+    ``agent_id``/``agent_name``/``conversation_id``: only what the model span itself carries
+    (as for :class:`SpanToolCall`). ``convention``: ``"genai"`` or ``"openinference"``."""
+
+    model: str | None
+    provider: str | None
+    input_tokens: object
+    output_tokens: object
+    cache_read_tokens: object
+    cache_write_tokens: object
+    reported_cost_usd: object
+    agent_id: str | None
+    agent_name: str | None
+    conversation_id: str | None
+    convention: str
