@@ -493,3 +493,91 @@ def test_the_readme_demo_fills_the_dashboard(tmp_path: Path) -> None:
     finally:
         demo.terminate()
         demo.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_serve_exemplars_reach_a_real_prometheus(tmp_path: Path) -> None:
+    """A real ``serve`` receives a looping run's spans through the real OTLP/HTTP exporter and is
+    scraped by a real Prometheus (OpenMetrics, exemplar storage): the exemplars of its stop and
+    denials name the looping trace; its decision log lines carry the same trace; a scrape that
+    does not ask for OpenMetrics gets the text format."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from .service_tools import ServeProcess, request, require_serve_prerequisites
+
+    require_serve_prerequisites()
+    serve = ServeProcess("--hold-seconds", "0.2", "--log-format", "json")
+    try:
+        with running_prometheus(tmp_path, f"127.0.0.1:{serve.port}") as prometheus:
+            wait_for(
+                "the first scrape of serve",
+                lambda: (
+                    values(prometheus.query(f'up{{instance="127.0.0.1:{serve.port}"}}')) == [1.0]
+                ),
+            )
+            provider = TracerProvider()
+            provider.add_span_processor(
+                SimpleSpanProcessor(OTLPSpanExporter(endpoint=f"{serve.url}/v1/traces"))
+            )
+            agent = Agent(provider)
+            agent.run("coder", [("read_file", {"path": f"src/{n}.py"}, f"{n}") for n in range(3)])
+            looping = agent.run(
+                "coder", [("grep", {"pattern": "flaky", "path": "tests"}, "no matches")] * 9
+            )
+            provider.shutdown()
+
+            found: dict[str, set[str]] = {}
+
+            def exemplars() -> bool:
+                found.clear()
+                for expr in (
+                    'loopguard_decisions_total{action=~"deny|stop"}',
+                    "loopguard_stopped_runs_total",
+                ):
+                    result = prometheus.get(
+                        "/api/v1/query_exemplars",
+                        query=expr,
+                        start=str(time.time() - 600),
+                        end=str(time.time() + 60),
+                    )
+                    assert result["status"] == "success", result
+                    for series in result["data"]:
+                        labels = series["seriesLabels"]
+                        what = labels.get("action", labels["__name__"])
+                        for exemplar in series["exemplars"]:
+                            found.setdefault(what, set()).add(exemplar["labels"]["trace_id"])
+                return {"deny", "stop", "loopguard_stopped_runs_total"} <= set(found)
+
+            wait_for("serve's exemplars in Prometheus", exemplars)
+            assert found == {
+                "deny": {looping},
+                "stop": {looping},
+                "loopguard_stopped_runs_total": {looping},
+            }, (found, looping)
+
+            plain = request(serve.port, "GET", "/metrics")
+            assert plain.status == 200
+            assert plain.headers["content-type"].startswith("text/plain")
+            assert b"# EOF" not in plain.body and looping.encode() not in plain.body
+            assert any(
+                f.name == "loopguard_stopped_runs"
+                for f in text_string_to_metric_families(plain.body.decode())
+            )
+            rich = request(
+                serve.port, "GET", "/metrics", headers={"Accept": "application/openmetrics-text"}
+            )
+            assert rich.headers["content-type"].startswith("application/openmetrics-text")
+            assert rich.body.endswith(b"# EOF\n") and f'trace_id="{looping}"'.encode() in rich.body
+    finally:
+        assert serve.stop() == 0
+        serve.close()
+    decisions = [
+        json.loads(line)
+        for line in serve.lines
+        if line.startswith("{") and json.loads(line).get("source") == "span"
+    ]
+    blocking = [line for line in decisions if line.get("action") in ("deny", "stop")]
+    assert blocking, serve.lines
+    assert {line["trace_id"] for line in blocking} == {looping}
+    assert all(line["span_id"] in agent.span_ids for line in blocking)

@@ -12,14 +12,16 @@ Knows nothing of HTTP: a request body parsed as JSON in, the answer as a JSON-re
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from otel_loopguard._attributes import Shape, decision_attributes
 from otel_loopguard._calls import bounded_id
+from otel_loopguard._exemplars import DROPPED, counting
 from otel_loopguard._guard import LoopGuard
 from otel_loopguard._policy import Action, Decision
 from otel_loopguard.hooks._answers import decide_after, decide_before
@@ -32,6 +34,7 @@ __all__ = [
     "DecisionAPI",
     "DecisionCall",
     "HeldReminders",
+    "call_trace",
     "decision_json",
 ]
 
@@ -49,6 +52,7 @@ MAX_DECISION_DEPTH: Final = 128
 MAX_HELD_REMINDERS: Final = 10_000
 
 _Key = tuple[str, str | None, str]
+_HEX: Final = re.compile(r"[0-9a-fA-F]+")
 
 
 class HeldReminders:
@@ -129,6 +133,8 @@ class DecisionCall:
     result: object = None
     duration: float | None = None
     text: str | None = None  # user_message: the user's text; new_run: the run's task
+    #: (trace id, span id) of the caller's tool span (:func:`call_trace`), or None.
+    trace: tuple[int, int] | None = None
 
 
 class DecisionAPI:
@@ -138,13 +144,22 @@ class DecisionAPI:
         self.guard = guard
         self.held = HeldReminders(max_held_reminders)
 
-    def decide(self, endpoint: str, payload: object) -> dict[str, object]:
+    def decide(
+        self, endpoint: str, payload: object, traceparent: str | None = None
+    ) -> dict[str, object]:
         """One decision API call; raises ``ValueError`` naming a bad field (nothing applied)."""
-        return self.apply(self.parse(endpoint, payload))
+        return self.apply(self.parse(endpoint, payload, traceparent))
 
-    def parse(self, endpoint: str, payload: object) -> DecisionCall:
+    def parse(self, endpoint: str, payload: object, traceparent: str | None = None) -> DecisionCall:
         """Check one call's fields without applying anything; ``ValueError`` naming a bad field,
-        a body nested deeper than :data:`MAX_DECISION_DEPTH`, or an unknown endpoint."""
+        a body nested deeper than :data:`MAX_DECISION_DEPTH`, or an unknown endpoint. The
+        call's trace comes from the body's ``trace_id`` and ``span_id``, else from the W3C
+        ``traceparent`` header given (:func:`call_trace`)."""
+        call = self._parse(endpoint, payload)
+        trace = call_trace(payload, traceparent) if isinstance(payload, dict) else None
+        return call if trace is None else replace(call, trace=trace)
+
+    def _parse(self, endpoint: str, payload: object) -> DecisionCall:
         if endpoint not in DECISION_ENDPOINTS:
             raise ValueError(f"no such decision endpoint: {endpoint!r}")
         if not isinstance(payload, dict):
@@ -190,7 +205,14 @@ class DecisionAPI:
         )
 
     def apply(self, call: DecisionCall) -> dict[str, object]:
-        """Apply a call checked by :meth:`parse` to the guard; its answer."""
+        """Apply a call checked by :meth:`parse` to the guard; its answer. The metrics it
+        counts carry its trace as their exemplar, when it has one."""
+        if call.trace is None:
+            return self._apply(call)
+        with counting(*call.trace):
+            return self._apply(call)
+
+    def _apply(self, call: DecisionCall) -> dict[str, object]:
         guard = self.guard
         session, agent = call.session, call.agent
         if call.endpoint == "user_message":
@@ -232,6 +254,35 @@ class DecisionAPI:
         if shown.action is Action.REMIND:
             answer["reminder"] = shown.message
         return answer
+
+
+def call_trace(payload: Mapping[str, object], traceparent: str | None) -> tuple[int, int] | None:
+    """The (trace id, span id) of a decision call: the body's ``trace_id`` (32 hex digits) and
+    ``span_id`` (16), else a W3C ``traceparent`` header (``00-<trace id>-<span id>-<flags>``);
+    ``None`` without them. Ids that are missing, all zero or malformed give ``None`` and are
+    counted in :data:`otel_loopguard._exemplars.DROPPED`, never an error: the decision is
+    the same with or without them."""
+    trace_id, span_id = payload.get("trace_id"), payload.get("span_id")
+    if trace_id is None and span_id is None:
+        if not traceparent:
+            return None
+        parts = traceparent.strip().split("-")
+        if len(parts) < 4 or parts[0] == "ff" or len(parts[0]) != 2:
+            DROPPED.count += 1
+            return None
+        trace_id, span_id = parts[1], parts[2]
+    ids = _hex(trace_id, 32), _hex(span_id, 16)
+    if ids[0] is None or ids[1] is None:
+        DROPPED.count += 1
+        return None
+    return ids[0], ids[1]
+
+
+def _hex(value: object, digits: int) -> int | None:
+    """A non-zero id written as exactly ``digits`` hex digits, else ``None``."""
+    if not isinstance(value, str) or len(value) != digits or not _HEX.fullmatch(value):
+        return None
+    return int(value, 16) or None
 
 
 def _nested_deeper(value: object, limit: int) -> bool:

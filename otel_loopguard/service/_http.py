@@ -39,7 +39,8 @@ else 429 with ``Retry-After``) and decoded / decided on a worker thread, off the
   :data:`DECISION_BUDGET_SHARE`, of ``max_inflight_bytes``; a body over
   :data:`SMALL_DECISION_BYTES` may take half of it), so a flood of exports or of big decision
   bodies never delays a hook's small one; a decision the state log cannot keep is 503.
-- ``GET /metrics`` (pages made one at a time, shared by the requests that arrived meanwhile)
+- ``GET /metrics`` (OpenMetrics with exemplars when ``Accept`` asks for it, else the text format;
+  pages made one at a time per format, shared by the requests that arrived meanwhile)
   and ``GET /healthz`` (the only endpoint without the token).
 
 An unexpected error is counted as the guard's internal error (``where="serve.http"``) and
@@ -49,6 +50,7 @@ answered 500; the server keeps serving.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import socket
 import ssl
@@ -65,6 +67,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from otel_loopguard._traces import BadSpan, OtlpSpans, otlp_json_spans
+from otel_loopguard.metrics._exposition import content_type as exposition_type
 
 from ._budget import ByteBudget
 from ._decisions import DECISION_ENDPOINTS, MAX_DECISION_BODY_BYTES
@@ -744,7 +747,8 @@ class _App:
         self._executor = executor
         self._decider = decider
         self._decision_budget = decision_budget
-        self._pages = _Pages(service.metrics_page, executor)
+        #: One page maker per format (content type), so that scrapes sharing a page agree on it.
+        self._pages: dict[str, _Pages] = {}
 
     async def _off_loop(self, function: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
@@ -801,7 +805,14 @@ class _App:
             await _unauthorized(exchange)
             return
         if path == "/metrics":
-            page, content_type = await self._pages.next_page()
+            accept = exchange.headers.get("accept")
+            kind = exposition_type(accept)  # OpenMetrics when asked for, else the text format
+            pages = self._pages.get(kind)
+            if pages is None:
+                pages = self._pages[kind] = _Pages(
+                    functools.partial(service.metrics_page, accept), self._executor
+                )
+            page, content_type = await pages.next_page()
             await exchange.send(200, page, content_type)
             return
         await exchange.send(404, orjson.dumps({"error": f"no such endpoint: GET {path}"}), _JSON)
@@ -884,7 +895,7 @@ class _App:
             taken = length
             body = await exchange.body(length)
             answer = await asyncio.get_running_loop().run_in_executor(
-                self._decider, _decide, service, endpoint, body
+                self._decider, _decide, service, endpoint, body, exchange.headers.get("traceparent")
             )
         except _Reject as reject:
             if reject.close:
@@ -1111,13 +1122,15 @@ def _spans(body: bytes | bytearray, as_json: bool) -> OtlpSpans:
         raise _Reject(400, RPC_INVALID_ARGUMENT, str(exc), "bad_request") from None
 
 
-def _decide(service: ServiceSeam, endpoint: str, body: bytes) -> dict[str, object]:
+def _decide(
+    service: ServiceSeam, endpoint: str, body: bytes, traceparent: str | None
+) -> dict[str, object]:
     try:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise _Reject(400, RPC_INVALID_ARGUMENT, f"not valid JSON ({exc})", "bad_request") from None
     try:
-        return service.decide(endpoint, payload)
+        return service.decide(endpoint, payload, traceparent)
     except ValueError as exc:
         raise _Reject(400, RPC_INVALID_ARGUMENT, str(exc), "bad_request") from None
     except StateError as exc:  # not logged, so not applied: the hook follows its fail mode

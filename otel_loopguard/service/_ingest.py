@@ -236,6 +236,14 @@ class Ingest:
                 and (allows or decision.detected is not Action.ALLOW)
                 and not isinstance(event, RunStarted)
             ):
+                span = event.span
                 log_decision(
-                    decision_fields("span", decision, event.session, event.agent, event.tool)
+                    decision_fields(
+                        "span",
+                        decision,
+                        event.session,
+                        event.agent,
+                        event.tool,
+                        None if span is None else (span.trace_id, span.span_id),
+                    )
                 )

@@ -18,8 +18,10 @@ Decisions (:func:`log_decision`): a decision where the guard detected something 
 denial, a rescue, a stop; also in ``observe`` mode, where the action is allow) is one line at
 INFO; a plain allow is one line at DEBUG. The line names where the call came from (``span``:
 an ingested tool span; ``api``: a decision request), the session, agent, tool, action (and
-what was detected, when the mode softened it), rule, count, threshold, signature and phase.
-Never the call's arguments or result.
+what was detected, when the mode softened it), rule, count, threshold, signature and phase,
+and the call's ``trace_id`` and ``span_id`` when it has them (a span: the tool span's; a decision
+request: its body's ``trace_id`` and ``span_id``, else its W3C ``traceparent`` header), the same
+ids as the exemplars of the metrics it counted. Never the call's arguments or result.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any, Final, TextIO
 import orjson
 
 from otel_loopguard._attributes import Shape, decision_attributes, log_fields_of_answer
+from otel_loopguard._exemplars import exemplar_labels
 from otel_loopguard._policy import Action, Decision
 
 __all__ = [
@@ -46,6 +49,7 @@ __all__ = [
     "escape_controls",
     "install",
     "log_decision",
+    "trace_fields",
     "uninstall",
     "wants_allow_lines",
 ]
@@ -152,13 +156,28 @@ def uninstall(handler: logging.Handler) -> None:
 
 
 def decision_fields(
-    source: str, decision: Decision, session: str, agent: str | None, tool: str
+    source: str,
+    decision: Decision,
+    session: str,
+    agent: str | None,
+    tool: str,
+    ids: tuple[int, int] | None = None,
 ) -> dict[str, object]:
     """The fields of a decision's log line (``session``, ``agent`` and ``tool`` as the caller
-    named them: a first allow carries none of its own)."""
-    return decision_attributes(
+    named them: a first allow carries none of its own), with the call's ``trace_id`` and
+    ``span_id`` when ``ids`` gives them (:func:`trace_fields`)."""
+    fields = decision_attributes(
         decision, Shape.LOG, source=source, session=session, agent=agent, tool=tool
     )
+    if ids is not None:
+        fields.update(trace_fields(ids))
+    return fields
+
+
+def trace_fields(ids: tuple[int, int] | None) -> dict[str, str]:
+    """A decision's ``trace_id`` (32 hex digits) and ``span_id`` (16), the same ids as its
+    metrics' exemplars, so that a logs backend links the line to its trace; empty without."""
+    return {} if ids is None else exemplar_labels(ids)
 
 
 def answer_fields(answer: Mapping[str, object], agent: str | None) -> dict[str, object]:

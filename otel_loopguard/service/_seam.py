@@ -49,8 +49,11 @@ class ServiceSeam(Protocol):
         """Queue the spans of one request: ``(outcome, message)``."""
         ...
 
-    def decide(self, endpoint: str, payload: object) -> dict[str, object]:
-        """One decision API call; raises ``ValueError`` naming a bad field."""
+    def decide(
+        self, endpoint: str, payload: object, traceparent: str | None = None
+    ) -> dict[str, object]:
+        """One decision API call (``traceparent``: the request's W3C header); raises
+        ``ValueError`` naming a bad field."""
         ...
 
     def enter_request(self) -> None:
@@ -61,6 +64,7 @@ class ServiceSeam(Protocol):
         """The request :meth:`enter_request` announced is done."""
         ...
 
-    def metrics_page(self) -> tuple[bytes, str]:
-        """What ``/metrics`` answers, and its content type."""
+    def metrics_page(self, accept: str | None = None) -> tuple[bytes, str]:
+        """What ``/metrics`` answers to a scraper whose ``Accept`` is ``accept``, and its
+        content type."""
         ...

@@ -75,7 +75,7 @@ from ._durable import (
 from ._grpc import GrpcReceiver
 from ._http import HTTPReceiver, bind_http
 from ._ingest import Ingest
-from ._logs import answer_fields, log_decision, wants_allow_lines
+from ._logs import answer_fields, log_decision, trace_fields, wants_allow_lines
 from ._metrics import ServiceMetrics
 from ._options import RETRY_AFTER_SECONDS, ServeOptions
 
@@ -317,13 +317,13 @@ class Service:
                     child.inc(value - self._flushes_synced[index])
                     self._flushes_synced[index] = value
 
-    def metrics_page(self) -> tuple[bytes, str]:
-        """What ``/metrics`` answers: the guard's and the service's metrics in the Prometheus
-        text format, and its content type."""
-        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
+    def metrics_page(self, accept: str | None = None) -> tuple[bytes, str]:
+        """What ``/metrics`` answers to a scraper whose ``Accept`` header is ``accept``: the
+        guard's and the service's metrics in OpenMetrics, with exemplars (the trace and span of
+        each denial, stop and repeat), when it asks for ``application/openmetrics-text`` (as
+        Prometheus does), else in the Prometheus text format; and its content type."""
         self._sync_flush_metrics()
-        return generate_latest(self._recorder.registry), CONTENT_TYPE_LATEST
+        return self._recorder.page(accept)
 
     # -- request handling shared by both transports ----------------------------------------
 
@@ -374,13 +374,16 @@ class Service:
             metrics.spans.labels("accepted").inc(read.accepted)
         return ("partial" if read.bad_spans else "ok"), message
 
-    def decide(self, endpoint: str, payload: object) -> dict[str, object]:
+    def decide(
+        self, endpoint: str, payload: object, traceparent: str | None = None
+    ) -> dict[str, object]:
         """One decision API call (:class:`~._decisions.DecisionAPI`), its decision logged
         (:func:`~._logs.log_decision`); raises ``ValueError`` naming a bad field. With
         ``state_dir`` the call is logged and synced before it is applied: ``StateError`` when it
         cannot be (nothing is applied then)."""
         decisions = self._decisions
-        call = decisions.parse(endpoint, payload)  # a bad call is neither logged nor applied
+        # A bad call is neither logged nor applied.
+        call = decisions.parse(endpoint, payload, traceparent)
         state = self._state
         if state is None:
             answer = decisions.apply(call)
@@ -390,7 +393,7 @@ class Service:
         if isinstance(decision, dict) and (
             decision.get("detected") != "allow" or wants_allow_lines()
         ):
-            log_decision(answer_fields(decision, call.agent))
+            log_decision({**answer_fields(decision, call.agent), **trace_fields(call.trace)})
         return answer
 
     # -- serve --state-dir (:mod:`._durable`) ----------------------------------------------
