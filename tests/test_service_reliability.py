@@ -188,8 +188,10 @@ _HEAD = b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret\r\
         (b"Content-Length : 5\r\n", b"400"),
         (b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n", b"400"),
         (b"Transfer-Encoding: xchunked\r\n", b"400"),
-        (b"Transfer-Encoding: chunked\r\n", b"411"),  # no chunked bodies: send Content-Length
-        (b"", b"411"),  # a POST body needs Content-Length
+        (b"Transfer-Encoding: gzip, chunked\r\n", b"400"),  # chunked, and only that
+        (b"Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n", b"400"),
+        (b"Transfer-Encoding: chunked, chunked\r\n", b"400"),
+        (b"", b"411"),  # a POST body needs Content-Length (or to be chunked)
     ],
 )
 def test_hostile_framing_gets_one_answer_and_a_close(
@@ -202,6 +204,98 @@ def test_hostile_framing_gets_one_answer_and_a_close(
     assert out[9:12] == status, out
     assert out.count(b"HTTP/1.1 ") == 1
     assert b"connection: close" in out.lower()
+
+
+def _chunks(body: bytes, size: int) -> bytes:
+    """``body`` in chunked transfer coding, ``size`` bytes a chunk, and the last chunk."""
+    parts = [body[n : n + size] for n in range(0, len(body), size)]
+    return b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in parts) + b"0\r\n\r\n"
+
+
+_CHUNKED = _HEAD + b"Content-Type: application/x-protobuf\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+def test_a_chunked_otlp_body_is_read(service: Service) -> None:
+    """The OpenTelemetry Node SDK's OTLP/HTTP exporter streams its body chunked."""
+    body = _proto_body()
+    out = _raw(service.http_port, _CHUNKED + _chunks(body, 7) + _CHUNKED + _chunks(body, 4096))
+    assert out.count(b"HTTP/1.1 200") == 2, out  # two on one connection: it stays usable
+    assert wait_for(lambda: service.processed_spans == 6)
+    assert service.budget.used == 0
+
+
+def test_a_chunked_decision_body_is_refused(service: Service) -> None:
+    body = json.dumps({"session": "s", "tool": "t"}).encode()
+    out = _raw(
+        service.http_port,
+        b"POST /v1/decisions/before HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret\r\n"
+        b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" + _chunks(body, 8),
+    )
+    assert out.startswith(b"HTTP/1.1 411") and out.count(b"HTTP/1.1 ") == 1, out
+    assert b"connection: close" in out.lower()
+
+
+def test_an_oversized_chunked_body_is_413_while_it_is_read() -> None:
+    limit = 64 * 1024
+    with Service(_options(max_body_bytes=limit), policy=Policy()) as svc:
+        sock = socket.create_connection(("127.0.0.1", svc.http_port), 5)
+        sock.settimeout(5)
+        try:
+            sock.sendall(_CHUNKED)
+            # Past the cap in chunks, and the body never ends: the answer cannot wait for it.
+            sent = 0
+            while sent <= limit:
+                sock.sendall(b"%x\r\n%s\r\n" % (4096, b"\0" * 4096))
+                sent += 4096
+            out = b""
+            while chunk := sock.recv(65536):
+                out += chunk
+        except ConnectionResetError:
+            out = b""
+        finally:
+            sock.close()
+        assert out.startswith(b"HTTP/1.1 413"), out
+        assert b"connection: close" in out.lower()
+        assert wait_for(lambda: svc.budget.used == 0, 2)
+        too_large = svc.metrics.requests.labels("http", "too_large")._value.get()
+        assert too_large == 1
+
+
+def test_a_chunked_body_dribbled_slowly_meets_the_deadline() -> None:
+    with Service(_options(), policy=Policy()) as svc:
+        sock = socket.create_connection(("127.0.0.1", svc.http_port), 5)
+        sock.settimeout(DEADLINE + 5)
+        start = time.monotonic()
+        closed_at = None
+        try:
+            sock.sendall(_CHUNKED)
+            for _ in range(int(DEADLINE * 10) + 50):  # a byte-sized chunk every 0.1 s
+                sock.sendall(b"1\r\nx\r\n")
+                time.sleep(0.1)
+        except (BrokenPipeError, ConnectionResetError):
+            closed_at = time.monotonic() - start
+        finally:
+            sock.close()
+        assert closed_at is not None and closed_at < DEADLINE + 2, closed_at
+        assert svc.metrics.requests.labels("http", "timeout")._value.get() >= 1
+        assert wait_for(lambda: svc.budget.used == 0, 2)
+
+
+def test_chunked_bytes_are_taken_from_the_budget_as_they_arrive() -> None:
+    with Service(_options(max_inflight_bytes=1 << 20), policy=Policy()) as svc:
+        holder = socket.create_connection(("127.0.0.1", svc.http_port), 5)
+        try:
+            holder.sendall(_CHUNKED + b"%x\r\n%s\r\n" % (300_000, b"\0" * 300_000))
+            assert wait_for(lambda: svc.budget.used == 300_000, 2)
+            holder.sendall(b"%x\r\n%s\r\n" % (300_000, b"\0" * 300_000))
+            assert wait_for(lambda: svc.budget.used == 600_000, 2)
+            # Another request's chunks past the budget: 429 with a close, while they come.
+            out = _raw(svc.http_port, _CHUNKED + b"%x\r\n%s\r\n" % (600_000, b"\0" * 600_000))
+            assert out.startswith(b"HTTP/1.1 429"), out[:200]
+            assert b"connection: close" in out.lower() and b"retry-after: 1" in out.lower()
+        finally:
+            holder.close()
+        assert wait_for(lambda: svc.budget.used == 0, 5)
 
 
 def test_a_gets_body_is_never_a_second_request(service: Service) -> None:

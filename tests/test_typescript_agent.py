@@ -67,14 +67,8 @@ def agent_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 #: The OpenTelemetry Node SDK's OTLP/HTTP exporter always streams its body (chunked transfer
-#: encoding, no Content-Length: otlp-exporter-base's http transport pipes it), and serve answers
-#: 411 to a chunked body; until serve reads one, the Node SDK reaches it over gRPC.
-CHUNKED_REFUSED = pytest.mark.xfail(
-    strict=True,
-    raises=subprocess.CalledProcessError,
-    reason="serve answers 411 to a chunked OTLP/HTTP body, the only kind the Node exporter sends",
-)
-PROTOCOLS = [pytest.param("http", marks=CHUNKED_REFUSED), "grpc"]
+#: encoding, no Content-Length: otlp-exporter-base's http transport pipes it); serve reads it.
+PROTOCOLS = ["http", "grpc"]
 
 
 @pytest.fixture

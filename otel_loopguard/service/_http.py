@@ -26,7 +26,10 @@ bounds what one client can hold (the class says how):
 
 Each request is authenticated, framed strictly (``Content-Length`` required for a POST body:
 411; larger than the cap: 413; the body's bytes taken from a byte budget before it is read,
-else 429 with ``Retry-After``) and decoded / decided on a worker thread, off the event loop:
+else 429 with ``Retry-After``; ``/v1/traces`` also takes one ``Transfer-Encoding: chunked``
+without ``Content-Length``, its bytes counted against the cap and taken from the budget as they
+arrive, 413 or 429 and a close as soon as they pass either, any other transfer coding 400 and a
+close) and decoded / decided on a worker thread, off the event loop:
 
 - ``POST /v1/traces``: protobuf (:func:`~otel_loopguard.service._proto.proto_spans`) or OTLP
   JSON (:func:`~otel_loopguard._traces.otlp_json_spans`), gzip or not (inflated 256 KiB at a
@@ -692,6 +695,12 @@ class _Exchange:
         self.headers: dict[str, str] = {
             name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]
         }
+        #: Every ``Transfer-Encoding`` value, in order (the dict above keeps only the last).
+        self.transfer_encodings = [
+            value.decode("latin-1")
+            for name, value in scope["headers"]
+            if name == b"transfer-encoding"
+        ]
         self._receive = receive
         self._send = send
         self.close = False
@@ -714,6 +723,36 @@ class _Exchange:
         if got != length:
             raise _Gone
         return b"".join(parts)
+
+    async def chunked_body(self, limit: int, held: _Held) -> bytearray:
+        """A chunked body, bounded as a body of known length is: its bytes are counted and
+        taken from the byte budget (``held``) as they arrive, 413 as soon as they pass
+        ``limit`` and 429 as soon as the budget cannot cover them, both with a close (the rest
+        is unread and its length unknown); the request deadline covers it (a late body is a
+        disconnect: :class:`_Gone`)."""
+        body = bytearray()
+        while True:
+            message = await self._receive()
+            if message["type"] != "http.request":
+                raise _Gone
+            chunk: bytes = message.get("body", b"")
+            if chunk:
+                if len(body) + len(chunk) > limit:
+                    raise _Reject(
+                        413,
+                        RPC_INVALID_ARGUMENT,
+                        f"chunked body larger than {limit:,} bytes",
+                        "too_large",
+                        close=True,
+                    )
+                try:
+                    held.grow(len(body) + len(chunk))
+                except _Reject as reject:
+                    reject.close = True
+                    raise
+                body += chunk
+            if not message.get("more_body", False):
+                return body
 
     async def send(
         self, status: int, body: bytes, content_type: str, headers: Mapping[str, str] | None = None
@@ -846,9 +885,13 @@ class _App:
                     close=True,
                 )
             limit = service.options.max_body_bytes
-            length = _content_length(exchange, limit)
-            held.grow(length)
-            body = await exchange.body(length)
+            body: bytes | bytearray
+            if _chunked(exchange):
+                body = await exchange.chunked_body(limit, held)
+            else:
+                length = _content_length(exchange, limit)
+                held.grow(length)
+                body = await exchange.body(length)
             outcome, answer = await self._off_loop(
                 _ingest, service, exchange.headers, body, as_json, held
             )
@@ -963,14 +1006,38 @@ async def _unauthorized(exchange: _Exchange) -> None:
     )
 
 
+def _chunked(exchange: _Exchange) -> bool:
+    """Whether an OTLP/HTTP request's body is chunked: one ``Transfer-Encoding: chunked`` and no
+    ``Content-Length`` (the OpenTelemetry Node SDK's exporter always streams its body). Any
+    other ``Transfer-Encoding`` (several, another coding, with ``Content-Length``: the parser
+    refuses that one already) is 400 with a close: a framing two parsers could read apart."""
+    codings = exchange.transfer_encodings
+    if not codings:
+        return False
+    if (
+        len(codings) != 1
+        or codings[0].strip().lower() != "chunked"
+        or "content-length" in exchange.headers
+    ):
+        raise _Reject(
+            400,
+            RPC_INVALID_ARGUMENT,
+            "Transfer-Encoding: send one 'chunked' without Content-Length, or Content-Length",
+            "bad_request",
+            close=True,
+        )
+    return True
+
+
 def _content_length(exchange: _Exchange, limit: int) -> int:
     """The body's length, from a ``Content-Length`` the parser validated (one, digits only);
-    411 without one (chunked bodies are not accepted), 413 past ``limit``."""
+    411 without one (chunked bodies are accepted on ``/v1/traces`` only: :func:`_chunked`),
+    413 past ``limit``."""
     if "transfer-encoding" in exchange.headers:
         raise _Reject(
             411,
             RPC_INVALID_ARGUMENT,
-            "chunked bodies are not accepted: send Content-Length",
+            "chunked bodies are accepted on /v1/traces only: send Content-Length",
             "bad_request",
             close=True,
         )
