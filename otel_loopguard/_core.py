@@ -500,6 +500,9 @@ class GuardCore:
         repeated = state.record_attempt(
             key, policy, blocked=detected_block, explores=not mutating, refused=enforced_block
         )
+        spend = state.spend
+        if spend is not None:  # model calls reported: the turn's spend, in a loop or not
+            spend.call_counted(repeated, enforced_block and step.action is Action.STOP)
         if newly_stopped:
             state.stopped = True
             state.stop_threshold = step.threshold

@@ -246,6 +246,8 @@ class Pricer:
         self._lock = threading.Lock()
         self._found: dict[tuple[str, str | None], tuple[_DatabasePrice | None, Any] | None] = {}
         self.unpriced: dict[str, int] = {}
+        #: Whether an unpriced model is logged (once); ``replay`` counts it in its report instead.
+        self.log_unpriced = True
 
     def cost(self, usage: ModelUsage) -> Cost:
         """What ``usage`` cost, and the source of the figure."""
@@ -272,7 +274,7 @@ class Pricer:
             if seen is None and len(self.unpriced) >= _MAX_CACHED_MODELS:
                 return
             self.unpriced[model] = (seen or 0) + 1
-        if seen is None:
+        if seen is None and self.log_unpriced:
             _log.warning(
                 "loopguard: no price for model %r: its tokens are counted, its cost is not"
                 " (give it one in the policy's prices, or install otel-loopguard[cost])",

@@ -27,8 +27,11 @@ from ._conventions import (
     ARGUMENTS_AT_START_CONVENTIONS,
     MISSING,
     SpanAgent,
+    SpanModelCall,
     SpanToolCall,
     agent_from_span,
+    may_be_model_span,
+    model_call_from_span,
 )
 from ._span_calls import (
     Keys,
@@ -37,6 +40,7 @@ from ._span_calls import (
     call_ended,
     call_started,
     duration_seconds,
+    model_ended,
     run_started,
 )
 from ._spans import (
@@ -61,6 +65,7 @@ __all__ = [
     "MAX_SEEN_SPANS",
     "MAX_SPAN_PROBLEMS",
     "MAX_VALUE_DEPTH",
+    "ModelUsed",
     "OTLP_SIGNALS",
     "OtlpSpans",
     "RecordedSpan",
@@ -163,8 +168,27 @@ class RunStarted:
     timestamp: float | None = None
 
 
-#: What a :class:`TraceBuffer` gives for its tool spans (and, keyed by conversation, its runs).
-TraceEvent = CallDecidedAtStart | CallObserved | RunStarted
+@dataclass(frozen=True, slots=True)
+class ModelUsed:
+    """A model call's span ended with its usage (not yet checked: :func:`feed` checks it, a bad
+    value being a counted skip), under the session and agent its turn's tool calls get. Fed to
+    ``LoopGuard.model_call``; its decision is always ``None``."""
+
+    session: str
+    agent: str | None
+    call: SpanModelCall
+    timestamp: float | None = None
+    span: SpanRef | None = None
+
+    @property
+    def tool(self) -> str:
+        """The model's name, for entrances that name an event by what it called."""
+        return self.call.model or ""
+
+
+#: What a :class:`TraceBuffer` gives for its tool spans, its model calls' usage (and, keyed by
+#: conversation, its runs).
+TraceEvent = CallDecidedAtStart | CallObserved | RunStarted | ModelUsed
 
 
 def feed(guard: LoopGuard, event: TraceEvent) -> Decision | None:
@@ -182,6 +206,9 @@ def feed(guard: LoopGuard, event: TraceEvent) -> Decision | None:
         return call_started(guard, event.tool, event.arguments, keys, ids)
     if isinstance(event, RunStarted):
         guard.new_run(event.session, agent=event.agent)
+        return None
+    if isinstance(event, ModelUsed):
+        model_ended(guard, event.call, (event.session, event.agent))
         return None
     ended = call_ended(
         guard,
@@ -271,6 +298,18 @@ class _ToolSpan:
     ref: SpanRef
 
 
+@dataclass(frozen=True, slots=True)
+class _ModelSpan:
+    """What a buffered model-call span keeps: its usage as read, and where it is."""
+
+    span_id: int
+    parent_id: int | None  # local parent: None for a root or a remote parent
+    call: SpanModelCall
+    end_ns: int
+    order: int
+    ref: SpanRef
+
+
 @dataclass(slots=True)
 class _Trace:
     """The buffered part of one trace: parent links of every span, views of its agent spans
@@ -288,6 +327,7 @@ class _Trace:
     runs: dict[int, tuple[int, int]] = field(default_factory=dict)
     given_until_ns: int = 0
     tools: list[_ToolSpan] = field(default_factory=list)
+    models: list[_ModelSpan] = field(default_factory=list)
     resolved: dict[int | None, AgentFrame | None] = field(default_factory=dict)
     # Parents of tool spans flushed early without an agent: an agent span arriving above one
     # of them later is a run that lost its agent (TraceBuffer.agents_lost).
@@ -531,13 +571,21 @@ class TraceBuffer:
             if self._key_by is KeyBy.CONVERSATION:
                 trace.runs[span.span_id] = (span.start_ns, self._order)
         tool = _tool_span(span, local_parent, self._order)
+        model = None
+        if tool is None and may_be_model_span(span.attributes):
+            call = model_call_from_span(span.name, span.attributes)
+            if call is not None:
+                ref = SpanRef(span.trace_id, span.span_id, span.parent_id, span.parent_remote)
+                model = _ModelSpan(span.span_id, local_parent, call, span.end_ns, self._order, ref)
         self._order += 1
         if self._hold is not None:
             trace.seen = self._clock()
-            if tool is not None and not trace.tools:
+            if (tool is not None or model is not None) and not (trace.tools or trace.models):
                 trace.due = trace.seen + self._hold
         if tool is not None:
             trace.tools.append(tool)
+        elif model is not None:
+            trace.models.append(model)
         self._spans += 1
         if span.parent_id is None:
             self._complete[span.trace_id] = None
@@ -610,7 +658,7 @@ class TraceBuffer:
         events: list[TraceEvent] = []
         idle_before = now - self._ttl
         for trace_id, trace in list(self._traces.items()):
-            if trace.tools:
+            if trace.tools or trace.models:
                 if trace.due is not None and trace.due <= now:
                     events.extend(self._flush(trace_id, keep=True))
                     self.flushed_early_time += 1
@@ -781,12 +829,23 @@ class TraceBuffer:
                         ),
                     )
                 )
+        for model in trace.models:
+            frame = trace.agent_of(model.parent_id)
+            session, agent = session_for(model.call, trace_id, frame, key_by)
+            depth = trace.depth(model.span_id)
+            steps.append(
+                (
+                    (model.end_ns, 1, -depth, model.order),
+                    ModelUsed(session, agent, model.call, model.end_ns / 1e9, model.ref),
+                )
+            )
         if keep:
             if trace.tools:
                 trace.given_until_ns = max(
                     trace.given_until_ns, max(tool.start_ns for tool in trace.tools)
                 )
             trace.tools = []
+            trace.models = []
             trace.due = None
         steps.sort(key=lambda step: step[0])
         return [event for _, event in steps]
@@ -869,6 +928,43 @@ def _tool_back(data: Mapping[str, Any]) -> _ToolSpan:
     )
 
 
+def _model_data(model: _ModelSpan) -> dict[str, Any]:
+    ref = model.ref
+    call = model.call
+    return {
+        "span_id": model.span_id,
+        "parent_id": model.parent_id,
+        "call": [
+            call.model,
+            call.provider,
+            call.input_tokens,
+            call.output_tokens,
+            call.cache_read_tokens,
+            call.cache_write_tokens,
+            call.reported_cost_usd,
+            call.agent_id,
+            call.agent_name,
+            call.conversation_id,
+            call.convention,
+        ],
+        "end_ns": model.end_ns,
+        "order": model.order,
+        "ref": [ref.trace_id, ref.span_id, ref.parent_id, ref.parent_remote],
+    }
+
+
+def _model_back(data: Mapping[str, Any]) -> _ModelSpan:
+    trace_id, span_id, parent_id, parent_remote = data["ref"]
+    return _ModelSpan(
+        int(data["span_id"]),
+        data["parent_id"],
+        SpanModelCall(*data["call"]),
+        int(data["end_ns"]),
+        int(data["order"]),
+        SpanRef(trace_id, span_id, parent_id, bool(parent_remote)),
+    )
+
+
 def _frame_data(frame: AgentFrame | None) -> list[Any] | None:
     if frame is None:
         return None
@@ -895,6 +991,7 @@ def _trace_data(trace_id: int, trace: _Trace, now: float) -> dict[str, Any]:
         "runs": [[span_id, start_ns, order] for span_id, (start_ns, order) in trace.runs.items()],
         "given_until_ns": trace.given_until_ns,
         "tools": [_tool_data(tool) for tool in trace.tools],
+        "models": [_model_data(model) for model in trace.models],
         "resolved": [[parent, _frame_data(frame)] for parent, frame in trace.resolved.items()],
         "agentless": list(trace.agentless),
         "due_in": None if trace.due is None else trace.due - now,
@@ -914,6 +1011,7 @@ def _trace_back(data: Mapping[str, Any], now: float) -> _Trace:
         runs={int(span_id): (int(start), int(order)) for span_id, start, order in data["runs"]},
         given_until_ns=int(data["given_until_ns"]),
         tools=[_tool_back(tool) for tool in data["tools"]],
+        models=[_model_back(model) for model in data.get("models", ())],
         resolved={parent: _frame_back(frame) for parent, frame in data["resolved"]},
         agentless={int(span_id) for span_id in data["agentless"]},
         due=None if due_in is None else now + float(due_in),

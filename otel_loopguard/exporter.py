@@ -74,7 +74,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from ._attributes import Shape, arguments_text, decision_attributes
-from ._conventions import agent_from_span, may_be_tool_span
+from ._conventions import agent_from_span, may_be_model_span, may_be_tool_span
 from ._guard import LoopGuard
 from ._policy import Action, Decision
 from ._spans import KeyBy
@@ -275,7 +275,8 @@ class LoopGuardSpanExporter(SpanExporter):
     # -- internals -------------------------------------------------------------------------
 
     def _add(self, spans: Sequence[ReadableSpan]) -> None:
-        """Buffer a batch: tool and agent spans in full, every other span as a parent link."""
+        """Buffer a batch: tool, model-call and agent spans in full, every other span as a
+        parent link."""
         buffer = self._buffer
         add, add_link = buffer.add, buffer.add_link
         clock = time.perf_counter_ns
@@ -299,8 +300,10 @@ class LoopGuardSpanExporter(SpanExporter):
                 # root: it ends after every span under it, so its trace is complete here.
                 parent_id = parent.span_id if parent is not None and not parent.is_remote else None
                 attributes = span_attributes(span)
-                if not may_be_tool_span(name, attributes) and (
-                    agent_from_span(name, attributes) is None
+                if (
+                    not may_be_tool_span(name, attributes)
+                    and not may_be_model_span(attributes)
+                    and agent_from_span(name, attributes) is None
                 ):
                     add_link(context.trace_id, context.span_id, parent_id)
                     continue

@@ -4,18 +4,28 @@ the session state that carries the spend."""
 
 from __future__ import annotations
 
+import copy
+import io
+import json
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from otel_loopguard import PRESETS, LoopGuard
 from otel_loopguard._conventions import SpanModelCall, model_call_from_span
 from otel_loopguard._engine import SessionState
 from otel_loopguard._prices import COMPUTED, PROVIDER, UNPRICED, ModelUsage
 from otel_loopguard._span_calls import model_usage
+from otel_loopguard._traces import ModelUsed, TraceBuffer, feed
+from otel_loopguard.exporter import LoopGuardSpanExporter
 from otel_loopguard.processor import LoopGuardSpanProcessor
+from otel_loopguard.replay import SpanDumpDecoder, run_replay
+from otel_loopguard.replay._trace_formats import _dump_span
 
 from .span_dumps import dump_id, dump_paths, load, rebuild
 
@@ -349,7 +359,91 @@ def test_spend_travels_with_the_session_state_and_old_states_load() -> None:
 
 
 def _plain(state: SessionState) -> dict[str, Any]:
-    import orjson
-
     loaded: dict[str, Any] = orjson.loads(state.to_bytes())
     return loaded
+
+
+# -- the trace buffer: exporter, serve and replay ----------------------------------------------
+
+
+def _path(name: str) -> Path:
+    return next(p for p in dump_paths() if dump_id(p) == name)
+
+
+Spends = list[tuple[bool, tuple[int, int, int, int]]]
+
+
+def _spends(guard: LoopGuard) -> Spends:
+    """Each kept session with a spend (ids differ from one run to the next, and the agent label
+    may: the processor sees an agent span's attributes as of the call, the buffer its final
+    ones, for tool calls and model calls alike): whether its tool calls were counted there
+    too, and (model calls, input tokens, output tokens, unpriced calls)."""
+    found = []
+    for entry in _sessions(guard):
+        if "spend" in entry["state"]:
+            spend = guard.spend(entry["session"], agent=entry["agent"])
+            assert spend is not None
+            totals = (spend.calls, spend.input_tokens, spend.output_tokens, spend.unpriced_calls)
+            found.append((bool(entry["state"]["sigs"]), totals))
+    return sorted(found, key=repr)
+
+
+def _processor_spends(path: Path) -> Spends:
+    guard = LoopGuard(DEFAULT)
+    _run(path, guard)
+    return _spends(guard)
+
+
+@pytest.mark.parametrize("name", sorted(WITH_USAGE))
+def test_replayed_dumps_charge_what_the_processor_charges(name: str) -> None:
+    path = _path(name)
+    guard = LoopGuard(DEFAULT)
+    decoder = SpanDumpDecoder()
+    events = [event for record in load(path) for event in decoder.decode(record)]
+    events += list(decoder.finish())
+    models = [event for event in events if isinstance(event, ModelUsed)]
+    assert len(models) == MODEL_TURNS
+    for event in events:
+        feed(guard, event)  # type: ignore[arg-type]
+    assert _spends(guard) == _processor_spends(path)
+
+
+@pytest.mark.parametrize("name", ["pydantic_ai/spans.jsonl", "strands/spans.jsonl"])
+def test_the_exporter_charges_what_the_processor_charges(name: str) -> None:
+    path = _path(name)
+    guard = LoopGuard(DEFAULT)
+    provider = TracerProvider()
+    exporter = LoopGuardSpanExporter(guard, next=InMemorySpanExporter(), hold_seconds=None)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    rebuild(load(path), provider.get_tracer("fixture"))
+    provider.shutdown()
+    assert _spends(guard) == _processor_spends(path)
+
+
+def test_model_spans_waiting_in_a_buffer_survive_its_snapshot() -> None:
+    path = _path("strands/spans.jsonl")
+    records = load(path)
+    half = len(records) // 2
+    first = TraceBuffer()
+    for record in records[:half]:
+        first.add(_dump_span(record))
+    assert first.take_ready() == []
+    data = copy.deepcopy(first.snapshot())
+    second = TraceBuffer()
+    second.restore(data)
+    for record in records[half:]:
+        second.add(_dump_span(record))
+    guard = LoopGuard(DEFAULT)
+    for event in second.take_ready():
+        feed(guard, event)
+    assert _spends(guard) == _processor_spends(path)
+
+
+def test_replay_of_a_dump_with_usage_runs_clean() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    status = run_replay(
+        [str(_path("pydantic_ai/spans.jsonl"))], DEFAULT, json_output=True, stdout=out, stderr=err
+    )
+    assert (status, err.getvalue()) == (0, "")
+    rows = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert rows and all(row["tool"] in {"search", "get_weather"} for row in rows)

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
-from .._traces import BadSpan, CallDecidedAtStart, CallObserved, RunStarted
+from .._traces import BadSpan, CallDecidedAtStart, CallObserved, ModelUsed, RunStarted
 
 #: Calls started but not yet finished, remembered for their outcome (oldest forgotten first).
 MAX_PENDING_CALLS: Final = 100_000
@@ -68,7 +68,15 @@ class UserPrompt:
     timestamp: float | None = None
 
 
-Event = CallStarted | CallFinished | UserPrompt | CallDecidedAtStart | CallObserved | RunStarted
+Event = (
+    CallStarted
+    | CallFinished
+    | UserPrompt
+    | CallDecidedAtStart
+    | CallObserved
+    | RunStarted
+    | ModelUsed
+)
 
 
 # --------------------------------------------------------------------------------------------

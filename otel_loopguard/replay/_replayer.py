@@ -14,7 +14,7 @@ from .._calls import (
     tool_name,
 )
 from .._classifier import Classifier
-from .._traces import RunStarted, feed
+from .._traces import ModelUsed, RunStarted, feed
 from ._events import MAX_PENDING_CALLS, CallFinished, CallStarted, Event, UserPrompt
 
 if TYPE_CHECKING:
@@ -314,6 +314,9 @@ class Replayer:
         if isinstance(event, RunStarted):
             feed(self._guard, event)
             self._mark(event.session, event.agent, "new run")
+            return None
+        if isinstance(event, ModelUsed):
+            feed(self._guard, event)  # the session's spend, in the guard's state
             return None
         observed = feed(self._guard, event)
         if observed is None:

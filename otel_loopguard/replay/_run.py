@@ -175,8 +175,11 @@ def _replay(
     clock = ReplayClock()
     # Timelines (per-session call lists) are kept only for the HTML report, bounded by it.
     timelines = html_out is not None
+    guard = LoopGuard(policy=policy, clock=clock)
+    # Replay's output is its report: a log line about an unpriced model would only mix into it.
+    guard._core.pricer.log_unpriced = False
     replayer = Replayer(
-        LoopGuard(policy=policy, clock=clock),
+        guard,
         clock,
         timeline_sessions=_html.MAX_HTML_SESSIONS if timelines else 0,
         timeline_calls=_html.MAX_HTML_CALLS if timelines else 0,
