@@ -69,7 +69,9 @@ def _script() -> list[tuple[str, dict[str, Any]]]:
                 "arguments": {"pattern": "TODO"},
                 "call_id": f"{session}-{step}",
             }
-            calls.append(("before", call))
+            # A command hook of a host that shows text only with a call's result: the reminder
+            # is held by the replica that decided it, and taken by the one the result reaches.
+            calls.append(("before", {**call, "hold_reminder": True}))
             calls.append(("after", {**call, "result": "3 matches", "duration_seconds": 0.1}))
         work = {
             "session": "healthy",
@@ -141,6 +143,8 @@ def test_replicas_behind_round_robin_decide_as_one_serve(redis: RedisServer) -> 
     assert got == expected
     actions = [answer["decision"]["action"] for answer in got if answer.get("decision")]
     assert {"remind", "deny", "stop"} <= set(actions)  # the script does loop
+    # Held reminders came back with the results, though another replica decided them.
+    assert sum("reminder" in answer for answer in got) >= 3
     assert counts == expected_counts
     stopped = sum(v for (name, _), v in counts.items() if name == "loopguard_stopped_runs_total")
     assert stopped == 3  # each looping session stopped once
@@ -272,3 +276,33 @@ def test_store_with_state_dir_is_refused(tmp_path: Path) -> None:
     assert done.returncode == 2, done.stderr
     assert "--state-dir cannot be combined with --store" in done.stderr
     assert not (tmp_path / "state").exists()
+
+
+def test_a_replica_whose_redis_is_down_still_answers_every_decision() -> None:
+    """The guard answers as ``store_failure`` says (open: allow) and a held reminder is lost,
+    logged once; no request fails and none waits past the store's timeout."""
+    import time
+
+    from otel_loopguard.config import PRESETS
+    from otel_loopguard.service import ServeOptions, Service
+
+    from .redis_tools import free_port
+
+    require_redis_server()
+    options = ServeOptions(http_port=0, grpc_port=None, store=f"redis://127.0.0.1:{free_port()}/0")
+    with Service(options, policy=PRESETS["default"]) as service:
+        start = time.monotonic()
+        for n in range(6):
+            call = {"session": "s", "tool": "grep", "arguments": {}, "call_id": f"c{n}"}
+            before = _decide(service.http_port, "before", {**call, "hold_reminder": True})
+            assert before["decision"]["action"] == "allow"
+            _decide(service.http_port, "after", {**call, "result": "same"})
+        assert time.monotonic() - start < 10
+        assert service.guard.store_errors  # counted
+
+
+def test_service_refuses_store_with_state_dir(tmp_path: Path) -> None:
+    from otel_loopguard.service import ServeOptions
+
+    with pytest.raises(ValueError, match="store, state_dir: give one"):
+        ServeOptions(store="redis://127.0.0.1:1/0", state_dir=str(tmp_path))

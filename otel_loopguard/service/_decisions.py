@@ -12,6 +12,7 @@ Knows nothing of HTTP: a request body parsed as JSON in, the answer as a JSON-re
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 from collections import OrderedDict
@@ -19,11 +20,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
+import orjson
+
 from otel_loopguard._attributes import Shape, decision_attributes
 from otel_loopguard._calls import bounded_id
 from otel_loopguard._exemplars import DROPPED, counting
 from otel_loopguard._guard import LoopGuard
 from otel_loopguard._policy import Action, Decision
+from otel_loopguard.config import Policy
 from otel_loopguard.hooks._answers import decide_after, decide_before
 
 __all__ = [
@@ -34,6 +38,7 @@ __all__ = [
     "DecisionAPI",
     "DecisionCall",
     "HeldReminders",
+    "SharedReminders",
     "call_trace",
     "decision_json",
 ]
@@ -52,6 +57,7 @@ MAX_DECISION_DEPTH: Final = 128
 MAX_HELD_REMINDERS: Final = 10_000
 
 _Key = tuple[str, str | None, str]
+_log = logging.getLogger("otel_loopguard")
 _HEX: Final = re.compile(r"[0-9a-fA-F]+")
 
 
@@ -99,10 +105,65 @@ class HeldReminders:
         return _CallerReminders(self, session, agent)
 
 
+class SharedReminders:
+    """:class:`HeldReminders` kept in the guard's Redis store (``policy.store``), so that the
+    ``/after`` of a call finds its reminder on whichever replica it reaches: one key per
+    reminder, ``<store_prefix>{<session>}:held:[agent, ref]`` (the session's hash tag), expiring
+    with the session (``session_ttl_seconds``). A Redis that fails loses the reminder (the
+    call's result is then shown without it), logged once; never raised."""
+
+    def __init__(self, policy: Policy) -> None:
+        from otel_loopguard._redis_store import RedisSessions  # imports the Redis client
+
+        self._sessions = RedisSessions(policy)
+        self._failed = False
+
+    def __len__(self) -> int:
+        return 1  # some may be held: the caller looks
+
+    def _key(self, key: _Key) -> str:
+        session, agent, ref = key
+        return self._sessions.key(session) + ":held:" + orjson.dumps([agent, ref]).decode()
+
+    def hold(self, key: _Key, text: str) -> None:
+        try:
+            self._sessions.client.set(self._key(key), text.encode(), px=self._sessions.ttl_ms)
+        except Exception as exc:
+            self._failure("hold", exc)
+
+    def take(self, key: _Key) -> str | None:
+        try:
+            value = self._sessions.client.getdel(self._key(key))
+        except Exception as exc:
+            self._failure("take", exc)
+            return None
+        return None if value is None else bytes(value).decode()
+
+    def _failure(self, what: str, exc: Exception) -> None:
+        if not self._failed:
+            self._failed = True
+            _log.warning(
+                "serve: cannot %s a held reminder in %s (%s: %s); reminders may be lost while"
+                " it fails",
+                what,
+                self._sessions.url,
+                type(exc).__name__,
+                exc,
+            )
+
+    def of(self, session: str, agent: str | None) -> _CallerReminders:
+        return _CallerReminders(self, session, agent)
+
+    def close(self) -> None:
+        self._sessions.close()
+
+
 class _CallerReminders:
     __slots__ = ("_agent", "_held", "_session")
 
-    def __init__(self, held: HeldReminders, session: str, agent: str | None) -> None:
+    def __init__(
+        self, held: HeldReminders | SharedReminders, session: str, agent: str | None
+    ) -> None:
         self._held = held
         self._session = session
         self._agent = agent
@@ -143,6 +204,12 @@ class DecisionAPI:
     def __init__(self, guard: LoopGuard, max_held_reminders: int = MAX_HELD_REMINDERS) -> None:
         self.guard = guard
         self.held = HeldReminders(max_held_reminders)
+        #: With a Redis store the reminders are held there, for every replica (:attr:`held`
+        #: stays empty).
+        self.shared = SharedReminders(guard.policy) if guard.policy.store is not None else None
+
+    def _held(self, session: str, agent: str | None) -> _CallerReminders:
+        return (self.shared if self.shared is not None else self.held).of(session, agent)
 
     def decide(
         self, endpoint: str, payload: object, traceparent: str | None = None
@@ -229,7 +296,7 @@ class DecisionAPI:
                 session=session,
                 agent=agent,
                 call_id=call.call_id,
-                held=self.held.of(session, agent) if call.hold else None,
+                held=self._held(session, agent) if call.hold else None,
             )
             return {"decision": decision_json(before)}
         decision, shown = decide_after(
@@ -242,7 +309,7 @@ class DecisionAPI:
             error=call.error,
             result=call.result,
             duration_seconds=call.duration,
-            held=self.held.of(session, agent),
+            held=self._held(session, agent),
             policy=guard.policy,
         )
         # Counted before it ran: the reminder that waited for this result, if any, and the

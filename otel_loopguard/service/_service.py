@@ -247,6 +247,8 @@ class Service:
         if self._ingest is not None:
             drained = self._ingest.close(max(0.0, deadline - time.monotonic())) and drained
         self.guard.close(wait=True)
+        if self._decisions.shared is not None:
+            self._decisions.shared.close()
         self._sync_flush_metrics()
         state = self._state
         if state is not None:
