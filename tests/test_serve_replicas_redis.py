@@ -134,6 +134,8 @@ def test_replicas_behind_round_robin_decide_as_one_serve(redis: RedisServer) -> 
     replicas = [_serve(store=redis.url) for _ in range(REPLICAS)]
     try:
         ports = [replica.port for replica in replicas]
+        started = replicas[0].lines[0]
+        assert f"sessions in {redis.url}" in started, started  # its start line names the store
         got = _run(ports, calls)
         counts = _counts(ports)
     finally:
