@@ -9,7 +9,10 @@ from otel_loopguard import PRESETS, Action, LoopGuard
 from otel_loopguard._engine import SessionState, Spend
 from otel_loopguard._prices import Cost, ModelUsage
 
+from .redis_tools import RedisServer, redis_server
 from .test_cost_spans import _path, _run, _sessions
+
+__all__ = ["redis_server"]  # the fixture, used by name
 
 DEFAULT = PRESETS["default"]
 TURN = {"model": "gpt-4o", "input_tokens": 1000, "output_tokens": 100}
@@ -115,3 +118,17 @@ def test_the_loop_spend_of_real_runs(name: str, loop_tokens: int) -> None:
     spend = guard.spend(entry["session"], agent=entry["agent"])
     assert spend is not None
     assert (spend.loop_turns, spend.loop_tokens) == (6, loop_tokens)
+
+
+def test_two_guards_on_one_redis_share_the_spend_and_the_loop(redis_server: RedisServer) -> None:
+    a = LoopGuard(DEFAULT, store=redis_server.url)
+    b = LoopGuard(DEFAULT, store=redis_server.url)
+    for i in range(4):
+        turn, call = (a, b) if i % 2 else (b, a)
+        turn.model_call({**TURN, "reported_cost_usd": 0.01}, session="s", agent="x")
+        call.before_tool("search", {"q": "x"}, session="s", agent="x")
+    spend = a.spend("s", agent="x")
+    assert spend is not None
+    assert (spend.calls, spend.loop_turns, spend.loop_tokens) == (4, 3, 3300)
+    assert spend.provider_usd == pytest.approx(0.04)
+    assert a.store_errors == {} and b.store_errors == {}
