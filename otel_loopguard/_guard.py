@@ -311,6 +311,16 @@ class LoopGuard:
         return dict(self._core.skipped_model_calls)
 
     @property
+    def log_unpriced_models(self) -> bool:
+        """Whether a model with no price is logged (once per model; default ``True``). ``replay``
+        turns it off: its output is its report."""
+        return bool(self._core.pricer.log_unpriced)
+
+    @log_unpriced_models.setter
+    def log_unpriced_models(self, value: bool) -> None:
+        self._core.pricer.log_unpriced = bool(value)
+
+    @property
     def internal_errors(self) -> Mapping[str, int]:
         """Caught internal errors so far, by where they happened."""
         return self._core.errors()

@@ -177,7 +177,7 @@ def _replay(
     timelines = html_out is not None
     guard = LoopGuard(policy=policy, clock=clock)
     # Replay's output is its report: a log line about an unpriced model would only mix into it.
-    guard._core.pricer.log_unpriced = False
+    guard.log_unpriced_models = False
     replayer = Replayer(
         guard,
         clock,
