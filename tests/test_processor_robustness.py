@@ -109,6 +109,9 @@ class CallCounter:
     def internal_error(self, where: str) -> None:
         pass
 
+    def store_error(self, op: str) -> None:
+        pass
+
 
 class DecisionSpy:
     """Wraps a guard's span entrances (as tests/test_processor.py's ``Recording`` does), thread-safe:
