@@ -4,7 +4,7 @@ Each event goes through ``python -m otel_loopguard hook HOST --store TMP`` in a 
 own, as the hosts run it. The texts expected inside the answers come from the same events fed
 to an in-process LoopGuard (the hook must wrap the guard's decision, not invent its own); the
 JSON around them is written out here as each host's contract says
-(shared/reference/wire-and-hooks.md).
+(tests/data/reference/wire-and-hooks.md).
 """
 
 from __future__ import annotations

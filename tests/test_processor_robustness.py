@@ -61,7 +61,7 @@ from otel_loopguard.processor import DECISION_EVENT, LoopGuardSpanProcessor
 
 DEFAULT = PRESETS["default"]
 
-# Real attribute keys and values (see shared/reference/instrumentations.md).
+# Real attribute keys and values (see tests/data/reference/instrumentations.md).
 OP = "gen_ai.operation.name"
 TOOL_NAME = "gen_ai.tool.name"
 TOOL_ARGS = "gen_ai.tool.call.arguments"
