@@ -38,7 +38,7 @@ from ._calls import (
     tool_name,
 )
 from ._classifier import Classifier
-from ._engine import Pending, SessionState, SessionStore, Spend
+from ._engine import Pending, SessionState
 from ._ledger import ReportLedger, Settled
 from ._policy import (
     ALLOW,
@@ -60,6 +60,8 @@ from ._policy import (
 from ._prices import Cost, ModelUsage, Pricer
 from ._reporter import Reporter
 from ._rules import evaluate, no_progress_after_failures, trend
+from ._session_store import SessionStore
+from ._spend import Spend
 from ._trail import MAX_TRAIL_ARGUMENT_CHARS, MAX_TRAIL_OUTPUT_CHARS, Trail
 from ._triplog import TripLog
 from .config import Mode, Policy

@@ -5,18 +5,17 @@ reports what they return. Every structure is bounded: sessions by ``max_sessions
 ``session_ttl_seconds`` (idle), signatures per session by ``max_signatures_per_session`` (LRU),
 the window by ``window_size``, pending hook calls by :data:`MAX_PENDING_CALLS`. Beside it: what a
 session remembers for an advisor (:mod:`._trail`), which calls are tracked
-(:mod:`._classifier`) and which reports are settled (:mod:`._ledger`).
+(:mod:`._classifier`), which reports are settled (:mod:`._ledger`), what model calls cost
+(:mod:`._spend`) and the store of sessions (:mod:`._session_store`).
 
 A session's state can leave the process and come back (:meth:`SessionState.to_bytes`,
-:meth:`SessionState.from_bytes`, :meth:`SessionStore.put`): command hooks run one process per
+:meth:`SessionState.from_bytes`, :meth:`._session_store.SessionStore.put`): command hooks run one process per
 call and keep sessions in a file between calls.
 """
 
 from __future__ import annotations
 
-import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -30,7 +29,7 @@ from ._plain import (
     read_optional_text,
     read_text,
 )
-from ._prices import COMPUTED, PROVIDER, Cost, ModelUsage
+from ._spend import Spend
 from ._trail import Trail
 from .config import Policy
 
@@ -38,20 +37,13 @@ __all__ = [
     "MAX_PENDING_CALLS",
     "Pending",
     "SessionState",
-    "SessionStore",
-    "STORE_SNAPSHOT_VERSION",
     "SignatureState",
-    "Spend",
 ]
 
 #: Hook calls awaiting their ``after_tool`` per session; the oldest is forgotten beyond this.
 MAX_PENDING_CALLS: Final = 64
-_EXPIRY_INTERVAL_SECONDS: Final = 1.0
 #: Version of the :meth:`SessionState.to_bytes` layout; other versions are refused on load.
 _SNAPSHOT_VERSION: Final = 1
-#: Version of the :meth:`SessionStore.snapshot` layout; :meth:`SessionStore.restore` refuses
-#: others.
-STORE_SNAPSHOT_VERSION: Final = 1
 
 
 class SignatureState:
@@ -89,155 +81,6 @@ class Pending:
     blocked: bool
     mutating: bool
     outstanding: int = 1
-
-
-class Spend:
-    """Model-call totals of one session: ``calls``; ``input_tokens`` (cached ones included),
-    ``output_tokens``, ``cache_read_tokens``, ``cache_write_tokens``; ``provider_usd`` (costs
-    the provider reported) and ``computed_usd`` (computed at API prices); ``unpriced_calls``
-    (calls whose cost nobody knows: their tokens are counted, their cost is not).
-
-    In loops: a model turn comes before the calls it requests, so its tokens and known cost are
-    held (``held``) until the first call after it is counted; when that call repeats an earlier
-    one of the epoch (a repeat without progress: progress starts a new epoch), the turn was
-    spent in a loop (``loop_turns``, ``loop_tokens``, ``loop_usd``). A turn followed by another
-    turn before any call (a final answer, a turn of text) is not. ``refused_after_stop``: calls
-    the guard refused because the run was stopped (the stopping call included), for
-    :meth:`avoided`."""
-
-    __slots__ = (
-        "cache_read_tokens",
-        "cache_write_tokens",
-        "calls",
-        "computed_usd",
-        "held",
-        "input_tokens",
-        "loop_tokens",
-        "loop_turns",
-        "loop_usd",
-        "output_tokens",
-        "provider_usd",
-        "refused_after_stop",
-        "unpriced_calls",
-    )
-
-    def __init__(self) -> None:
-        self.calls = 0
-        self.input_tokens = 0
-        self.output_tokens = 0
-        self.cache_read_tokens = 0
-        self.cache_write_tokens = 0
-        self.provider_usd = 0.0
-        self.computed_usd = 0.0
-        self.unpriced_calls = 0
-        self.held: tuple[int, float] | None = None  # the last turn's (tokens, known usd)
-        self.loop_turns = 0
-        self.loop_tokens = 0
-        self.loop_usd = 0.0
-        self.refused_after_stop = 0
-
-    @property
-    def tokens(self) -> int:
-        """Every token: input (cached ones included) and output."""
-        return self.input_tokens + self.output_tokens
-
-    @property
-    def cost_usd(self) -> float:
-        """The known cost: the provider's figures plus the computed ones (unpriced calls add
-        nothing; see :attr:`unpriced_calls`)."""
-        return self.provider_usd + self.computed_usd
-
-    def add(self, usage: ModelUsage, cost: Cost) -> None:
-        """Count one model call and its cost; hold it until its first tool call is counted."""
-        self.calls += 1
-        self.input_tokens += usage.input_tokens
-        self.output_tokens += usage.output_tokens
-        self.cache_read_tokens += usage.cache_read_tokens
-        self.cache_write_tokens += usage.cache_write_tokens
-        usd = 0.0
-        if cost.usd is None:
-            self.unpriced_calls += 1
-        elif cost.source == PROVIDER:
-            self.provider_usd += cost.usd
-            usd = cost.usd
-        elif cost.source == COMPUTED:
-            self.computed_usd += cost.usd
-            usd = cost.usd
-        self.held = (usage.input_tokens + usage.output_tokens, usd)
-
-    def call_counted(self, repeated: bool, refused_stopped: bool) -> None:
-        """A tool call was counted: the held turn (if any) was spent in a loop when the call
-        ``repeated`` an earlier one of the epoch. ``refused_stopped``: refused because the run
-        is stopped."""
-        held = self.held
-        if held is not None:
-            self.held = None
-            if repeated:
-                self.loop_turns += 1
-                self.loop_tokens += held[0]
-                self.loop_usd += held[1]
-        if refused_stopped:
-            self.refused_after_stop += 1
-
-    def avoided(self) -> tuple[int, float]:
-        """An **estimate** of what the stop avoided, (tokens, USD): the loop's mean tokens and
-        known cost per turn times the calls refused because the run was stopped (each refused
-        call is taken for one more turn of the loop had the run gone on). (0, 0.0) without a
-        stop or a loop."""
-        if not self.loop_turns or not self.refused_after_stop:
-            return 0, 0.0
-        share = self.refused_after_stop / self.loop_turns
-        return round(self.loop_tokens * share), self.loop_usd * share
-
-    def copy(self) -> Spend:
-        other = Spend()
-        for name in Spend.__slots__:
-            setattr(other, name, getattr(self, name))
-        return other
-
-    def to_plain(self) -> list[object]:
-        return [
-            self.calls,
-            self.input_tokens,
-            self.output_tokens,
-            self.cache_read_tokens,
-            self.cache_write_tokens,
-            self.provider_usd,
-            self.computed_usd,
-            self.unpriced_calls,
-            None if self.held is None else list(self.held),
-            self.loop_turns,
-            self.loop_tokens,
-            self.loop_usd,
-            self.refused_after_stop,
-        ]
-
-    @classmethod
-    def from_plain(cls, raw: object) -> Spend:
-        """The spend :meth:`to_plain` wrote; ``ValueError`` naming the bad field."""
-        items = read_list(raw, "spend")
-        if len(items) != 13:
-            raise ValueError(f"session state: bad spend {raw!r}")
-        spend = cls()
-        spend.calls = read_count(items[0], "spend calls")
-        spend.input_tokens = read_count(items[1], "spend input tokens")
-        spend.output_tokens = read_count(items[2], "spend output tokens")
-        spend.cache_read_tokens = read_count(items[3], "spend cache read tokens")
-        spend.cache_write_tokens = read_count(items[4], "spend cache write tokens")
-        spend.provider_usd = read_number(items[5], "spend provider usd")
-        spend.computed_usd = read_number(items[6], "spend computed usd")
-        spend.unpriced_calls = read_count(items[7], "spend unpriced calls")
-        held = items[8]
-        if held is not None:
-            pair = read_list(held, "spend held turn")
-            if len(pair) != 2:
-                raise ValueError(f"session state: bad spend held turn {held!r}")
-            spend.held = (read_count(pair[0], "spend held tokens"), read_number(pair[1], "usd"))
-        spend.loop_turns = read_count(items[9], "spend loop turns")
-        spend.loop_tokens = read_count(items[10], "spend loop tokens")
-        spend.loop_usd = read_number(items[11], "spend loop usd")
-        spend.refused_after_stop = read_count(items[12], "spend refused after stop")
-        return spend
 
 
 class SessionState:
@@ -631,170 +474,3 @@ def _read_signature(entry: object) -> tuple[str, SignatureState]:
     signature.same_outcomes = read_count(same, "same outcomes")
     signature.changed = read_flag(changed, "changed")
     return read_text(key, "signature key"), signature
-
-
-class SessionStore:
-    """Sessions by key, bounded by count (LRU) and idle time (TTL), on an injected clock.
-
-    A key that is a ``(session, agent)`` pair is also listed under its session
-    (:meth:`agent_keys`), so that what happens to a whole session (a user message) can reach
-    each of its agents. The index holds only kept keys: an evicted key leaves it at once, so it
-    is bounded as the store is.
-
-    Not thread-safe: the owner locks around every call.
-    """
-
-    def __init__(
-        self,
-        max_sessions: int,
-        ttl_seconds: float,
-        clock: Callable[[], float] = time.monotonic,
-        on_evict: Callable[[str], None] | None = None,
-    ) -> None:
-        self._sessions: OrderedDict[object, SessionState] = OrderedDict()
-        # session -> its (session, agent) keys kept now, in the order they were added.
-        self._agents: dict[object, dict[object, None]] = {}
-        self._max = max_sessions
-        self._ttl = ttl_seconds
-        self._next_expiry = float("-inf")
-        self.clock = clock
-        self._on_evict = on_evict
-
-    def __len__(self) -> int:
-        return len(self._sessions)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._sessions
-
-    def get(self, key: object, *, create: bool = True) -> SessionState | None:
-        """Return the session for ``key`` (created when missing and ``create``), marking it used."""
-        now = self.clock()
-        if now >= self._next_expiry:
-            self._expire(now)
-        sessions = self._sessions
-        state = sessions.get(key)
-        if state is None:
-            if not create:
-                return None
-            state = SessionState(now)
-            sessions[key] = state
-            self._index(key)
-            if len(sessions) > self._max:
-                self._drop_oldest("capacity")
-        else:
-            sessions.move_to_end(key)
-            state.last_seen = now
-        return state
-
-    def put(self, key: object, state: SessionState) -> None:
-        """Keep ``state`` for ``key`` (replacing any), as the most recently used session.
-
-        For states saved outside the process (:meth:`SessionState.from_bytes`). Its
-        ``last_seen`` is kept: a state idle beyond the TTL is forgotten at once (a ``ttl``
-        eviction), as if it had stayed here. The least recently used sessions beyond
-        ``max_sessions`` are evicted.
-        """
-        sessions = self._sessions
-        if sessions.pop(key, None) is not None:
-            self._unindex(key)
-        if self.clock() - state.last_seen >= self._ttl:
-            if self._on_evict is not None:
-                self._on_evict("ttl")
-            return
-        sessions[key] = state
-        self._index(key)
-        while len(sessions) > self._max:
-            self._drop_oldest("capacity")
-
-    def take(self, key: object) -> SessionState | None:
-        """Remove and return the state of ``key`` (``None`` when not kept); no eviction is
-        reported. For a store that only holds sessions in flight (the Redis store's)."""
-        state = self._sessions.pop(key, None)
-        if state is not None:
-            self._unindex(key)
-        return state
-
-    def agent_keys(self, session: object) -> list[object]:
-        """The ``(session, agent)`` keys of ``session`` kept now, oldest first (not the
-        session's own key; not marked used)."""
-        keys = self._agents.get(session)
-        return list(keys) if keys else []
-
-    def _index(self, key: object) -> None:
-        if type(key) is tuple and len(key) == 2:
-            self._agents.setdefault(key[0], {})[key] = None
-
-    def _unindex(self, key: object) -> None:
-        if type(key) is tuple and len(key) == 2:
-            keys = self._agents.get(key[0])
-            if keys is not None:
-                keys.pop(key, None)
-                if not keys:
-                    del self._agents[key[0]]
-
-    def _drop_oldest(self, reason: str) -> None:
-        key, _ = self._sessions.popitem(last=False)
-        self._unindex(key)
-        if self._on_evict is not None:
-            self._on_evict(reason)
-
-    def _expire(self, now: float) -> None:
-        # Sweeping at most once per second keeps TTL eviction off the per-call cost; a session
-        # may outlive its TTL by up to that second.
-        if now < self._next_expiry:
-            return
-        self._next_expiry = now + _EXPIRY_INTERVAL_SECONDS
-        sessions = self._sessions
-        deadline = now - self._ttl
-        while sessions:
-            oldest = next(iter(sessions.values()))
-            if oldest.last_seen > deadline:
-                return
-            self._drop_oldest("ttl")
-
-    def expire(self) -> None:
-        """Drop sessions idle for longer than the TTL now (``get`` does so at most once a
-        second)."""
-        self._next_expiry = float("-inf")
-        self._expire(self.clock())
-
-    def snapshot(self) -> dict[str, object]:
-        """Every kept session as plain data, least recently used first: ``{"version": 1,
-        "sessions": [{"session", "agent", "state"}, ...]}`` (``agent`` ``None`` for a session's
-        own key; ``state`` the object :meth:`SessionState.to_bytes` writes). For
-        :meth:`restore` in another process."""
-        sessions = []
-        for key, state in self._sessions.items():
-            session, agent = key if type(key) is tuple else (key, None)
-            sessions.append(
-                {"session": session, "agent": agent, "state": orjson.loads(state.to_bytes())}
-            )
-        return {"version": STORE_SNAPSHOT_VERSION, "sessions": sessions}
-
-    def restore(self, data: object, policy: Policy) -> None:
-        """Replace the kept sessions with a :meth:`snapshot`'s (each state within ``policy``'s
-        bounds, as :meth:`SessionState.from_bytes` reads it; idle ones are kept as they were,
-        and expire at the next sweep). Raises ``ValueError`` naming what is wrong (an unknown
-        ``version`` names it); the store is then unchanged."""
-        if not isinstance(data, Mapping):
-            raise ValueError(f"session store snapshot: expected a mapping, got {data!r:.80}")
-        version = data.get("version")
-        if version != STORE_SNAPSHOT_VERSION:
-            raise ValueError(
-                f"session store snapshot: unknown version {version!r}"
-                f" (this is {STORE_SNAPSHOT_VERSION})"
-            )
-        sessions: OrderedDict[object, SessionState] = OrderedDict()
-        for entry in read_list(data.get("sessions"), "sessions"):
-            if not isinstance(entry, Mapping):
-                raise ValueError(f"session store snapshot: bad session entry {entry!r:.80}")
-            session = read_text(entry.get("session"), "session")
-            agent = read_optional_text(entry.get("agent"), "agent")
-            state = SessionState.from_bytes(orjson.dumps(entry.get("state")), policy)
-            sessions[session if agent is None else (session, agent)] = state
-        while len(sessions) > self._max:
-            sessions.popitem(last=False)
-        self._sessions = sessions
-        self._agents = {}
-        for key in sessions:
-            self._index(key)

@@ -18,9 +18,11 @@ from typing import Any, Final, Literal, TypeVar, cast, overload
 
 from ._advice import Advisor, CommandAdvisor
 from ._core import GuardCore
-from ._engine import SessionState, SessionStore, Spend
+from ._engine import SessionState
 from ._policy import ALLOW, Decision
 from ._prices import Cost, ModelUsage
+from ._session_store import SessionStore
+from ._spend import Spend
 from ._triplog import TripLog
 from ._wrap import wrap_tool
 from .config import Policy, policy_from_env

@@ -43,11 +43,12 @@ import orjson
 from ._advice import Advisor
 from ._calls import tool_name
 from ._core import GuardCore
-from ._engine import SessionState, SessionStore
+from ._engine import SessionState
 from ._ledger import Settled
 from ._plain import read_flag, read_list, read_optional_text, read_text
 from ._policy import ALLOW, Action, Decision
 from ._prices import Cost, ModelUsage
+from ._session_store import SessionStore
 from ._settings import redact_url
 from .config import Mode, Policy, StoreFailure
 from .metrics import Recorder

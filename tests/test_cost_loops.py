@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from otel_loopguard import PRESETS, Action, LoopGuard
-from otel_loopguard._engine import SessionState, Spend
+from otel_loopguard._engine import SessionState
 from otel_loopguard._prices import Cost, ModelUsage
+from otel_loopguard._spend import Spend
 
 from .redis_tools import RedisServer, redis_server
 from .test_cost_spans import _path, _run, _sessions

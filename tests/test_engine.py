@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from otel_loopguard import PRESETS
 from otel_loopguard._classifier import Classifier, shell_command
-from otel_loopguard._engine import MAX_PENDING_CALLS, SessionState, SessionStore
+from otel_loopguard._engine import MAX_PENDING_CALLS, SessionState
+from otel_loopguard._session_store import SessionStore
 
 from .conftest import FakeClock
 

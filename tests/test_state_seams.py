@@ -22,7 +22,7 @@ import orjson
 import pytest
 
 from otel_loopguard import LoopGuard, Policy
-from otel_loopguard._engine import SessionStore
+from otel_loopguard._session_store import SessionStore
 from otel_loopguard.service import _durable
 from otel_loopguard.service._durable import MAX_PLAIN_DEPTH, layout, plain_dumps, plain_loads
 
