@@ -9,8 +9,8 @@ session remembers for an advisor (:mod:`._trail`), which calls are tracked
 (:mod:`._spend`) and the store of sessions (:mod:`._session_store`).
 
 A session's state can leave the process and come back (:meth:`SessionState.to_bytes`,
-:meth:`SessionState.from_bytes`, :meth:`._session_store.SessionStore.put`): command hooks run one process per
-call and keep sessions in a file between calls.
+:meth:`SessionState.from_bytes`, :meth:`._session_store.SessionStore.put`): command hooks run
+one process per call and keep sessions in a file between calls.
 """
 
 from __future__ import annotations

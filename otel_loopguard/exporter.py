@@ -15,9 +15,10 @@ decision spans::
 The application's thread only enqueues the finished span (the ``BatchSpanProcessor``'s own
 cost); this exporter runs on the processor's worker thread. It feeds the finished spans through
 the same conventions (:mod:`otel_loopguard._conventions`), session keys
-(:mod:`otel_loopguard._spans`), ordered trace buffer (:class:`~otel_loopguard._traces.TraceBuffer`)
-and guard calls (:func:`~otel_loopguard._traces.feed`) as ``otel-loopguard serve`` and ``replay``,
-so its decisions and the guard's metrics are theirs.
+(:mod:`otel_loopguard._spans`), ordered trace buffer
+(:class:`~otel_loopguard._traces.TraceBuffer`) and guard calls
+(:func:`~otel_loopguard._trace_events.feed`) as ``otel-loopguard serve`` and ``replay``, so its
+decisions and the guard's metrics are theirs.
 
 Ordering. A batch carries spans in the order they ended: children before their parents, the
 agent span after its tools. Spans are held per trace until the trace's local root (no parent, or
@@ -76,18 +77,11 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from ._attributes import Shape, arguments_text, decision_attributes
 from ._conventions import agent_from_span, may_be_model_span, may_be_tool_span
 from ._guard import LoopGuard
+from ._otlp_json import RecordedSpan
 from ._policy import Action, Decision
 from ._spans import KeyBy
-from ._traces import (
-    MAX_BUFFERED_SPANS,
-    CallDecidedAtStart,
-    CallObserved,
-    RecordedSpan,
-    SpanRef,
-    TraceBuffer,
-    TraceEvent,
-    feed,
-)
+from ._trace_events import CallDecidedAtStart, CallObserved, SpanRef, TraceEvent, feed
+from ._traces import MAX_BUFFERED_SPANS, TraceBuffer
 from .processor import (
     DECISION_EVENT,
     SCOPE_NAME,

@@ -21,7 +21,8 @@ from otel_loopguard._conventions import SpanModelCall, model_call_from_span
 from otel_loopguard._engine import SessionState
 from otel_loopguard._prices import COMPUTED, PROVIDER, UNPRICED, ModelUsage
 from otel_loopguard._span_calls import model_usage
-from otel_loopguard._traces import ModelUsed, TraceBuffer, feed
+from otel_loopguard._trace_events import ModelUsed, feed
+from otel_loopguard._traces import TraceBuffer
 from otel_loopguard.exporter import LoopGuardSpanExporter
 from otel_loopguard.processor import LoopGuardSpanProcessor
 from otel_loopguard.replay import SpanDumpDecoder, run_replay

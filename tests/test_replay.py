@@ -841,7 +841,7 @@ def test_a_user_message_line_without_an_agent_lifts_every_agents_stop(tmp_path: 
 
 def test_a_user_message_without_an_agent_marks_every_agents_timeline() -> None:
     from otel_loopguard._guard import LoopGuard
-    from otel_loopguard._traces import CallObserved
+    from otel_loopguard._trace_events import CallObserved
 
     replayer = replay.Replayer(
         LoopGuard(PRESETS["default"]), replay.ReplayClock(), timeline_sessions=4, timeline_calls=8

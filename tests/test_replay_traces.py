@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.sdk.trace import Tracer, TracerProvider
 
+from otel_loopguard import _otlp_json
 from otel_loopguard import _traces as traces
 from otel_loopguard._conventions import (
     ARGUMENTS_AT_START_CONVENTIONS,
@@ -590,7 +591,7 @@ def test_otlp_values_of_every_type_are_read() -> None:
     call = events[0]
     assert (call.tool, call.arguments, call.error, call.session) == ("t", {"a": 1}, True, "a" * 32)
     buffer = traces.TraceBuffer()
-    span = traces._otlp_span(record["resourceSpans"][0]["scopeSpans"][0]["spans"][0])
+    span = _otlp_json._otlp_span(record["resourceSpans"][0]["scopeSpans"][0]["spans"][0])
     buffer.add(span)
     assert span.attributes["n"] == 9007199254740993 and span.attributes["b"] is False
     assert span.attributes["raw"] == b"\x00\xff" and span.attributes["list"] == (1, None)

@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E4
 from opentelemetry.trace import StatusCode  # noqa: E402
 
 from otel_loopguard._conventions import agent_from_span, tool_call_from_span  # noqa: E402
-from otel_loopguard._traces import BadSpan  # noqa: E402
+from otel_loopguard._otlp_json import BadSpan  # noqa: E402
 from otel_loopguard.service._proto import candidate_patterns, proto_spans  # noqa: E402
 
 from .service_tools import workload  # noqa: E402

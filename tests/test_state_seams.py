@@ -266,7 +266,7 @@ def test_serve_loads_a_snapshot_written_by_this_version_and_counts_go_on(
 
 
 def test_a_logged_batch_is_plain_data_and_comes_back_equal() -> None:
-    from otel_loopguard._traces import OtlpSpans, RecordedSpan
+    from otel_loopguard._otlp_json import OtlpSpans, RecordedSpan
     from otel_loopguard.service._durable import batch_of, batch_payload
 
     def span(span_id: int, **attributes: object) -> RecordedSpan:

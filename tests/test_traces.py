@@ -5,15 +5,10 @@ from __future__ import annotations
 import pytest
 
 from otel_loopguard._guard import LoopGuard
+from otel_loopguard._otlp_json import RecordedSpan
 from otel_loopguard._policy import Action
-from otel_loopguard._traces import (
-    MAX_BUFFERED_SPANS,
-    CallObserved,
-    RecordedSpan,
-    TraceBuffer,
-    TraceEvent,
-    feed,
-)
+from otel_loopguard._trace_events import CallObserved, TraceEvent, feed
+from otel_loopguard._traces import MAX_BUFFERED_SPANS, TraceBuffer
 from otel_loopguard.config import PRESETS
 
 from .conftest import FakeClock

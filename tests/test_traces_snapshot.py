@@ -8,12 +8,9 @@ from collections.abc import Mapping
 
 import pytest
 
-from otel_loopguard._traces import (
-    SNAPSHOT_VERSION,
-    RecordedSpan,
-    TraceBuffer,
-    TraceEvent,
-)
+from otel_loopguard._otlp_json import RecordedSpan
+from otel_loopguard._trace_events import TraceEvent
+from otel_loopguard._traces import SNAPSHOT_VERSION, TraceBuffer
 
 from .conftest import FakeClock
 

@@ -31,7 +31,7 @@ policy) are raised as :class:`UsageError` before anything is replayed.
 
 from __future__ import annotations
 
-from .._traces import CallDecidedAtStart, CallObserved
+from .._trace_events import CallDecidedAtStart, CallObserved
 from ._events import (
     BadRecord,
     CallFinished,

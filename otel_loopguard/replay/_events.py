@@ -7,7 +7,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
-from .._traces import BadSpan, CallDecidedAtStart, CallObserved, ModelUsed, RunStarted
+from .._otlp_json import BadSpan
+from .._trace_events import CallDecidedAtStart, CallObserved, ModelUsed, RunStarted
 
 #: Calls started but not yet finished, remembered for their outcome (oldest forgotten first).
 MAX_PENDING_CALLS: Final = 100_000
@@ -15,7 +16,7 @@ MAX_PENDING_CALLS: Final = 100_000
 
 class BadRecord(BadSpan):
     """A parsed record that its format cannot use; the message is the reason shown to the user.
-    (A :class:`~otel_loopguard._traces.BadSpan` from decoding a span is reported the same way.)
+    (A :class:`~otel_loopguard._otlp_json.BadSpan` from decoding a span is reported the same way.)
 
     ``events`` are still replayed: what a record's usable part gave (an OTLP line with one bad
     span among many keeps the others), or traces a full buffer had to replay early.

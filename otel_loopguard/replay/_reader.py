@@ -12,8 +12,8 @@ from typing import IO, Any, Final, TextIO
 
 import orjson
 
+from .._otlp_json import BadSpan
 from .._spans import KeyBy
-from .._traces import BadSpan
 from ._events import BadRecord, Event, InputFormat
 from ._formats import detect_format
 

@@ -14,7 +14,7 @@ from .._calls import (
     tool_name,
 )
 from .._classifier import Classifier
-from .._traces import ModelUsed, RunStarted, feed
+from .._trace_events import ModelUsed, RunStarted, feed
 from ._events import MAX_PENDING_CALLS, CallFinished, CallStarted, Event, UserPrompt
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, TextIO
 
 from .._spans import KeyBy
-from .._traces import CallDecidedAtStart, CallObserved
+from .._trace_events import CallDecidedAtStart, CallObserved
 from . import _html
 from ._events import CallFinished, CallStarted, Event
 from ._formats import format_by_name

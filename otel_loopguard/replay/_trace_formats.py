@@ -6,20 +6,19 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .._spans import KeyBy
-from .._traces import (
-    MAX_BUFFERED_SPANS,
+from .._otlp_json import (
     MAX_SPAN_PROBLEMS,
     OTLP_SIGNALS,
     STATUS_CODE_ERROR,
     RecordedSpan,
-    TraceBuffer,
     otlp_json_spans,
     read_id,
     read_nanos,
     read_parent_id,
 )
-from .._traces import short_value as _short
+from .._otlp_json import short_value as _short
+from .._spans import KeyBy
+from .._traces import MAX_BUFFERED_SPANS, TraceBuffer
 from ._events import BadRecord, Event, _get
 
 

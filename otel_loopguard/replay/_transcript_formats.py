@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Final
 
-from .._traces import short_value as _short
+from .._otlp_json import short_value as _short
 from ._events import (
     MAX_PENDING_CALLS,
     BadRecord,

@@ -69,7 +69,7 @@ from typing import Any, Final
 
 import orjson
 
-from otel_loopguard._traces import OtlpSpans, RecordedSpan
+from otel_loopguard._otlp_json import OtlpSpans, RecordedSpan
 
 __all__ = [
     "ADVICE",
@@ -821,7 +821,7 @@ def note(text: str) -> None:
 # -- the plain-data format ------------------------------------------------------------------
 
 #: Nesting read or written at most (the snapshot's own structure plus span attribute values,
-#: themselves at most :data:`~otel_loopguard._traces.MAX_VALUE_DEPTH` deep).
+#: themselves at most :data:`~otel_loopguard._otlp_json.MAX_VALUE_DEPTH` deep).
 MAX_PLAIN_DEPTH: Final = 100
 _INT: Final = struct.Struct("<cq")
 _FLOAT: Final = struct.Struct("<cd")

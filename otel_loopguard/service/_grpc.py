@@ -39,7 +39,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, TYPE_CHECKING, Any, Final, TypeVar
 
-from otel_loopguard._traces import BadSpan
+from otel_loopguard._otlp_json import BadSpan
 
 from ._options import RETRY_AFTER_SECONDS
 from ._proto import RPC_RESOURCE_EXHAUSTED, proto_spans, response_bytes

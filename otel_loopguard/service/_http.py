@@ -32,7 +32,7 @@ arrive, 413 or 429 and a close as soon as they pass either, any other transfer c
 close) and decoded / decided on a worker thread, off the event loop:
 
 - ``POST /v1/traces``: protobuf (:func:`~otel_loopguard.service._proto.proto_spans`) or OTLP
-  JSON (:func:`~otel_loopguard._traces.otlp_json_spans`), gzip or not (inflated 256 KiB at a
+  JSON (:func:`~otel_loopguard._otlp_json.otlp_json_spans`), gzip or not (inflated 256 KiB at a
   time, each step taken from the budget first: the body limit applies after decompression),
   offered to the ingest queue (:meth:`Service.accept`); answered in the request's encoding once
   queued: 200 (with ``partial_success`` when some spans were rejected), 400 for data that cannot
@@ -69,7 +69,7 @@ import orjson
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from otel_loopguard._traces import BadSpan, OtlpSpans, otlp_json_spans
+from otel_loopguard._otlp_json import BadSpan, OtlpSpans, otlp_json_spans
 from otel_loopguard.metrics._exposition import content_type as exposition_type
 
 from ._budget import ByteBudget

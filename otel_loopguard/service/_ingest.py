@@ -3,7 +3,7 @@ the :class:`~otel_loopguard._traces.TraceBuffer` and feeds the guard.
 
 The ingest thread adds each batch, takes the traces whose root arrived (and, on a short tick,
 the tool spans that waited ``hold_seconds``), and feeds their events to the guard with
-:func:`~otel_loopguard._traces.feed`, as the in-process span processor calls it; each decision
+:func:`~otel_loopguard._trace_events.feed`, as the in-process span processor calls it; each decision
 is logged (:func:`~._logs.log_decision`). Every :data:`EXPIRE_INTERVAL_SECONDS` it also drops
 the guard's idle sessions (:meth:`~otel_loopguard._guard.LoopGuard.expire_idle_sessions`), so
 memory and ``loopguard_sessions`` follow the TTL on a quiet server too.
@@ -18,8 +18,10 @@ from collections.abc import Callable
 from typing import Final, Protocol
 
 from otel_loopguard._guard import LoopGuard
+from otel_loopguard._otlp_json import OtlpSpans
 from otel_loopguard._policy import Action
-from otel_loopguard._traces import OtlpSpans, RunStarted, TraceBuffer, TraceEvent, feed
+from otel_loopguard._trace_events import RunStarted, TraceEvent, feed
+from otel_loopguard._traces import TraceBuffer
 
 from ._durable import ServiceClock
 from ._logs import decision_fields, log_decision, wants_allow_lines

@@ -18,7 +18,7 @@ costs ten times the protobuf parse itself, so a request is read in three steps:
    encoders and every OTLP exporter and the Collector do: known fields written in field-number
    order (a ``KeyValue``'s key before its value).
 3. A candidate is parsed again as a real ``opentelemetry.proto.trace.v1.Span`` and converted to
-   a :class:`~otel_loopguard._traces.RecordedSpan` with every attribute and event.
+   a :class:`~otel_loopguard._otlp_json.RecordedSpan` with every attribute and event.
 
 Ids of the wrong length (or all zeros) reject the span, named by its path in the request; the
 other spans still count. Bytes that are not an ``ExportTraceServiceRequest`` raise ``BadSpan``.
@@ -39,7 +39,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from otel_loopguard import _conventions as conventions
-from otel_loopguard._traces import (
+from otel_loopguard._otlp_json import (
     MAX_SPAN_PROBLEMS,
     MAX_VALUE_DEPTH,
     STATUS_CODE_ERROR,

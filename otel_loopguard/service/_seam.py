@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from otel_loopguard._guard import LoopGuard
-    from otel_loopguard._traces import OtlpSpans
+    from otel_loopguard._otlp_json import OtlpSpans
 
     from ._budget import ByteBudget
     from ._metrics import ServiceMetrics

@@ -5,7 +5,7 @@ Threads and the path of a span:
 1. A receiver thread (one per HTTP connection, :mod:`._http`; a pool for gRPC, :mod:`._grpc`)
    authenticates the request, reads and decodes it
    (:func:`~otel_loopguard.service._proto.proto_spans`, or OTLP JSON through
-   :func:`~otel_loopguard._traces.otlp_json_spans`), and offers the spans to a bounded ingest
+   :func:`~otel_loopguard._otlp_json.otlp_json_spans`), and offers the spans to a bounded ingest
    queue (:meth:`Service.accept`). The answer is sent once they are queued: 200 (with
    ``partial_success`` when some spans were rejected), 400 for data that cannot be read, 429 /
    ``RESOURCE_EXHAUSTED`` with a retry hint when the queue is full (nothing queued, so a retry
@@ -13,7 +13,7 @@ Threads and the path of a span:
 2. One ingest thread (:mod:`._ingest`) owns the :class:`~otel_loopguard._traces.TraceBuffer`: it
    adds each batch, takes the traces whose root arrived (and, on a short tick, the tool spans
    that waited ``hold_seconds``), and feeds their events to the guard with
-   :func:`~otel_loopguard._traces.feed`, as the in-process span processor calls it.
+   :func:`~otel_loopguard._trace_events.feed`, as the in-process span processor calls it.
 3. Decision requests (``/v1/decisions/...``, :mod:`._decisions`) call the guard's hook API on
    their own connection thread; the guard's lock is short, so they do not wait for ingest. They
    answer with the command hooks' answer protocol (:mod:`otel_loopguard.hooks._answers`): a hook
@@ -49,7 +49,8 @@ from typing import Any, Final
 import orjson
 
 from otel_loopguard._guard import LoopGuard
-from otel_loopguard._traces import OtlpSpans, TraceBuffer
+from otel_loopguard._otlp_json import OtlpSpans
+from otel_loopguard._traces import TraceBuffer
 from otel_loopguard.config import Policy, policy_from_env
 from otel_loopguard.metrics import PrometheusRecorder
 

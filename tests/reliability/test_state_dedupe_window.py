@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from otel_loopguard._traces import MAX_SEEN_SPANS, RecordedSpan, TraceBuffer
+from otel_loopguard._otlp_json import RecordedSpan
+from otel_loopguard._traces import MAX_SEEN_SPANS, TraceBuffer
 
 RETRIED_TRACE = 1 << 120
 
