@@ -12,6 +12,7 @@ judged with their ancestors, and feed the resulting events
 
 Pure Python (stdlib and the package's own modules): no OpenTelemetry SDK, no protobuf.
 """
+
 from __future__ import annotations
 
 import time

@@ -136,7 +136,8 @@ def _add_replay(commands: argparse._SubParsersAction[CommandParser]) -> None:
 
 def _run_replay(args: argparse.Namespace) -> int:
     from otel_loopguard.config import Mode
-    from otel_loopguard.replay import UsageError, run_replay
+    from otel_loopguard.replay import UsageError as ReplayUsageError
+    from otel_loopguard.replay import run_replay
 
     policy = load_cli_policy(args)
     try:
@@ -150,7 +151,7 @@ def _run_replay(args: argparse.Namespace) -> int:
             html_path=args.html_path,
             summary=args.summary,
         )
-    except UsageError as exc:
+    except ReplayUsageError as exc:
         raise UsageError(str(exc)) from None
 
 
