@@ -4,21 +4,20 @@ One lock over the session store and the report ledger. Under it: count an attemp
 pending, end it with its outcome (matching a second report of one call, by id or arguments, so
 it counts once), start a new epoch. Off it: key the call (canonical arguments), decide
 (:func:`otel_loopguard._policy.decide`), report (:class:`~otel_loopguard._reporter.Reporter`),
-ask the advisor (:class:`~otel_loopguard._asks.Rescues`). Never called but through the guard,
-which catches what it raises.
+ask the advisor (:class:`~otel_loopguard._asks.Rescues`). Its upkeep (sessions in and out,
+expiry, new epochs, spend, errors) is :mod:`._upkeep`. Never called but through the guard, which
+catches what it raises.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final, cast
+from typing import Any
 
 from ._advice import (
     MAX_QUESTION_ARGUMENT_CHARS,
@@ -31,7 +30,6 @@ from ._calls import (
     MAX_TOOL_NAME_CHARS,
     SIGNATURE_CHARS,
     args_key,
-    bounded_id,
     canonical_arguments,
     canonical_json,
     outcome_key,
@@ -52,37 +50,22 @@ from ._policy import (
     climb,
     conclude,
     decide,
-    has_advice,
     message_for,
     settle_rescue,
-    with_advice,
 )
-from ._prices import Cost, ModelUsage, Pricer
+from ._prices import Pricer
 from ._reporter import Reporter
 from ._rules import evaluate, no_progress_after_failures, trend
 from ._session_store import SessionStore
-from ._spend import Spend
 from ._trail import MAX_TRAIL_ARGUMENT_CHARS, MAX_TRAIL_OUTPUT_CHARS, Trail
 from ._triplog import TripLog
+from ._upkeep import MAX_SETTLED_CALLS, MAX_SETTLED_SESSIONS, Upkeep, text_of
 from .config import Mode, Policy
-from .metrics import NoopRecorder, PrometheusRecorder, Recorder
+from .metrics import NoopRecorder, Recorder
 
-__all__ = ["SNAPSHOT_VERSION", "GuardCore"]
+__all__ = ["GuardCore"]
 
 _log = logging.getLogger("otel_loopguard")
-
-#: Calls remembered as reported, per session, so that a second report of the same call (a
-#: framework hook's and its span's, in either order) does not count it again; and sessions kept.
-_MAX_SETTLED_CALLS: Final = 64
-_MAX_SETTLED_SESSIONS: Final = 1024
-#: Reasons kept for skipped model calls (the field a bad value was in); others are not counted.
-_MAX_SKIP_REASONS: Final = 64
-#: Version of :meth:`LoopGuard.snapshot`'s layout; :meth:`LoopGuard.restore` refuses others.
-SNAPSHOT_VERSION: Final = 1
-
-
-def _text(value: object) -> str:
-    return value if isinstance(value, str) else tool_name(value)
 
 
 def _cut_utf8(data: bytes, limit: int) -> str:
@@ -90,7 +73,7 @@ def _cut_utf8(data: bytes, limit: int) -> str:
     return data[: limit * 4].decode("utf-8", "ignore")[:limit]
 
 
-def _output_text(result: object) -> str | None:
+def _outputtext_of(result: object) -> str | None:
     """A call's result as text for the advisor's question, cut (``None`` when there is none).
     Only a guard that keeps trails pays for this."""
     if result is None:
@@ -154,7 +137,7 @@ def _awaits(pending: Pending, outcome: str | None) -> bool:
     return outcome is None and not pending.blocked and not pending.mutating
 
 
-class GuardCore:
+class GuardCore(Upkeep):
     """What a :class:`~otel_loopguard._guard.LoopGuard` keeps and does; see the module."""
 
     def __init__(
@@ -164,7 +147,7 @@ class GuardCore:
         clock: Callable[[], float] | None,
         recorder: Recorder | None,
     ) -> None:
-        self.policy: Final = policy
+        self.policy = policy
         # Trails cost a little per call: only a guard that can ask an advisor keeps them.
         self._keep_trail = advisor is not None and (
             self.policy.rescue_threshold is not None or self.policy.rescue_on_stall
@@ -209,7 +192,7 @@ class GuardCore:
         # Hook attempts whose outcome is in: session key -> {call id: args key}, oldest first. A
         # second report of such a call (by its id, or by its arguments when it carries no id, as
         # OpenInference tool spans do) only returns None. Cleared per session on a new run.
-        self._settled = ReportLedger(_MAX_SETTLED_SESSIONS, _MAX_SETTLED_CALLS)
+        self._settled = ReportLedger(MAX_SETTLED_SESSIONS, MAX_SETTLED_CALLS)
         self._errors: dict[str, int] = {}
         # Model calls: priced here; those whose usage could not be read, counted by reason.
         self.pricer = Pricer()
@@ -217,162 +200,7 @@ class GuardCore:
         self._logged: set[tuple[str, str]] = set()
         self._watch_sessions(self.reporter.recorder)
 
-    # -- for the guard's public methods ------------------------------------------------------
-
-    def await_advice(self, decision: Decision, agent: str | None) -> Decision:
-        try:
-            if decision.action is not Action.RESCUE or has_advice(decision.message):
-                return decision
-            sid, aid = self._ids(decision.session, agent)
-            advice = self.rescues.awaited(sid, aid, decision.signature)
-            if not advice:
-                return decision
-            return dataclasses.replace(decision, message=with_advice(decision.message, advice))
-        except Exception as exc:
-            self.report_internal_error("await_advice", exc)
-            return decision
-
-    def set_task(self, session: str, task: str, agent: str | None) -> None:
-        if not self._keep_trail or not isinstance(task, str) or not task.strip():
-            return
-        try:
-            with self._lock:
-                state = self.store.get(self._store_key(*self._ids(session, agent)))
-                evictions = self._take_evictions()
-                if state is not None:
-                    trail = state.trail
-                    if trail is None:
-                        trail = state.trail = Trail()
-                    trail.new_task(task)
-            self._evicted(evictions)
-        except Exception as exc:
-            self.report_internal_error("set_task", exc)
-
-    def errors(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self._errors)
-
-    def count_sessions(self) -> int:
-        self.expire()
-        with self._lock:
-            return len(self.store)
-
-    def expire(self) -> int:
-        try:
-            with self._lock:
-                self.store.expire()
-                evictions = self._take_evictions()
-            self._evicted(evictions)
-            return len(evictions)
-        except Exception as exc:
-            self.report_internal_error("expire_idle_sessions", exc)
-            return 0
-
-    def export_session(self, session: str, agent: str | None) -> SessionState | None:
-        with self._lock:
-            state = self.store.get(self._store_key(*self._ids(session, agent)), create=False)
-            evictions = self._take_evictions()
-        self._evicted(evictions)
-        return state
-
-    def import_session(self, session: str, state: SessionState, agent: str | None) -> None:
-        with self._lock:
-            self.store.put(self._store_key(*self._ids(session, agent)), state)
-            evictions = self._take_evictions()
-        self._evicted(evictions)
-
-    def _evicted(self, evictions: list[str]) -> None:
-        for reason in evictions:
-            self.reporter.recorder.evicted(reason)
-
-    def snapshot(self) -> dict[str, Any]:
-        with self._lock:
-            return {
-                "version": SNAPSHOT_VERSION,
-                "sessions": self.store.snapshot(),
-                "reported": self._settled.snapshot(),
-            }
-
-    def restore(self, data: Mapping[str, Any]) -> None:
-        if not isinstance(data, Mapping):
-            raise ValueError(f"guard snapshot: expected a mapping, got {type(data).__name__}")
-        version = data.get("version")
-        if version != SNAPSHOT_VERSION:
-            raise ValueError(
-                f"guard snapshot: unknown version {version!r} (this is {SNAPSHOT_VERSION})"
-            )
-        store = SessionStore(
-            self.policy.max_sessions,
-            self.policy.session_ttl_seconds,
-            self._clock,
-            on_evict=self._evictions.append,
-        )
-        store.restore(data.get("sessions"), self.policy)
-        settled = ReportLedger(_MAX_SETTLED_SESSIONS, _MAX_SETTLED_CALLS)
-        settled.restore(data.get("reported"))
-        with self._lock:
-            self.store, self._settled = store, settled
-
-    @contextmanager
-    def replaying(self, advisor: Advisor | None) -> Iterator[None]:
-        reporter, rescues = self.reporter, self.rescues
-        saved = (reporter.recorder, reporter.trip_log, rescues.advisor)
-        reporter.recorder, reporter.trip_log = NoopRecorder(), None
-        if rescues.advisor is not None:
-            rescues.advisor = advisor
-        try:
-            yield
-        finally:
-            reporter.recorder, reporter.trip_log, rescues.advisor = saved
-
-    def prometheus(self) -> PrometheusRecorder:
-        """The Prometheus recorder, installed now if there was none (metrics served later)."""
-        reporter = self.reporter
-        recorder = reporter.recorder
-        if type(recorder) is NoopRecorder:
-            fresh = PrometheusRecorder()  # built off the lock: the first build imports a library
-            self._watch_sessions(fresh)
-            with self._lock:
-                if type(reporter.recorder) is NoopRecorder:
-                    reporter.recorder = fresh
-                recorder = reporter.recorder
-        if not isinstance(recorder, PrometheusRecorder):
-            raise ValueError(
-                f"recorder: {type(recorder).__name__} has no Prometheus registry;"
-                " serve its metrics the way that recorder does"
-            )
-        return recorder
-
-    def _watch_sessions(self, recorder: object) -> None:
-        """Hand the recorder a reader of the session count (without keeping the guard alive).
-        Looked up on the type: a recorder that answers any attribute is not asked."""
-        observe = getattr(type(recorder), "observe_sessions", None)
-        if observe is None:
-            return
-        ref = weakref.ref(self)
-
-        def count() -> int:
-            core = ref()
-            return core.count_sessions() if core is not None else 0
-
-        observe(recorder, count)
-
     # -- deciding -----------------------------------------------------------------------------
-
-    @staticmethod
-    def _ids(session: object, agent: object) -> tuple[str, str | None]:
-        sid = session if type(session) is str else _text(session)
-        aid = agent if agent is None or type(agent) is str else _text(agent)
-        if len(sid) > MAX_ID_CHARS:
-            sid = bounded_id(sid)
-        if aid is not None and len(aid) > MAX_ID_CHARS:
-            aid = bounded_id(aid)
-        return sid, aid
-
-    @staticmethod
-    def _store_key(sid: str, aid: str | None) -> object:
-        # The session string alone when there is no agent (the common case, and less memory).
-        return sid if aid is None else (sid, aid)
 
     def attempt(
         self,
@@ -513,7 +341,7 @@ class GuardCore:
             # It ran (we only heard of it afterwards): its outcome, maybe progress.
             post = self._ran(state, key, mutating, ran.outcome, ran.error)
         else:
-            ref = key if call_id is None else _text(call_id)
+            ref = key if call_id is None else text_of(call_id)
             state.add_pending(ref, key, enforced_block, mutating)
             if call_id is not None and self._settled:
                 self._settled.take(store_key, ref)  # a new attempt under a reused call id
@@ -555,8 +383,8 @@ class GuardCore:
         result: object,
         duration_seconds: float | None,
     ) -> Decision | None:
-        ref = _text(call_id) if call_id is not None else None
-        output = _output_text(result) if self._keep_trail else None
+        ref = text_of(call_id) if call_id is not None else None
+        output = _outputtext_of(result) if self._keep_trail else None
         done: _Outcome = (ref, outcome_key(result, error), error, output, duration_seconds)
         last = getattr(self._last, "call", None)
         if (
@@ -820,95 +648,3 @@ class GuardCore:
             )
             trip = self.reporter.trip_line(asked, call.aid, call.canonical, "escalation-failed")
         return self.rescues.ask(ask, request, call.key, trip, wait)
-
-    def model_call(self, usage: ModelUsage, session: object, agent: object) -> Cost | None:
-        """Count one model call's usage under ``session`` and ``agent`` (the keys of the tool
-        calls it requested), priced (:class:`~otel_loopguard._prices.Pricer`) off the lock."""
-        cost = self.pricer.cost(usage)
-        sid, aid = self._ids(session, agent)
-        with self._lock:
-            state: SessionState = self.store.get(self._store_key(sid, aid))  # type: ignore[assignment]
-            spend = state.spend
-            if spend is None:
-                spend = state.spend = Spend()
-            spend.add(usage, cost)
-            evictions = self._take_evictions()
-        for reason in evictions:
-            self.reporter.recorder.evicted(reason)
-        return cost
-
-    def model_call_skipped(self, reason: str) -> None:
-        """A model call's usage that could not be read (a bad value): counted by ``reason``."""
-        with self._lock:
-            skipped = self.skipped_model_calls
-            if reason in skipped or len(skipped) < _MAX_SKIP_REASONS:
-                skipped[reason] = skipped.get(reason, 0) + 1
-
-    def reset(
-        self, session: object, agent: object, where: str, text: object = None, *, task: bool = False
-    ) -> None:
-        """A new progress epoch, with the stop lifted, for ``session`` and ``agent``; with no
-        agent named, for the session and every agent kept in it (a user speaks to the whole
-        session; calls made with ``agent=`` are kept per agent)."""
-        try:
-            keep_text = self._keep_trail and isinstance(text, str) and text.strip()
-            with self._lock:
-                sid, aid = self._ids(session, agent)
-                store_key = self._store_key(sid, aid)
-                store = self.store
-                keys = [store_key] if aid is not None else [store_key, *store.agent_keys(sid)]
-                for key in keys:
-                    state = store.get(key, create=key is store_key)
-                    if state is not None:
-                        state.new_epoch(clear_stop=True)
-                        if keep_text:
-                            trail = state.trail
-                            if trail is None:
-                                trail = state.trail = Trail()
-                            if task:
-                                trail.new_task(cast(str, text))
-                            else:
-                                trail.user_message(cast(str, text))
-                    self._settled.forget(key)  # a new run may reuse call ids
-                evictions = self._take_evictions()
-            for reason in evictions:
-                self.reporter.recorder.evicted(reason)
-        except Exception as exc:
-            self.report_internal_error(where, exc)
-
-    def _take_evictions(self) -> list[str]:
-        if not self._evictions:
-            return []
-        taken = list(self._evictions)
-        self._evictions.clear()
-        return taken
-
-    def _internal_once(self, kind: str, exc: BaseException) -> None:
-        """Log an advisor failure once per kind (it is expected, not an internal error)."""
-        signature = (kind, type(exc).__name__)
-        if signature not in self._logged:
-            self._logged.add(signature)
-            _log.warning(
-                "loopguard %s unavailable: %s (further such failures are not logged)", kind, exc
-            )
-
-    def report_internal_error(self, where: str, exc: BaseException) -> None:
-        """The seam for adapters that catch an exception on the hot path: count it under
-        ``where`` (``internal_errors``, ``loopguard_internal_errors_total``) and log it once per
-        (place, exception type). Never raises."""
-        try:
-            with self._lock:
-                self._errors[where] = self._errors.get(where, 0) + 1
-                first = (where, type(exc).__name__) not in self._logged
-                self._logged.add((where, type(exc).__name__))
-            if first:
-                _log.error(
-                    "loopguard internal error in %s; falling back to allow"
-                    " (further %s errors here are counted, not logged)",
-                    where,
-                    type(exc).__name__,
-                    exc_info=exc,
-                )
-            self.reporter.recorder.internal_error(where)
-        except Exception:  # pragma: no cover - logging itself failed; nothing left to do
-            pass
