@@ -1,11 +1,15 @@
 """The decision API of ``serve`` (``POST /v1/decisions/before``, ``/after``, ``/user_message``,
-``/new_run``), on the answer protocol of the command hooks (:mod:`otel_loopguard.hooks._answers`).
+``/new_run``, ``/model_call``), on the answer protocol of the command hooks
+(:mod:`otel_loopguard.hooks._answers`).
 
 Each request calls the guard's hook API on its connection's thread; the guard's lock is short,
 so decisions do not wait for ingest. For command hooks on hosts that show the model text only
 with a call's result, the reminders that wait for a result are kept here
 (:class:`HeldReminders`), and the reminder for a call reported only after it ran is worded with
 the same function as a hook's local backend: a hook answers as with its local store.
+
+``/model_call`` reports one model turn's usage (``LoopGuard.model_call``): the fields of
+:data:`MODEL_CALL_FIELDS`, checked as the hook API checks them (a bad one is a 400 naming it).
 
 Knows nothing of HTTP: a request body parsed as JSON in, the answer as a JSON-ready dict out.
 """
@@ -27,6 +31,7 @@ from otel_loopguard._calls import bounded_id
 from otel_loopguard._exemplars import DROPPED, counting
 from otel_loopguard._guard import LoopGuard
 from otel_loopguard._policy import Action, Decision
+from otel_loopguard._prices import ModelUsage
 from otel_loopguard.config import Policy
 from otel_loopguard.hooks._answers import decide_after, decide_before
 
@@ -35,6 +40,7 @@ __all__ = [
     "MAX_DECISION_BODY_BYTES",
     "MAX_DECISION_DEPTH",
     "MAX_HELD_REMINDERS",
+    "MODEL_CALL_FIELDS",
     "DecisionAPI",
     "DecisionCall",
     "HeldReminders",
@@ -44,7 +50,19 @@ __all__ = [
 ]
 
 #: The endpoints under ``/v1/decisions/``.
-DECISION_ENDPOINTS: Final = frozenset({"before", "after", "user_message", "new_run"})
+DECISION_ENDPOINTS: Final = frozenset({"before", "after", "user_message", "new_run", "model_call"})
+#: The usage fields of ``/model_call`` (all optional; token counts default to 0; a model with
+#: no name or no price is counted unpriced): :class:`~otel_loopguard._prices.ModelUsage`'s, as
+#: ``LoopGuard.model_call`` takes them.
+MODEL_CALL_FIELDS: Final = (
+    "model",
+    "provider",
+    "input_tokens",
+    "output_tokens",
+    "cache_read_tokens",
+    "cache_write_tokens",
+    "reported_cost_usd",
+)
 #: Largest decision request body.
 MAX_DECISION_BODY_BYTES: Final = 1024 * 1024
 #: Deepest nesting of a decision request body (objects and arrays; the body itself is level 1):
@@ -196,6 +214,8 @@ class DecisionCall:
     text: str | None = None  # user_message: the user's text; new_run: the run's task
     #: (trace id, span id) of the caller's tool span (:func:`call_trace`), or None.
     trace: tuple[int, int] | None = None
+    #: model_call: the turn's usage.
+    usage: ModelUsage | None = None
 
 
 class DecisionAPI:
@@ -241,6 +261,8 @@ class DecisionAPI:
             return DecisionCall(endpoint, session, agent, text=_prose(payload, "text"))
         if endpoint == "new_run":
             return DecisionCall(endpoint, session, agent, text=_prose(payload, "task"))
+        if endpoint == "model_call":
+            return DecisionCall(endpoint, session, agent, usage=_usage(payload))
         tool = _text(payload, "tool", required=True)
         arguments = payload.get("arguments", {})
         call_id = _text(payload, "call_id")
@@ -288,6 +310,15 @@ class DecisionAPI:
         if call.endpoint == "new_run":
             guard.new_run(session, agent=agent, task=call.text)
             return {}
+        if call.endpoint == "model_call":
+            assert call.usage is not None
+            cost = guard.model_call(call.usage, session=session, agent=agent)
+            # None: not charged (the guard's store failed; logged and counted by the guard).
+            return {
+                "charged": cost is not None,
+                "cost_usd": None if cost is None else cost.usd,
+                "cost_source": None if cost is None else cost.source,
+            }
         if call.endpoint == "before":
             before = decide_before(
                 guard,
@@ -386,6 +417,22 @@ def _text(payload: Mapping[str, object], name: str, required: bool = False) -> A
     if not isinstance(value, str) or not value:
         raise ValueError(f"{name!r} must be a non-empty string, got {value!r}")
     return value
+
+
+def _usage(payload: Mapping[str, object]) -> ModelUsage:
+    """The usage of a ``/model_call`` body; ``ValueError`` naming the bad field."""
+    model = _text(payload, "model")
+    provider = _text(payload, "provider")
+    try:
+        return ModelUsage.checked(
+            model,
+            provider,
+            **{name: payload.get(name, 0) for name in MODEL_CALL_FIELDS[2:6]},
+            reported_cost_usd=payload.get("reported_cost_usd"),
+        )
+    except ValueError as exc:
+        name, _, problem = str(exc).partition(": ")
+        raise ValueError(f"{name!r}: {problem}") from None
 
 
 def _prose(payload: Mapping[str, object], name: str) -> str | None:
