@@ -70,6 +70,9 @@ from typing import Any, Final
 import orjson
 
 from otel_loopguard._otlp_json import OtlpSpans, RecordedSpan
+from otel_loopguard._trace_events import CallObserved
+
+from ._otlp_logs import LogCalls
 
 __all__ = [
     "ADVICE",
@@ -1108,6 +1111,8 @@ _READERS: Final[dict[int, Callable[[_Reader, int], Any]]] = {
 
 #: A recorded span's fields, in order: how a batch's spans are written in the log.
 _SPAN_FIELDS: Final = tuple(item.name for item in dataclasses.fields(RecordedSpan))
+#: A logged tool call's fields (OTLP logs; its ``span`` is always ``None``).
+_CALL_FIELDS: Final = tuple(item.name for item in dataclasses.fields(CallObserved))
 
 
 def batch_payload(read: OtlpSpans) -> bytes:
@@ -1115,7 +1120,12 @@ def batch_payload(read: OtlpSpans) -> bytes:
     and parent links, as plain data (:func:`batch_of` reads it). As JSON (``J``), each span a
     row of its fields with 128-bit ids in hex and each attribute map as itself when JSON keeps
     it exactly (:func:`_flat_json`), else as :func:`plain_dumps` in Base64; a batch JSON cannot
-    hold (text that is not UTF-8) as :func:`plain_dumps` (``P``)."""
+    hold (text that is not UTF-8) as :func:`plain_dumps` (``P``). A batch of coding agents'
+    tool calls (OTLP logs, :class:`~._otlp_logs.LogCalls`) as :func:`plain_dumps` (``L``):
+    each call a row of its fields."""
+    if isinstance(read, LogCalls):
+        rows = [tuple(getattr(call, name) for name in _CALL_FIELDS) for call in read.calls]
+        return b"L" + plain_dumps((rows, read.problems, read.bad_spans, read.ignored))
     try:
         return b"J" + orjson.dumps(
             [
@@ -1188,6 +1198,12 @@ def _span_back(row: list[Any]) -> RecordedSpan:
 def batch_of(payload: bytes) -> OtlpSpans:
     """A :func:`batch_payload` back; ``ValueError`` for anything else."""
     try:
+        if payload[:1] == b"L":
+            rows, problems, bad_spans, ignored = plain_loads(payload[1:])
+            calls = [CallObserved(**dict(zip(_CALL_FIELDS, row, strict=True))) for row in rows]
+            return LogCalls(
+                [], [str(problem) for problem in problems], int(bad_spans), [], calls, int(ignored)
+            )
         if payload[:1] == b"J":
             rows, problems, bad_spans, links = orjson.loads(payload[1:])
             spans = [_span_back(row) for row in rows]

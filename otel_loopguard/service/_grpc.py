@@ -1,4 +1,5 @@
-"""OTLP/gRPC: ``TraceService/Export`` on a ``grpc.aio`` server (grpcio, imported when started),
+"""OTLP/gRPC: ``TraceService/Export`` (and ``LogsService/Export``, coding agents' tool events:
+:mod:`._otlp_logs`) on a ``grpc.aio`` server (grpcio, imported when started),
 on an asyncio loop in a thread of its own.
 
 A call costs a coroutine while it waits, never a thread: the handler is registered as
@@ -42,6 +43,7 @@ from typing import IO, TYPE_CHECKING, Any, Final, TypeVar
 from otel_loopguard._otlp_json import BadSpan
 
 from ._options import RETRY_AFTER_SECONDS
+from ._otlp_logs import logs_response_bytes, proto_log_calls
 from ._proto import RPC_RESOURCE_EXHAUSTED, proto_spans, response_bytes
 
 if TYPE_CHECKING:
@@ -65,6 +67,8 @@ _KEEPALIVE: Final = (
 )
 
 _GRPC_SERVICE: Final = "opentelemetry.proto.collector.trace.v1.TraceService"
+#: OTLP logs: coding agents' tool events (:mod:`._otlp_logs`), on the same server and path.
+_GRPC_LOGS_SERVICE: Final = "opentelemetry.proto.collector.logs.v1.LogsService"
 _T = TypeVar("_T")
 
 
@@ -110,7 +114,11 @@ class GrpcReceiver:
                 "Export": grpc.stream_unary_rpc_method_handler(self._export),
             },
         )
-        server.add_generic_rpc_handlers((handler,))
+        logs_handler = grpc.method_handlers_generic_handler(
+            _GRPC_LOGS_SERVICE,
+            {"Export": grpc.stream_unary_rpc_method_handler(self._export_logs)},
+        )
+        server.add_generic_rpc_handlers((handler, logs_handler))
         host = options.host.strip("[]")
         host = f"[{host}]" if ":" in host else options.host
         assert options.grpc_port is not None, "no gRPC port to serve (--no-grpc)"
@@ -138,12 +146,19 @@ class GrpcReceiver:
 
     async def _export(self, requests: AsyncIterator[bytes], context: Any) -> bytes:
         """OTLP/gRPC ``TraceService/Export``: raw bytes in and out."""
+        return await self._exported(context, False)
+
+    async def _export_logs(self, requests: AsyncIterator[bytes], context: Any) -> bytes:
+        """OTLP/gRPC ``LogsService/Export``: raw bytes in and out."""
+        return await self._exported(context, True)
+
+    async def _exported(self, context: Any, logs: bool) -> bytes:
         import grpc
 
         service = self._service
         outcome, message, answer = "error", "internal error", b""
         try:
-            outcome, message, answer = await self._answer(context)
+            outcome, message, answer = await self._answer(context, logs)
         except Exception as exc:
             service.guard.report_internal_error("serve.grpc", exc)
         service.metrics.requests.labels("grpc", outcome).inc()
@@ -163,7 +178,7 @@ class GrpcReceiver:
         await context.abort(code, message, trailers)  # raises
         return b""  # pragma: no cover
 
-    async def _answer(self, context: Any) -> tuple[str, str, bytes]:
+    async def _answer(self, context: Any, logs: bool) -> tuple[str, str, bytes]:
         import grpc
 
         service = self._service
@@ -189,20 +204,22 @@ class GrpcReceiver:
             )
         try:
             return await asyncio.get_running_loop().run_in_executor(
-                self._executor, self._decode, request
+                self._executor, self._decode, request, logs
             )
         finally:
             budget.give(len(request))
 
-    def _decode(self, request: bytes) -> tuple[str, str, bytes]:
-        """Decode a message and queue its spans, on a worker thread."""
+    def _decode(self, request: bytes, logs: bool) -> tuple[str, str, bytes]:
+        """Decode a message and queue its spans (``logs``: its coding agents' tool calls), on a
+        worker thread."""
         try:
-            read = proto_spans(request)
+            read = proto_log_calls(request) if logs else proto_spans(request)
         except BadSpan as exc:
             return "bad_request", str(exc), b""
         outcome, message = self._service.accept(read, "grpc")
         if outcome in ("ok", "partial"):
-            return outcome, message, response_bytes(read.bad_spans, message)
+            answer = logs_response_bytes if logs else response_bytes
+            return outcome, message, answer(read.bad_spans, message)
         return outcome, message, b""
 
 

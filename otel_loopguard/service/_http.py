@@ -26,10 +26,10 @@ bounds what one client can hold (the class says how):
 
 Each request is authenticated, framed strictly (``Content-Length`` required for a POST body:
 411; larger than the cap: 413; the body's bytes taken from a byte budget before it is read,
-else 429 with ``Retry-After``; ``/v1/traces`` also takes one ``Transfer-Encoding: chunked``
-without ``Content-Length``, its bytes counted against the cap and taken from the budget as they
-arrive, 413 or 429 and a close as soon as they pass either, any other transfer coding 400 and a
-close) and decoded / decided on a worker thread, off the event loop:
+else 429 with ``Retry-After``; ``/v1/traces`` and ``/v1/logs`` also take one
+``Transfer-Encoding: chunked`` without ``Content-Length``, its bytes counted against the cap and
+taken from the budget as they arrive, 413 or 429 and a close as soon as they pass either, any
+other transfer coding 400 and a close) and decoded / decided on a worker thread, off the event loop:
 
 - ``POST /v1/traces``: protobuf (:func:`~otel_loopguard.service._proto.proto_spans`) or OTLP
   JSON (:func:`~otel_loopguard._otlp_json.otlp_json_spans`), gzip or not (inflated 256 KiB at a
@@ -37,6 +37,9 @@ close) and decoded / decided on a worker thread, off the event loop:
   offered to the ingest queue (:meth:`Service.accept`); answered in the request's encoding once
   queued: 200 (with ``partial_success`` when some spans were rejected), 400 for data that cannot
   be read, 429 / 503 with ``Retry-After`` when the queue is full or the service is draining.
+- ``POST /v1/logs``: the same path for OTLP logs (:mod:`._otlp_logs`: coding agents' tool
+  events read as calls that already ran; every other record is ignored and counted), answered
+  with ``partial_success.rejectedLogRecords`` for tool events that cannot be read.
 - ``POST /v1/decisions/{before,after,user_message,new_run}``: :meth:`Service.decide` on
   :data:`DECISION_WORKERS` threads of their own, the body from a budget of its own (an eighth,
   :data:`DECISION_BUDGET_SHARE`, of ``max_inflight_bytes``; a body over
@@ -76,6 +79,7 @@ from ._budget import ByteBudget
 from ._decisions import DECISION_ENDPOINTS, MAX_DECISION_BODY_BYTES
 from ._durable import StateError
 from ._options import RETRY_AFTER_SECONDS
+from ._otlp_logs import json_log_calls, logs_response_bytes, proto_log_calls
 from ._proto import (
     RPC_INVALID_ARGUMENT,
     RPC_RESOURCE_EXHAUSTED,
@@ -814,7 +818,9 @@ class _App:
         service.enter_request()
         try:
             if path == "/v1/traces":
-                await self._traces(exchange)
+                await self._otlp(exchange, False)
+            elif path == "/v1/logs":
+                await self._otlp(exchange, True)
             elif path.startswith("/v1/decisions/") and path[14:] in DECISION_ENDPOINTS:
                 await self._decision(exchange, path[14:])
             else:
@@ -858,7 +864,9 @@ class _App:
 
     # -- OTLP/HTTP -------------------------------------------------------------------------
 
-    async def _traces(self, exchange: _Exchange) -> None:
+    async def _otlp(self, exchange: _Exchange, logs: bool) -> None:
+        """``/v1/traces``, or ``/v1/logs`` (``logs``: coding agents' tool events,
+        :mod:`._otlp_logs`): one path, the same checks and budget."""
         service = self._service
         kind = exchange.headers.get("content-type", "").split(";", 1)[0].strip().lower()
         as_json = kind != _PROTOBUF  # answers in the request's type; JSON when it has none we know
@@ -893,7 +901,7 @@ class _App:
                 held.grow(length)
                 body = await exchange.body(length)
             outcome, answer = await self._off_loop(
-                _ingest, service, exchange.headers, body, as_json, held
+                _ingest, service, exchange.headers, body, as_json, held, logs
             )
             count(outcome)
             await exchange.send(200, answer, _JSON if as_json else _PROTOBUF)
@@ -1031,13 +1039,14 @@ def _chunked(exchange: _Exchange) -> bool:
 
 def _content_length(exchange: _Exchange, limit: int) -> int:
     """The body's length, from a ``Content-Length`` the parser validated (one, digits only);
-    411 without one (chunked bodies are accepted on ``/v1/traces`` only: :func:`_chunked`),
+    411 without one (chunked bodies are accepted on ``/v1/traces`` and ``/v1/logs`` only:
+    :func:`_chunked`),
     413 past ``limit``."""
     if "transfer-encoding" in exchange.headers:
         raise _Reject(
             411,
             RPC_INVALID_ARGUMENT,
-            "chunked bodies are accepted on /v1/traces only: send Content-Length",
+            "chunked bodies are accepted on /v1/traces and /v1/logs only: send Content-Length",
             "bad_request",
             close=True,
         )
@@ -1073,13 +1082,15 @@ def _ingest(
     body: bytes | bytearray,
     as_json: bool,
     held: _Held,
+    logs: bool = False,
 ) -> tuple[str, bytes]:
-    """Decode, read and queue one OTLP body: ``(outcome, answer body)``, the inflated bytes of a
-    gzip body taken from the budget into ``held``; raises :class:`_Reject`."""
+    """Decode, read and queue one OTLP body (``logs``: an ``ExportLogsServiceRequest``):
+    ``(outcome, answer body)``, the inflated bytes of a gzip body taken from the budget into
+    ``held``; raises :class:`_Reject`."""
     encoding = headers.get("content-encoding", "identity").strip().lower()
     if encoding != "identity":
         body = _inflated(bytes(body), encoding, service.options.max_body_bytes, held)
-    read = _spans(body, as_json)
+    read = _spans(body, as_json, logs)
     del body
     outcome, message = service.accept(read, "http")
     if outcome == "bad_request":
@@ -1096,10 +1107,12 @@ def _ingest(
         answer: dict[str, object] = {}
         if read.bad_spans:
             answer["partialSuccess"] = {
-                "rejectedSpans": str(read.bad_spans),
+                "rejectedLogRecords" if logs else "rejectedSpans": str(read.bad_spans),
                 "errorMessage": message,
             }
         return outcome, orjson.dumps(answer)
+    if logs:
+        return outcome, logs_response_bytes(read.bad_spans, message)
     return outcome, response_bytes(read.bad_spans, message)
 
 
@@ -1171,20 +1184,19 @@ def _inflated(body: bytes, encoding: str, limit: int, held: _Held) -> bytearray:
     return out  # not copied: both readers take a bytearray
 
 
-def _spans(body: bytes | bytearray, as_json: bool) -> OtlpSpans:
+def _spans(body: bytes | bytearray, as_json: bool, logs: bool = False) -> OtlpSpans:
     try:
         if not as_json:
-            return proto_spans(cast(bytes, body))  # protobuf reads any bytes-like object
+            # protobuf reads any bytes-like object
+            return proto_log_calls(cast(bytes, body)) if logs else proto_spans(cast(bytes, body))
         try:
             record = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
             raise BadSpan(f"not valid JSON ({exc})") from None
         if not isinstance(record, dict):
-            raise BadSpan(
-                f"expected a JSON object (an ExportTraceServiceRequest), got"
-                f" {type(record).__name__}"
-            )
-        return otlp_json_spans(record)
+            kind = "ExportLogsServiceRequest" if logs else "ExportTraceServiceRequest"
+            raise BadSpan(f"expected a JSON object (an {kind}), got {type(record).__name__}")
+        return json_log_calls(record) if logs else otlp_json_spans(record)
     except BadSpan as exc:
         raise _Reject(400, RPC_INVALID_ARGUMENT, str(exc), "bad_request") from None
 

@@ -3,28 +3,33 @@ the :class:`~otel_loopguard._traces.TraceBuffer` and feeds the guard.
 
 The ingest thread adds each batch, takes the traces whose root arrived (and, on a short tick,
 the tool spans that waited ``hold_seconds``), and feeds their events to the guard with
-:func:`~otel_loopguard._trace_events.feed`, as the in-process span processor calls it; each decision
-is logged (:func:`~._logs.log_decision`). Every :data:`EXPIRE_INTERVAL_SECONDS` it also drops
-the guard's idle sessions (:meth:`~otel_loopguard._guard.LoopGuard.expire_idle_sessions`), so
-memory and ``loopguard_sessions`` follow the TTL on a quiet server too.
+:func:`~otel_loopguard._trace_events.feed`, as the in-process span processor calls it; a batch of
+coding agents' tool events (OTLP logs, :class:`~._otlp_logs.LogCalls`) is fed as it comes, each
+a call that already ran; each decision is logged (:func:`~._logs.log_decision`). Every
+:data:`EXPIRE_INTERVAL_SECONDS` it also drops the guard's idle sessions
+(:meth:`~otel_loopguard._guard.LoopGuard.expire_idle_sessions`), so memory and
+``loopguard_sessions`` follow the TTL on a quiet server too.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Final, Protocol
+
+import xxhash
 
 from otel_loopguard._guard import LoopGuard
 from otel_loopguard._otlp_json import OtlpSpans
 from otel_loopguard._policy import Action
-from otel_loopguard._trace_events import RunStarted, TraceEvent, feed
+from otel_loopguard._trace_events import CallObserved, RunStarted, TraceEvent, feed
 from otel_loopguard._traces import TraceBuffer
 
 from ._durable import ServiceClock
 from ._logs import decision_fields, log_decision, wants_allow_lines
+from ._otlp_logs import LogCalls
 
 __all__ = ["EXPIRE_INTERVAL_SECONDS", "Ingest", "Logged"]
 
@@ -33,6 +38,9 @@ _TICK_SECONDS: Final = 0.25
 #: How often the ingest thread drops the guard's sessions idle past ``session_ttl_seconds``
 #: (calls do so on their own only when calls come; a quiet server would keep them).
 EXPIRE_INTERVAL_SECONDS: Final = 1.0
+#: Coding agents' tool events remembered by session and call id, so that an exporter's retry of
+#: a log batch counts once (the oldest are forgotten first).
+MAX_SEEN_LOG_CALLS: Final = 65_536
 
 
 class Logged(Protocol):
@@ -76,6 +84,9 @@ class Ingest:
         self.flushed_early_capacity = 0
         self.agents_lost = 0
         self.duplicates = 0
+        #: Log records' tool calls dropped as already fed (a retried batch).
+        self.duplicate_calls = 0
+        self._seen_calls: OrderedDict[int, None] = OrderedDict()
         self._next_expiry = time.monotonic() + EXPIRE_INTERVAL_SECONDS
         self._tick = min(_TICK_SECONDS, hold_seconds / 4) if hold_seconds > 0 else _TICK_SECONDS
         self._thread = threading.Thread(target=self._run, name="loopguard-ingest", daemon=True)
@@ -216,6 +227,10 @@ class Ingest:
             self._feed(events)
 
     def _add(self, batch: OtlpSpans) -> None:
+        if isinstance(batch, LogCalls):
+            # Coding agents' tool events (OTLP logs): calls that already ran, fed in order.
+            self._feed(self._fresh(batch.calls), "log")
+            return
         buffer = self._buffer
         add_link = buffer.add_link
         for trace_id, span_id, parent_id, remote in batch.links:
@@ -226,7 +241,33 @@ class Ingest:
         self._feed(buffer.take_ready())
         self.flushed_early_capacity = buffer.flushed_early_capacity
 
-    def _feed(self, events: list[TraceEvent]) -> None:
+    def _fresh(self, calls: list[CallObserved]) -> list[TraceEvent]:
+        """The calls not fed before (by session and call id), remembered now."""
+        seen = self._seen_calls
+        fresh: list[TraceEvent] = []
+        for call in calls:
+            if call.call_id is not None:
+                mark = xxhash.xxh3_64_intdigest(f"{call.session}\0{call.call_id}".encode())
+                if mark in seen:
+                    seen.move_to_end(mark)
+                    self.duplicate_calls += 1
+                    continue
+                seen[mark] = None
+                if len(seen) > MAX_SEEN_LOG_CALLS:
+                    seen.popitem(last=False)
+            fresh.append(call)
+        return fresh
+
+    def seen_log_calls(self) -> list[int]:
+        """The log calls remembered, oldest first (for a snapshot: on the ingest thread between
+        batches, or with it stopped)."""
+        return list(self._seen_calls)
+
+    def restore_seen_log_calls(self, marks: list[int]) -> None:
+        """Take :meth:`seen_log_calls` back (before :meth:`start`)."""
+        self._seen_calls = OrderedDict((int(mark), None) for mark in marks[-MAX_SEEN_LOG_CALLS:])
+
+    def _feed(self, events: list[TraceEvent], source: str = "span") -> None:
         guard = self._guard
         allows = wants_allow_lines()
         quiet = self._quiet
@@ -241,7 +282,7 @@ class Ingest:
                 span = event.span
                 log_decision(
                     decision_fields(
-                        "span",
+                        source,
                         decision,
                         event.session,
                         event.agent,

@@ -79,6 +79,7 @@ from ._ingest import Ingest
 from ._logs import answer_fields, log_decision, trace_fields, wants_allow_lines
 from ._metrics import ServiceMetrics
 from ._options import RETRY_AFTER_SECONDS, ServeOptions
+from ._otlp_logs import LogCalls, LogMetrics
 
 #: Seconds a decision call waits for its log frame to be synced: long, since a call answered
 #: 503 must not be in the log (a restart would apply it).
@@ -159,7 +160,9 @@ class Service:
         self.http_port = 0
         self.grpc_port: int | None = None
         self.metrics = ServiceMetrics(recorder.registry, lambda: self.queued_spans)
-        self._flushes_synced = [0, 0, 0, 0]
+        #: ``loopguard_otlp_log_records_total`` (OTLP logs: coding agents' tool events).
+        self.log_metrics: Final = LogMetrics(recorder.registry)
+        self._flushes_synced = [0, 0, 0, 0, 0]
         self._decisions = DecisionAPI(guard)
         #: Request bytes being read or decoded, over both transports (:mod:`._budget`).
         self.budget: Final = ByteBudget(self.options.max_inflight_bytes)
@@ -314,6 +317,7 @@ class Service:
                     (self.metrics.flush_capacity, ingest.flushed_early_capacity),
                     (self.metrics.agents_lost, ingest.agents_lost),
                     (self.metrics.duplicates, ingest.duplicates),
+                    (self.log_metrics.duplicates, ingest.duplicate_calls),
                 )
             ):
                 if value > self._flushes_synced[index]:
@@ -344,17 +348,21 @@ class Service:
         )
 
     def accept(self, read: OtlpSpans, transport: str) -> tuple[str, str]:
-        """Queue the spans of one request: ``(outcome, message)`` with outcome ``ok``,
-        ``partial``, ``bad_request`` (nothing usable) or ``throttled`` (queue full)."""
-        metrics = self.metrics
+        """Queue the spans (or, for OTLP logs, the coding agents' tool calls,
+        :class:`~._otlp_logs.LogCalls`) of one request: ``(outcome, message)`` with outcome
+        ``ok``, ``partial``, ``bad_request`` (nothing usable) or ``throttled`` (queue full)."""
+        logs = isinstance(read, LogCalls)
+        counter = self.log_metrics.records if logs else self.metrics.spans
+        if isinstance(read, LogCalls) and read.ignored:
+            counter.labels("ignored").inc(read.ignored)
         if read.bad_spans:
-            metrics.spans.labels("rejected").inc(read.bad_spans)
+            counter.labels("rejected").inc(read.bad_spans)
         message = "; ".join(read.problems)
         if read.bad_spans and not read.accepted:
-            return "bad_request", message or "no usable span"
+            return "bad_request", message or ("no usable log record" if logs else "no usable span")
         if read.accepted:
             if self._closing or self._ingest is None:
-                metrics.spans.labels("throttled").inc(read.accepted)
+                counter.labels("throttled").inc(read.accepted)
                 return "unavailable", "shutting down"
             state = self._state
             if state is None:
@@ -362,19 +370,20 @@ class Service:
             else:
                 offered, seq = self._offer_logged(state, read)
             if not offered:
-                metrics.spans.labels("throttled").inc(read.accepted)
+                counter.labels("throttled").inc(read.accepted)
                 return "throttled", (
                     f"ingest queue full ({self.options.max_queued_spans:,}"
                     f" spans); retry after {RETRY_AFTER_SECONDS} s"
                 )
             if state is not None and not state.wait(seq):
                 # Queued, but not durable: not answered 200, so the exporter sends it again
-                # (and the second copy counts once: ingest is idempotent by span id).
+                # (and the second copy counts once: ingest is idempotent by span id, and by
+                # call id for log records).
                 self.metrics.state_errors.labels("log").inc()
                 return "unavailable", (
                     f"cannot write the state directory; retry after {RETRY_AFTER_SECONDS} s"
                 )
-            metrics.spans.labels("accepted").inc(read.accepted)
+            counter.labels("accepted").inc(read.accepted)
         return ("partial" if read.bad_spans else "ok"), message
 
     def decide(
@@ -498,6 +507,9 @@ class Service:
             guard.restore(blank)
             raise
         self._decisions.held.restore(held)
+        ingest = self._ingest
+        assert ingest is not None
+        ingest.restore_seen_log_calls(list(snapshot.get("log_calls", ())))
 
     def _replay(self, records: list[Record], snapshot: Mapping[str, Any] | None) -> int:
         """Apply again the log records a snapshot does not cover (:func:`_replay_order`), on
@@ -583,6 +595,7 @@ class Service:
             batches = covered if queued is None else queued - 1
             guard = self.guard.snapshot()
             held = [[*key, text] for key, text in self._decisions.held.saved().items()]
+            seen_calls = self._ingest.seen_log_calls()
         # The trace buffer after the gate: decisions never touch it, and only this thread (the
         # ingest thread, or a stopped service) adds to it, so it stays as of `batches` while
         # decisions go on. Its times are kept relative to the snapshot's "time", which a
@@ -601,6 +614,8 @@ class Service:
                     "held": held,
                     "buffer": spans,
                     "batches": batches,
+                    # The log calls fed lately (a retried log batch counts once after a restart).
+                    "log_calls": seen_calls,
                 },
                 covered,
                 batches,
