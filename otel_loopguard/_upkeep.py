@@ -217,7 +217,8 @@ class Upkeep:
 
     def model_call(self, usage: ModelUsage, session: object, agent: object) -> Cost | None:
         """Count one model call's usage under ``session`` and ``agent`` (the keys of the tool
-        calls it requested), priced (:class:`~otel_loopguard._prices.Pricer`) off the lock."""
+        calls it requested), priced (:class:`~otel_loopguard._prices.Pricer`) off the lock;
+        then, off it too, in the metrics (``loopguard_model_tokens_total`` and the like)."""
         cost = self.pricer.cost(usage)
         sid, aid = self._ids(session, agent)
         with self._lock:
@@ -227,8 +228,22 @@ class Upkeep:
                 spend = state.spend = Spend()
             spend.add(usage, cost)
             evictions = self._take_evictions()
+        recorder = self.reporter.recorder
         for reason in evictions:
-            self.reporter.recorder.evicted(reason)
+            recorder.evicted(reason)
+        try:
+            recorder.model_call(
+                aid,
+                usage.model,
+                usage.input_tokens,
+                usage.output_tokens,
+                usage.cache_read_tokens,
+                usage.cache_write_tokens,
+                cost.usd,
+                None if cost.usd is None else cost.source,
+            )
+        except Exception as exc:  # a recorder must not raise; if one does, the spend stands
+            self.report_internal_error("model_call", exc)
         return cost
 
     def model_call_skipped(self, reason: str) -> None:

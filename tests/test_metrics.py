@@ -472,6 +472,7 @@ def test_opentelemetry_recorder_records_the_same_names() -> None:
             result="r",
             duration_seconds=0.5,
         )
+    guard.model_call({"model": "gpt-4o", "input_tokens": 100, "output_tokens": 10}, session="s")
     data = reader.get_metrics_data()
     assert data is not None
     points: dict[str, list[Any]] = {}
@@ -496,6 +497,8 @@ def test_opentelemetry_recorder_records_the_same_names() -> None:
     )
     assert {p.attributes["outcome"] for p in points["loopguard_rescues"]} == set(RESCUE_OUTCOMES)
     assert [p.sum for p in points["loopguard_repeated_call_seconds"]] == [0.5]
+    tokens = {p.attributes["kind"]: p.value for p in points["loopguard_model_tokens"]}
+    assert tokens == {"input": 100, "output": 10, "cache_read": 0, "cache_write": 0}
     provider.shutdown()
 
 

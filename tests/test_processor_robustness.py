@@ -112,6 +112,25 @@ class CallCounter:
     def store_error(self, op: str) -> None:
         pass
 
+    def model_call(
+        self,
+        agent: str | None,
+        model: str | None,
+        input_tokens: int,
+        output_tokens: int,
+        cache_read_tokens: int,
+        cache_write_tokens: int,
+        usd: float | None,
+        source: str | None,
+    ) -> None:
+        pass
+
+    def loop_spend(self, agent: str | None, tokens: int, usd: float) -> None:
+        pass
+
+    def avoided(self, agent: str | None, tokens: int, usd: float) -> None:
+        pass
+
 
 class DecisionSpy:
     """Wraps a guard's span entrances (as tests/test_processor.py's ``Recording`` does), thread-safe:

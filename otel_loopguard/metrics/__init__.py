@@ -35,12 +35,14 @@ from ._exposition import MetricsServer
 from ._labels import DEFAULT_MAX_LABEL_VALUES, DEFAULT_MAX_SERIES, MAX_LABEL_CHARS, OTHER
 from ._spec import (
     ACTIONS,
+    COST_SOURCES,
     ERROR_PLACES,
     EVICTION_REASONS,
     METRICS,
     RESCUE_OUTCOMES,
     RULES,
     STORE_OPS,
+    TOKEN_KINDS,
     MetricKind,
     MetricSpec,
     NoopRecorder,
@@ -48,9 +50,15 @@ from ._spec import (
 )
 
 # One constant per metric (the dashboards build from them); reachable here, not in __all__.
+from ._spec import AVOIDED_COST as AVOIDED_COST
+from ._spec import AVOIDED_TOKENS as AVOIDED_TOKENS
 from ._spec import DECISION_REPEATS as DECISION_REPEATS
 from ._spec import DECISIONS as DECISIONS
 from ._spec import INTERNAL_ERRORS as INTERNAL_ERRORS
+from ._spec import LOOP_COST as LOOP_COST
+from ._spec import LOOP_TOKENS as LOOP_TOKENS
+from ._spec import MODEL_COST as MODEL_COST
+from ._spec import MODEL_TOKENS as MODEL_TOKENS
 from ._spec import REPEATED_CALL_SECONDS as REPEATED_CALL_SECONDS
 from ._spec import REPEATED_CALLS as REPEATED_CALLS
 from ._spec import RESCUES as RESCUES
@@ -59,12 +67,14 @@ from ._spec import SESSIONS_EVICTED as SESSIONS_EVICTED
 from ._spec import STOPPED_RUNS as STOPPED_RUNS
 from ._spec import STORE_ERRORS as STORE_ERRORS
 from ._spec import TOOL_CALLS as TOOL_CALLS
+from ._spec import UNPRICED_MODEL_CALLS as UNPRICED_MODEL_CALLS
 from ._spec import WASTED_SECONDS as WASTED_SECONDS
 from .otel import OpenTelemetryRecorder
 from .prometheus import PrometheusRecorder
 
 __all__ = [
     "ACTIONS",
+    "COST_SOURCES",
     "DEFAULT_MAX_LABEL_VALUES",
     "DEFAULT_MAX_SERIES",
     "ERROR_PLACES",
@@ -82,4 +92,5 @@ __all__ = [
     "RULES",
     "Recorder",
     "STORE_OPS",
+    "TOKEN_KINDS",
 ]

@@ -2,8 +2,8 @@
 
 Every metric is declared once, in :data:`METRICS` (DESIGN §7), with the label values known in
 advance; the recorders (:mod:`.prometheus`, :mod:`.otel`) and the dashboards build from it.
-Imports nothing beyond the standard library, :mod:`otel_loopguard.config` and the ``Action``
-enum of :mod:`otel_loopguard._policy`.
+Imports nothing beyond the standard library, :mod:`otel_loopguard.config`, the ``Action``
+enum of :mod:`otel_loopguard._policy` and the cost sources of :mod:`otel_loopguard._prices`.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from enum import Enum
 from typing import Final, Protocol
 
 from .._policy import Action
+from .._prices import COMPUTED, PROVIDER
 from ..config import Rule
 
 
@@ -46,6 +47,28 @@ class Recorder(Protocol):
         """The shared session store (Redis) failed at ``op`` (one of :data:`STORE_OPS`) and the
         decision was made as the policy's ``store_failure`` says."""
 
+    def model_call(
+        self,
+        agent: str | None,
+        model: str | None,
+        input_tokens: int,
+        output_tokens: int,
+        cache_read_tokens: int,
+        cache_write_tokens: int,
+        usd: float | None,
+        source: str | None,
+    ) -> None:
+        """A model call's usage was counted for ``agent``: its tokens (``input_tokens``
+        including the cache reads and writes, as the GenAI conventions count them) and its cost
+        ``usd`` from ``source`` (one of :data:`COST_SOURCES`); ``usd`` is ``None`` when the
+        model has no price (an unpriced call: its tokens are counted, its cost is not)."""
+
+    def loop_spend(self, agent: str | None, tokens: int, usd: float) -> None:
+        """A model turn of ``agent`` was found spent in a loop: its ``tokens`` and known cost."""
+
+    def avoided(self, agent: str | None, tokens: int, usd: float) -> None:
+        """A stop of ``agent``'s run avoided about ``tokens`` and ``usd`` more (an estimate)."""
+
 
 class NoopRecorder:
     """A recorder that records nothing (the default when metrics are off)."""
@@ -72,6 +95,25 @@ class NoopRecorder:
         pass
 
     def store_error(self, op: str) -> None:
+        pass
+
+    def model_call(
+        self,
+        agent: str | None,
+        model: str | None,
+        input_tokens: int,
+        output_tokens: int,
+        cache_read_tokens: int,
+        cache_write_tokens: int,
+        usd: float | None,
+        source: str | None,
+    ) -> None:
+        pass
+
+    def loop_spend(self, agent: str | None, tokens: int, usd: float) -> None:
+        pass
+
+    def avoided(self, agent: str | None, tokens: int, usd: float) -> None:
         pass
 
 
@@ -194,6 +236,62 @@ REPEATED_CALL_SECONDS: Final = MetricSpec(
     (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
 )
 
+MODEL_TOKENS: Final = MetricSpec(
+    "loopguard_model_tokens",
+    MetricKind.COUNTER,
+    "Tokens of model calls, by kind: input (read neither from nor into a cache), output,"
+    " cache_read, cache_write; the four kinds add up to every token of the calls.",
+    ("agent", "model", "kind"),
+    "{token}",
+)
+MODEL_COST: Final = MetricSpec(
+    "loopguard_model_cost_usd",
+    MetricKind.COUNTER,
+    "Cost of model calls in US dollars, by source: provider (the provider reported it) or"
+    " computed (from the tokens at API prices). Calls of a model with no price add nothing"
+    " here (loopguard_unpriced_model_calls_total).",
+    ("agent", "model", "source"),
+    "{USD}",
+)
+UNPRICED_MODEL_CALLS: Final = MetricSpec(
+    "loopguard_unpriced_model_calls",
+    MetricKind.COUNTER,
+    "Model calls of a model with no price: their tokens are counted, their cost is not.",
+    ("model",),
+    "{call}",
+)
+LOOP_TOKENS: Final = MetricSpec(
+    "loopguard_loop_tokens",
+    MetricKind.COUNTER,
+    "Tokens of model turns spent in loops: turns whose first tool call repeated an earlier call"
+    " of the progress epoch.",
+    ("agent",),
+    "{token}",
+)
+LOOP_COST: Final = MetricSpec(
+    "loopguard_loop_cost_usd",
+    MetricKind.COUNTER,
+    "Known cost in US dollars (provider-reported or computed) of model turns spent in loops.",
+    ("agent",),
+    "{USD}",
+)
+AVOIDED_TOKENS: Final = MetricSpec(
+    "loopguard_avoided_tokens",
+    MetricKind.COUNTER,
+    "An estimate: tokens the stops avoided, the loop's mean tokens per turn times the calls"
+    " refused because the run was stopped.",
+    ("agent",),
+    "{token}",
+)
+AVOIDED_COST: Final = MetricSpec(
+    "loopguard_avoided_cost_usd",
+    MetricKind.COUNTER,
+    "An estimate: US dollars the stops avoided, the loop's mean known cost per turn times the"
+    " calls refused because the run was stopped.",
+    ("agent",),
+    "{USD}",
+)
+
 #: Every metric the recorders export (DESIGN §7), declared once.
 METRICS: Final = (
     TOOL_CALLS,
@@ -208,6 +306,13 @@ METRICS: Final = (
     STORE_ERRORS,
     DECISION_REPEATS,
     REPEATED_CALL_SECONDS,
+    MODEL_TOKENS,
+    MODEL_COST,
+    UNPRICED_MODEL_CALLS,
+    LOOP_TOKENS,
+    LOOP_COST,
+    AVOIDED_TOKENS,
+    AVOIDED_COST,
 )
 
 #: Label values known in advance; their series are created at zero.
@@ -234,5 +339,12 @@ ERROR_PLACES: Final = (
 )
 #: What the shared session store reports failing (``loopguard_store_errors_total{op}``).
 STORE_OPS: Final = ("read", "write", "conflict", "decode")
+#: Token kinds of ``loopguard_model_tokens_total{kind}``: ``input`` is the input read neither
+#: from nor into a cache, so the kinds partition a call's tokens.
+TOKEN_KINDS: Final = ("input", "output", "cache_read", "cache_write")
+#: Where a cost came from (``loopguard_model_cost_usd_total{source}``).
+COST_SOURCES: Final = (PROVIDER, COMPUTED)
 NO_RULE: Final = "none"
 NO_AGENT: Final = "none"
+#: The ``model`` label of a model call whose telemetry named no model.
+NO_MODEL: Final = "unknown"

@@ -17,13 +17,21 @@ from ._failsafe import Failures, session_reader
 from ._labels import DEFAULT_MAX_LABEL_VALUES, MAX_CACHED_PAIRS, Bounded, check_max_label_values
 from ._spec import (
     ACTIONS,
+    AVOIDED_COST,
+    AVOIDED_TOKENS,
+    COST_SOURCES,
     DECISION_REPEATS,
     DECISIONS,
     ERROR_PLACES,
     EVICTION_REASONS,
     INTERNAL_ERRORS,
+    LOOP_COST,
+    LOOP_TOKENS,
     METRICS,
+    MODEL_COST,
+    MODEL_TOKENS,
     NO_AGENT,
+    NO_MODEL,
     NO_RULE,
     REPEATED_CALL_SECONDS,
     REPEATED_CALLS,
@@ -34,7 +42,9 @@ from ._spec import (
     STOPPED_RUNS,
     STORE_ERRORS,
     STORE_OPS,
+    TOKEN_KINDS,
     TOOL_CALLS,
+    UNPRICED_MODEL_CALLS,
     WASTED_SECONDS,
     MetricKind,
 )
@@ -114,6 +124,18 @@ class OpenTelemetryRecorder:
             self._errors.add(0, {"where": place})
         for op in STORE_OPS:
             self._store_errors.add(0, {"op": op})
+        self._model_tokens = instruments[MODEL_TOKENS.name]
+        self._model_cost = instruments[MODEL_COST.name]
+        self._unpriced = instruments[UNPRICED_MODEL_CALLS.name]
+        self._loop_tokens = instruments[LOOP_TOKENS.name]
+        self._loop_usd = instruments[LOOP_COST.name]
+        self._avoided_tokens = instruments[AVOIDED_TOKENS.name]
+        self._avoided_usd = instruments[AVOIDED_COST.name]
+        self._models = Bounded(limit, none=NO_MODEL)
+        self._sources = Bounded(0, COST_SOURCES)
+        # raw (agent, model) -> its attributes; raw agent -> its attributes; both cached.
+        self._model_pairs: dict[tuple[object, object], Mapping[str, str]] = {}
+        self._spend_agents: dict[object, Mapping[str, str]] = {}
 
     def observe_sessions(self, count: Callable[[], int]) -> None:
         """Read ``loopguard_sessions`` from ``count()`` at each collection."""
@@ -189,6 +211,91 @@ class OpenTelemetryRecorder:
         except Exception as exc:
             self.failures("store_error", exc)
 
+    def model_call(
+        self,
+        agent: str | None,
+        model: str | None,
+        input_tokens: int,
+        output_tokens: int,
+        cache_read_tokens: int,
+        cache_write_tokens: int,
+        usd: float | None,
+        source: str | None,
+    ) -> None:
+        try:
+            pair = self._model_pairs.get((agent, model)) or self._model_pair(agent, model)
+            counts = (
+                input_tokens - cache_read_tokens - cache_write_tokens,
+                output_tokens,
+                cache_read_tokens,
+                cache_write_tokens,
+            )
+            for kind, count in zip(TOKEN_KINDS, counts):
+                if count > 0:
+                    self._model_tokens.add(count, {**pair, "kind": kind})
+            if usd is None:
+                self._unpriced.add(1, {"model": pair["model"]})
+            elif usd > 0 and math.isfinite(usd):
+                self._model_cost.add(usd, {**pair, "source": self._sources(source)})
+        except Exception as exc:
+            self.failures("model_call", exc)
+
+    def loop_spend(self, agent: str | None, tokens: int, usd: float) -> None:
+        try:
+            attributes = self._spend_agents.get(agent) or self._spend_agent(agent)
+            if tokens > 0:
+                self._loop_tokens.add(tokens, attributes)
+            if usd > 0 and math.isfinite(usd):
+                self._loop_usd.add(usd, attributes)
+        except Exception as exc:
+            self.failures("loop_spend", exc)
+
+    def avoided(self, agent: str | None, tokens: int, usd: float) -> None:
+        try:
+            attributes = self._spend_agents.get(agent) or self._spend_agent(agent)
+            if tokens > 0:
+                self._avoided_tokens.add(tokens, attributes)
+            if usd > 0 and math.isfinite(usd):
+                self._avoided_usd.add(usd, attributes)
+        except Exception as exc:
+            self.failures("avoided", exc)
+
+    def _model_pair(self, agent: object, model: object) -> Mapping[str, str]:
+        """A new raw (agent, model): every token kind, cost source, the model's unpriced calls
+        and the agent's loop and avoided spend recorded at zero."""
+        attributes = {"agent": self._agents(agent), "model": self._models(model)}
+        with self._lock:
+            known = self._model_pairs.get((agent, model))
+            if known is not None:
+                return known
+            for kind in TOKEN_KINDS:
+                self._model_tokens.add(0, {**attributes, "kind": kind})
+            for source in COST_SOURCES:
+                self._model_cost.add(0, {**attributes, "source": source})
+            self._unpriced.add(0, {"model": attributes["model"]})
+            if len(self._model_pairs) < MAX_CACHED_PAIRS:
+                self._model_pairs[(agent, model)] = attributes
+        self._spend_agent(agent)
+        return attributes
+
+    def _spend_agent(self, agent: object) -> Mapping[str, str]:
+        """A raw agent's attributes, its loop and avoided spend recorded at zero."""
+        attributes = {"agent": self._agents(agent)}
+        with self._lock:
+            known = self._spend_agents.get(agent)
+            if known is not None:
+                return known
+            for counter in (
+                self._loop_tokens,
+                self._loop_usd,
+                self._avoided_tokens,
+                self._avoided_usd,
+            ):
+                counter.add(0, attributes)
+            if len(self._spend_agents) < MAX_CACHED_PAIRS:
+                self._spend_agents[agent] = attributes
+        return attributes
+
     def _pair(self, agent: object, tool: object) -> Mapping[str, str]:
         attributes = {"agent": self._agents(agent), "tool": self._tools(tool)}
         with self._lock:
@@ -205,6 +312,7 @@ class OpenTelemetryRecorder:
             self._wasted.add(0, attributes)
             if len(self._pairs) < MAX_CACHED_PAIRS:
                 self._pairs[(agent, tool)] = attributes
+        self._spend_agent(agent)
         return attributes
 
 

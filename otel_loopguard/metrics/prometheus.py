@@ -27,13 +27,21 @@ from ._labels import (
 )
 from ._spec import (
     ACTIONS,
+    AVOIDED_COST,
+    AVOIDED_TOKENS,
+    COST_SOURCES,
     DECISION_REPEATS,
     DECISIONS,
     ERROR_PLACES,
     EVICTION_REASONS,
     INTERNAL_ERRORS,
+    LOOP_COST,
+    LOOP_TOKENS,
     METRICS,
+    MODEL_COST,
+    MODEL_TOKENS,
     NO_AGENT,
+    NO_MODEL,
     NO_RULE,
     REPEATED_CALL_SECONDS,
     REPEATED_CALLS,
@@ -45,16 +53,20 @@ from ._spec import (
     STOPPED_RUNS,
     STORE_ERRORS,
     STORE_OPS,
+    TOKEN_KINDS,
     TOOL_CALLS,
+    UNPRICED_MODEL_CALLS,
     WASTED_SECONDS,
     MetricKind,
 )
 
-__all__ = ["PrometheusRecorder", "SERIES_PER_PAIR"]
+__all__ = ["PrometheusRecorder", "SERIES_PER_MODEL_PAIR", "SERIES_PER_PAIR"]
 
 #: Series one (agent, tool) label pair has: calls, repeats, wasted seconds, a decision series
 #: for every rule x action and for a stop without a rule, and stopped runs by rule.
 SERIES_PER_PAIR: Final = 3 + len(RULES) * len(ACTIONS) + 1 + len(RULES)
+#: Series one (agent, model) label pair has: its tokens by kind and its cost by source.
+SERIES_PER_MODEL_PAIR: Final = len(TOKEN_KINDS) + len(COST_SOURCES)
 _OVERFLOW: Final = (OTHER, OTHER)
 
 
@@ -82,6 +94,31 @@ class _Pair:
         # The latest repeat's call (its exemplar's labels) and when it was counted.
         self.repeated_exemplar: tuple[dict[str, str], float] | None = None
         self.wasted = wasted
+
+
+class _ModelPair:
+    """One (agent, model) label pair: its token children by kind (in :data:`TOKEN_KINDS`'
+    order) and its cost children by source."""
+
+    __slots__ = ("agent", "cost", "model", "tokens")
+
+    def __init__(self, agent: str, model: str, tokens: tuple[Any, ...], cost: dict[str, Any]):
+        self.agent = agent
+        self.model = model
+        self.tokens = tokens
+        self.cost = cost
+
+
+class _AgentSpend:
+    """One agent label's loop and avoided children: tokens and US dollars of each."""
+
+    __slots__ = ("avoided_tokens", "avoided_usd", "loop_tokens", "loop_usd")
+
+    def __init__(self, loop_tokens: Any, loop_usd: Any, avoided_tokens: Any, avoided_usd: Any):
+        self.loop_tokens = loop_tokens
+        self.loop_usd = loop_usd
+        self.avoided_tokens = avoided_tokens
+        self.avoided_usd = avoided_usd
 
 
 def _count_value(counter: itertools.count[int]) -> int:
@@ -134,13 +171,20 @@ class PrometheusRecorder:
     ``max_label_values``: distinct agents, and separately tools, reported by name; the rest as
     ``other``. ``max_series``: the series of all (agent, tool) pairs together
     (:data:`SERIES_PER_PAIR` each) stay within it: once a new pair would pass it, the pair
-    reports as (``other``, ``other``), room for which is kept. At least two pairs' worth.
+    reports as (``other``, ``other``), room for which is kept. At least two pairs' worth. The
+    series of all (agent, model) pairs (:data:`SERIES_PER_MODEL_PAIR` each: tokens by kind, cost
+    by source) stay within it the same way, separately; models are bounded by
+    ``max_label_values`` as agents are. Per agent (loop and avoided spend) and per model
+    (unpriced calls) the series are bounded by the labels' bound.
 
     Series that exist at zero before anything happens: rescues by outcome, evictions by reason,
     internal errors by place, the repeat-count histogram by action; and, from the first call of
     each (agent, tool), or earlier from :meth:`declare_tools`, its calls, repeats, wasted
-    seconds and a decision series for every rule and action. (A counter that first appears at 3
-    shows no increase in ``rate()``; one declared before its first call shows every call.)
+    seconds and a decision series for every rule and action; from an agent's first call or model
+    call, its loop and avoided spend; from the first call of each (agent, model), its tokens of
+    every kind, its cost from every source and the model's unpriced calls. (A counter that first
+    appears at 3 shows no increase in ``rate()``; one declared before its first call shows every
+    call.)
 
     Every method may be called from any thread and never raises: a failure is counted in
     :attr:`failures` and logged once per kind. Label children are cached per (agent, tool), so
@@ -223,6 +267,23 @@ class PrometheusRecorder:
         self._store_errors = {
             op: metrics[STORE_ERRORS.name].labels(op) for op in STORE_OPS + (OTHER,)
         }
+        self._models = Bounded(limit, none=NO_MODEL)
+        self._sources = Bounded(0, COST_SOURCES)
+        self._max_named_model_pairs = max_series // SERIES_PER_MODEL_PAIR - 1
+        self._model_tokens = metrics[MODEL_TOKENS.name]
+        self._model_cost = metrics[MODEL_COST.name]
+        self._unpriced_metric = metrics[UNPRICED_MODEL_CALLS.name]
+        self._spend_metrics = tuple(
+            metrics[spec.name] for spec in (LOOP_TOKENS, LOOP_COST, AVOIDED_TOKENS, AVOIDED_COST)
+        )
+        # (agent label, model label) -> its pair; raw (agent, model) -> the same pair, cached.
+        self._model_by_labels: dict[tuple[str, str], _ModelPair] = {}
+        self._model_pairs: dict[tuple[object, object], _ModelPair] = {}
+        # agent label -> its loop and avoided children; raw agent -> the same, cached.
+        self._spend_by_label: dict[str, _AgentSpend] = {}
+        self._spend: dict[object, _AgentSpend] = {}
+        # raw model -> its unpriced-calls child, cached.
+        self._unpriced: dict[object, Any] = {}
 
     # -- Recorder ------------------------------------------------------------------------
 
@@ -318,6 +379,60 @@ class PrometheusRecorder:
         except Exception as exc:
             self.failures("store_error", exc)
 
+    def model_call(
+        self,
+        agent: str | None,
+        model: str | None,
+        input_tokens: int,
+        output_tokens: int,
+        cache_read_tokens: int,
+        cache_write_tokens: int,
+        usd: float | None,
+        source: str | None,
+    ) -> None:
+        try:
+            pair = self._model_pairs.get((agent, model)) or self._model_pair(agent, model)
+            counts = (
+                input_tokens - cache_read_tokens - cache_write_tokens,
+                output_tokens,
+                cache_read_tokens,
+                cache_write_tokens,
+            )
+            for child, count in zip(pair.tokens, counts):
+                if count > 0:
+                    child.inc(count)
+            if usd is None:
+                child = self._unpriced.get(model) or self._unpriced_child(model)
+                child.inc()
+            elif usd > 0 and math.isfinite(usd):
+                label = self._sources(source)
+                child = pair.cost.get(label)
+                if child is None:
+                    child = self._model_cost.labels(pair.agent, pair.model, label)
+                child.inc(usd)
+        except Exception as exc:
+            self.failures("model_call", exc)
+
+    def loop_spend(self, agent: str | None, tokens: int, usd: float) -> None:
+        try:
+            spend = self._spend.get(agent) or self._agent_spend(agent)
+            if tokens > 0:
+                spend.loop_tokens.inc(tokens)
+            if usd > 0 and math.isfinite(usd):
+                spend.loop_usd.inc(usd)
+        except Exception as exc:
+            self.failures("loop_spend", exc)
+
+    def avoided(self, agent: str | None, tokens: int, usd: float) -> None:
+        try:
+            spend = self._spend.get(agent) or self._agent_spend(agent)
+            if tokens > 0:
+                spend.avoided_tokens.inc(tokens)
+            if usd > 0 and math.isfinite(usd):
+                spend.avoided_usd.inc(usd)
+        except Exception as exc:
+            self.failures("avoided", exc)
+
     # -- exposition ----------------------------------------------------------------------
 
     def exposition(self, accept: str | None = None) -> bytes:
@@ -367,6 +482,58 @@ class PrometheusRecorder:
                     self._stopped_runs.labels(agent_label, tool_label, rule)
                 self._decisions.labels(agent_label, tool_label, NO_RULE, "stop")
                 self._by_labels[(agent_label, tool_label)] = pair
+                self._spend_of_label(agent_label)
             if len(self._pairs) < MAX_CACHED_PAIRS:
                 self._pairs[(agent, tool)] = pair
         return pair
+
+    def _model_pair(self, agent: object, model: object) -> _ModelPair:
+        """The pair of a new raw (agent, model); a new label pair is created with every token
+        kind and cost source at zero, and so are its model's unpriced calls and its agent's
+        loop and avoided spend."""
+        agent_label, model_label = self._agents(agent), self._models(model)
+        with self._lock:
+            pair = self._model_pairs.get((agent, model)) or self._model_by_labels.get(
+                (agent_label, model_label)
+            )
+            if pair is None and len(self._model_by_labels) >= self._max_named_model_pairs:
+                agent_label, model_label = _OVERFLOW
+                pair = self._model_by_labels.get(_OVERFLOW)
+            if pair is None:
+                tokens = tuple(
+                    self._model_tokens.labels(agent_label, model_label, kind)
+                    for kind in TOKEN_KINDS
+                )
+                cost = {
+                    source: self._model_cost.labels(agent_label, model_label, source)
+                    for source in COST_SOURCES
+                }
+                pair = _ModelPair(agent_label, model_label, tokens, cost)
+                self._unpriced_metric.labels(model_label)
+                self._model_by_labels[(agent_label, model_label)] = pair
+                self._spend_of_label(agent_label)
+            if len(self._model_pairs) < MAX_CACHED_PAIRS:
+                self._model_pairs[(agent, model)] = pair
+        return pair
+
+    def _unpriced_child(self, model: object) -> Any:
+        child = self._unpriced_metric.labels(self._models(model))
+        if len(self._unpriced) < MAX_CACHED_PAIRS:
+            self._unpriced[model] = child
+        return child
+
+    def _agent_spend(self, agent: object) -> _AgentSpend:
+        label = self._agents(agent)
+        with self._lock:
+            spend = self._spend_of_label(label)
+            if len(self._spend) < MAX_CACHED_PAIRS:
+                self._spend[agent] = spend
+        return spend
+
+    def _spend_of_label(self, label: str) -> _AgentSpend:
+        """The loop and avoided children of an agent label, created at zero (under the lock)."""
+        spend = self._spend_by_label.get(label)
+        if spend is None:
+            spend = _AgentSpend(*(metric.labels(label) for metric in self._spend_metrics))
+            self._spend_by_label[label] = spend
+        return spend
