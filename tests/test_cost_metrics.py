@@ -14,7 +14,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, NumberDataPoint
 from opentelemetry.sdk.trace import TracerProvider
 
-from otel_loopguard import PRESETS, Action, LoopGuard, LoopGuardSpanProcessor
+from otel_loopguard import PRESETS, LoopGuard, LoopGuardSpanProcessor
 from otel_loopguard.metrics import (
     COST_SOURCES,
     OTHER,
