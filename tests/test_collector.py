@@ -27,6 +27,14 @@ CONFIGS = (
     "otelcol-sharded-conversation.yaml",
     "otelcol-replicas-redis.yaml",
 )
+#: The pipelines of each config: logs (coding agents' tool events) only where one serve, or
+#: any replica, may take every record (the sharded files route by trace id, which they lack).
+PIPELINES = {
+    "otelcol-fanout.yaml": {"traces", "logs"},
+    "otelcol-sharded.yaml": {"traces"},
+    "otelcol-sharded-conversation.yaml": {"traces"},
+    "otelcol-replicas-redis.yaml": {"traces"},
+}
 #: Configs the README's table does not name yet (its row is documentation work in progress).
 NOT_IN_README: tuple[str, ...] = ()
 
@@ -78,7 +86,7 @@ def test_config_is_well_formed(name: str) -> None:
             assert kind_name in allowed, (name, kind, component_id)
             assert re.fullmatch(r"[a-z][a-z0-9_]*(/[a-z0-9_.-]+)?", component_id), component_id
     pipelines = config["service"]["pipelines"]
-    assert set(pipelines) == {"traces"}
+    assert set(pipelines) == PIPELINES[name]
     used: set[tuple[str, str]] = set()
     for pipeline in pipelines.values():
         assert pipeline.get("receivers") and pipeline.get("exporters")
@@ -91,6 +99,29 @@ def test_config_is_well_formed(name: str) -> None:
     receiver = config["receivers"]["otlp"]["protocols"]
     assert receiver["grpc"]["endpoint"].endswith(f":{GRPC_PORT}")
     assert receiver["http"]["endpoint"].endswith(f":{HTTP_PORT}")
+
+
+def test_fanout_sends_coding_agents_logs_to_serve_only() -> None:
+    """The logs pipeline (Claude Code, Gemini CLI, Codex tool events) ends at serve's OTLP/HTTP
+    exporter, whose endpoint gets ``/v1/logs`` appended: the path serve reads them on."""
+    config = load("otelcol-fanout.yaml")
+    logs = config["service"]["pipelines"]["logs"]
+    assert logs["receivers"] == ["otlp"]
+    assert logs["exporters"] == ["otlp_http/loopguard"]  # a tracing backend takes no logs
+    assert "logs_endpoint" not in config["exporters"]["otlp_http/loopguard"]
+    readme = (COLLECTOR / "README.md").read_text()
+    section = readme.split("## Watch a team's coding agents", 1)[1].split("\n## ", 1)[0]
+    for setting in (
+        "CLAUDE_CODE_ENABLE_TELEMETRY=1",
+        "OTEL_LOGS_EXPORTER=otlp",
+        "OTEL_LOG_TOOL_DETAILS=1",
+        "GEMINI_TELEMETRY_ENABLED=true",
+        "GEMINI_TELEMETRY_OTLP_PROTOCOL=http",
+        "[otel]",
+        'endpoint = "http://loopguard.example:4318/v1/logs"',
+        "loopguard.json",
+    ):
+        assert setting in section, setting
 
 
 def test_fanout_sends_to_the_backend_and_to_serves_http_port() -> None:
