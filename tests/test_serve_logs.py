@@ -357,3 +357,49 @@ def test_log_calls_survive_a_crash_with_a_state_dir(tmp_path: Path) -> None:
         assert total(server, "loopguard_decisions_total", action="stop", tool="shell") >= 1
     finally:
         server.close()
+
+
+def test_a_call_the_hook_and_the_telemetry_both_report_counts_once(serve: ServeProcess) -> None:
+    """Claude Code's command hook (the real ``hook claude-code --server``) and its
+    ``claude_code.tool_result`` events report the same calls, keyed alike (the session id, the
+    ``tool_use_id``): each counts once, whichever report comes first. A call only the telemetry
+    reports counts too."""
+    from .test_hooks import claude_post, claude_pre, clean_env, hook
+
+    env = clean_env(LOOPGUARD_SERVE_TOKEN=TOKEN)
+    session = fixture("claude-code")["attributes"]["session.id"]
+    tool_input = json.loads(fixture("claude-code")["attributes"]["tool_input"])
+    events = looping_events("claude-code", 4)
+    for index, event in enumerate(events[:3]):
+        call_id = event["attributes"]["tool_use_id"]
+        pre = hook(
+            "claude-code",
+            claude_pre("Bash", tool_input, call_id, session=session),
+            None,
+            "--server",
+            serve.url,
+            env=env,
+        )
+        assert pre.code == 0, pre.err
+        if index == 2:  # the telemetry first, then the hook's post-tool event
+            export(serve, "http", [event], TOKEN)
+            assert wait_for(
+                lambda: total(serve, "loopguard_otlp_log_records_total", result="accepted") == 1
+            )
+            assert total(serve, "loopguard_tool_calls_total", tool="Bash") == 3
+        post = hook(
+            "claude-code",
+            claude_post("Bash", tool_input, call_id, "ok: 3 passed", session=session),
+            None,
+            "--server",
+            serve.url,
+            env=env,
+        )
+        assert post.code == 0, post.err
+    export(serve, "http", events[:2], TOKEN)  # the telemetry after the hook: already counted
+    assert wait_for(
+        lambda: total(serve, "loopguard_otlp_log_records_total", result="accepted") == 3
+    )
+    assert total(serve, "loopguard_tool_calls_total", tool="Bash") == 3
+    export(serve, "http", events[3:], TOKEN)  # a call no hook saw
+    assert wait_for(lambda: total(serve, "loopguard_tool_calls_total", tool="Bash") == 4)
