@@ -46,7 +46,11 @@ EXAMPLES: Final = {
     "path": '"~/.local/state/otel-loopguard/trips.jsonl"',
     "text": '"my-model"',
     "url": '"redis://localhost:6379/0"',
+    "money": "5.0",
+    "tokens": "2000000",
 }
+#: An example price table (the default is empty), shown commented out above the empty one.
+PRICES_EXAMPLE: Final = '{ "my-model*" = { input = 0.5, output = 1.5, cache_read = 0.05 } }'
 
 
 def toml_string(text: str) -> str:
@@ -101,6 +105,9 @@ def render() -> str:
                 " false, to keep it off."
             )
             lines.append(f"# {spec.name} = {EXAMPLES[kind]}")
+        elif kind == "prices":
+            lines.append(f"# For example: {spec.name} = {PRICES_EXAMPLE}")
+            lines.append(f"{spec.name} = {{}}")
         else:
             lines.append(f"{spec.name} = {toml_value(value)}")
         blocks.append("\n" + "\n".join(lines) + "\n")

@@ -29,6 +29,8 @@ __all__ = [
     "ATTR_ACTION",
     "ATTR_ARGUMENTS",
     "ATTR_COUNT",
+    "ATTR_LOOP_COST_USD",
+    "ATTR_LOOP_TOKENS",
     "ATTR_MODE",
     "ATTR_PHASE",
     "ATTR_RULE",
@@ -55,6 +57,10 @@ ATTR_MODE: Final = "loopguard.mode"
 #: from the call's result: :class:`~otel_loopguard.Phase`).
 ATTR_PHASE: Final = "loopguard.phase"
 ATTR_ARGUMENTS: Final = "loopguard.arguments"
+#: What the loop now running has used: its tokens, and its known cost in US dollars (only when
+#: known: model turns reported, some priced; never with ``cost_in = "tokens"``).
+ATTR_LOOP_TOKENS: Final = "loopguard.loop.tokens"
+ATTR_LOOP_COST_USD: Final = "loopguard.loop.cost_usd"
 ATTR_TOOL_NAME: Final = "gen_ai.tool.name"
 ATTR_TOOL_CALL_ID: Final = "gen_ai.tool.call.id"
 
@@ -78,7 +84,8 @@ class Shape(Enum):
 class Field:
     """One fact of a decision: its own name (``key``), how to read it from the decision
     (``None``: the caller gives it, as the keyword argument ``key`` of
-    :func:`decision_attributes`) and its name in each shape that shows it."""
+    :func:`decision_attributes`) and its name in each shape that shows it; ``known_only``:
+    every shape leaves it out when it is unknown (``None``), rather than showing a null."""
 
     key: str
     read: Callable[[Decision], object] | None
@@ -86,6 +93,7 @@ class Field:
     log: str | None = None
     api: str | None = None
     trip: str | None = None
+    known_only: bool = False
 
     def name(self, shape: Shape) -> str | None:
         """The name of this fact in ``shape``, or ``None`` when that shape does not show it."""
@@ -144,6 +152,24 @@ FIELDS: Final[tuple[Field, ...]] = (
     Field("call_id", None, span=ATTR_TOOL_CALL_ID),
     Field("arguments", None, span=ATTR_ARGUMENTS, trip="arguments"),
     Field("kind", None, trip="kind"),
+    Field(
+        "loop_tokens",
+        lambda d: d.loop_tokens,
+        span=ATTR_LOOP_TOKENS,
+        log="loop_tokens",
+        api="loop_tokens",
+        trip="loop_tokens",
+        known_only=True,
+    ),
+    Field(
+        "loop_cost_usd",
+        lambda d: d.loop_cost_usd,
+        span=ATTR_LOOP_COST_USD,
+        log="loop_cost_usd",
+        api="loop_cost_usd",
+        trip="loop_cost_usd",
+        known_only=True,
+    ),
 )
 
 #: Facts of a decision the caller may name instead (a first allow carries neither).
@@ -190,7 +216,8 @@ def decision_attributes(
         value = given.get(row.key)
         if row.read is not None and (value is None or row.key not in _OVERRIDES):
             value = row.read(decision)
-        out[name] = value
+        if value is not None or not row.known_only:
+            out[name] = value
     if shape is Shape.SPAN:
         return _span_shaped(out)
     if shape is Shape.LOG:
@@ -219,7 +246,9 @@ def log_fields_of_answer(answer: Mapping[str, object], agent: str | None) -> dic
     given: dict[str, object] = {"source": "api", "agent": agent}
     out: dict[str, object] = {}
     for name, row in _ROWS[Shape.LOG]:
-        out[name] = answer.get(row.api) if row.api is not None else given.get(row.key)
+        value = answer.get(row.api) if row.api is not None else given.get(row.key)
+        if value is not None or not row.known_only:
+            out[name] = value
     return _log_shaped(out)
 
 

@@ -11,6 +11,7 @@ catches what it raises.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -55,8 +56,9 @@ from ._policy import (
 )
 from ._prices import Pricer
 from ._reporter import Reporter
-from ._rules import evaluate, no_progress_after_failures, trend
+from ._rules import budget, evaluate, no_progress_after_failures, trend
 from ._session_store import SessionStore
+from ._spend import Spend, Spent
 from ._trail import MAX_TRAIL_ARGUMENT_CHARS, MAX_TRAIL_OUTPUT_CHARS, Trail
 from ._triplog import TripLog
 from ._upkeep import MAX_SETTLED_CALLS, MAX_SETTLED_SESSIONS, Upkeep, text_of
@@ -195,7 +197,18 @@ class GuardCore(Upkeep):
         self._settled = ReportLedger(MAX_SETTLED_SESSIONS, MAX_SETTLED_CALLS)
         self._errors: dict[str, int] = {}
         # Model calls: priced here; those whose usage could not be read, counted by reason.
-        self.pricer = Pricer()
+        self.pricer = Pricer(dict(self.policy.prices) or None)
+        # Budgets (the budget rule): checked only when the policy sets one.
+        self._budgets = any(
+            value is not None
+            for value in (
+                policy.max_loop_cost_usd,
+                policy.max_loop_tokens,
+                policy.max_run_cost_usd,
+                policy.max_run_tokens,
+            )
+        )
+        self._run_budget = policy.max_run_cost_usd is not None or policy.max_run_tokens is not None
         self.skipped_model_calls: dict[str, int] = {}
         self._logged: set[tuple[str, str]] = set()
         self._watch_sessions(self.reporter.recorder)
@@ -237,7 +250,7 @@ class GuardCore(Upkeep):
                 # The kept ids (bounded), not the caller's: a long id only misses this memo.
                 self._last.call = (arguments, tool, sid, aid, key, state)
             # A tuple, not an object: this runs for every call (see benchmarks/README.md).
-            step, repeated, newly_stopped, post, rescue = self._count(
+            step, repeated, newly_stopped, post, rescue, moved = self._count(
                 state, store_key, name, key, mutating, call_id, ran, trail_arguments
             )
             evictions = self._take_evictions() if self._evictions else None
@@ -246,6 +259,8 @@ class GuardCore(Upkeep):
             for reason in evictions:
                 recorder.evicted(reason)
         recorder.tool_call(aid, name, repeated)
+        if moved is not None:
+            self._spent_in_loop(aid, moved)
         if newly_stopped:
             self.reporter.stopped(step, aid, name)
         if ran is not None and repeated and ran.duration_seconds:
@@ -303,13 +318,24 @@ class GuardCore(Upkeep):
         call_id: object,
         ran: _Ran | None,
         trail_arguments: str,
-    ) -> tuple[Step, bool, bool, Step | None, _Rescue | None]:
+    ) -> tuple[Step, bool, bool, Step | None, _Rescue | None, tuple[int, float, int, float] | None]:
         """Under the lock: count the attempt in ``state``, keep it pending (or record how it
         ran), and reserve an ask at rescue. (step, repeated, newly stopped, post-call
-        conclusion, rescue)."""
+        conclusion, rescue, what moved into loop spend and what a refused call avoided, for
+        the metrics: ``None`` without model calls)."""
         policy = self.policy
+        spend = state.spend
+        stopped = state.stopped
+        run: Spent | None = None
+        over = None
+        if self._budgets:
+            loop = None
+            if spend is not None:  # the loop as it is once this call is counted
+                loop = spend.current_loop(key in state.signatures, stopped)
+            run = self._run_spent(store_key) if self._run_budget else None
+            over = budget(loop, run, policy)
         verdict, stuck, stalled = evaluate(state, key, policy)
-        if verdict is None and stalled is None and not state.stopped:
+        if verdict is None and stalled is None and not stopped and over is None:
             step = ALLOW_STEP  # the common case: nothing repeats
         else:
             step = climb(
@@ -317,10 +343,11 @@ class GuardCore(Upkeep):
                 stalled,
                 trend(state.signature(key)),
                 denials=state.denials,
-                stopped=state.stopped,
+                stopped=stopped,
                 policy=policy,
                 stuck=stuck,
                 stop_threshold=state.stop_threshold,
+                over=over,
             )
         # The first stop of a run (counted once in loopguard_stopped_runs_total; later calls
         # are decided stop again, and in observe mode they keep coming).
@@ -330,9 +357,12 @@ class GuardCore(Upkeep):
         repeated = state.record_attempt(
             key, policy, blocked=detected_block, explores=not mutating, refused=enforced_block
         )
-        spend = state.spend
+        moved = None
         if spend is not None:  # model calls reported: the turn's spend, in a loop or not
-            spend.call_counted(repeated, enforced_block and step.action is Action.STOP)
+            refused_stopped = enforced_block and step.action is Action.STOP
+            moved = spend.call_counted(repeated, refused_stopped, stopped=stopped)
+        if spend is not None or run is not None:
+            step = self._with_spent(step, repeated, spend, run)
         if newly_stopped:
             state.stopped = True
             state.stop_threshold = step.threshold
@@ -352,7 +382,46 @@ class GuardCore(Upkeep):
             advice, outcome, ask = self.rescues.reserve(state, key, store_key)
             context = Rescues.context(state, key) if ask is not None else None
             rescue = _Rescue(advice, outcome, ask, context)
-        return step, repeated, newly_stopped, post, rescue
+        return step, repeated, newly_stopped, post, rescue, moved
+
+    def _run_spent(self, store_key: object) -> Spent:
+        """Under the lock: what the whole run has spent (the run budget's figure): every model
+        turn of the session, its own state's and each of its agents'."""
+        sid = store_key[0] if type(store_key) is tuple else store_key
+        store = self.store
+        total = Spent()
+        for key in (sid, *store.agent_keys(sid)):
+            state = store.get(key, create=False)
+            if state is not None and state.spend is not None:
+                total = total + state.spend.run()
+        return total
+
+    def _with_spent(
+        self, step: Step, repeated: bool, spend: Spend | None, run: Spent | None
+    ) -> Step:
+        """``step`` with what the loop now running has used (and the run, under a run budget),
+        for its text and its decision's fields; the same step when nothing was spent or the
+        call is one nothing repeats (the common case keeps :data:`ALLOW_STEP`)."""
+        if step is ALLOW_STEP and not repeated:
+            return step
+        loop = spend.current_loop() if spend is not None else None
+        if loop is not None and not loop.turns:
+            loop = None
+        if run is not None and not run.turns:
+            run = None
+        if loop is None and run is None:
+            return step
+        return dataclasses.replace(step, spent=loop, run=run)
+
+    def _spent_in_loop(self, aid: str | None, moved: tuple[int, float, int, float]) -> None:
+        """Off the lock: a model turn's spend moved into a loop, and what a call refused
+        because the run was stopped avoided (an estimate), to the metrics."""
+        tokens, usd, avoided_tokens, avoided_usd = moved
+        recorder = self.reporter.recorder
+        if tokens or usd:
+            recorder.loop_spend(aid, tokens, usd)
+        if avoided_tokens or avoided_usd:
+            recorder.avoided(aid, avoided_tokens, avoided_usd)
 
     @staticmethod
     def _trail_attempt(

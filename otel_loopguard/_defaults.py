@@ -55,12 +55,32 @@ def redact_url(url: str) -> str:
 
 
 class Rule(str, Enum):
-    """The detection rules of DESIGN §4; values are the wire strings used in events and metrics."""
+    """The detection rules of DESIGN §4, and the budget rule; values are the wire strings used
+    in events and metrics."""
 
     CONSECUTIVE = "consecutive"
     WINDOW = "window"
     NO_PROGRESS = "no_progress"
     STALL = "stall"
+    #: A loop or a run that has cost more than the policy's budget (``max_loop_cost_usd``,
+    #: ``max_loop_tokens``, ``max_run_cost_usd``, ``max_run_tokens``): on whenever a budget is
+    #: set, never listed in the policy's ``rules``.
+    BUDGET = "budget"
+
+
+#: The rules the policy's ``rules`` field enables (every rule but the budget rule, which its
+#: budgets enable).
+DETECTION_RULES: Final = frozenset(rule for rule in Rule if rule is not Rule.BUDGET)
+
+
+class CostUnit(str, Enum):
+    """What the texts and the decisions say a loop cost in."""
+
+    #: Tokens and US dollars (the provider's figure, else computed at API prices).
+    USD = "usd"
+    #: Tokens only, for users on a subscription (who pay no per-token price): no money figure
+    #: in the texts or the decisions, and no dollar budget.
+    TOKENS = "tokens"
 
 
 #: Top-level argument fields that only narrate a call and never change what it does.

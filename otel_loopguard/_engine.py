@@ -138,8 +138,11 @@ class SessionState:
         return self.signatures.get(key)
 
     def new_epoch(self, *, clear_stop: bool = False) -> None:
-        """Forget the repeat evidence: the agent's world changed."""
+        """Forget the repeat evidence: the agent's world changed (the loop now running, if
+        any, is over; the spend in all is kept)."""
         self.epoch += 1
+        if self.spend is not None:
+            self.spend.new_loop()
         self.window.clear()
         self.last_key = None
         self.run_length = 0

@@ -17,8 +17,9 @@ from enum import Enum
 from typing import Final
 
 from ._calls import SIGNATURE_CHARS
-from ._rules import Trend, Verdict
-from .config import Mode, Policy, Rule
+from ._rules import LOOP, Overspent, Trend, Verdict
+from ._spend import Spent
+from .config import CostUnit, Mode, Policy, Rule
 
 __all__ = [
     "ALLOW",
@@ -91,6 +92,10 @@ class Decision:
     hash: the first 12 hex characters of sha256(tool + newline + canonical arguments JSON).
     ``phase`` says whether the decision came before the call ran (``pre``) or after, from its
     result (``post``: a stop there ends the run at the next turn; the call ran).
+    ``loop_tokens`` and ``loop_cost_usd``: what the loop now running has used, when model
+    turns were reported (its tokens) and some of its turns have a price (its known cost, in
+    US dollars: the provider's figures, else computed at API prices; never with the policy's
+    ``cost_in = "tokens"``); ``None`` when unknown.
     """
 
     action: Action
@@ -105,6 +110,8 @@ class Decision:
     detected: Action = Action.ALLOW
     hash_prefix: str = ""
     phase: Phase = Phase.PRE
+    loop_tokens: int | None = None
+    loop_cost_usd: float | None = None
 
     @property
     def blocks(self) -> bool:
@@ -203,6 +210,12 @@ class Step:
     #: On a rescue: the deny threshold that applied, which a rescue without advice shows as
     #: the denial it becomes.
     deny_threshold: int = 0
+    #: What the loop now running has used (when model turns were reported), and the run, when
+    #: the policy has a run budget: the texts say it.
+    spent: Spent | None = None
+    run: Spent | None = None
+    #: On a budget stop: the budget passed.
+    over: Overspent | None = None
 
 
 #: The step of a call nothing repeats (the guard's common case skips :func:`climb` with it).
@@ -219,10 +232,12 @@ def climb(
     policy: Policy,
     stuck: Verdict | None = None,
     stop_threshold: int = 0,
+    over: Overspent | None = None,
 ) -> Step:
     """Place the evidence on the ladder (pure). ``verdict`` is the strongest signature rule's,
     ``stuck`` the no_progress rule's (same outcome), ``stalled`` the stall rule's;
-    ``stop_threshold``: for a session already stopped, the threshold of that stop.
+    ``stop_threshold``: for a session already stopped, the threshold of that stop; ``over``:
+    the budget rule's finding (:func:`~otel_loopguard._rules.budget`).
 
     The step's ``count`` is the attempts of the rule it names (:attr:`Verdict.attempts`: refused
     repeats included, so it grows with every repeat); its ``threshold`` is the threshold of the
@@ -241,19 +256,13 @@ def climb(
     4. Otherwise a reminder at each of ``remind_thresholds`` and, with
        ``remind_past_thresholds``, on every call past the last one (and on spared polls); gentle
        at the first threshold, detailed later.
+
+    Before all of these, a budget passed (``over``) is a stop, whatever the count (``budget``
+    rule; its count is the call's attempts as its strongest rule counts them, at least 1; its
+    threshold 0: the budget is in the text).
     """
-    if stopped:
-        shown = verdict
-        if stuck is not None and (shown is None or stuck.attempts > shown.attempts):
-            shown = stuck  # its refused repeats make it the longer evidence
-        return Step(
-            Action.STOP,
-            shown.rule if shown else None,
-            shown.attempts if shown else 1,
-            stop_threshold or policy.stop_after_denials or 0,
-            denials=denials,
-            refused=shown.refused if shown else 0,
-        )
+    if over is not None or stopped:
+        return _stopped(verdict, stuck, over, denials, stop_threshold, policy)
     if stalled is not None:
         stop_after = policy.stop_after_denials
         stall_at = policy.stall_threshold
@@ -340,6 +349,39 @@ def climb(
     return allow
 
 
+def _stopped(
+    verdict: Verdict | None,
+    stuck: Verdict | None,
+    over: Overspent | None,
+    denials: int,
+    stop_threshold: int,
+    policy: Policy,
+) -> Step:
+    """:func:`climb`'s stop for a budget passed (``over``) or a session already stopped: the
+    call's attempts as its longest evidence counts them."""
+    shown = verdict
+    if stuck is not None and (shown is None or stuck.attempts > shown.attempts):
+        shown = stuck  # its refused repeats make it the longer evidence
+    if over is not None:
+        return Step(
+            Action.STOP,
+            Rule.BUDGET,
+            shown.attempts if shown else 1,
+            0,
+            denials=denials,
+            refused=shown.refused if shown else 0,
+            over=over,
+        )
+    return Step(
+        Action.STOP,
+        shown.rule if shown else None,
+        shown.attempts if shown else 1,
+        stop_threshold or policy.stop_after_denials or 0,
+        denials=denials,
+        refused=shown.refused if shown else 0,
+    )
+
+
 def conclude(failures: Verdict | None, *, policy: Policy) -> Step | None:
     """After a call ran (pure): a stop when ``failures`` (:func:`~otel_loopguard._rules.
     no_progress_after_failures`) reached ``failure_stop_threshold``, else nothing.
@@ -378,6 +420,8 @@ def settle_rescue(step: Step, advice: str | None, *, asking: bool = False) -> St
         step.deny_threshold or step.threshold,
         denials=step.denials,
         refused=step.refused,
+        spent=step.spent,
+        run=step.run,
     )
 
 
@@ -397,7 +441,9 @@ def decide(
     mode (:func:`soften`), its text (:func:`message_for`), the args ``key``'s display prefix, and
     before a call (``pre``) that blocks the loop-brake plugin's ``hash_prefix``. An allow step
     of a call not ``repeated`` is :data:`ALLOW`; an allowed repeat carries its rule and count.
-    A decision after the call ran (``post``) quotes no arguments and carries no hash."""
+    A decision after the call ran (``post``) quotes no arguments and carries no hash. What the
+    loop now running has used (``step.spent``) is its ``loop_tokens`` and ``loop_cost_usd``."""
+    loop_tokens, loop_cost_usd = _loop_fields(step.spent, policy)
     if step.action is Action.ALLOW:
         if not repeated:
             return ALLOW
@@ -410,6 +456,8 @@ def decide(
             session=session,
             repeated=True,
             phase=phase,
+            loop_tokens=loop_tokens,
+            loop_cost_usd=loop_cost_usd,
         )
     action = soften(step.action, policy.mode)
     message = (
@@ -429,7 +477,18 @@ def decide(
         detected=step.action,
         hash_prefix=_hash_prefix(tool, canonical) if blocks else "",
         phase=phase,
+        loop_tokens=loop_tokens,
+        loop_cost_usd=loop_cost_usd,
     )
+
+
+def _loop_fields(spent: Spent | None, policy: Policy) -> tuple[int | None, float | None]:
+    """(tokens, known USD) of the loop now running, each ``None`` when unknown: no turn
+    reported, no turn priced, or a token-only policy's dollars."""
+    if spent is None or not spent.turns:
+        return None, None
+    usd = spent.usd if spent.priced and policy.cost_in is CostUnit.USD else None
+    return spent.tokens, usd
 
 
 def _hash_prefix(tool: str, canonical: bytes) -> str:
@@ -493,6 +552,85 @@ def _consequence(step: Step, policy: Policy) -> str:
     return f"after {left} more refused call{plural}, the next one will end the run."
 
 
+def tokens_text(tokens: float) -> str:
+    """A token count as texts give it: exact up to 9,999, then ``35.2k``, ``1.2M``."""
+    if tokens < 10_000:
+        return f"{tokens:,.0f}"
+    if tokens < 999_950:
+        return f"{tokens / 1e3:.1f}".removesuffix(".0") + "k"
+    return f"{tokens / 1e6:.1f}".removesuffix(".0") + "M"
+
+
+def usd_text(usd: float) -> str:
+    """US dollars as texts give them: ``$3.40``, ``$0.0092`` under a cent."""
+    if usd >= 0.01 or usd == 0:
+        return f"${usd:,.2f}"
+    return f"${usd:.4f}" if usd >= 0.0001 else "under $0.0001"
+
+
+def _spent_phrase(spent: Spent, policy: Policy, usd_limit: float | None) -> str:
+    """What ``spent`` used, as texts say it: its tokens, and its known cost only when known
+    (``about ... at API prices`` when some of it was computed; ``at least`` when some turns
+    have no price, saying how many, and that a dollar budget ``usd_limit`` counts only the
+    others). Tokens only for a token-only policy."""
+    tokens = f"{tokens_text(spent.tokens)} tokens"
+    if policy.cost_in is CostUnit.TOKENS:
+        return tokens
+    budget = ", so its dollar budget counts only the others" if usd_limit is not None else ""
+    if not spent.priced:
+        if usd_limit is None:
+            return tokens
+        return f"{tokens} (none of its model turns has a price: its dollar budget cannot count it)"
+    usd = usd_text(spent.usd)
+    at = " at API prices" if spent.computed else ""
+    if spent.unpriced:
+        return (
+            f"{tokens}, at least {usd}{at} ({spent.unpriced} of its {spent.turns} model turns"
+            f" {'has' if spent.unpriced == 1 else 'have'} no price{budget})"
+        )
+    return f"{tokens}, {'about ' if spent.computed else ''}{usd}{at}"
+
+
+def _spent_sentence(step: Step, policy: Policy) -> str:
+    """What the loop now running has used (and the run, under a run budget), as sentences
+    to add to a text (with a leading space); empty when no model turn was reported."""
+    text = ""
+    spent = step.spent
+    if spent is not None and spent.turns:
+        text = f" This loop has used {_spent_phrase(spent, policy, policy.max_loop_cost_usd)}."
+    run = step.run
+    if run is not None and run.turns:
+        text += f" This run has used {_spent_phrase(run, policy, policy.max_run_cost_usd)}."
+    return text
+
+
+def _budget_stop(over: Overspent, policy: Policy) -> str:
+    """The text of a stop because ``over``'s budget was passed."""
+    spent, limit = over.spent, over.limit
+    usd_limit = policy.max_loop_cost_usd if over.scope == LOOP else policy.max_run_cost_usd
+    phrase = _spent_phrase(spent, policy, usd_limit)
+    if over.usd:
+        budget, by = usd_text(limit), usd_text(spent.usd - limit)
+        close = usd_text(spent.usd) == budget
+    else:
+        extra = spent.tokens - limit
+        budget = f"{tokens_text(limit)} tokens"
+        by = f"{tokens_text(extra)} token{'' if extra == 1 else 's'}"
+        close = tokens_text(spent.tokens) == tokens_text(limit)
+    if close:  # just past it: say by how much, the figures read the same
+        budget += f" (by {by})"
+    if over.scope == LOOP:
+        what, then = "this loop", "They can continue by sending a new message."
+    else:
+        what = "this run (every model call of the session, its agents' included)"
+        then = "The run's budget is spent: they can continue by raising it, or in a new session."
+    return (
+        f"{_PREFIX}Stopping: {what} has used {phrase}, more than its budget of {budget}. End"
+        f" this run now: tell the user what you tried, what you found, and what is blocking"
+        f" you. {then}"
+    )
+
+
 def message_for(
     step: Step,
     tool: str,
@@ -510,37 +648,24 @@ def message_for(
     shown = action or step.action
     if shown is Action.ALLOW:
         return ""
+    return _message(step, shown, tool, canonical, policy, advice)
+
+
+def _message(
+    step: Step, shown: Action, tool: str, canonical: bytes, policy: Policy, advice: str | None
+) -> str:
+    """:func:`message_for` once the action shown is known (not allow)."""
     name = f"`{tool}`"
     scope = _scope(step.rule, step.count, policy, step.refused)
+    over = step.over
+    if over is not None and shown is Action.STOP:
+        return _budget_stop(over, policy)
+    spent = _spent_sentence(step, policy)
+    if over is not None:
+        # A budget stop softened (advise mode): a reminder that says what was passed.
+        return _budget_stop(over, policy).replace("Stopping: ", "", 1)
     if step.action is Action.STOP and shown is Action.STOP:
-        if step.rule is Rule.STALL:
-            return (
-                f"{_PREFIX}Stopping: {step.count} of your tool calls since the last change repeated"
-                " earlier calls, with no edit or new input in between, so the run is not making"
-                " progress. End this run now: tell the user what you tried, what you found, and"
-                " what is blocking you. They can continue by sending a new message."
-            )
-        if step.failures:
-            return (
-                f"{_PREFIX}Stopping: {name} with the same arguments failed the same way"
-                f" {step.failures} times since the last change; another try will fail again."
-                " End this run now: tell the user what you tried, the error you keep getting,"
-                " and what is blocking you. They can continue by sending a new message."
-            )
-        if not step.denials:
-            return (
-                f"{_PREFIX}Stopping: this run was stopped since the last change because it"
-                f" kept repeating a call that failed the same way (now {name})."
-                " End this run now: tell the user what you tried, the error you keep getting,"
-                " and what is blocking you. They can continue by sending a new message."
-            )
-        this_call = f" ({name} with the same arguments, {scope})" if step.rule else ""
-        return (
-            f"{_PREFIX}Stopping: calls were refused {step.denials} times since the last change"
-            f" and retried anyway{this_call}. End this run now: tell the user what you tried,"
-            " what you found, and what is blocking you. They can continue by sending a new"
-            " message."
-        )
+        return _stop_text(step, name, scope) + spent
     # No arguments line when they are not at hand (a conclusion drawn after the call ran).
     preview = arguments_preview(canonical, policy.arguments_preview_chars) if canonical else ""
     arguments = f"\n{_ARGUMENTS_LABEL}{preview}" if canonical else ""
@@ -561,7 +686,7 @@ def message_for(
                 " already have. Use the earlier result, change the arguments, or take a different"
                 " approach; " + _consequence(step, policy)
             )
-        text += arguments
+        text += spent + arguments
         return with_advice(text, advice) if advice else text
     if step.polling:
         limit = policy.poll_limit
@@ -570,17 +695,50 @@ def message_for(
             " its result changes each time, so this looks like polling. If you are waiting for"
             " something, wait longer between checks or tell the user what you are waiting for"
             + (f"; from call {limit} on it will be refused." if limit else ".")
+            + spent
         )
     if not step.detailed and step.action is Action.REMIND:
         return (
             f"{_PREFIX}You have called {name} with the same arguments {scope}. Read the last"
             " result before calling it again; if it did not help, change the arguments or the"
-            " approach."
+            " approach." + spent
         )
     return (
         f"{_PREFIX}Repeated call: {name} with the same arguments, {scope}. Repeating it will not"
         " give a different answer. Next: use the last result, change the arguments, try a"
-        " different tool, or tell the user what is blocking you." + arguments
+        " different tool, or tell the user what is blocking you." + spent + arguments
+    )
+
+
+def _stop_text(step: Step, name: str, scope: str) -> str:
+    """The text of a stop on the rules' evidence."""
+    if step.rule is Rule.STALL:
+        return (
+            f"{_PREFIX}Stopping: {step.count} of your tool calls since the last change repeated"
+            " earlier calls, with no edit or new input in between, so the run is not making"
+            " progress. End this run now: tell the user what you tried, what you found, and"
+            " what is blocking you. They can continue by sending a new message."
+        )
+    if step.failures:
+        return (
+            f"{_PREFIX}Stopping: {name} with the same arguments failed the same way"
+            f" {step.failures} times since the last change; another try will fail again."
+            " End this run now: tell the user what you tried, the error you keep getting,"
+            " and what is blocking you. They can continue by sending a new message."
+        )
+    if not step.denials:
+        return (
+            f"{_PREFIX}Stopping: this run was stopped since the last change because it"
+            f" kept repeating a call that failed the same way (now {name})."
+            " End this run now: tell the user what you tried, the error you keep getting,"
+            " and what is blocking you. They can continue by sending a new message."
+        )
+    this_call = f" ({name} with the same arguments, {scope})" if step.rule else ""
+    return (
+        f"{_PREFIX}Stopping: calls were refused {step.denials} times since the last change"
+        f" and retried anyway{this_call}. End this run now: tell the user what you tried,"
+        " what you found, and what is blocking you. They can continue by sending a new"
+        " message."
     )
 
 

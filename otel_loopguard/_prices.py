@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ._settings import wildcard_regex
+from ._defaults import wildcard_regex
 
 __all__ = [
     "COMPUTED",

@@ -1,4 +1,5 @@
-"""The four detection rules of DESIGN §4, as pure functions over one session's history.
+"""The four detection rules of DESIGN §4, as pure functions over one session's history, and
+the budget rule, a pure function of what the loop and the run have spent (:func:`budget`).
 
 A rule reads the history of the current progress epoch and the args key of the attempt being
 decided, and returns a :class:`Verdict` (which rule, how strong the evidence is) or ``None``. Rules
@@ -18,13 +19,18 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Final, Protocol
 
+from ._spend import Spent
 from .config import Policy, Rule
 
 __all__ = [
+    "LOOP",
+    "RUN",
     "History",
+    "Overspent",
     "SignatureHistory",
     "Trend",
     "Verdict",
+    "budget",
     "consecutive",
     "evaluate",
     "identical_failures",
@@ -170,6 +176,42 @@ def trend(signature: SignatureHistory | None) -> Trend:
     if signature is None or signature.last_outcome is None:
         return Trend.UNKNOWN
     return Trend.CHANGING if signature.changed else Trend.SAME
+
+
+#: What a budget covers: the loop now running, or the whole run (the session and its agents).
+LOOP: Final = "loop"
+RUN: Final = "run"
+
+
+@dataclass(frozen=True, slots=True)
+class Overspent:
+    """The budget rule's finding: ``scope`` (:data:`LOOP` or :data:`RUN`) has ``spent`` more
+    than its ``limit``, in US dollars (``usd``) or in tokens."""
+
+    scope: str
+    usd: bool
+    limit: float
+    spent: Spent
+
+
+def budget(loop: Spent | None, run: Spent | None, policy: Policy) -> Overspent | None:
+    """The first budget passed (strictly more than it): the loop's dollars, then its tokens,
+    then the run's dollars, then its tokens; ``None`` when none is (or none is set).
+
+    A dollar budget compares the known cost (the priced turns'): turns without a price add
+    nothing to it, so it is passed only when the priced ones alone passed it, and a token
+    budget still counts every turn."""
+    for scope, spent, usd_limit, token_limit in (
+        (LOOP, loop, policy.max_loop_cost_usd, policy.max_loop_tokens),
+        (RUN, run, policy.max_run_cost_usd, policy.max_run_tokens),
+    ):
+        if spent is None:
+            continue
+        if usd_limit is not None and spent.usd > usd_limit:
+            return Overspent(scope, True, usd_limit, spent)
+        if token_limit is not None and spent.tokens > token_limit:
+            return Overspent(scope, False, token_limit, spent)
+    return None
 
 
 # Tie-break between signature rules of equal count: the most specific explanation wins

@@ -33,12 +33,14 @@ from ._defaults import (  # the policy's vocabulary, re-exported with it
     DEFAULT_MUTATING_TOOLS,
     DEFAULT_READ_OPERATIONS,
     DEFAULT_SHELL_TOOLS,
+    DETECTION_RULES,
     ENV_PREFIX,
     RESCUE_PLUGIN_EXCLUDE,
     RESCUE_PLUGIN_IGNORED_ARGS,
     RESCUE_PLUGIN_MUTATING_TOOLS,
     STORE_SCHEMES,
     AdvisorInput,
+    CostUnit,
     Mode,
     Rule,
     StoreFailure,
@@ -50,6 +52,7 @@ from ._defaults import (  # the policy's vocabulary, re-exported with it
     wildcard_union,
 )
 from ._env import DECLARED, LOOPGUARD_PRESET
+from ._prices import Price
 from ._validation import (
     LIST_KINDS,
     OPTIONAL_KINDS,
@@ -62,6 +65,7 @@ from ._validation import (
 __all__ = [
     "FIELD_NAMES",
     "AdvisorInput",
+    "CostUnit",
     "DEFAULT_FINAL_ANSWER_TOOLS",
     "DEFAULT_IGNORED_ARGS",
     "DEFAULT_MUTATING_COMMANDS",
@@ -69,6 +73,7 @@ __all__ = [
     "DEFAULT_MUTATING_TOOLS",
     "DEFAULT_READ_OPERATIONS",
     "DEFAULT_SHELL_TOOLS",
+    "DETECTION_RULES",
     "ENV_PREFIX",
     "KNOWN_VARIABLES",
     "Mode",
@@ -114,7 +119,7 @@ class Policy:
         metadata=_doc("observe, advise or enforce", Kind.CHOICE, choices=Mode),
     )
     rules: frozenset[Rule] = field(
-        default=frozenset(Rule),
+        default=DETECTION_RULES,
         metadata=_doc("enabled rules: consecutive, window, no_progress, stall", Kind.RULES),
     )
     window_size: int = field(
@@ -187,6 +192,56 @@ class Policy:
             "on stall, deny the redundant call with advice (a rescue) instead of stopping the"
             " run, as the rescue plugin",
             Kind.FLAG,
+        ),
+    )
+    max_loop_cost_usd: float | None = field(
+        default=None,
+        metadata=_doc(
+            "US dollars a loop may cost (its model turns that asked for a repeat without"
+            " progress, since the first of them): the first call after it is passed stops the"
+            " run, whatever its count (budget rule; none: no budget)",
+            Kind.MONEY,
+        ),
+    )
+    max_loop_tokens: int | None = field(
+        default=None,
+        metadata=_doc(
+            "tokens a loop may use (input and output), as max_loop_cost_usd (none: no budget)",
+            Kind.TOKENS,
+        ),
+    )
+    max_run_cost_usd: float | None = field(
+        default=None,
+        metadata=_doc(
+            "US dollars a run may cost: every model turn of the session, its agents' included;"
+            " the first call after it is passed stops the run (none: no budget)",
+            Kind.MONEY,
+        ),
+    )
+    max_run_tokens: int | None = field(
+        default=None,
+        metadata=_doc(
+            "tokens a run may use (input and output), as max_run_cost_usd (none: no budget)",
+            Kind.TOKENS,
+        ),
+    )
+    prices: tuple[tuple[str, Price], ...] = field(
+        default=(),
+        metadata=_doc(
+            "the price of a model, by name or * pattern (the first match wins): USD per million"
+            " input, output, cache_read and cache_write tokens (cache prices default to the"
+            " input price); wins over genai-prices' snapshot, never over a cost the provider"
+            " reported",
+            Kind.PRICES,
+        ),
+    )
+    cost_in: CostUnit = field(
+        default=CostUnit.USD,
+        metadata=_doc(
+            "what texts and decisions give a loop's cost in: usd (tokens and dollars) or tokens"
+            " (tokens only, for a subscription: a dollar budget is then an error)",
+            Kind.CHOICE,
+            choices=CostUnit,
         ),
     )
     arguments_preview_chars: int = field(
@@ -400,6 +455,15 @@ class Policy:
                 f"max_signatures_per_session: {self.max_signatures_per_session!r} must be at least"
                 f" twice window_size={self.window_size}"
             )
+        if self.cost_in is CostUnit.TOKENS:
+            for name in ("max_loop_cost_usd", "max_run_cost_usd"):
+                budget = getattr(self, name)
+                if budget is not None:
+                    raise ValueError(
+                        f"{name}: {budget!r} is a dollar budget, and cost_in='tokens' gives no"
+                        " dollar figures; give max_loop_tokens / max_run_tokens instead, or"
+                        " cost_in='usd'"
+                    )
         if Rule.WINDOW in self.rules and self.window_size < 2:
             raise ValueError(
                 f"window_size: must be >= 2 for the window rule, got {self.window_size!r}"
@@ -554,6 +618,12 @@ def _parse_env(name: str, text: str) -> object:
         return None
     if kind is Kind.THRESHOLDS:
         return tuple(int(part) for part in text.split(",") if part.strip())
+    if kind is Kind.PRICES:
+        import json  # here: only a price table in the environment needs it
+
+        return json.loads(text)
+    if kind is Kind.MONEY:
+        return float(text.removeprefix("$"))
     if kind in SET_KINDS:
         return frozenset(part.strip() for part in text.split(",") if part.strip())
     if kind in LIST_KINDS:

@@ -1,13 +1,51 @@
 """What a session spent on model calls (tokens by kind, the provider's and computed cost,
-unpriced calls), what of it went into loops, and what a stop avoided (an estimate): the
-:class:`Spend` a session's state carries, in its plain data too."""
+unpriced calls), what of it went into loops (in all, and in the loop now running), and what a
+stop avoided (an estimate): the :class:`Spend` a session's state carries, in its plain data
+too; :class:`Spent`, the figures a budget and a text read."""
 
 from __future__ import annotations
 
-from ._plain import read_count, read_list, read_number
-from ._prices import COMPUTED, PROVIDER, Cost, ModelUsage
+from dataclasses import dataclass
+from typing import Final
 
-__all__ = ["Spend"]
+from ._plain import read_count, read_list, read_number, read_text
+from ._prices import COMPUTED, PROVIDER, UNPRICED, Cost, ModelUsage
+
+__all__ = ["Spend", "Spent"]
+
+#: Items of :meth:`Spend.to_plain`'s list; the 13 first are what the release before the current
+#: loop was kept wrote (still read: its current loop is empty).
+_PLAIN_ITEMS: Final = 19
+_OLD_PLAIN_ITEMS: Final = 13
+_SOURCES: Final = (PROVIDER, COMPUTED, UNPRICED)
+
+
+@dataclass(frozen=True, slots=True)
+class Spent:
+    """What some model turns used: ``tokens`` (input and output), ``usd`` (the known cost: the
+    priced turns'), ``turns``, ``unpriced`` (turns nobody knows the price of: their tokens are
+    in ``tokens``, their cost in nothing) and ``computed`` (whether some of ``usd`` was
+    computed at API prices rather than reported by the provider)."""
+
+    tokens: int = 0
+    usd: float = 0.0
+    turns: int = 0
+    unpriced: int = 0
+    computed: bool = False
+
+    @property
+    def priced(self) -> bool:
+        """Whether some of the turns have a price (else ``usd`` is unknown, not zero)."""
+        return self.turns > self.unpriced
+
+    def __add__(self, other: Spent) -> Spent:
+        return Spent(
+            self.tokens + other.tokens,
+            self.usd + other.usd,
+            self.turns + other.turns,
+            self.unpriced + other.unpriced,
+            self.computed or other.computed,
+        )
 
 
 class Spend:
@@ -22,14 +60,26 @@ class Spend:
     spent in a loop (``loop_turns``, ``loop_tokens``, ``loop_usd``). A turn followed by another
     turn before any call (a final answer, a turn of text) is not. ``refused_after_stop``: calls
     the guard refused because the run was stopped (the stopping call included), for
-    :meth:`avoided`."""
+    :meth:`avoided`. ``held_source``: where the held turn's cost came from (provider, computed,
+    unpriced).
+
+    The loop now running (``current_*``, :meth:`current_loop`): its turns, tokens, known cost,
+    turns without a price and turns whose cost was computed, from its first turn until
+    progress starts a new epoch (:meth:`new_loop`) or the run is stopped (the turns after a
+    stop are loop spend in all, not the stopped loop's)."""
 
     __slots__ = (
         "cache_read_tokens",
         "cache_write_tokens",
         "calls",
         "computed_usd",
+        "current_computed",
+        "current_tokens",
+        "current_turns",
+        "current_unpriced",
+        "current_usd",
         "held",
+        "held_source",
         "input_tokens",
         "loop_tokens",
         "loop_turns",
@@ -54,6 +104,12 @@ class Spend:
         self.loop_tokens = 0
         self.loop_usd = 0.0
         self.refused_after_stop = 0
+        self.held_source = UNPRICED
+        self.current_turns = 0
+        self.current_tokens = 0
+        self.current_usd = 0.0
+        self.current_unpriced = 0
+        self.current_computed = 0
 
     @property
     def tokens(self) -> int:
@@ -74,29 +130,82 @@ class Spend:
         self.cache_read_tokens += usage.cache_read_tokens
         self.cache_write_tokens += usage.cache_write_tokens
         usd = 0.0
+        source = UNPRICED
         if cost.usd is None:
             self.unpriced_calls += 1
         elif cost.source == PROVIDER:
             self.provider_usd += cost.usd
-            usd = cost.usd
+            usd, source = cost.usd, PROVIDER
         elif cost.source == COMPUTED:
             self.computed_usd += cost.usd
-            usd = cost.usd
+            usd, source = cost.usd, COMPUTED
         self.held = (usage.input_tokens + usage.output_tokens, usd)
+        self.held_source = source
 
-    def call_counted(self, repeated: bool, refused_stopped: bool) -> None:
+    def current_loop(self, repeated: bool = False, stopped: bool = False) -> Spent:
+        """The loop now running; with ``repeated`` (and not ``stopped``), as it will be once
+        the call being counted moves the held turn into it (what a budget is checked on)."""
+        spent = Spent(
+            self.current_tokens,
+            self.current_usd,
+            self.current_turns,
+            self.current_unpriced,
+            self.current_computed > 0,
+        )
+        held = self.held
+        if held is None or not repeated or stopped:
+            return spent
+        source = self.held_source
+        return spent + Spent(held[0], held[1], 1, int(source == UNPRICED), source == COMPUTED)
+
+    def run(self) -> Spent:
+        """Every model turn of this session (or agent): what a run budget adds up."""
+        return Spent(
+            self.input_tokens + self.output_tokens,
+            self.cost_usd,
+            self.calls,
+            self.unpriced_calls,
+            self.computed_usd > 0,
+        )
+
+    def call_counted(
+        self, repeated: bool, refused_stopped: bool, *, stopped: bool = False
+    ) -> tuple[int, float, int, float]:
         """A tool call was counted: the held turn (if any) was spent in a loop when the call
-        ``repeated`` an earlier one of the epoch. ``refused_stopped``: refused because the run
-        is stopped."""
+        ``repeated`` an earlier one of the epoch, and in the loop now running unless the run
+        was already ``stopped``. ``refused_stopped``: refused because the run is stopped.
+
+        Returns (tokens, USD) moved into loop spend, then (tokens, USD) the refused call
+        avoided: the **estimate** of :meth:`avoided` for one call, the loop's mean per turn
+        (zeros when nothing moved or nothing was refused)."""
+        moved_tokens, moved_usd = 0, 0.0
         held = self.held
         if held is not None:
             self.held = None
             if repeated:
+                moved_tokens, moved_usd = held
                 self.loop_turns += 1
-                self.loop_tokens += held[0]
-                self.loop_usd += held[1]
-        if refused_stopped:
-            self.refused_after_stop += 1
+                self.loop_tokens += moved_tokens
+                self.loop_usd += moved_usd
+                if not stopped:
+                    self.current_turns += 1
+                    self.current_tokens += moved_tokens
+                    self.current_usd += moved_usd
+                    self.current_unpriced += int(self.held_source == UNPRICED)
+                    self.current_computed += int(self.held_source == COMPUTED)
+        if not refused_stopped:
+            return moved_tokens, moved_usd, 0, 0.0
+        self.refused_after_stop += 1
+        if not self.loop_turns:
+            return moved_tokens, moved_usd, 0, 0.0
+        turns = self.loop_turns
+        return moved_tokens, moved_usd, round(self.loop_tokens / turns), self.loop_usd / turns
+
+    def new_loop(self) -> None:
+        """Progress: the loop now running (if any) is over."""
+        self.current_turns = self.current_tokens = 0
+        self.current_unpriced = self.current_computed = 0
+        self.current_usd = 0.0
 
     def avoided(self) -> tuple[int, float]:
         """An **estimate** of what the stop avoided, (tokens, USD): the loop's mean tokens and
@@ -129,13 +238,20 @@ class Spend:
             self.loop_tokens,
             self.loop_usd,
             self.refused_after_stop,
+            self.held_source,
+            self.current_turns,
+            self.current_tokens,
+            self.current_usd,
+            self.current_unpriced,
+            self.current_computed,
         ]
 
     @classmethod
     def from_plain(cls, raw: object) -> Spend:
-        """The spend :meth:`to_plain` wrote; ``ValueError`` naming the bad field."""
+        """The spend :meth:`to_plain` wrote, or the 13 items the release before the current
+        loop was kept wrote (read with no loop running); ``ValueError`` naming the bad field."""
         items = read_list(raw, "spend")
-        if len(items) != 13:
+        if len(items) not in (_OLD_PLAIN_ITEMS, _PLAIN_ITEMS):
             raise ValueError(f"session state: bad spend {raw!r}")
         spend = cls()
         spend.calls = read_count(items[0], "spend calls")
@@ -156,4 +272,17 @@ class Spend:
         spend.loop_tokens = read_count(items[10], "spend loop tokens")
         spend.loop_usd = read_number(items[11], "spend loop usd")
         spend.refused_after_stop = read_count(items[12], "spend refused after stop")
+        if len(items) == _OLD_PLAIN_ITEMS:
+            if spend.held is not None and spend.held[1] > 0:
+                spend.held_source = COMPUTED  # not written then: a cost, say at API prices
+            return spend
+        source = read_text(items[13], "spend held source")
+        if source not in _SOURCES:
+            raise ValueError(f"session state: bad spend held source {source!r}")
+        spend.held_source = source
+        spend.current_turns = read_count(items[14], "spend current loop turns")
+        spend.current_tokens = read_count(items[15], "spend current loop tokens")
+        spend.current_usd = read_number(items[16], "spend current loop usd")
+        spend.current_unpriced = read_count(items[17], "spend current loop unpriced turns")
+        spend.current_computed = read_count(items[18], "spend current loop computed turns")
         return spend

@@ -62,10 +62,13 @@ class TripLog:
         kind: str | None = None,
         trace_id: str | None = None,
         span_id: str | None = None,
+        loop_tokens: int | None = None,
+        loop_cost_usd: float | None = None,
     ) -> None:
         """Append one trip line (``kind`` defaults to ``action``; ``trace_id`` and ``span_id``,
         of the call decided, only when it has them, so a logs backend links the line to its
-        trace). Never raises."""
+        trace; ``loop_tokens`` and ``loop_cost_usd``, what the loop has used, only when
+        known). Never raises."""
         record: dict[str, object] = {
             "time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
             "session": session,
@@ -81,6 +84,10 @@ class TripLog:
         }
         if self.arguments and arguments is not None:
             record["arguments"] = arguments
+        if loop_tokens is not None:
+            record["loop_tokens"] = loop_tokens
+        if loop_cost_usd is not None:
+            record["loop_cost_usd"] = loop_cost_usd
         if trace_id is not None and span_id is not None:
             record["trace_id"] = trace_id
             record["span_id"] = span_id

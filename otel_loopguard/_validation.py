@@ -10,7 +10,8 @@ from collections.abc import Iterable, Mapping
 from enum import Enum
 from typing import Any, Final
 
-from ._defaults import STORE_SCHEMES, Rule, redact_url
+from ._defaults import DETECTION_RULES, STORE_SCHEMES, Rule, redact_url
+from ._prices import Price
 
 
 class Kind(Enum):
@@ -34,10 +35,13 @@ class Kind(Enum):
     TEXT = "text"  # a non-empty string, or None
     URL = "url"  # a Redis URL (a scheme of STORE_SCHEMES), or None
     FLAG = "flag"  # true or false
+    MONEY = "money"  # US dollars: a finite number > 0, or None (off)
+    TOKENS = "tokens"  # a count of tokens: an integer >= 1, or None (off)
+    PRICES = "prices"  # model name or * pattern -> Price (USD per million tokens of each kind)
 
 
 OPTIONAL_KINDS: Final = frozenset(
-    {Kind.OPTIONAL_THRESHOLD, Kind.COMMAND, Kind.PATH, Kind.TEXT, Kind.URL}
+    {Kind.OPTIONAL_THRESHOLD, Kind.COMMAND, Kind.PATH, Kind.TEXT, Kind.URL, Kind.MONEY, Kind.TOKENS}
 )
 LIST_KINDS: Final = frozenset({Kind.THRESHOLDS, Kind.PATTERNS, Kind.REGEXES})
 SET_KINDS: Final = frozenset({Kind.RULES, Kind.NAMES})
@@ -53,6 +57,8 @@ def check_value(name: str, value: object, metadata: Mapping[str, Any]) -> Any:
         return _enum(metadata["choices"], name, value)
     if kind in _COLLECTION_KINDS:
         return _valid_collection(kind, name, value, metadata["minimum"])
+    if kind is Kind.PRICES:
+        return price_table(name, value)
     _check_single(kind, name, value, metadata["minimum"])
     return value
 
@@ -65,7 +71,13 @@ _COLLECTION_KINDS: Final = frozenset(
 def _valid_collection(kind: Kind, name: str, value: object, minimum: int) -> Any:
     """:func:`check_value` for a kind of :data:`_COLLECTION_KINDS`: a tuple or set, normalised."""
     if kind is Kind.RULES:
-        return frozenset(_enum(Rule, name, item) for item in as_tuple(name, value))
+        rules = frozenset(_enum(Rule, name, item) for item in as_tuple(name, value))
+        if not rules <= DETECTION_RULES:
+            raise ValueError(
+                f"{name}: budget is not a rule to list here: it applies whenever a budget"
+                " (max_loop_cost_usd, max_loop_tokens, max_run_cost_usd, max_run_tokens) is set"
+            )
+        return rules
     if kind is Kind.THRESHOLDS:
         items = as_tuple(name, value)
         for item in items:
@@ -114,6 +126,43 @@ def _check_single(kind: Kind, name: str, value: object, minimum: int) -> None:
             )
     elif kind is Kind.FLAG and not isinstance(value, bool):
         raise ValueError(f"{name}: expected true or false, got {value!r}")
+    elif kind in (Kind.MONEY, Kind.TOKENS):
+        _budget(kind, name, value)
+
+
+def _budget(kind: Kind, name: str, value: object) -> None:
+    if kind is Kind.TOKENS:
+        _positive_int(name, value)
+    elif _number(name, value) <= 0:
+        raise ValueError(f"{name}: expected US dollars, a number > 0, got {value!r}")
+
+
+def price_table(name: str, value: object) -> tuple[tuple[str, Price], ...]:
+    """A price table (model name or ``*`` pattern -> :class:`~otel_loopguard._prices.Price`,
+    or its mapping of ``input``, ``output``, ``cache_read``, ``cache_write`` in USD per million
+    tokens) as (pattern, price) pairs in the table's order (the first match wins); ``ValueError``
+    naming the entry and its field."""
+    if isinstance(value, Mapping):
+        items = list(value.items())
+    elif isinstance(value, (tuple, list)) and all(
+        isinstance(item, (tuple, list)) and len(item) == 2 for item in value
+    ):
+        items = [(pattern, price) for pattern, price in value]
+    else:
+        raise ValueError(
+            f"{name}: expected a table of model name or pattern -> prices, got {value!r}"
+        )
+    table = []
+    for pattern, price in items:
+        if not isinstance(pattern, str) or not pattern:
+            raise ValueError(f"{name}: expected model names or patterns, got {pattern!r}")
+        try:
+            table.append((pattern, Price.of(pattern, price)))
+        except ValueError as exc:
+            if name == "prices":
+                raise
+            raise ValueError(f"{name}: {exc}") from None
+    return tuple(table)
 
 
 def _enum(kind: type[Enum], name: str, value: object) -> Any:

@@ -35,6 +35,7 @@ from ._settings import (
     RESCUE_PLUGIN_IGNORED_ARGS,
     RESCUE_PLUGIN_MUTATING_TOOLS,
     AdvisorInput,
+    CostUnit,
     Mode,
     Policy,
     Rule,
@@ -52,6 +53,7 @@ from ._settings import (
 
 __all__ = [
     "AdvisorInput",
+    "CostUnit",
     "DEFAULT_FINAL_ANSWER_TOOLS",
     "DEFAULT_IGNORED_ARGS",
     "DEFAULT_MUTATING_COMMANDS",
@@ -93,7 +95,8 @@ def load_policy(
     ``LOOPGUARD_*`` environment overrides, then the plugin configuration file at
     ``plugin_config`` (read as :func:`otel_loopguard._plugins.load_plugin_config` does: its
     plugin's preset is the base instead of ``preset``), then the TOML file at ``config_path``
-    (top-level keys or a ``[loopguard]`` table; not both, and no other table). A bad preset
+    (top-level keys or a ``[loopguard]`` table; not both, and no other table but the price
+    table, ``[prices]`` or ``[loopguard.prices]``). A bad preset
     name or file raises ``ValueError`` naming it (an unknown key or table with the closest
     known names).
     """
@@ -129,8 +132,10 @@ def load_policy(
     if not isinstance(table, dict):
         raise ValueError(f"config file {str(path)!r}: [loopguard] must be a table")
     if table is data:
-        # No field takes a table: a table here is a misspelt [loopguard].
-        tables = sorted(key for key, value in data.items() if isinstance(value, dict))
+        # Only the price table is a table: any other one here is a misspelt [loopguard].
+        tables = sorted(
+            key for key, value in data.items() if isinstance(value, dict) and key != "prices"
+        )
         if tables:
             raise ValueError(
                 f"config file {str(path)!r}: "
