@@ -333,7 +333,7 @@ def test_a_malformed_log_record_is_a_counted_skip(serve: ServeProcess) -> None:
 def test_log_calls_survive_a_crash_with_a_state_dir(tmp_path: Path) -> None:
     """Half a loop, a SIGKILL, a restart on the same state directory, the other half: the
     session goes on where it was (the stop comes as in one run), and a retry of a batch sent
-    before the crash still counts once."""
+    before the crash still counts once; so it does after a clean stop (from the snapshot)."""
     require_serve_prerequisites()
     state = str(tmp_path / "state")
     first_half = looping_events("codex", 5)
@@ -355,6 +355,16 @@ def test_log_calls_survive_a_crash_with_a_state_dir(tmp_path: Path) -> None:
         assert wait_for(lambda: total(server, "loopguard_tool_calls_total", tool="shell") == 5)
         assert total(server, "loopguard_otlp_log_records_total", result="duplicate") == 5
         assert total(server, "loopguard_decisions_total", action="stop", tool="shell") >= 1
+        assert server.stop() == 0  # drained: a snapshot, the calls it remembers included
+    finally:
+        server.close()
+    server = ServeProcess("--token", TOKEN, "--state-dir", state)
+    try:
+        export(server, "http", first_half, TOKEN)  # retried once more, after the snapshot
+        assert wait_for(
+            lambda: total(server, "loopguard_otlp_log_records_total", result="duplicate") == 5
+        )
+        assert total(server, "loopguard_tool_calls_total", tool="shell") == 0
     finally:
         server.close()
 

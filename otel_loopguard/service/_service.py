@@ -9,7 +9,9 @@ Threads and the path of a span:
    queue (:meth:`Service.accept`). The answer is sent once they are queued: 200 (with
    ``partial_success`` when some spans were rejected), 400 for data that cannot be read, 429 /
    ``RESOURCE_EXHAUSTED`` with a retry hint when the queue is full (nothing queued, so a retry
-   loses nothing).
+   loses nothing). OTLP logs (``/v1/logs``, ``LogsService``) take the same path: their coding
+   agents' tool events are read into a :class:`~._otlp_logs.LogCalls`, queued and logged as a
+   batch of spans is, and fed to the guard as calls that already ran.
 2. One ingest thread (:mod:`._ingest`) owns the :class:`~otel_loopguard._traces.TraceBuffer`: it
    adds each batch, takes the traces whose root arrived (and, on a short tick, the tool spans
    that waited ``hold_seconds``), and feeds their events to the guard with
