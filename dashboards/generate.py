@@ -41,9 +41,14 @@ from grafana_foundation_sdk.models import common as cm
 from grafana_foundation_sdk.models import dashboard as dm
 
 from otel_loopguard.metrics import (
+    AVOIDED_COST,
     DECISION_REPEATS,
     DECISIONS,
     INTERNAL_ERRORS,
+    LOOP_COST,
+    LOOP_TOKENS,
+    MODEL_COST,
+    MODEL_TOKENS,
     REPEATED_CALL_SECONDS,
     REPEATED_CALLS,
     RESCUES,
@@ -51,6 +56,7 @@ from otel_loopguard.metrics import (
     SESSIONS_EVICTED,
     STOPPED_RUNS,
     TOOL_CALLS,
+    UNPRICED_MODEL_CALLS,
     WASTED_SECONDS,
 )
 
@@ -67,6 +73,8 @@ VARIABLE = "datasource"
 DATASOURCE = dm.DataSourceRef(type_val="prometheus", uid="${" + VARIABLE + "}")
 #: The agent and tool filter every per-call series takes (histograms have neither label).
 FILTER = '{agent=~"$agent", tool=~"$tool"}'
+#: The filter of the per-agent cost series (model calls and loop spend have no tool).
+AGENT_FILTER = '{agent=~"$agent"}'
 BLOCKING = 'action=~"deny|rescue|stop"'
 
 CALLS = TOOL_CALLS.prometheus_name
@@ -74,6 +82,10 @@ REPEATS = REPEATED_CALLS.prometheus_name
 DECIDED = DECISIONS.prometheus_name
 WASTED = WASTED_SECONDS.prometheus_name
 STOPPED = STOPPED_RUNS.prometheus_name
+SPENT = MODEL_COST.prometheus_name + AGENT_FILTER
+LOOP_SPENT = LOOP_COST.prometheus_name + AGENT_FILTER
+AVOIDED = AVOIDED_COST.prometheus_name + AGENT_FILTER
+USD = "currencyUSD"
 
 
 def _filtered(extra: str = "") -> str:
@@ -155,7 +167,13 @@ def stat_panel(
 
 
 def bar_panel(
-    title: str, description: str, query: Query, grid: tuple[int, int, int, int]
+    title: str,
+    description: str,
+    query: Query,
+    grid: tuple[int, int, int, int],
+    *,
+    unit: str = "short",
+    decimals: int | None = 0,
 ) -> Builder:
     panel = (
         bargauge.Panel()
@@ -164,7 +182,7 @@ def bar_panel(
         .display_mode(cm.BarGaugeDisplayMode.GRADIENT)
         .show_unfilled(True)
     )
-    return _common(panel, title, description, [query], grid, "short", 0)
+    return _common(panel, title, description, [query], grid, unit, decimals)
 
 
 def time_panel(
@@ -465,6 +483,117 @@ def panels() -> list[Builder]:
             (0, 44, 8, 8),
         ),
         recent_loops_panel((8, 44, 16, 8)),
+        *cost_panels(52),
+    ]
+
+
+def cost_panels(top: int) -> list[Builder]:
+    """What model calls cost, and what of it went into loops, from row ``top`` down. Costs are
+    the provider's figures where it reported them, else computed from the tokens at API prices;
+    the avoided figure is an estimate (docs/metrics.md gives its method)."""
+    tokens = MODEL_TOKENS.prometheus_name + AGENT_FILTER
+    unpriced = UNPRICED_MODEL_CALLS.prometheus_name
+    return [
+        stat_panel(
+            "Model spend",
+            "US dollars of model calls in the time range: the provider's figure where it"
+            " reported one, else computed from the tokens at API prices (on a subscription you"
+            " pay no per-token price). Calls of a model with no price add nothing (see"
+            ' "Unpriced model calls"). Filtered by agent, not by tool.',
+            Query(f"sum(increase({SPENT}[$__range]))", instant=True),
+            (0, top, 4, 4),
+            unit=USD,
+        ),
+        stat_panel(
+            "Spend in loops",
+            "US dollars of the model turns spent in loops in the time range: turns whose first"
+            " tool call repeated an earlier call of the progress epoch.",
+            Query(f"sum(increase({LOOP_SPENT}[$__range]))", instant=True),
+            (4, top, 4, 4),
+            unit=USD,
+        ),
+        stat_panel(
+            "Share of spend in loops",
+            "Spend in loops / model spend, in the time range.",
+            Query(
+                f"sum(increase({LOOP_SPENT}[$__range])) / sum(increase({SPENT}[$__range]))",
+                instant=True,
+            ),
+            (8, top, 4, 4),
+            unit="percentunit",
+        ),
+        stat_panel(
+            "Avoided by stops (estimate)",
+            "An estimate of the US dollars the stops in the time range avoided: each stopped"
+            " loop's mean cost per turn times the calls refused because its run was stopped.",
+            Query(f"sum(increase({AVOIDED}[$__range]))", instant=True),
+            (12, top, 4, 4),
+            unit=USD,
+        ),
+        stat_panel(
+            "Tokens in loops",
+            "Tokens (input, cached ones included, and output) of the model turns spent in loops"
+            " in the time range: the loops' size whether or not their models have a price.",
+            Query(
+                f"sum(increase({LOOP_TOKENS.prometheus_name}{AGENT_FILTER}[$__range]))",
+                instant=True,
+            ),
+            (16, top, 4, 4),
+        ),
+        stat_panel(
+            "Unpriced model calls",
+            "Model calls in the time range whose model has no price: their tokens are counted,"
+            " their cost is not (so the dollar panels leave them out).",
+            Query(f"sum(increase({unpriced}[$__range]))", instant=True),
+            (20, top, 4, 4),
+            decimals=0,
+        ),
+        time_panel(
+            "Spend, all and in loops ($/h)",
+            "US dollars per hour of all model calls, of the turns spent in loops, and the"
+            " estimate of what stops avoided.",
+            [
+                Query(f"sum(rate({SPENT}[$__rate_interval])) * 3600", "all model calls"),
+                Query(f"sum(rate({LOOP_SPENT}[$__rate_interval])) * 3600", "in loops"),
+                Query(
+                    f"sum(rate({AVOIDED}[$__rate_interval])) * 3600", "avoided by stops (estimate)"
+                ),
+            ],
+            (0, top + 4, 12, 8),
+            unit=USD,
+        ),
+        bar_panel(
+            "Top agents by loop cost",
+            "Agents by the US dollars their model turns spent in loops in the time range;"
+            " only those that spent some.",
+            Query(
+                f"topk(10, sum by (agent) (increase({LOOP_SPENT}[$__range])) > 0)",
+                "{{agent}}",
+                instant=True,
+            ),
+            (12, top + 4, 12, 8),
+            unit=USD,
+            decimals=None,
+        ),
+        time_panel(
+            "Model tokens by kind (/min)",
+            "Tokens of model calls per minute: input read neither from nor into a cache, output,"
+            " cache reads and cache writes (the kinds add up to every token).",
+            [Query(f"sum by (kind) (rate({tokens}[$__rate_interval])) * 60", "{{kind}}")],
+            (0, top + 12, 12, 8),
+            stacked=True,
+        ),
+        bar_panel(
+            "Unpriced models",
+            "Models whose calls in the time range had no price: give them one in the policy's"
+            " prices, or install otel-loopguard[cost] (genai-prices).",
+            Query(
+                f"topk(10, sum by (model) (increase({unpriced}[$__range])) > 0)",
+                "{{model}}",
+                instant=True,
+            ),
+            (12, top + 12, 12, 8),
+        ),
     ]
 
 

@@ -14,7 +14,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, NumberDataPoint
 from opentelemetry.sdk.trace import TracerProvider
 
-from otel_loopguard import PRESETS, LoopGuard, LoopGuardSpanProcessor
+from otel_loopguard import PRESETS, Action, LoopGuard, LoopGuardSpanProcessor
 from otel_loopguard.metrics import (
     COST_SOURCES,
     OTHER,
@@ -371,4 +371,38 @@ def test_model_spans_through_the_processor_fill_the_token_and_cost_counters() ->
     )
     assert value(recorder, UNPRICED, model="in-house-7b") == 1
     assert value(recorder, TOKENS, agent="coder", model="in-house-7b", kind="input") == 50
+    # Every turn after the first asked for the same search: 11 turns spent in the loop.
+    assert value(recorder, LOOP_TOKENS, agent="coder") == 11 * 1100
+    assert value(recorder, LOOP_COST, agent="coder") == pytest.approx(
+        11 * (600 * 2.5 + 400 * 1.25 + 100 * 10) / 1e6
+    )
     assert guard.internal_errors == {}
+
+
+def test_the_loop_metrics_follow_the_sessions_loop_spend() -> None:
+    """The loop and avoided counters say what the session's spend says (once the core reports
+    them: loop_spend and avoided)."""
+    recorder = PrometheusRecorder()
+    guard = LoopGuard(DEFAULT, recorder=recorder)
+    actions = []
+    for _ in range(12):
+        guard.model_call(
+            {
+                "model": "gpt-4o",
+                "input_tokens": 1000,
+                "output_tokens": 100,
+                "reported_cost_usd": 0.01,
+            },
+            session="s",
+            agent="coder",
+        )
+        actions.append(guard.before_tool("search", {"q": "x"}, session="s", agent="coder").action)
+    assert Action.STOP in actions
+    spend = guard.spend("s", agent="coder")
+    assert spend is not None and spend.loop_turns == 11
+    assert value(recorder, LOOP_TOKENS, agent="coder") == spend.loop_tokens == 11 * 1100
+    assert value(recorder, LOOP_COST, agent="coder") == pytest.approx(spend.loop_usd)
+    tokens, usd = spend.avoided()
+    assert tokens > 0
+    assert value(recorder, AVOIDED_TOKENS, agent="coder") == tokens
+    assert value(recorder, AVOIDED_COST, agent="coder") == pytest.approx(usd)

@@ -112,7 +112,39 @@ def test_dashboard_has_the_panels_the_issue_asks_for() -> None:
         "Rescues by outcome (/min)",
         "Tracked sessions, and evictions (/min)",
         "Internal errors (/min)",
+        # issue 24: what loops cost
+        "Model spend",
+        "Spend in loops",
+        "Share of spend in loops",
+        "Avoided by stops (estimate)",
+        "Spend, all and in loops ($/h)",
+        "Top agents by loop cost",
+        "Unpriced models",
     } <= titles
+
+
+def test_the_avoided_cost_is_labelled_an_estimate_wherever_it_shows() -> None:
+    for panel in json.loads(COMMITTED.read_text())["panels"]:
+        for target in panel["targets"]:
+            if "loopguard_avoided_" in target["expr"]:
+                shown = panel["title"] if len(panel["targets"]) == 1 else target["legendFormat"]
+                assert "estimate" in shown, (panel["title"], target["legendFormat"])
+                assert "estimate" in panel["description"], panel["title"]
+
+
+def test_money_panels_are_in_dollars_and_the_loop_share_is_a_share() -> None:
+    panels = {p["title"]: p for p in json.loads(COMMITTED.read_text())["panels"]}
+    for panel in panels.values():
+        if any("_usd_total" in target["expr"] for target in panel["targets"]):
+            unit = panel["fieldConfig"]["defaults"]["unit"]
+            expected = (
+                "percentunit" if panel["title"] == "Share of spend in loops" else "currencyUSD"
+            )
+            assert unit == expected, panel["title"]
+    (target,) = panels["Share of spend in loops"]["targets"]
+    numerator, denominator = target["expr"].split(" / ")
+    assert "loopguard_loop_cost_usd_total" in numerator
+    assert "loopguard_model_cost_usd_total" in denominator
 
 
 def test_rate_panels_say_their_unit_in_the_title() -> None:
@@ -147,12 +179,16 @@ def test_panels_do_not_overlap_and_ids_are_unique() -> None:
 def test_every_query_reads_declared_metrics_and_filters_by_agent_and_tool() -> None:
     dashboard = json.loads(COMMITTED.read_text())
     declared = declared_series()
-    labelled = {spec.prometheus_name for spec in METRICS if "agent" in spec.labels}
+    by_tool = {spec.prometheus_name for spec in METRICS if {"agent", "tool"} <= set(spec.labels)}
+    by_agent = {spec.prometheus_name for spec in METRICS if "agent" in spec.labels} - by_tool
+    assert "loopguard_loop_cost_usd_total" in by_agent
     for title, ref, expr in dashboard_queries(dashboard):
         used = set(re.findall(r"\bloopguard_[a-z_]+", expr))
         assert used and used <= declared, (title, ref, used - declared)
-        for name in used & labelled:
+        for name in used & by_tool:
             assert re.search(name + r'\{agent=~"\$agent", tool=~"\$tool"', expr), (title, name)
+        for name in used & by_agent:  # model calls have no tool: filtered by agent alone
+            assert re.search(name + r'\{agent=~"\$agent"\}', expr), (title, name)
     for variable in dashboard["templating"]["list"][1:]:
         assert set(re.findall(r"\bloopguard_[a-z_]+", variable["query"]["query"])) <= declared
 
@@ -231,4 +267,5 @@ def test_alert_dashboard_links_open_this_dashboard_filtered() -> None:
             assert pair.split("=", 1)[0].removeprefix("var-") in names, link
         linked[rule["alert"]] = link
     assert "var-agent={{ $labels.agent }}" in linked["LoopGuardAgentKeepsStopping"]
+    assert "var-agent={{ $labels.agent }}" in linked["LoopGuardLoopSpend"]
     assert "LoopGuardLoopStorm" in linked

@@ -187,8 +187,21 @@ def prometheus(
         yield server
 
 
+#: The usage each model turn of the scenario reports (GenAI semantic conventions): 1,000 input
+#: tokens of which 400 read from the cache, and 100 output tokens.
+TURN_USAGE = {
+    "gen_ai.usage.input_tokens": 1000,
+    "gen_ai.usage.cache_read.input_tokens": 400,
+    "gen_ai.usage.output_tokens": 100,
+}
+#: A model genai-prices knows, and one nobody has a price for.
+PRICED_MODEL = "gpt-4o"
+UNPRICED_MODEL = "in-house-7b"
+
+
 class Agent:
-    """Emits GenAI-semconv spans: an agent run with tool calls, each taking CALL_SECONDS."""
+    """Emits GenAI-semconv spans: an agent run with tool calls, each taking CALL_SECONDS, and,
+    when it runs a ``model``, the model turn that asked for each call (with its usage)."""
 
     def __init__(self, provider: TracerProvider) -> None:
         self.tracer = provider.get_tracer("e2e-agent")
@@ -196,8 +209,29 @@ class Agent:
         self.span_ids: set[str] = set()
         self.call_ids: set[str] = set()
 
-    def run(self, agent: str, calls: list[tuple[str, dict[str, Any], str]]) -> str:
-        """Run the calls in one agent span; its trace id (hex)."""
+    def turn(self, model: str) -> None:
+        """A model call of ``model`` reporting :data:`TURN_USAGE`."""
+        with self.tracer.start_as_current_span(
+            f"chat {model}",
+            attributes={
+                "gen_ai.operation.name": "chat",
+                "gen_ai.provider.name": "openai",
+                "gen_ai.request.model": model,
+                **TURN_USAGE,
+            },
+        ):
+            pass
+
+    def run(
+        self,
+        agent: str,
+        calls: list[tuple[str, dict[str, Any], str]],
+        *,
+        model: str | None = None,
+        final_model: str | None = None,
+    ) -> str:
+        """Run the calls in one agent span, each asked for by a turn of ``model`` (if any),
+        then a final turn of ``final_model`` (if any); its trace id (hex)."""
         with self.tracer.start_as_current_span(
             f"invoke_agent {agent}",
             attributes={
@@ -208,6 +242,8 @@ class Agent:
         ) as run:
             self.trace_ids.add(format(run.get_span_context().trace_id, "032x"))
             for tool, arguments, result in calls:
+                if model is not None:
+                    self.turn(model)
                 call_id = f"call_{uuid.uuid4().hex[:24]}"
                 self.call_ids.add(call_id)
                 started = time.time_ns()
@@ -224,6 +260,8 @@ class Agent:
                 self.span_ids.add(format(span.get_span_context().span_id, "016x"))
                 span.set_attribute("gen_ai.tool.call.result", result)
                 span.end(end_time=started + int(CALL_SECONDS * 1e9))
+            if final_model is not None:
+                self.turn(final_model)
         return format(run.get_span_context().trace_id, "032x")
 
 
@@ -274,7 +312,9 @@ def test_dashboard_queries_against_a_real_prometheus(
 
     # 1. Prometheus has scraped us once: every series created up front is recorded at zero.
     wait_for("the first scrape", scraped(f'up{{instance="{address}"}}', 1.0))
-    # 2. Healthy work: distinct calls in several runs (more runs than MAX_SESSIONS: evictions).
+    # 2. Healthy work: distinct calls in several runs (more runs than MAX_SESSIONS: evictions),
+    # each call asked for by a model turn reporting usage, each run's answer by a model nobody
+    # has a price for.
     for n in range(MAX_SESSIONS + 1):
         agent.run(
             "coder",
@@ -282,6 +322,8 @@ def test_dashboard_queries_against_a_real_prometheus(
                 ("grep", {"pattern": f"TODO{n}", "path": "src"}, f"{n} matches"),
                 ("read_file", {"path": f"src/mod{n}.py"}, f"contents {n}"),
             ],
+            model=PRICED_MODEL,
+            final_model=UNPRICED_MODEL,
         )
     healthy_calls = recorder.registry.get_sample_value(
         "loopguard_tool_calls_total", {"agent": "coder", "tool": "grep"}
@@ -290,9 +332,44 @@ def test_dashboard_queries_against_a_real_prometheus(
         "the healthy calls to be scraped",
         scraped('sum(loopguard_tool_calls_total{tool="grep"})', healthy_calls),
     )
+    # 2b. A host that refuses what the guard stops (the hook API, as the coding-agent hooks and
+    # the framework adapters call it): its looping run is stopped and the calls it keeps making
+    # are refused, so the stop avoided something (an estimate; a span only reports a call that
+    # already ran, so through the processor a stop avoids nothing).
+    usage = {
+        "model": PRICED_MODEL,
+        "provider": "openai",
+        "input_tokens": TURN_USAGE["gen_ai.usage.input_tokens"],
+        "cache_read_tokens": TURN_USAGE["gen_ai.usage.cache_read.input_tokens"],
+        "output_tokens": TURN_USAGE["gen_ai.usage.output_tokens"],
+    }
+    refused = 0
+    for n in range(LOOP_CALLS):
+        guard.model_call(usage, session="hooked-run", agent="coder")
+        arguments = {"pattern": "stuck", "path": "lib"}
+        decision = guard.before_tool(
+            "grep", arguments, session="hooked-run", agent="coder", call_id=f"hooked-{n}"
+        )
+        if decision.action.value == "stop":
+            refused += 1
+            continue
+        guard.after_tool(
+            "grep",
+            arguments,
+            session="hooked-run",
+            agent="coder",
+            call_id=f"hooked-{n}",
+            result="no matches",
+        )
+    assert refused >= 1
     # 3. The loop: one run repeats the same call, the same answer each time.
     looping = agent.run(
-        "coder", [("grep", {"pattern": "flaky", "path": "tests"}, "no matches")] * LOOP_CALLS
+        "coder",
+        [("grep", {"pattern": "flaky", "path": "tests"}, "no matches")] * LOOP_CALLS,
+        model=PRICED_MODEL,
+        # Its answer too (a series that first appears at N shows no increase() of those N:
+        # the unpriced model's calls are seen from the second scrape that finds them).
+        final_model=UNPRICED_MODEL,
     )
     wait_for(
         "the rescue advice to be recorded",
@@ -313,9 +390,23 @@ def test_dashboard_queries_against_a_real_prometheus(
     )
     assert total >= LOOP_CALLS - 2
     wait_for("the loop to be scraped", scraped("sum(loopguard_decisions_total)", total))
+    advice = recorder.registry.get_sample_value("loopguard_rescues_total", {"outcome": "advice"})
     wait_for(
-        "the rescue to be scraped", scraped('sum(loopguard_rescues_total{outcome="advice"})', 1.0)
+        "the rescues to be scraped",
+        scraped('sum(loopguard_rescues_total{outcome="advice"})', advice or 0.0),
     )
+    # The loop's spend, and the estimate of what its stop avoided, as the recorder holds them.
+    spent = {
+        name: recorder.registry.get_sample_value(name, {"agent": "coder"})
+        for name in (
+            "loopguard_loop_cost_usd_total",
+            "loopguard_loop_tokens_total",
+            "loopguard_avoided_cost_usd_total",
+        )
+    }
+    assert all(number and number > 0 for number in spent.values()), spent
+    for name, number in spent.items():
+        wait_for(f"{name} to be scraped", scraped(f"sum({name})", number or 0.0))
 
     # 4. Every dashboard query, as Grafana would send it.
     dashboard = load_generator().dashboard()
@@ -362,12 +453,40 @@ def test_dashboard_queries_against_a_real_prometheus(
     assert (
         values(prometheus.query('sum(loopguard_sessions_evicted_total{reason="capacity"})'))[0] >= 2
     )
+    # What the cost panels read: every model turn's tokens by kind, the priced model's cost at
+    # genai-prices' gpt-4o prices ($2.50 input, $1.25 cached input, $10 output per million),
+    # the unpriced model's calls, and the loop's share of the spend.
+    turns = 2 * (MAX_SESSIONS + 1) + 2 * LOOP_CALLS  # the span runs' and the hooked run's
+    kinds = {
+        kind: values(
+            prometheus.query(
+                f'sum(loopguard_model_tokens_total{{model="{PRICED_MODEL}", kind="{kind}"}})'
+            )
+        )
+        for kind in ("input", "cache_read", "output", "cache_write")
+    }
+    assert kinds == {
+        "input": [turns * 600.0],
+        "cache_read": [turns * 400.0],
+        "output": [turns * 100.0],
+        "cache_write": [0.0],
+    }
+    (computed,) = values(prometheus.query('sum(loopguard_model_cost_usd_total{source="computed"})'))
+    assert computed == pytest.approx(turns * (600 * 2.5 + 400 * 1.25 + 100 * 10) / 1e6)
+    assert values(prometheus.query("sum(loopguard_unpriced_model_calls_total)")) == [
+        float(MAX_SESSIONS + 2)
+    ]
+    (share,) = values(
+        prometheus.query(substitute(dict((t, e) for t, _, e in queries)["Share of spend in loops"]))
+    )
+    assert 0 < share < 1
 
     # The alert rules loaded into the real server evaluate without errors.
     rules = prometheus.get("/api/v1/rules")["data"]["groups"][0]["rules"]
     assert {rule["name"] for rule in rules} == {
         "LoopGuardLoopStorm",
         "LoopGuardAgentKeepsStopping",
+        "LoopGuardLoopSpend",
         "LoopGuardInternalErrors",
     }
     wait_for(
@@ -397,6 +516,7 @@ def test_dashboard_queries_against_a_real_prometheus(
     assert not {value for value in everything for secret in secrets if secret in value}
     assert not any(value.startswith("conversation-") for value in everything)
     assert labels["agent"] == {"coder"} and labels["tool"] == {"grep", "read_file"}
+    assert labels["model"] == {PRICED_MODEL, UNPRICED_MODEL}
     provider.shutdown()
 
 
