@@ -413,3 +413,33 @@ def test_a_call_the_hook_and_the_telemetry_both_report_counts_once(serve: ServeP
     assert total(serve, "loopguard_tool_calls_total", tool="Bash") == 3
     export(serve, "http", events[3:], TOKEN)  # a call no hook saw
     assert wait_for(lambda: total(serve, "loopguard_tool_calls_total", tool="Bash") == 4)
+
+
+def test_log_bytes_past_the_budget_are_429_before_the_body() -> None:
+    """The traces' byte budget holds for logs: a log body under way holds its bytes, and the
+    next one past the budget is told 429 with Retry-After, its body never sent."""
+    import socket
+    import time
+
+    require_serve_prerequisites()
+    head = (
+        f"POST /v1/logs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+        "Content-Type: application/x-protobuf\r\n"
+    ).encode()
+    server = ServeProcess("--token", TOKEN, "--max-inflight-bytes", str(1 << 20))
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), 5) as holder:
+            holder.sendall(head + b"Content-Length: 900000\r\n\r\nx")
+            time.sleep(0.5)  # its head is read and its bytes taken
+            with socket.create_connection(("127.0.0.1", server.port), 5) as late:
+                late.sendall(head + b"Content-Length: 200000\r\nConnection: close\r\n\r\n")
+                answer = b""
+                while b"\r\n\r\n" not in answer:
+                    chunk = late.recv(4096)
+                    assert chunk, answer
+                    answer += chunk
+        assert answer.startswith(b"HTTP/1.1 429"), answer
+        assert b"retry-after: 1" in answer.lower()
+        assert total(server, "loopguard_otlp_requests_total", outcome="over_budget") == 1
+    finally:
+        server.close()
