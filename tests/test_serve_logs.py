@@ -370,51 +370,63 @@ def test_log_calls_survive_a_crash_with_a_state_dir(tmp_path: Path) -> None:
         server.close()
 
 
+def hook_events(agent: str, event: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The pre- and post-tool hook events the agent sends for the call its telemetry ``event``
+    reports (the same session and call id; the hooks' own tool names and shapes)."""
+    from .test_hooks import claude_post, claude_pre, codex
+
+    attributes = event["attributes"]
+    if agent == "claude-code":
+        tool_input = json.loads(attributes["tool_input"])
+        call_id, session = attributes["tool_use_id"], attributes["session.id"]
+        return (
+            claude_pre("Bash", tool_input, call_id, session=session),
+            claude_post("Bash", tool_input, call_id, "ok: 3 passed", session=session),
+        )
+    # Codex's hooks: its thread id as session_id, the model's call id as tool_use_id.
+    fields = {
+        "session_id": attributes["conversation.id"],
+        "tool_name": "Bash",
+        "tool_input": {"command": "cargo test -p parser"},
+        "tool_use_id": attributes["call_id"],
+    }
+    return codex("PreToolUse", **fields), codex("PostToolUse", tool_response="ok", **fields)
+
+
 @pytest.mark.slow
-def test_a_call_the_hook_and_the_telemetry_both_report_counts_once(serve: ServeProcess) -> None:
-    """Claude Code's command hook (the real ``hook claude-code --server``) and its
-    ``claude_code.tool_result`` events report the same calls, keyed alike (the session id, the
-    ``tool_use_id``): each counts once, whichever report comes first. A call only the telemetry
-    reports counts too."""
-    from .test_hooks import claude_post, claude_pre, clean_env, hook
+@pytest.mark.parametrize("agent", ["claude-code", "codex"])
+def test_a_call_the_hook_and_the_telemetry_both_report_counts_once(
+    serve: ServeProcess, agent: str
+) -> None:
+    """The agent's command hook (the real ``hook HOST --server``) and its tool events report the
+    same calls, keyed alike (the session id, the call id): each counts once, whichever report
+    comes first. A call only the telemetry reports counts too."""
+    from .test_hooks import clean_env, hook
 
     env = clean_env(LOOPGUARD_SERVE_TOKEN=TOKEN)
-    session = fixture("claude-code")["attributes"]["session.id"]
-    tool_input = json.loads(fixture("claude-code")["attributes"]["tool_input"])
-    events = looping_events("claude-code", 4)
+    events = looping_events(agent, 4)
+
+    def calls() -> float:
+        return total(serve, "loopguard_tool_calls_total")
+
+    def records() -> float:
+        return total(serve, "loopguard_otlp_log_records_total", result="accepted")
+
     for index, event in enumerate(events[:3]):
-        call_id = event["attributes"]["tool_use_id"]
-        pre = hook(
-            "claude-code",
-            claude_pre("Bash", tool_input, call_id, session=session),
-            None,
-            "--server",
-            serve.url,
-            env=env,
-        )
-        assert pre.code == 0, pre.err
+        pre, post = hook_events(agent, event)
+        answer = hook(agent, pre, None, "--server", serve.url, env=env)
+        assert answer.code == 0, answer.err
         if index == 2:  # the telemetry first, then the hook's post-tool event
             export(serve, "http", [event], TOKEN)
-            assert wait_for(
-                lambda: total(serve, "loopguard_otlp_log_records_total", result="accepted") == 1
-            )
-            assert total(serve, "loopguard_tool_calls_total", tool="Bash") == 3
-        post = hook(
-            "claude-code",
-            claude_post("Bash", tool_input, call_id, "ok: 3 passed", session=session),
-            None,
-            "--server",
-            serve.url,
-            env=env,
-        )
-        assert post.code == 0, post.err
+            assert wait_for(lambda: records() == 1)
+            assert calls() == 3
+        answer = hook(agent, post, None, "--server", serve.url, env=env)
+        assert answer.code == 0, answer.err
     export(serve, "http", events[:2], TOKEN)  # the telemetry after the hook: already counted
-    assert wait_for(
-        lambda: total(serve, "loopguard_otlp_log_records_total", result="accepted") == 3
-    )
-    assert total(serve, "loopguard_tool_calls_total", tool="Bash") == 3
-    export(serve, "http", events[3:], TOKEN)  # a call no hook saw
-    assert wait_for(lambda: total(serve, "loopguard_tool_calls_total", tool="Bash") == 4)
+    assert wait_for(lambda: records() == 3)
+    export(serve, "http", events[3:], TOKEN)  # a call no hook saw: fed after the two above
+    assert wait_for(lambda: calls() == 4)
+    assert calls() == 4
 
 
 @pytest.mark.slow
