@@ -30,7 +30,7 @@ Stderr is not such a channel: the hosts show it only when a hook fails.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Final, Protocol
 
@@ -86,6 +86,9 @@ class HookEvent:
     duration_seconds: float | None = None
     #: The user's prompt (``prompt`` of a prompt event), when the host sends it.
     prompt: str | None = None
+    #: The session's transcript file (``transcript_path``), when the host sends one; read for
+    #: model usage where :data:`~._transcript.TRANSCRIPT_TURNS` knows the host's lines.
+    transcript_path: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +167,8 @@ def _event(
         return data, HookEvent(EventKind.OTHER, name)
     session = _string(data, "session_id")
     agent = _optional_string(data, agent_field) if agent_field else None
+    transcript = data.get("transcript_path")  # only read for usage: a bad one is no error
+    transcript = transcript if isinstance(transcript, str) and transcript else None
     if kind is EventKind.USER_PROMPT:
         prompt = data.get("prompt")  # all three hosts send it; a missing one is no error
         return data, HookEvent(
@@ -172,6 +177,7 @@ def _event(
             session,
             agent,
             prompt=prompt if isinstance(prompt, str) and prompt else None,
+            transcript_path=transcript,
         )
     return data, HookEvent(
         kind,
@@ -181,24 +187,14 @@ def _event(
         tool=_string(data, "tool_name"),
         arguments=data.get("tool_input"),
         call_id=_optional_string(data, "tool_use_id"),
+        transcript_path=transcript,
     )
 
 
 def _with_outcome(
     event: HookEvent, result: object, error: bool | None, duration_seconds: float | None = None
 ) -> HookEvent:
-    return HookEvent(
-        event.kind,
-        event.name,
-        event.session,
-        event.agent,
-        event.tool,
-        event.arguments,
-        event.call_id,
-        result,
-        error,
-        duration_seconds,
-    )
+    return replace(event, result=result, error=error, duration_seconds=duration_seconds)
 
 
 def _deny_permission(event: HookEvent, text: str) -> JSONObject:

@@ -15,27 +15,41 @@ phrases it with :func:`~._answers.after_the_fact`; and a stop the server conclud
 result (``"phase": "post"``, e.g. the third identical failure) becomes the host's stop, as the
 local backend's does.
 
-One request per invocation over the standard library's HTTP client (imported only here, when
-``--server`` is given), with a connect and read timeout. No connection, no answer in time, a
-status other than 200 (a wrong token: 401) or an answer that is not the API's JSON raise
-:class:`~._answers.Unavailable`: the runner allows the call with a note on stderr, or denies it
-with ``--fail-closed``, as for a broken local store. Nothing is retried.
+Model usage: where the host's transcript carries it (:mod:`._transcript`), the turns new since
+the last call are sent first, one ``POST /v1/decisions/model_call`` each; where the transcript
+was last read is kept in the hooks' SQLite file on this machine (``--store`` is refused with
+``--server``: the default file, :func:`~._store.default_store_path`), as the local backend keeps
+it. A turn the server does not take is sent again at the next call (those it took are
+remembered); a state file that cannot be used only leaves usage unread (a note on stderr).
+
+One request per invocation (and one per new model turn) over the standard library's HTTP
+client (imported only here, when ``--server`` is given), with a connect and read timeout. No
+connection, no answer in time, a status other than 200 (a wrong token: 401) or an answer that
+is not the API's JSON raise :class:`~._answers.Unavailable`: the runner allows the call with a
+note on stderr, or denies it with ``--fail-closed``, as for a broken local store. Nothing is
+retried.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import time
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Final
 
 import orjson
 
 from .._env import LOOPGUARD_SERVE_TOKEN
 from .._policy import Action
+from .._prices import ModelUsage
 from .._trail import MAX_TASK_CHARS
 from ._answers import Unavailable, answer_before
 from ._hosts import ALLOWED, Answer, EventKind, HookEvent, Host
+from ._store import HookStore, StoreError
+from ._transcript import TRANSCRIPT_TURNS, charge_transcript
 
 __all__ = ["DEFAULT_TIMEOUT_SECONDS", "RemoteBackend", "TOKEN_ENV"]
 
@@ -49,6 +63,10 @@ DEFAULT_TIMEOUT_SECONDS: Final = 2.0
 _MAX_ANSWER_BYTES: Final = 1 << 20
 #: How much of an error answer's text is quoted in the note on stderr.
 _QUOTED_CHARS: Final = 200
+#: Transcript marks kept with ``--server`` (the server's policy, which bounds sessions, is not
+#: known here): idle ones are dropped after this many seconds, the oldest beyond this many.
+MARK_TTL_SECONDS: Final = 7 * 24 * 3600.0
+MAX_MARKS: Final = 10_000
 
 
 class RemoteBackend:
@@ -62,6 +80,8 @@ class RemoteBackend:
         *,
         token: str | None = None,
         timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+        marks: str | Path | None = None,
+        note: Callable[[str], None] | None = None,
     ) -> None:
         parts = urllib.parse.urlsplit(url.strip())
         try:
@@ -95,9 +115,19 @@ class RemoteBackend:
         self._host = parts.hostname
         self._port = port
         self._prefix = parts.path.rstrip("/")
+        #: Where transcript marks are kept (``None``: transcripts are not read).
+        self.marks = None if marks is None else HookStore(marks)
+        self._note = note if note is not None else (lambda _message: None)
 
     def answer(self, host: Host, event: HookEvent) -> Answer:
         ids: dict[str, object] = {"session": event.session, "agent": event.agent}
+        if (
+            self.marks is not None
+            and event.transcript_path is not None
+            and host.name in TRANSCRIPT_TURNS
+            and os.path.exists(event.transcript_path)  # else the state file is not even made
+        ):
+            self._charge_transcript(self.marks, host, event, ids)
         if event.kind is EventKind.USER_PROMPT:
             # The prompt is what the server's advisor is told the task is, as a local hook's;
             # cut to what the guard keeps of it, so a pasted file never makes the request too
@@ -130,6 +160,54 @@ class RemoteBackend:
         if decision is not None and decision[0] is Action.STOP:
             return Answer(Action.STOP, decision[1])
         return Answer(Action.REMIND, reminder) if reminder else ALLOWED
+
+    def _charge_transcript(
+        self, marks: HookStore, host: Host, event: HookEvent, ids: Mapping[str, object]
+    ) -> None:
+        """Send the model turns new in the event's transcript (before its call: a turn comes
+        before the calls it requests); keep where the read stopped."""
+        refused: list[Unavailable] = []
+
+        def charge(usage: ModelUsage) -> bool:
+            if refused:
+                return False
+            body: dict[str, object] = {
+                **ids,
+                "model": usage.model,
+                "provider": usage.provider,
+                "input_tokens": usage.input_tokens,
+                "output_tokens": usage.output_tokens,
+                "cache_read_tokens": usage.cache_read_tokens,
+                "cache_write_tokens": usage.cache_write_tokens,
+            }
+            if usage.reported_cost_usd is not None:
+                body["reported_cost_usd"] = usage.reported_cost_usd
+            try:
+                self._post("model_call", body)
+            except Unavailable as exc:
+                refused.append(exc)
+                return False
+            return True
+
+        def skip(reason: str, count: int) -> None:
+            self._note(f"transcript: {count} model usage line(s) skipped ({reason})")
+
+        key = orjson.dumps([host.name, event.session, event.agent]).decode()
+        try:
+            with marks.session(
+                key,
+                now=time.time(),
+                ttl_seconds=MARK_TTL_SECONDS,
+                max_sessions=MAX_MARKS,
+                transcript=True,
+            ) as row:
+                mark = charge_transcript(host.name, event, row.transcript, charge, skip, self._note)
+                if mark is not None:
+                    row.transcript_save = mark
+        except StoreError as exc:
+            self._note(f"{exc}; no model usage read")
+        if refused:
+            self._note(f"{refused[0]}; model usage sent again at the next call")
 
     # -- the wire ----------------------------------------------------------------------------
 

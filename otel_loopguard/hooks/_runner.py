@@ -46,6 +46,7 @@ from .._engine import MAX_PENDING_CALLS, SessionState
 from .._env import LOOPGUARD_SERVE_TOKEN
 from .._guard import LoopGuard
 from .._policy import Action
+from .._prices import ModelUsage
 from .._token import EmptyToken, read_token
 from ..config import Policy, load_policy, unknown_variables
 from ._answers import (
@@ -57,7 +58,8 @@ from ._answers import (
     decide_before,
 )
 from ._hosts import ALLOWED, HOSTS, Answer, EventKind, HookEvent, Host, MalformedEvent
-from ._store import DEFAULT_BUSY_TIMEOUT_SECONDS, HookStore, StoreError, default_store_path
+from ._store import DEFAULT_BUSY_TIMEOUT_SECONDS, HookStore, Row, StoreError, default_store_path
+from ._transcript import TRANSCRIPT_TURNS, charge_transcript
 
 __all__ = [
     "FAIL_CLOSED_TEXT",
@@ -125,6 +127,7 @@ class LocalBackend:
                 ttl_seconds=policy.session_ttl_seconds,
                 max_sessions=policy.max_sessions,
                 related_prefix=prefix,
+                transcript=_reads_transcript(host, event),
             ) as row:
                 for problem in row.problems:
                     self._note(f"session {event.session!r}: {problem}; starting it afresh")
@@ -136,6 +139,7 @@ class LocalBackend:
                     else:
                         guard.import_session(event.session, state, agent=event.agent)
                 agents = self._import_related(guard, event.session, row.related, policy)
+                self._charge_transcript(guard, host, event, row)
                 answer = decide(host, event, guard, row.notes, policy)
                 guard.close(wait=True)  # a rescue's advice is cached before the state is saved
                 saved = guard.export_session(event.session, agent=event.agent)
@@ -164,8 +168,10 @@ class LocalBackend:
                 now=time.time(),
                 ttl_seconds=policy.session_ttl_seconds,
                 max_sessions=policy.max_sessions,
+                transcript=_reads_transcript(host, event),
             ) as row:
                 had_notes = bool(row.notes)
+                self._charge_transcript(guard, host, event, row)
                 answer = decide(host, event, guard, row.notes, policy)
                 guard.close(wait=True)
                 while len(row.notes) > MAX_NOTES:
@@ -177,6 +183,23 @@ class LocalBackend:
         finally:
             guard.close(wait=True)
         return answer
+
+    def _charge_transcript(self, guard: LoopGuard, host: Host, event: HookEvent, row: Row) -> None:
+        """Charge the model turns new in the event's transcript (before its call is counted:
+        a turn comes before the calls it requests) and keep where the read stopped."""
+
+        def charge(usage: ModelUsage) -> bool:
+            guard.model_call(usage, session=event.session, agent=event.agent)
+            return True
+
+        def skip(reason: str, count: int) -> None:
+            for _ in range(count):
+                guard.model_call_skipped(reason)
+            self._note(f"transcript: {count} model usage line(s) skipped ({reason})")
+
+        mark = charge_transcript(host.name, event, row.transcript, charge, skip, self._note)
+        if mark is not None:
+            row.transcript_save = mark
 
     @staticmethod
     def _import_related(
@@ -196,6 +219,11 @@ class LocalBackend:
                 continue
             agents[other] = agent
         return agents
+
+
+def _reads_transcript(host: Host, event: HookEvent) -> bool:
+    """Whether the event's transcript is read for model usage (the host's lines are known)."""
+    return event.transcript_path is not None and host.name in TRANSCRIPT_TURNS
 
 
 def decide(
@@ -368,7 +396,7 @@ def _answer_json(
             raise Misconfigured(problem)
         backend: Backend
         if remote[0] is not None:
-            backend = _remote_backend(remote, store, policy_sources, environ)
+            backend = _remote_backend(remote, store, policy_sources, environ, note)
         else:
             try:
                 policy = load_policy(preset, config, environ, plugin_config)
@@ -405,6 +433,7 @@ def _remote_backend(
     store: str | None,
     policy_sources: tuple[str | None, str | None, str | None],
     environ: Mapping[str, str] | None,
+    note: Note,
 ) -> Backend:
     from ._remote import DEFAULT_TIMEOUT_SECONDS, RemoteBackend  # only the --server path
 
@@ -441,10 +470,17 @@ def _remote_backend(
         raise Misconfigured(str(exc)) from None
     token = None if found is None else found[0]
     try:
+        marks: Path | None = default_store_path(environ)  # where transcripts were last read
+    except StoreError as exc:
+        note(f"{exc}; no model usage read")
+        marks = None
+    try:
         return RemoteBackend(
             url,
             token=token,
             timeout_seconds=(DEFAULT_TIMEOUT_SECONDS if timeout is None else timeout),
+            marks=marks,
+            note=note,
         )
     except ValueError as exc:
         raise Misconfigured(str(exc)) from None

@@ -12,6 +12,11 @@ WAL, so a commit is one append and readers never wait.
 Bounds: rows idle longer than the policy's ``session_ttl_seconds`` are deleted, and the least
 recently updated beyond ``max_sessions``, whenever a new session is stored.
 
+Where each session's transcript was last read (:class:`~._transcript.Mark`, for the model usage
+it carries) is a row of its own table, ``transcripts``, keyed as ``sessions`` and bounded the same
+way on its own: the ``--server`` backend keeps it here too, with no session row. The table is
+created in files of schema version 1 when first needed (older versions of the hooks ignore it).
+
 A corrupt file (not a database, or a damaged one) is moved aside to
 ``<file>.corrupt-<UTC timestamp>`` (with its ``-wal``/``-shm`` files) and a fresh one is made,
 with one line on stderr: the counts it held are lost, but the hooks work again instead of
@@ -57,6 +62,13 @@ STORE_ENV: Final = LOOPGUARD_HOOK_STORE
 DEFAULT_BUSY_TIMEOUT_SECONDS: Final = 10.0
 #: The layout of the ``sessions`` table (``PRAGMA user_version``); a file with another is refused.
 SCHEMA_VERSION: Final = 1
+#: The transcript marks' table (added to files of schema version 1 when first needed).
+_TRANSCRIPTS_TABLE: Final = (
+    "CREATE TABLE IF NOT EXISTS transcripts ("
+    " key TEXT PRIMARY KEY,"  # as in sessions
+    " updated REAL NOT NULL,"  # seconds since the epoch, of the last write
+    " mark BLOB NOT NULL)"  # hooks._transcript.Mark.to_bytes()
+)
 _APP_DIRECTORY: Final = "otel-loopguard"
 _FILE_NAME: Final = "hooks.sqlite3"
 
@@ -121,6 +133,10 @@ class Row:
     related: dict[str, bytes] = field(default_factory=dict)
     #: New states for some of :attr:`related`, written at the end of the transaction.
     related_save: dict[str, bytes] = field(default_factory=dict)
+    #: With ``transcript=True``: where the session's transcript was last read (``None``: never).
+    transcript: bytes | None = None
+    #: The new transcript mark to store at the end of the transaction (``None``: leave it).
+    transcript_save: bytes | None = None
 
 
 class HookStore:
@@ -149,16 +165,21 @@ class HookStore:
         ttl_seconds: float,
         max_sessions: int,
         related_prefix: str | None = None,
+        transcript: bool = False,
     ) -> Iterator[Row]:
         """One transaction on the row of ``key``: yields it as read; on a normal exit writes
         :attr:`Row.save` (if set) with ``now`` as its time, and commits. With
         ``related_prefix``, the other rows whose key starts with it (live ones: updated within
         ``ttl_seconds``) are read too (:attr:`Row.related`), and :attr:`Row.related_save`
-        written. An exception from the body rolls back and propagates; a problem with the file
-        raises :class:`StoreError`."""
+        written. With ``transcript``, the session's transcript mark is read too
+        (:attr:`Row.transcript`) and :attr:`Row.transcript_save` written (its own row, kept
+        with or without a session row). An exception from the body rolls back and propagates; a
+        problem with the file raises :class:`StoreError`."""
         connection, found = self._begin(key)
         try:
             row = _decode(found)
+            if transcript:
+                row.transcript = self._read_mark(connection, key)
             if related_prefix:
                 try:
                     for other, state in connection.execute(
@@ -176,6 +197,15 @@ class HookStore:
                     connection.execute(
                         "UPDATE sessions SET state = ?, updated = ? WHERE key = ?",
                         (state, now, other),
+                    )
+                if row.transcript_save is not None:
+                    if row.transcript is None:
+                        self._make_room(
+                            connection, now, ttl_seconds, max_sessions, table="transcripts"
+                        )
+                    connection.execute(
+                        "INSERT OR REPLACE INTO transcripts (key, updated, mark) VALUES (?, ?, ?)",
+                        (key, now, row.transcript_save),
                     )
                 if row.save is not None:
                     if found is None:
@@ -225,6 +255,18 @@ class HookStore:
                 if connection is not None:
                     connection.close()
                 raise
+
+    def _read_mark(self, connection: sqlite3.Connection, key: str) -> bytes | None:
+        """The transcript mark of ``key``; the table is made first in a file that lacks it."""
+        try:
+            connection.execute(_TRANSCRIPTS_TABLE)
+            found = connection.execute(
+                "SELECT mark FROM transcripts WHERE key = ?", (key,)
+            ).fetchone()
+        except sqlite3.Error as exc:
+            raise self._error(exc) from None
+        mark = None if found is None else found[0]
+        return bytes(mark) if isinstance(mark, (bytes, memoryview)) else None
 
     def _move_aside(self, identity: tuple[int, int] | None, problem: StoreError) -> None:
         """Move the corrupt file (and its WAL files) aside, unless another hook process did
@@ -295,12 +337,17 @@ class HookStore:
 
     @staticmethod
     def _make_room(
-        connection: sqlite3.Connection, now: float, ttl_seconds: float, max_sessions: int
+        connection: sqlite3.Connection,
+        now: float,
+        ttl_seconds: float,
+        max_sessions: int,
+        table: str = "sessions",
     ) -> None:
-        """Before a new session is stored: drop idle rows, and the oldest beyond the bound."""
-        connection.execute("DELETE FROM sessions WHERE updated <= ?", (now - ttl_seconds,))
+        """Before a new session is stored in ``table`` (``sessions`` or ``transcripts``): drop
+        idle rows, and the oldest beyond the bound."""
+        connection.execute(f"DELETE FROM {table} WHERE updated <= ?", (now - ttl_seconds,))
         connection.execute(
-            "DELETE FROM sessions WHERE key IN (SELECT key FROM sessions"
+            f"DELETE FROM {table} WHERE key IN (SELECT key FROM {table}"
             " ORDER BY updated DESC LIMIT -1 OFFSET ?)",
             (max(0, max_sessions - 1),),
         )

@@ -1,0 +1,326 @@
+"""Model usage from a coding agent's transcript: what is new since the last hook call, read
+within a bound, each model response charged once.
+
+The hosts' hook events carry no token counts, but Claude Code's carry ``transcript_path``, the
+session's JSON-lines transcript, whose ``assistant`` lines hold each model response's
+``message.usage``. Each hook call reads only what was appended since the last one, from the
+byte offset kept per session and agent (:class:`Mark`, saved by the caller in the hooks' store):
+
+- At most :data:`MAX_READ_BYTES` per call. A longer backlog (a hook installed in the middle of a
+  long session, a resumed one) is read from its last :data:`MAX_READ_BYTES` only, from the first
+  whole line there: the turns before it are not charged (:attr:`Reading.skipped_bytes`), so the
+  newest turn is charged before the tool call it requested.
+- A partial last line (the host is still writing it) is left for the next call.
+- A file that is shorter than the offset, or another file at the same path (truncated, rotated,
+  replaced), is read again from its start; message ids already charged are still skipped.
+- Claude Code writes one model response over several lines (one per content block, and a
+  streaming snapshot), all with the same ``message.id``; their input and cache counts repeat
+  and the output count grows. A response is charged once, at the first call that sees it, with
+  the counts of its last line read then; the last :data:`MAX_REMEMBERED_IDS` ids charged are
+  kept in the mark, so a line of an id already charged (the same response, written again) adds
+  nothing. Output tokens written in a line after that call are not added.
+- A line that does not read (not JSON, a count that is not a whole number from 0 to 10^9) is a
+  counted skip (:attr:`Reading.skipped`, by field), never an exception; a file that cannot be
+  read is said (:attr:`Reading.problem`), one that does not exist yet is nothing new.
+
+Which lines are a host's model responses is :data:`TRANSCRIPT_TURNS` (by host name); a host
+not there is not read. Pure but for the one bounded read of the file.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+import orjson
+
+from .._prices import ModelUsage
+from ._hosts import HookEvent
+
+__all__ = [
+    "MAX_READ_BYTES",
+    "MAX_REMEMBERED_IDS",
+    "TRANSCRIPT_TURNS",
+    "Mark",
+    "Reading",
+    "Turn",
+    "charge_transcript",
+    "claude_code_turn",
+    "read_new_turns",
+]
+
+#: Bytes of a transcript read per hook call at most (a longer backlog: its end only).
+MAX_READ_BYTES: Final = 4 << 20
+#: Message ids charged that a mark remembers (newest kept), so a response written again later
+#: is not charged twice.
+MAX_REMEMBERED_IDS: Final = 64
+#: The layout of :meth:`Mark.to_bytes`.
+_MARK_VERSION: Final = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """Where the last read of a transcript stopped: the file (path, device and inode), the byte
+    offset of the first line not read yet, and the message ids charged last (oldest first)."""
+
+    path: str
+    device: int
+    inode: int
+    offset: int
+    ids: tuple[str, ...] = ()
+
+    def to_bytes(self) -> bytes:
+        return orjson.dumps(
+            [_MARK_VERSION, self.path, self.device, self.inode, self.offset, list(self.ids)]
+        )
+
+    @classmethod
+    def from_bytes(cls, data: bytes | None) -> Mark | None:
+        """The mark :meth:`to_bytes` wrote; ``None`` for none or one that does not read (the
+        transcript is then read as new)."""
+        if not data:
+            return None
+        try:
+            raw = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return None
+        if not (isinstance(raw, list) and len(raw) == 6 and raw[0] == _MARK_VERSION):
+            return None
+        _, path, device, inode, offset, ids = raw
+        if not (
+            isinstance(path, str)
+            and all(_whole(n) for n in (device, inode, offset))
+            and isinstance(ids, list)
+            and all(isinstance(i, str) for i in ids)
+        ):
+            return None
+        return cls(path, device, inode, offset, tuple(ids[-MAX_REMEMBERED_IDS:]))
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One model response read from a transcript: its id, the agent whose line it is (``None``:
+    the main agent), its usage."""
+
+    id: str
+    agent: str | None
+    usage: ModelUsage
+
+
+@dataclass(slots=True)
+class Reading:
+    """What one read gave: the new turns of the agent asked for (in the transcript's order), the
+    mark to keep for the next read, lines skipped by reason, bytes of backlog not read, and why
+    the file could not be read (``None``: it could)."""
+
+    turns: list[Turn]
+    mark: Mark | None
+    skipped: dict[str, int] = field(default_factory=dict)
+    skipped_bytes: int = 0
+    problem: str | None = None
+    #: The offset of the first whole line read.
+    start: int = 0
+
+
+#: A host's reader of one transcript line: ``None`` for a line that is no model response;
+#: a :class:`Turn`; ``ValueError`` naming the bad field for a response whose usage does not read.
+TurnReader = Callable[[Mapping[str, object]], "Turn | None"]
+
+
+def claude_code_turn(record: Mapping[str, object]) -> Turn | None:
+    """A Claude Code ``assistant`` line's model response: ``message.id``, ``message.model``,
+    ``message.usage`` (``input_tokens`` without the cached ones, ``cache_read_input_tokens``,
+    ``cache_creation_input_tokens``, ``output_tokens``); a sub-agent's line (``isSidechain``)
+    is its ``agentId``'s. Claude Code's own placeholder for a failed request (model
+    ``<synthetic>``) is no model call."""
+    if record.get("type") != "assistant":
+        return None
+    message = record.get("message")
+    if not isinstance(message, dict):
+        raise ValueError("message: not an object")
+    usage = message.get("usage")
+    if usage is None:
+        return None
+    if not isinstance(usage, dict):
+        raise ValueError("usage: not an object")
+    model = message.get("model")
+    if model == "<synthetic>":
+        return None
+    message_id = message.get("id")
+    if not isinstance(message_id, str) or not message_id:
+        raise ValueError("message.id: missing")
+    fresh = usage.get("input_tokens", 0)
+    read = usage.get("cache_read_input_tokens") or 0
+    written = usage.get("cache_creation_input_tokens") or 0
+    for name, value in (
+        ("input_tokens", fresh),
+        ("cache_read_tokens", read),
+        ("cache_write_tokens", written),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{name}: expected a whole number of tokens, got {value!r}")
+    agent = None
+    if record.get("isSidechain") is True:
+        agent_id = record.get("agentId")
+        agent = agent_id if isinstance(agent_id, str) and agent_id else "sidechain"
+    return Turn(
+        message_id,
+        agent,
+        ModelUsage.checked(
+            model if isinstance(model, str) and model else None,
+            "anthropic",
+            # Anthropic's input_tokens leave the cached ones out; ModelUsage's include them.
+            input_tokens=fresh + read + written,
+            output_tokens=usage.get("output_tokens", 0),
+            cache_read_tokens=read,
+            cache_write_tokens=written,
+        ),
+    )
+
+
+#: The hosts whose transcripts carry model usage, by host name, and how their lines read.
+TRANSCRIPT_TURNS: Final[Mapping[str, TurnReader]] = {"claude-code": claude_code_turn}
+#: Lines without this are not parsed (tool results can be large and carry none).
+_USAGE_KEY: Final = b'"usage"'
+
+
+def read_new_turns(
+    path: str,
+    mark: Mark | None,
+    *,
+    agent: str | None,
+    turn_of: TurnReader = claude_code_turn,
+    max_bytes: int = MAX_READ_BYTES,
+) -> Reading:
+    """The turns of ``agent`` appended to the transcript at ``path`` since ``mark``, and the mark
+    for the next read (see the module's docstring). Never raises."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return Reading([], mark)  # not written yet (a session's first prompt): nothing new
+    except OSError as exc:
+        return Reading([], mark, problem=f"transcript {path!r}: {exc.strerror or exc}")
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return Reading([], mark, problem=f"transcript {path!r}: not a regular file")
+        same = (
+            mark is not None
+            and mark.path == path
+            and (mark.device, mark.inode) == (info.st_dev, info.st_ino)
+            and mark.offset <= info.st_size
+        )
+        ids = mark.ids if mark is not None and mark.path == path else ()
+        start = mark.offset if same and mark is not None else 0
+        size = info.st_size
+        skipped_bytes = 0
+        if size - start > max_bytes:
+            skipped_bytes = size - max_bytes - start
+            start = size - max_bytes
+        data = os.pread(fd, size - start, start) if size > start else b""
+    except OSError as exc:
+        return Reading([], mark, problem=f"transcript {path!r}: {exc.strerror or exc}")
+    finally:
+        os.close(fd)
+    reading = Reading([], None, skipped_bytes=skipped_bytes, start=start)
+    end = data.rfind(b"\n") + 1  # 0: no whole line yet
+    if skipped_bytes:
+        # Started inside a line: what comes before the first newline is its tail.
+        first = data.find(b"\n") + 1
+        if first == 0 or first >= end:
+            first = end = len(data)  # one line longer than the bound: passed over
+            reading.skipped["line longer than the read bound"] = 1
+        reading.skipped_bytes += first
+        reading.start = start + first
+        lines = data[first:end]
+    else:
+        lines = data[:end]
+    reading.mark = Mark(path, info.st_dev, info.st_ino, start + end, ids)
+    if lines:
+        reading.turns = _turns(lines, ids, agent, turn_of, reading.skipped)
+        if reading.turns:
+            charged = ids + tuple(turn.id for turn in reading.turns)
+            reading.mark = Mark(
+                path, info.st_dev, info.st_ino, start + end, charged[-MAX_REMEMBERED_IDS:]
+            )
+    return reading
+
+
+def _turns(
+    lines: bytes,
+    charged: tuple[str, ...],
+    agent: str | None,
+    turn_of: TurnReader,
+    skipped: dict[str, int],
+) -> list[Turn]:
+    """The new turns of ``agent`` in whole ``lines``: one per message id (the counts of its last
+    line), in the order of their first line, without the ids already ``charged``."""
+    found: dict[str, Turn] = {}
+    for line in lines.split(b"\n"):
+        if _USAGE_KEY not in line:
+            continue
+        try:
+            record = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            skipped["not JSON"] = skipped.get("not JSON", 0) + 1
+            continue
+        if not isinstance(record, dict):
+            continue
+        try:
+            turn = turn_of(record)
+        except ValueError as exc:
+            reason = str(exc).split(":", 1)[0]
+            skipped[reason] = skipped.get(reason, 0) + 1
+            continue
+        if turn is None or turn.agent != agent or turn.id in charged:
+            continue
+        found[turn.id] = turn  # a later line of the same response: its counts, first place kept
+    return list(found.values())
+
+
+def charge_transcript(
+    host: str,
+    event: HookEvent,
+    saved: bytes | None,
+    charge: Callable[[ModelUsage], bool],
+    skip: Callable[[str, int], None],
+    note: Callable[[str], None],
+) -> bytes | None:
+    """Charge the new turns of ``event``'s transcript (``host``'s lines, the event's agent) with
+    ``charge`` (``False``: it could not be charged, and the rest waits for the next call), report
+    lines that do not read to ``skip`` (reason, count) and a file that cannot be read or a
+    backlog passed over to ``note``; return the mark to save (``saved`` is the last one), or
+    ``None`` to leave it as it is. Never raises but what ``charge`` raises."""
+    turn_of = TRANSCRIPT_TURNS.get(host)
+    path = event.transcript_path
+    if turn_of is None or path is None:
+        return None
+    old = Mark.from_bytes(saved)
+    reading = read_new_turns(path, old, agent=event.agent, turn_of=turn_of)
+    if reading.problem is not None:
+        note(f"{reading.problem}; no model usage read")
+    if reading.mark is None:  # not read (missing, or unreadable)
+        return None
+    for reason, count in reading.skipped.items():
+        skip(reason, count)
+    if reading.skipped_bytes:
+        note(
+            f"transcript {path!r}: {reading.skipped_bytes:,} bytes not read (more than"
+            f" {MAX_READ_BYTES:,} new at once); their model usage is not counted"
+        )
+    mark = reading.mark
+    for done, turn in enumerate(reading.turns):
+        if not charge(turn.usage):
+            # Read again from where this read started; the turns charged are remembered.
+            known = old.ids if old is not None and old.path == path else ()
+            ids = known + tuple(t.id for t in reading.turns[:done])
+            mark = Mark(path, mark.device, mark.inode, reading.start, ids[-MAX_REMEMBERED_IDS:])
+            break
+    return None if mark == old else mark.to_bytes()
