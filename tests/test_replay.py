@@ -441,7 +441,7 @@ def test_unknown_format_is_a_usage_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["replay", "--format", "xml", str(write(tmp_path, [call()]))]) == 2
-    assert "format: 'xml' is not one of claude-code, transcript" in capsys.readouterr().err
+    assert "format: 'xml' is not one of claude-code, corpus, transcript" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -69,6 +69,15 @@ class UserPrompt:
     timestamp: float | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class ModelSkipped:
+    """A model turn whose usage did not read (``reason``: the bad field): counted by
+    ``LoopGuard.model_call_skipped``, as a span's bad usage is."""
+
+    reason: str
+    timestamp: float | None = None
+
+
 Event = (
     CallStarted
     | CallFinished
@@ -77,6 +86,7 @@ Event = (
     | CallObserved
     | RunStarted
     | ModelUsed
+    | ModelSkipped
 )
 
 

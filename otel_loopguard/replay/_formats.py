@@ -14,8 +14,10 @@ from ._trace_formats import (
 )
 from ._transcript_formats import (
     ClaudeCodeDecoder,
+    CorpusDecoder,
     TranscriptDecoder,
     _claims_claude_code,
+    _claims_corpus,
     _claims_transcript,
 )
 
@@ -27,6 +29,13 @@ FORMATS: list[InputFormat] = [
         "Claude Code session transcripts (~/.claude/projects/*/*.jsonl)",
         _claims_claude_code,
         ClaudeCodeDecoder,
+    ),
+    InputFormat(
+        "corpus",
+        'the labelled corpus\'s lines: {"agent", "seq", "tool", "arguments", "is_error",'
+        ' "result", "usage", "source"} per call (one run per file, named by its source)',
+        _claims_corpus,
+        CorpusDecoder,
     ),
     InputFormat(
         "transcript",

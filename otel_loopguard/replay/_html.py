@@ -22,7 +22,14 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
 from ._replayer import SessionReport, Timeline, TimelineCall
-from ._report import ACTION_WORDS, actions_text, format_totals, plural
+from ._report import (
+    ACTION_WORDS,
+    actions_text,
+    format_spend_totals,
+    format_totals,
+    plural,
+    spend_lines,
+)
 
 if TYPE_CHECKING:
     from otel_loopguard.config import Policy
@@ -262,11 +269,16 @@ def _summary(report: SessionReport) -> str:
         else f"no {action}"
         for action in ("remind", "deny", "stop")
     )
+    spend = ""
+    if report.spend is not None:
+        spend = "".join(
+            f"<br>{_text(line[0].upper() + line[1:])}." for line in spend_lines(report.spend)
+        )
     return (
         f"<p>{plural(report.calls, 'call')}, {report.repeated} repeated; decisions:"
         f" {_detections(report)}; {firsts}.<br>"
         f"A deny would have saved <strong>{plural(report.blocked, 'call')}"
-        f"{_seconds(report)}</strong>.</p>"
+        f"{_seconds(report)}</strong>.{spend}</p>"
     )
 
 
@@ -423,6 +435,12 @@ _LEGEND: Final = (
 )
 
 
+def _spend_totals(reports: Sequence[SessionReport]) -> str:
+    """The totals of what model calls spent, when some input reported usage."""
+    line = format_spend_totals(reports).strip()
+    return f"<p>{_text(line[0].upper() + line[1:])}.</p>" if line else ""
+
+
 def render_html(
     reports: Sequence[SessionReport], *, inputs: Sequence[str], policy: Policy, bad_lines: int
 ) -> str:
@@ -449,6 +467,7 @@ def render_html(
         "<h1>otel-loopguard replay</h1>"
         f"<p>Input: {names}.</p>{_policy(policy)}"
         f"<p>{_text(format_totals(reports, len(inputs), bad_lines).strip())}</p>"
+        f"{_spend_totals(reports)}"
         f"{_LEGEND}{cut}{_index(reports, anchors)}{''.join(sections)}"
         f"<script>{_SCRIPT}</script></body></html>\n"
     )

@@ -15,11 +15,19 @@ from .._calls import (
 )
 from .._classifier import Classifier
 from .._trace_events import ModelUsed, RunStarted, feed
-from ._events import MAX_PENDING_CALLS, CallFinished, CallStarted, Event, UserPrompt
+from ._events import (
+    MAX_PENDING_CALLS,
+    CallFinished,
+    CallStarted,
+    Event,
+    ModelSkipped,
+    UserPrompt,
+)
 
 if TYPE_CHECKING:
     from otel_loopguard._guard import LoopGuard
     from otel_loopguard._policy import Decision
+    from otel_loopguard._spend import Spend
 
 #: Non-allow decisions kept and listed per session; the rest are only counted.
 MAX_LISTED_DECISIONS: Final = 1_000
@@ -184,6 +192,9 @@ class SessionReport:
     blocked_seconds: float = 0.0
     blocked_timed: int = 0
     timeline: Timeline | None = None
+    #: What the session's model calls spent (``None``: the input reported no usage for it),
+    #: set once the input is read (:meth:`Replayer.settle_spend`).
+    spend: Spend | None = None
 
     def severity(self) -> tuple[int, ...]:
         """Worst first, as the HTML index sorts: the detected actions counted strongest first
@@ -252,6 +263,9 @@ class Replayer:
         # the sessions holding a timeline, in the order they started
         self._timeline_keys: dict[tuple[str, str | None], None] = {}
         self._classifier = Classifier(guard.policy) if timeline_sessions > 0 else None
+        # The spend of each session last seen after one of its model calls: what it reports if
+        # the guard forgot the session before the end (idle beyond the TTL, or past the bound).
+        self._spent: dict[tuple[str, str | None], Spend] = {}
 
     def _report(self, session: str, agent: str | None) -> SessionReport:
         key = (session, agent)
@@ -285,6 +299,13 @@ class Replayer:
             self.reports[dropped].timeline = None
             del self._timeline_keys[dropped]
 
+    def settle_spend(self) -> None:
+        """Once the input is read: give each session's report what its model calls spent (the
+        guard's figures, with the loop spend of the calls after its last turn)."""
+        for key, report in self.reports.items():
+            spent = self._guard.spend(key[0], agent=key[1])
+            report.spend = spent if spent is not None else self._spent.get(key)
+
     def _mark(self, session: str, agent: str | None, kind: str) -> None:
         # A session's first prompt comes before its first call: its report does not exist yet,
         # and the start of a timeline needs no mark. With no agent named, the mark is every
@@ -317,6 +338,12 @@ class Replayer:
             return None
         if isinstance(event, ModelUsed):
             feed(self._guard, event)  # the session's spend, in the guard's state
+            spent = self._guard.spend(event.session, agent=event.agent)
+            if spent is not None:
+                self._spent[(event.session, event.agent)] = spent
+            return None
+        if isinstance(event, ModelSkipped):
+            self._guard.model_call_skipped(event.reason)
             return None
         observed = feed(self._guard, event)
         if observed is None:

@@ -19,7 +19,9 @@ from ._report import (
     _json_line,
     format_session,
     format_session_summary,
+    format_spend_totals,
     format_totals,
+    plural,
     summary_json_line,
 )
 
@@ -213,12 +215,20 @@ def _replay(
         bad.end_file(label)
     bar.close()
 
+    replayer.settle_spend()
     reports = list(replayer.reports.values())
     if json_output and summary:
         for report in reports:
             out.write(summary_json_line(report))
     elif not json_output:
         _write_text(out, reports, len(inputs), policy, bad.total, summary=summary)
+        skipped = guard.skipped_model_calls
+        if skipped:
+            fields = ", ".join(f"{field} {count}" for field, count in sorted(skipped.items()))
+            out.write(
+                f"{plural(sum(skipped.values()), 'model call')} not counted: their usage did"
+                f" not read ({fields})\n"
+            )
     out.flush()
     if html_out is not None:
         replayer.keep_drawn_timelines()
@@ -254,6 +264,7 @@ def _write_text(
     if summary:
         out.write("\n")
     out.write(format_totals(reports, inputs, bad_lines))
+    out.write(format_spend_totals(reports))
 
 
 def _exit_status(bad: _BadLines, err: TextIO) -> int:
