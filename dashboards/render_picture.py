@@ -91,6 +91,8 @@ def _number(value: float, unit: str, decimals: int | None = None) -> str:
         return "–"
     if unit == "percentunit":
         return f"{value * 100:.0f}%"
+    if unit == "currencyUSD":
+        return f"${value:.{2 if decimals is None else decimals}f}"
     if decimals is not None:
         return f"{value:.{decimals}f}" + (" s" if unit == "s" else "")
     if unit == "s":
