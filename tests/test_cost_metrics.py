@@ -333,6 +333,12 @@ def looping_run(recorder: Any, turns: int = 12) -> LoopGuard:
     guard = LoopGuard(DEFAULT, recorder=recorder)
     provider = TracerProvider()
     provider.add_span_processor(LoopGuardSpanProcessor(guard, tracer_provider=provider))
+    emit_looping_run(provider, turns)
+    provider.shutdown()
+    return guard
+
+
+def emit_looping_run(provider: TracerProvider, turns: int = 12) -> None:
     tracer = provider.get_tracer("agent")
     with tracer.start_as_current_span(
         "invoke_agent coder",
@@ -348,8 +354,6 @@ def looping_run(recorder: Any, turns: int = 12) -> LoopGuard:
             )
             _tool_span(tracer, "search", '{"q": "flaky"}', n)
         _model_span(tracer, "in-house-7b", 50, 5)
-    provider.shutdown()
-    return guard
 
 
 def test_model_spans_through_the_processor_fill_the_token_and_cost_counters() -> None:
@@ -377,6 +381,48 @@ def test_model_spans_through_the_processor_fill_the_token_and_cost_counters() ->
         11 * (600 * 2.5 + 400 * 1.25 + 100 * 10) / 1e6
     )
     assert guard.internal_errors == {}
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="serve's OTLP protobuf decoder keeps only spans its gate (service/_proto.py,"
+    " candidate_patterns: the tool and agent conventions) names; a model span becomes a parent"
+    " link and its usage is never charged (passes with every span a candidate)",
+)
+def test_serve_counts_what_the_processor_counts(tmp_path: Any) -> None:
+    """The same spans through the span processor and, over OTLP/HTTP, through a real serve give
+    the same cost metrics."""
+    from .service_tools import require_serve_prerequisites, wait_for
+
+    require_serve_prerequisites()
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from otel_loopguard.service import ServeOptions, Service
+
+    served = PrometheusRecorder()
+    options = ServeOptions(http_port=0, grpc_port=0, hold_seconds=60.0)
+    service = Service(options, guard=LoopGuard(DEFAULT, recorder=served)).start()
+    try:
+        local = PrometheusRecorder()
+        in_process = LoopGuard(DEFAULT, recorder=local)
+        provider = TracerProvider()
+        provider.add_span_processor(LoopGuardSpanProcessor(in_process, tracer_provider=provider))
+        url = f"http://127.0.0.1:{service.http_port}/v1/traces"
+        provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=url, timeout=10)))
+        emit_looping_run(provider)
+        provider.shutdown()
+        assert wait_for(lambda: service.processed_spans > 0)
+        assert service.wait_idle(10)
+        ours = prometheus_series(local, COST_NAMES)
+        assert ours[(LOOP_TOKENS, (("agent", "coder"),))] == 11 * 1100
+        wait_for(lambda: prometheus_series(served, COST_NAMES) == ours)
+        theirs = prometheus_series(served, COST_NAMES)
+        assert {k: (v, theirs.get(k)) for k, v in ours.items() if theirs.get(k) != v} == {}
+        assert theirs.keys() == ours.keys()
+    finally:
+        service.close(timeout=10)
 
 
 def test_the_loop_metrics_follow_the_sessions_loop_spend() -> None:
