@@ -409,3 +409,47 @@ def test_with_a_server_down_the_turns_are_sent_at_the_next_call(
     assert hook("claude-code", pre, None, "--server", url, env=env).err == ""
     spend = service.guard.spend(SESSION)
     assert spend is not None and spend.calls == 2
+
+
+# -- prices kept between hook processes ---------------------------------------------------------
+
+
+def test_kept_prices_give_genai_prices_own_figures_and_respect_its_tiers(tmp_path: Path) -> None:
+    from otel_loopguard.hooks._transcript import KnownPrices, Turn
+
+    known = KnownPrices(tmp_path / "hooks.sqlite3.prices.json")
+    small = Turn("msg_a", None, usage_of())
+    entries = known.table([small])
+    assert [name for name, _ in entries] == [MODEL]
+    data = json.loads(known.path.read_text())
+    rates = data["models"][f"anthropic\t{MODEL}"]
+    # Sonnet 4.5's prices change past 200k input tokens in genai-prices: kept up to there.
+    assert rates[4] == 200_000
+    table_pricer, database = Pricer(dict(entries)), Pricer()
+    for usage in (usage_of(), usage_of(fresh=50_000, cache_read=100_000, output=4000)):
+        assert table_pricer.cost(usage).usd == pytest.approx(database.cost(usage).usd, rel=1e-12)
+    # A turn past the bound: no entry, so genai-prices itself prices it (its tier).
+    big = Turn("msg_b", None, usage_of(fresh=150_000, cache_read=100_000))
+    assert known.table([small, big]) == ()
+    # Read back from the file, not found again (a file changed by hand shows it).
+    rates[0] = 99.0
+    known.path.write_text(json.dumps(data))
+    assert known.table([small])[0][1].input == 99.0
+    known.path.write_text("not json")
+    assert [name for name, _ in known.table([small])] == [MODEL]  # found again
+
+
+def test_the_hook_keeps_prices_and_charges_what_genai_prices_charges(tmp_path: Path) -> None:
+    store, transcript = tmp_path / "hooks.sqlite3", tmp_path / "session.jsonl"
+    fields = {"session": SESSION, "transcript_path": str(transcript)}
+    reference = LoopGuard(DEFAULT)
+    for n in range(3):
+        write(transcript, assistant(f"msg_{n}", output=100 + n))
+        event = claude_pre("Read", {"file_path": f"f{n}"}, f"toolu_{n}", **fields)
+        assert hook("claude-code", event, store).err == ""
+        reference.model_call(usage_of(output=100 + n), session=SESSION)
+    assert (tmp_path / "hooks.sqlite3.prices.json").exists()
+    got, want = _spend(store, SESSION), reference.spend(SESSION)
+    assert want is not None
+    assert got.computed_usd == pytest.approx(want.computed_usd, rel=1e-12)
+    assert got.computed_usd > 0

@@ -46,7 +46,6 @@ from .._engine import MAX_PENDING_CALLS, SessionState
 from .._env import LOOPGUARD_SERVE_TOKEN
 from .._guard import LoopGuard
 from .._policy import Action
-from .._prices import ModelUsage
 from .._token import EmptyToken, read_token
 from ..config import Policy, load_policy, unknown_variables
 from ._answers import (
@@ -59,7 +58,14 @@ from ._answers import (
 )
 from ._hosts import ALLOWED, HOSTS, Answer, EventKind, HookEvent, Host, MalformedEvent
 from ._store import DEFAULT_BUSY_TIMEOUT_SECONDS, HookStore, Row, StoreError, default_store_path
-from ._transcript import TRANSCRIPT_TURNS, charge_transcript
+from ._transcript import (
+    PRICES_SUFFIX,
+    TRANSCRIPT_TURNS,
+    KnownPrices,
+    Reading,
+    mark_after,
+    read_transcript,
+)
 
 __all__ = [
     "FAIL_CLOSED_TEXT",
@@ -102,6 +108,8 @@ class LocalBackend:
         if policy.advisor_command:
             busy += policy.advisor_timeout_seconds  # a rescue holds the store while it asks
         self.store = HookStore(store_path, busy_timeout_seconds=busy)
+        #: genai-prices' rates of the models transcripts named, kept beside the store.
+        self.prices = KnownPrices(store_path.with_name(store_path.name + PRICES_SUFFIX))
         self._note = note
 
     def answer(self, host: Host, event: HookEvent) -> Answer:
@@ -131,6 +139,9 @@ class LocalBackend:
             ) as row:
                 for problem in row.problems:
                     self._note(f"session {event.session!r}: {problem}; starting it afresh")
+                reading = self._read_transcript(host, event, row)
+                if reading is not None:
+                    guard = self._priced(guard, reading)
                 if row.state:  # empty: a row kept only for reminders (a shared store's)
                     try:
                         state = SessionState.from_bytes(row.state, policy)
@@ -139,7 +150,7 @@ class LocalBackend:
                     else:
                         guard.import_session(event.session, state, agent=event.agent)
                 agents = self._import_related(guard, event.session, row.related, policy)
-                self._charge_transcript(guard, host, event, row)
+                self._charge(guard, event, row, reading)
                 answer = decide(host, event, guard, row.notes, policy)
                 guard.close(wait=True)  # a rescue's advice is cached before the state is saved
                 saved = guard.export_session(event.session, agent=event.agent)
@@ -171,7 +182,10 @@ class LocalBackend:
                 transcript=_reads_transcript(host, event),
             ) as row:
                 had_notes = bool(row.notes)
-                self._charge_transcript(guard, host, event, row)
+                reading = self._read_transcript(host, event, row)
+                if reading is not None:
+                    guard = self._priced(guard, reading)
+                self._charge(guard, event, row, reading)
                 answer = decide(host, event, guard, row.notes, policy)
                 guard.close(wait=True)
                 while len(row.notes) > MAX_NOTES:
@@ -184,20 +198,48 @@ class LocalBackend:
             guard.close(wait=True)
         return answer
 
-    def _charge_transcript(self, guard: LoopGuard, host: Host, event: HookEvent, row: Row) -> None:
-        """Charge the model turns new in the event's transcript (before its call is counted:
-        a turn comes before the calls it requests) and keep where the read stopped."""
-
-        def charge(usage: ModelUsage) -> bool:
-            guard.model_call(usage, session=event.session, agent=event.agent)
-            return True
+    def _read_transcript(self, host: Host, event: HookEvent, row: Row) -> Reading | None:
+        """The model turns new in the event's transcript, lines that did not read noted
+        (counted once the guard is known: :meth:`_charge`)."""
+        skipped: dict[str, int] = {}
 
         def skip(reason: str, count: int) -> None:
-            for _ in range(count):
-                guard.model_call_skipped(reason)
+            skipped[reason] = skipped.get(reason, 0) + count
             self._note(f"transcript: {count} model usage line(s) skipped ({reason})")
 
-        mark = charge_transcript(host.name, event, row.transcript, charge, skip, self._note)
+        reading = read_transcript(host.name, event, row.transcript, skip, self._note)
+        if reading is not None:
+            reading.skipped = skipped
+        return reading
+
+    def _priced(self, guard: LoopGuard, reading: Reading) -> LoopGuard:
+        """``guard``, or one whose price table also holds the kept rates of the new turns'
+        models (:class:`~._transcript.KnownPrices`; the user's entries still first), so that
+        pricing them does not import genai-prices in this process."""
+        entries = self.prices.table(reading.turns)
+        if not entries:
+            return guard
+        policy = self.policy
+        try:
+            priced = LoopGuard(policy.replace(prices=policy.prices + entries), clock=time.time)
+        except ValueError:
+            return guard  # not expected (the policy was checked); the slower way still prices
+        guard.close()
+        return priced
+
+    def _charge(
+        self, guard: LoopGuard, event: HookEvent, row: Row, reading: Reading | None
+    ) -> None:
+        """Charge the model turns read (before the event's call is counted: a turn comes
+        before the calls it requests) and keep where the read stopped."""
+        if reading is None:
+            return
+        for reason, count in reading.skipped.items():
+            for _ in range(count):
+                guard.model_call_skipped(reason)
+        for turn in reading.turns:
+            guard.model_call(turn.usage, session=event.session, agent=event.agent)
+        mark = mark_after(reading, row.transcript, len(reading.turns))
         if mark is not None:
             row.transcript_save = mark
 

@@ -29,26 +29,32 @@ not there is not read. Pure but for the one bounded read of the file.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import stat
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Final
 
 import orjson
 
-from .._prices import ModelUsage
+from .._prices import ModelUsage, Price, Pricer
 from ._hosts import HookEvent
 
 __all__ = [
+    "KnownPrices",
     "MAX_READ_BYTES",
     "MAX_REMEMBERED_IDS",
+    "PRICES_SUFFIX",
     "TRANSCRIPT_TURNS",
     "Mark",
     "Reading",
     "Turn",
     "charge_transcript",
     "claude_code_turn",
+    "mark_after",
+    "read_transcript",
     "read_new_turns",
 ]
 
@@ -285,28 +291,25 @@ def _turns(
     return list(found.values())
 
 
-def charge_transcript(
+def read_transcript(
     host: str,
     event: HookEvent,
     saved: bytes | None,
-    charge: Callable[[ModelUsage], bool],
     skip: Callable[[str, int], None],
     note: Callable[[str], None],
-) -> bytes | None:
-    """Charge the new turns of ``event``'s transcript (``host``'s lines, the event's agent) with
-    ``charge`` (``False``: it could not be charged, and the rest waits for the next call), report
-    lines that do not read to ``skip`` (reason, count) and a file that cannot be read or a
-    backlog passed over to ``note``; return the mark to save (``saved`` is the last one), or
-    ``None`` to leave it as it is. Never raises but what ``charge`` raises."""
+) -> Reading | None:
+    """The new turns of ``event``'s transcript (``host``'s lines, the event's agent) since the
+    mark ``saved``; lines that do not read go to ``skip`` (reason, count), a file that cannot be
+    read or a backlog passed over to ``note``. ``None`` when nothing was read (no transcript,
+    a host whose lines are not known, a file not there or unreadable). Never raises."""
     turn_of = TRANSCRIPT_TURNS.get(host)
     path = event.transcript_path
     if turn_of is None or path is None:
         return None
-    old = Mark.from_bytes(saved)
-    reading = read_new_turns(path, old, agent=event.agent, turn_of=turn_of)
+    reading = read_new_turns(path, Mark.from_bytes(saved), agent=event.agent, turn_of=turn_of)
     if reading.problem is not None:
         note(f"{reading.problem}; no model usage read")
-    if reading.mark is None:  # not read (missing, or unreadable)
+    if reading.mark is None:
         return None
     for reason, count in reading.skipped.items():
         skip(reason, count)
@@ -315,12 +318,180 @@ def charge_transcript(
             f"transcript {path!r}: {reading.skipped_bytes:,} bytes not read (more than"
             f" {MAX_READ_BYTES:,} new at once); their model usage is not counted"
         )
+    return reading
+
+
+def mark_after(reading: Reading, saved: bytes | None, charged: int) -> bytes | None:
+    """The mark to save once ``charged`` of the reading's turns were charged (the rest are read
+    again next time, those charged remembered), or ``None`` to leave ``saved`` as it is."""
     mark = reading.mark
-    for done, turn in enumerate(reading.turns):
-        if not charge(turn.usage):
-            # Read again from where this read started; the turns charged are remembered.
-            known = old.ids if old is not None and old.path == path else ()
-            ids = known + tuple(t.id for t in reading.turns[:done])
-            mark = Mark(path, mark.device, mark.inode, reading.start, ids[-MAX_REMEMBERED_IDS:])
-            break
+    assert mark is not None
+    old = Mark.from_bytes(saved)
+    if charged < len(reading.turns):
+        known = old.ids if old is not None and old.path == mark.path else ()
+        ids = known + tuple(t.id for t in reading.turns[:charged])
+        mark = Mark(mark.path, mark.device, mark.inode, reading.start, ids[-MAX_REMEMBERED_IDS:])
     return None if mark == old else mark.to_bytes()
+
+
+def charge_transcript(
+    host: str,
+    event: HookEvent,
+    saved: bytes | None,
+    charge: Callable[[ModelUsage], bool],
+    skip: Callable[[str, int], None],
+    note: Callable[[str], None],
+) -> bytes | None:
+    """:func:`read_transcript`, then each new turn to ``charge`` (``False``: it could not be
+    charged, and the rest waits for the next call); the mark to save (:func:`mark_after`).
+    Never raises but what ``charge`` raises."""
+    reading = read_transcript(host, event, saved, skip, note)
+    if reading is None:
+        return None
+    charged = 0
+    for turn in reading.turns:
+        if not charge(turn.usage):
+            break
+        charged += 1
+    return mark_after(reading, saved, charged)
+
+
+# -- prices kept between hook processes ---------------------------------------------------------
+
+#: The name of the :class:`KnownPrices` file: the hooks' store's, with this added.
+PRICES_SUFFIX: Final = ".prices.json"
+#: Models whose rates a :class:`KnownPrices` file keeps at most.
+MAX_KNOWN_PRICES: Final = 256
+#: Tokens of each kind a probe prices (well below any tier's start).
+_PROBE_TOKENS: Final = 1000
+#: The largest input a kept rate is checked up to.
+_PROBE_LIMIT: Final = 10**9
+
+
+class KnownPrices:
+    """genai-prices' rates of the models the transcripts named, kept in a JSON file (``path``,
+    beside the hooks' store) so that a hook process prices a turn without importing genai-prices
+    (about 0.2 to 0.5 s, in a process that otherwise takes about 0.1 s).
+
+    Per model: its rates per million tokens as genai-prices gives them for a small call, and
+    the input tokens up to which they give genai-prices' own figure (a model whose price
+    changes past an input tier keeps its base rates and that bound; a call past it, or a model
+    the database lacks, is left to genai-prices itself). Found once per model and snapshot of
+    genai-prices (the file is keyed by its data file's size and time), with the guard's own
+    :class:`~otel_loopguard._prices.Pricer`; used as price table entries after the user's own
+    (which win). Never raises: a file that cannot be read or written is only a slower call."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+
+    def table(self, turns: Sequence[Turn]) -> tuple[tuple[str, Price], ...]:
+        """Price table entries for the models of ``turns`` whose every turn is within the
+        kept rates' bound (probing genai-prices for a model not kept yet)."""
+        snapshot = _snapshot_key()
+        if snapshot is None or not turns:
+            return ()
+        kept = self._load(snapshot)
+        entries: list[tuple[str, Price]] = []
+        changed = False
+        largest: dict[tuple[str, str | None], int] = {}
+        for turn in turns:
+            usage = turn.usage
+            if usage.model and "*" not in usage.model:
+                key = (usage.model, usage.provider)
+                largest[key] = max(largest.get(key, 0), usage.input_tokens)
+        for (model, provider), tokens in largest.items():
+            name = f"{provider or ''}\t{model}"
+            if name not in kept and len(kept) < MAX_KNOWN_PRICES:
+                kept[name] = _probe(model, provider)
+                changed = True
+            found = kept.get(name)
+            if found is not None and tokens <= found[4]:
+                entries.append((model, Price(*found[:4])))
+        if changed:
+            self._save(snapshot, kept)
+        return tuple(entries)
+
+    def _load(self, snapshot: str) -> dict[str, list[float] | None]:
+        try:
+            data = orjson.loads(self.path.read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            return {}
+        if not isinstance(data, dict) or data.get("snapshot") != snapshot:
+            return {}
+        models = data.get("models")
+        if not isinstance(models, dict):
+            return {}
+        return {
+            name: value
+            for name, value in models.items()
+            if value is None
+            or (
+                isinstance(value, list)
+                and len(value) == 5
+                and all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+                    for v in value
+                )
+            )
+        }
+
+    def _save(self, snapshot: str, kept: Mapping[str, list[float] | None]) -> None:
+        part = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
+        try:
+            part.write_bytes(orjson.dumps({"snapshot": snapshot, "models": kept}))
+            os.replace(part, self.path)
+        except OSError:
+            try:
+                part.unlink()
+            except OSError:
+                pass
+
+
+def _snapshot_key() -> str | None:
+    """Which genai-prices snapshot is installed (its data file's size and time), found without
+    importing it; ``None`` when it is not installed."""
+    try:
+        spec = importlib.util.find_spec("genai_prices")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or spec.origin is None:
+        return None
+    try:
+        info = os.stat(Path(spec.origin).with_name("data_snapshot.py"))
+    except OSError:
+        return None
+    return f"{info.st_size}:{info.st_mtime_ns}"
+
+
+def _probe(model: str, provider: str | None) -> list[float] | None:
+    """The model's rates per million tokens (input, output, cache read, cache write) and the
+    input tokens up to which they give the database's own cost; ``None`` when the database
+    has no price for it or its rates are not linear even for a small call."""
+    pricer = Pricer()
+    pricer.log_unpriced = False
+    small = _PROBE_TOKENS
+
+    def cost(fresh: int, output: int = 0, read: int = 0, written: int = 0) -> float | None:
+        usage = ModelUsage(model, provider, fresh + read + written, output, read, written)
+        return pricer.cost(usage).usd
+
+    found = [cost(small), cost(0, small), cost(0, 0, small), cost(0, 0, 0, small)]
+    rates = [c * 1e6 / small for c in found if c is not None]
+    if len(rates) != 4:
+        return None
+    price = Price(*rates)
+
+    def agrees(tokens: int) -> bool:
+        usage = ModelUsage(model, provider, tokens, small, tokens // 4, tokens // 4)
+        want = pricer.cost(usage).usd
+        return want is not None and abs(price.cost(usage) - want) <= 1e-9 * max(want, 1e-12)
+
+    if not agrees(small):
+        return None
+    low, high = small, _PROBE_LIMIT
+    if agrees(high):
+        return [*rates, float(high)]
+    while high - low > 1:  # the last input the rates hold for (a cliff tier past it)
+        middle = (low + high) // 2
+        low, high = (middle, high) if agrees(middle) else (low, middle)
+    return [*rates, float(low)]
