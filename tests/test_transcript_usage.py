@@ -453,3 +453,80 @@ def test_the_hook_keeps_prices_and_charges_what_genai_prices_charges(tmp_path: P
     assert want is not None
     assert got.computed_usd == pytest.approx(want.computed_usd, rel=1e-12)
     assert got.computed_usd > 0
+
+
+# -- Codex's rollout file ------------------------------------------------------------------------
+
+
+def token_count(total: int, fresh: int, cached: int, output: int) -> dict[str, Any]:
+    """A Codex rollout line with one response's usage (``last_token_usage``), as Codex writes
+    it (``codex-rs/protocol``: ``TokenUsageInfo``)."""
+    usage = {
+        "input_tokens": fresh,
+        "cached_input_tokens": cached,
+        "output_tokens": output,
+        "reasoning_output_tokens": output // 2,
+        "total_tokens": fresh + output,
+    }
+    return {
+        "timestamp": "2026-03-14T09:26:56.523Z",
+        "type": "event_msg",
+        "payload": {
+            "type": "token_count",
+            "info": {
+                "total_token_usage": {**usage, "total_tokens": total},
+                "last_token_usage": usage,
+                "model_context_window": 272000,
+            },
+            "rate_limits": {"primary": {"used_percent": 7.0, "window_minutes": 300}},
+        },
+    }
+
+
+def test_codex_turns_come_from_token_count_lines_once_each(tmp_path: Path) -> None:
+    from otel_loopguard.hooks._transcript import codex_turn
+
+    from .test_hooks import codex
+
+    store, rollout = tmp_path / "hooks.sqlite3", tmp_path / "rollout.jsonl"
+    rate_limits_only = token_count(0, 0, 0, 0)
+    rate_limits_only["payload"]["info"] = None
+    write(
+        rollout,
+        {"type": "turn_context", "payload": {"model": "gpt-5-codex", "cwd": "/w"}},
+        rate_limits_only,
+        token_count(5200, 5000, 4000, 200),
+        token_count(5200, 5000, 4000, 200),  # written again (a rate-limit update): no new turn
+        {"type": "response_item", "payload": {"type": "function_call", "name": "shell"}},
+    )
+    event = codex(
+        "PreToolUse",
+        session_id="cx",
+        transcript_path=str(rollout),
+        tool_name="Bash",
+        tool_input={"command": "ls"},
+        tool_use_id="call_1",
+    )
+    assert hook("codex", event, store).err == ""
+    write(rollout, token_count(10500, 5100, 5000, 200))
+    assert hook("codex", {**event, "tool_use_id": "call_2"}, store).err == ""
+    key = json.dumps(["codex", "cx", None], separators=(",", ":"))
+    with sqlite3.connect(store) as db:
+        (state,) = db.execute("SELECT state FROM sessions WHERE key = ?", (key,)).fetchone()
+    spend = SessionState.from_bytes(state, DEFAULT).spend
+    assert spend is not None
+    assert (spend.calls, spend.input_tokens, spend.cache_read_tokens) == (2, 10100, 9000)
+    assert spend.output_tokens == 400 and spend.loop_turns == 1  # `ls` again
+    assert spend.computed_usd > 0  # priced as the event's model, gpt-5-codex
+    turn = codex_turn(token_count(5200, 5000, 4000, 200))
+    assert turn is not None and turn.usage.model is None and turn.usage.provider == "openai"
+    with pytest.raises(ValueError, match="total_tokens"):
+        codex_turn(
+            {
+                **token_count(1, 1, 0, 0),
+                "payload": {
+                    "type": "token_count",
+                    "info": {"last_token_usage": {}, "total_token_usage": {"total_tokens": "x"}},
+                },
+            }
+        )

@@ -11,6 +11,9 @@ by a running ``otel-loopguard serve`` (``--server URL``, :mod:`._remote`).
 - :mod:`._answers`: the answer protocol every entrance shares (the two backends below and serve's
   decision API): what a host is told before and after a call, where a reminder waits (pure).
 - :mod:`._store`: the SQLite state file, safe under concurrent hook processes.
+- :mod:`._transcript`: model usage from the host's transcript (Claude Code, Codex), read from
+  where the last call stopped, each response charged once; genai-prices' rates kept between
+  processes.
 - :mod:`._runner`: one invocation, its failure modes, and the local backend.
 - :mod:`._remote`: the backend that asks serve's decision API (standard-library HTTP client).
 

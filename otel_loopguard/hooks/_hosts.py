@@ -89,6 +89,9 @@ class HookEvent:
     #: The session's transcript file (``transcript_path``), when the host sends one; read for
     #: model usage where :data:`~._transcript.TRANSCRIPT_TURNS` knows the host's lines.
     transcript_path: str | None = None
+    #: The model the host says it runs (Codex's ``model``), for transcript lines that do not
+    #: name theirs.
+    model: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,6 +330,9 @@ class Codex:
 
     def parse(self, payload: object) -> HookEvent:
         data, event = _event(payload, self.events, agent_field="agent_id")
+        model = data.get("model")
+        if isinstance(model, str) and model:
+            event = replace(event, model=model)
         if event.kind is not EventKind.POST_TOOL:
             return event
         # Codex does not say whether the call failed: the outcome is the response, error unknown.

@@ -1,7 +1,9 @@
 """One command-hook invocation: the host's event on stdin, its answer on stdout, exit 0.
 
 Every tool call of the coding agent waits for this process, so it stays small: no OpenTelemetry
-SDK, no Prometheus client, one SQLite transaction (or one HTTP request with ``--server``).
+SDK, no Prometheus client, one SQLite transaction (or one HTTP request with ``--server``). Where
+the host's transcript carries model usage, the turns new since the last call are charged first
+(:mod:`._transcript`), priced without importing genai-prices once a model's rates are kept.
 
 It never raises and always exits 0 with a JSON object on stdout: the hosts treat a crash, a
 timeout or another exit status as "allow" anyway, and an answer they cannot read is lost.

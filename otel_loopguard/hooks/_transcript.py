@@ -33,7 +33,7 @@ import importlib.util
 import os
 import stat
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Final
 
@@ -53,6 +53,7 @@ __all__ = [
     "Turn",
     "charge_transcript",
     "claude_code_turn",
+    "codex_turn",
     "mark_after",
     "read_transcript",
     "read_new_turns",
@@ -191,10 +192,50 @@ def claude_code_turn(record: Mapping[str, object]) -> Turn | None:
     )
 
 
+def codex_turn(record: Mapping[str, object]) -> Turn | None:
+    """A Codex rollout line's model response: an ``event_msg`` whose payload is a
+    ``token_count`` with ``info.last_token_usage`` (``input_tokens`` with the cached ones,
+    ``cached_input_tokens``, ``output_tokens`` with the reasoning ones, as the Responses API
+    counts them). Codex writes a ``token_count`` again without a new response (rate-limit
+    updates): the id is the session's running total (``info.total_token_usage.total_tokens``),
+    so a line that repeats it adds nothing. The model is the hook event's (``model``)."""
+    if record.get("type") != "event_msg":
+        return None
+    payload = record.get("payload")
+    if not isinstance(payload, dict) or payload.get("type") != "token_count":
+        return None
+    info = payload.get("info")
+    if info is None:
+        return None  # rate limits only
+    if not isinstance(info, dict):
+        raise ValueError("info: not an object")
+    last, total = info.get("last_token_usage"), info.get("total_token_usage")
+    if not isinstance(last, dict) or not isinstance(total, dict):
+        raise ValueError("last_token_usage: not an object")
+    running = total.get("total_tokens")
+    if isinstance(running, bool) or not isinstance(running, int):
+        raise ValueError(f"total_tokens: expected a whole number, got {running!r}")
+    return Turn(
+        f"total:{running}",
+        None,
+        ModelUsage.checked(
+            None,
+            "openai",
+            input_tokens=last.get("input_tokens", 0),
+            output_tokens=last.get("output_tokens", 0),
+            cache_read_tokens=last.get("cached_input_tokens") or 0,
+        ),
+    )
+
+
 #: The hosts whose transcripts carry model usage, by host name, and how their lines read.
-TRANSCRIPT_TURNS: Final[Mapping[str, TurnReader]] = {"claude-code": claude_code_turn}
-#: Lines without this are not parsed (tool results can be large and carry none).
-_USAGE_KEY: Final = b'"usage"'
+TRANSCRIPT_TURNS: Final[Mapping[str, TurnReader]] = {
+    "claude-code": claude_code_turn,
+    "codex": codex_turn,
+}
+#: Lines without this are not parsed (tool results can be large and carry none): Claude Code's
+#: ``"usage"``, Codex's ``"last_token_usage"``.
+_USAGE_KEY: Final = b'usage"'
 
 
 def read_new_turns(
@@ -307,6 +348,11 @@ def read_transcript(
     if turn_of is None or path is None:
         return None
     reading = read_new_turns(path, Mark.from_bytes(saved), agent=event.agent, turn_of=turn_of)
+    if event.model is not None:  # lines that do not name their model (Codex's): the event's
+        reading.turns = [
+            t if t.usage.model else replace(t, usage=replace(t.usage, model=event.model))
+            for t in reading.turns
+        ]
     if reading.problem is not None:
         note(f"{reading.problem}; no model usage read")
     if reading.mark is None:

@@ -16,8 +16,12 @@ The last two are defined with the span decoding and the trace buffer in the priv
 ``_traces``, shared with ``serve``; they are importable from here.
 
 Formats live in a registry (:data:`FORMATS`, :func:`register_format`); each is a sniffing
-predicate plus a decoder factory. Built in: Claude Code sessions, tool-call transcripts, OTLP JSON
-lines (the Collector's ``file`` exporter) and span dumps (the fixtures' span JSON lines).
+predicate plus a decoder factory. Built in: Claude Code sessions, the labelled corpus's lines,
+tool-call transcripts, OTLP JSON lines (the Collector's ``file`` exporter) and span dumps (the
+fixtures' span JSON lines). Model usage the input carries
+(:class:`~otel_loopguard._trace_events.ModelUsed`; a bad one :class:`ModelSkipped`) is fed to
+``LoopGuard.model_call``; each session's report then gives what it spent
+(:attr:`SessionReport.spend`).
 
 Recorded traces go through the same conventions, session keys and guard calls as the in-process
 :class:`~otel_loopguard.processor.LoopGuardSpanProcessor`, so a replay gives the decisions the
@@ -38,6 +42,7 @@ from ._events import (
     CallStarted,
     Event,
     InputFormat,
+    ModelSkipped,
     RecordDecoder,
     UserPrompt,
 )
@@ -58,7 +63,7 @@ from ._replayer import (
 from ._report import format_session, format_totals
 from ._run import UsageError, run_replay
 from ._trace_formats import OtlpJsonDecoder, SpanDumpDecoder
-from ._transcript_formats import ClaudeCodeDecoder, TranscriptDecoder
+from ._transcript_formats import ClaudeCodeDecoder, CorpusDecoder, TranscriptDecoder
 
 __all__ = [
     "BadRecord",
@@ -67,6 +72,7 @@ __all__ = [
     "CallObserved",
     "CallStarted",
     "ClaudeCodeDecoder",
+    "CorpusDecoder",
     "Event",
     "FORMATS",
     "InputFormat",
@@ -76,6 +82,7 @@ __all__ = [
     "MAX_LISTED_DECISIONS",
     "MAX_TIMELINE_SIGNATURES",
     "MAX_REPORTED_BAD_LINES",
+    "ModelSkipped",
     "OtlpJsonDecoder",
     "RecordDecoder",
     "ReplayClock",
