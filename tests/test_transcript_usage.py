@@ -530,3 +530,12 @@ def test_codex_turns_come_from_token_count_lines_once_each(tmp_path: Path) -> No
                 },
             }
         )
+
+
+def test_the_kept_prices_file_is_private(tmp_path: Path) -> None:
+    from otel_loopguard.hooks._transcript import KnownPrices, Turn
+
+    known = KnownPrices(tmp_path / "p.json")
+    assert known.table([Turn("m", None, usage_of())])
+    assert known.path.stat().st_mode & 0o777 == 0o600
+    assert list(tmp_path.iterdir()) == [known.path]  # no temporary file left

@@ -484,7 +484,10 @@ class KnownPrices:
     def _save(self, snapshot: str, kept: Mapping[str, list[float] | None]) -> None:
         part = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
         try:
-            part.write_bytes(orjson.dumps({"snapshot": snapshot, "models": kept}))
+            # Private, as the store beside it is (model names say what the user runs).
+            fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(orjson.dumps({"snapshot": snapshot, "models": kept}))
             os.replace(part, self.path)
         except OSError:
             try:

@@ -231,7 +231,8 @@ def spend_lines(spend: Spend) -> list[str]:
     avoided (labelled an estimate)."""
     lines = [
         f"spend: {plural(spend.calls, 'model call')}, {spend.tokens:,} tokens"
-        f" ({spend.input_tokens:,} input, {spend.cache_read_tokens:,} of them cache reads;"
+        f" ({spend.input_tokens:,} input, {spend.cache_read_tokens:,} of them cache reads"
+        f"{f' and {spend.cache_write_tokens:,} cache writes' if spend.cache_write_tokens else ''};"
         f" {spend.output_tokens:,} output)"
         + _cost_text(spend.provider_usd, spend.computed_usd, spend.unpriced_calls, spend.calls)
     ]
