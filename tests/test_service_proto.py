@@ -1,5 +1,5 @@
-"""Protobuf decoding in serve: the candidate gate never hides a tool or agent span, and a
-candidate decodes to what the SDK recorded."""
+"""Protobuf decoding in serve: the candidate gate never hides a tool, agent or model span (a
+model call's usage), and a candidate decodes to what the SDK recorded."""
 
 from __future__ import annotations
 
@@ -21,7 +21,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E4
 )
 from opentelemetry.trace import StatusCode  # noqa: E402
 
-from otel_loopguard._conventions import agent_from_span, tool_call_from_span  # noqa: E402
+from otel_loopguard._conventions import (  # noqa: E402
+    agent_from_span,
+    model_call_from_span,
+    tool_call_from_span,
+)
 from otel_loopguard._otlp_json import BadSpan  # noqa: E402
 from otel_loopguard.service._proto import candidate_patterns, proto_spans  # noqa: E402
 
@@ -48,7 +52,8 @@ def sdk_view(span: ReadableSpan) -> tuple[dict[str, Any], tuple[tuple[str, dict[
 
 
 def check(spans: list[ReadableSpan]) -> int:
-    """Every span the conventions recognise is decoded in full, and as the SDK held it."""
+    """Every span the conventions recognise (tool, agent, model call with usage) is decoded in
+    full, and as the SDK held it; how many."""
     read = proto_spans(encode_spans(spans).SerializeToString())
     assert read.bad_spans == 0 and read.accepted == len(spans)
     decoded = {span.span_id: span for span in read.spans}
@@ -61,11 +66,12 @@ def check(spans: list[ReadableSpan]) -> int:
         error = span.status.status_code is StatusCode.ERROR
         is_tool = tool_call_from_span(span.name, attributes, events, error) is not None
         is_agent = agent_from_span(span.name, attributes) is not None
-        if not (is_tool or is_agent):
+        is_model = model_call_from_span(span.name, attributes) is not None
+        if not (is_tool or is_agent or is_model):
             assert context.span_id in decoded or context.span_id in linked
             continue
         recognised += 1
-        got = decoded[context.span_id]  # a KeyError here: the gate hid a tool or agent span
+        got = decoded[context.span_id]  # a KeyError here: the gate hid a span it must keep
         assert (got.name, dict(got.attributes), got.events, got.status_error) == (
             span.name,
             attributes,
@@ -99,6 +105,30 @@ def test_scripted_workload_decodes_as_recorded() -> None:
     )
     read = proto_spans(encode_spans(spans).SerializeToString())
     assert read.links and all(not s.name.startswith("chat") for s in read.spans)
+
+
+def test_model_spans_with_usage_pass_the_gate() -> None:
+    """A model call's span is decoded in full (its usage is charged to its turn's calls); before
+    the gate knew model spans, serve kept it as a parent link only and charged nothing."""
+
+    def build(tracer: Any) -> None:
+        with tracer.start_as_current_span("invoke_agent coder"):
+            with tracer.start_as_current_span("chat gpt-4o") as chat:
+                chat.set_attribute("gen_ai.operation.name", "chat")
+                chat.set_attribute("gen_ai.request.model", "gpt-4o")
+                chat.set_attribute("gen_ai.usage.input_tokens", 1200)
+                chat.set_attribute("gen_ai.usage.output_tokens", 80)
+            with tracer.start_as_current_span("llm") as llm:
+                llm.set_attribute("openinference.span.kind", "LLM")
+                llm.set_attribute("llm.token_count.prompt", 900)
+            with tracer.start_as_current_span("chat without usage") as plain:
+                plain.set_attribute("gen_ai.operation.name", "chat")
+
+    spans = recorded(build)
+    read = proto_spans(encode_spans(spans).SerializeToString())
+    kept = {span.name for span in read.spans}
+    assert {"chat gpt-4o", "llm"} <= kept and "chat without usage" not in kept
+    assert check(spans) == 2  # the two model calls; the agent span has no agent attributes
 
 
 def test_garbage_is_a_bad_request() -> None:

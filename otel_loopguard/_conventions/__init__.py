@@ -44,6 +44,7 @@ Names with a leading underscore are shared between those modules, not part of th
 
 from ._decoders import MAX_DECODE_CHARS, conversation_id, decode_json
 from ._dispatch import (
+    MODEL_SPAN_KEYS,
     agent_from_span,
     arguments_available_at_start,
     may_be_model_span,
@@ -87,6 +88,7 @@ __all__ = [
     "arguments_available_at_start",
     "conversation_id",
     "decode_json",
+    "MODEL_SPAN_KEYS",
     "may_be_model_span",
     "may_be_tool_span",
     "model_call_from_span",

@@ -593,11 +593,20 @@ def agent_from_span(name: str, attributes: Mapping[str, object]) -> SpanAgent | 
 _INPUT, _PROMPT = GEN_AI_USAGE_INPUT_TOKENS
 _OUTPUT, _COMPLETION = GEN_AI_USAGE_OUTPUT_TOKENS
 _WHOLE: Final = re.compile(r"[0-9]{1,12}")
+#: The attributes of which one marks a span that may be a model call (``may_be_model_span``
+#: tests them by hand, for speed; serve's protobuf gate keeps a span that carries one).
+MODEL_SPAN_KEYS: Final = (
+    _INPUT,
+    _OUTPUT,
+    OPENINFERENCE_TOKENS_PROMPT,
+    _PROMPT,
+    OPENINFERENCE_TOKENS_COMPLETION,
+)
 
 
 def may_be_model_span(attributes: Mapping[str, object]) -> bool:
-    """Whether a span that is no tool span may be a model call: a few dict lookups, for every
-    span the application ends."""
+    """Whether a span that is no tool span may be a model call (it carries one of
+    :data:`MODEL_SPAN_KEYS`): a few dict lookups, for every span the application ends."""
     return (
         _INPUT in attributes
         or _OUTPUT in attributes

@@ -12,9 +12,10 @@ costs ten times the protobuf parse itself, so a request is read in three steps:
 2. A span is a *candidate* when its name passes a name gate of the conventions tables, or when
    its encoding contains the exact bytes of an attribute gate (``gen_ai.operation.name`` =
    ``execute_tool``, ``openinference.span.kind`` = ``TOOL``, ...: the first condition of every
-   entry of ``TOOL_CONVENTIONS`` and ``AGENT_CONVENTIONS``). A span passing no gate cannot be a
-   tool or agent span (:mod:`otel_loopguard._conventions` tests its gates first), so it is kept
-   as a parent link only. The byte patterns assume what the protobuf encoding guide asks of
+   entry of ``TOOL_CONVENTIONS`` and ``AGENT_CONVENTIONS``), or the key of one of
+   ``MODEL_SPAN_KEYS`` (a model call's usage). A span passing no gate cannot be a tool, agent
+   or model span (:mod:`otel_loopguard._conventions` tests its gates first), so it is kept as
+   a parent link only. The byte patterns assume what the protobuf encoding guide asks of
    encoders and every OTLP exporter and the Collector do: known fields written in field-number
    order (a ``KeyValue``'s key before its value).
 3. A candidate is parsed again as a real ``opentelemetry.proto.trace.v1.Span`` and converted to
@@ -179,6 +180,8 @@ def candidate_patterns() -> tuple[frozenset[str], tuple[str, ...], tuple[bytes, 
                         patterns.append(head + b"\x12" + _varint(len(any_value)) + any_value)
             else:
                 return None
+        # A model call's span: its usage is charged to the calls of its turn.
+        patterns.extend(_text_field(0x0A, key) for key in conventions.MODEL_SPAN_KEYS)
     except (AttributeError, IndexError, TypeError):
         return None
     return frozenset(names), tuple(sorted(set(prefixes))), tuple(sorted(set(patterns)))
