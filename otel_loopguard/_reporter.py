@@ -22,20 +22,65 @@ __all__ = ["Reporter", "TripLine"]
 
 #: The fields of one trip line (:meth:`otel_loopguard._triplog.TripLog.write`'s arguments).
 TripLine = dict[str, Any]
+#: Recorder methods added with model-call cost (issue 24): a recorder written before them is not
+#: called for them (as for ``store_error``), and the rest of it works as before.
+_COST_METHODS = ("model_call", "loop_spend", "avoided")
+
+
+class _WithoutCost:
+    """A recorder that lacks some of :data:`_COST_METHODS`: those it lacks do nothing, the
+    others and every other attribute are the recorder's own."""
+
+    __slots__ = ("_inner", "avoided", "loop_spend", "model_call")
+
+    def __init__(self, inner: object) -> None:
+        self._inner = inner
+        for name in _COST_METHODS:
+            method = getattr(type(inner), name, None)
+            setattr(self, name, _skip if method is None else getattr(inner, name))
+
+    # Looked up on the type by their callers, so forwarded here only when the recorder has them.
+    def observe_sessions(self, count: Any) -> None:
+        observe = getattr(type(self._inner), "observe_sessions", None)
+        if observe is not None:
+            observe(self._inner, count)
+
+    def store_error(self, op: str) -> None:
+        store_error = getattr(type(self._inner), "store_error", None)
+        if store_error is not None:
+            store_error(self._inner, op)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def _skip(*args: object) -> None:
+    pass
+
+
+def _with_cost(recorder: Recorder) -> Recorder:
+    """``recorder`` itself when its type has every method of :class:`Recorder`'s cost, else
+    wrapped so those it lacks are not called (looked up on the type: a recorder that answers
+    any attribute is wrapped too)."""
+    kind = type(recorder)
+    if all(getattr(kind, name, None) is not None for name in _COST_METHODS):
+        return recorder
+    return _WithoutCost(recorder)
 
 
 class Reporter:
     """Counts decisions in ``recorder`` and writes their trip lines to ``trip_log`` (if any).
 
     Both may be swapped while the guard runs (metrics served later install a recorder; a
-    restart applying its log again reports nothing).
+    restart applying its log again reports nothing). A recorder written before the cost
+    methods (``model_call``, ``loop_spend``, ``avoided``) is not called for them.
     """
 
     __slots__ = ("_policy", "recorder", "trip_log")
 
     def __init__(self, policy: Policy, recorder: Recorder, trip_log: TripLog | None) -> None:
         self._policy = policy
-        self.recorder = recorder
+        self.recorder = _with_cost(recorder)
         self.trip_log = trip_log
 
     def trip_line(

@@ -298,6 +298,82 @@ def test_a_recorder_that_raises_keeps_the_spend_and_counts_an_internal_error() -
     assert guard.internal_errors == {"model_call": 1}
 
 
+class WrittenBeforeCost:
+    """A recorder of the protocol as it was before the cost methods (a plain class)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.stops = 0
+        self.sessions: Any = None
+
+    def observe_sessions(self, count: Any) -> None:
+        self.sessions = count
+
+    def tool_call(self, agent: str | None, tool: str, repeated: bool) -> None:
+        self.calls += 1
+
+    def wasted(self, agent: str | None, tool: str, seconds: float) -> None:
+        pass
+
+    def decision(self, agent: str | None, tool: str, rule: str, action: str, count: int) -> None:
+        pass
+
+    def stopped_run(self, agent: str | None, tool: str, rule: str) -> None:
+        self.stops += 1
+
+    def rescue(self, outcome: str) -> None:
+        pass
+
+    def evicted(self, reason: str) -> None:
+        pass
+
+    def internal_error(self, where: str) -> None:
+        pass
+
+
+def test_a_recorder_written_before_the_cost_methods_is_not_called_for_them() -> None:
+    """As for store_error: a recorder without the cost methods keeps working, and so does the
+    guard (a loop with model turns is still stopped, with no internal error)."""
+    old = WrittenBeforeCost()
+    guard = LoopGuard(DEFAULT, recorder=old)  # type: ignore[arg-type]
+    actions = []
+    for _ in range(12):
+        guard.model_call(TURN_WITH_COST, session="s", agent="coder")
+        actions.append(guard.before_tool("search", {"q": "x"}, session="s", agent="coder").action)
+    assert Action.STOP in actions
+    assert guard.internal_errors == {}
+    assert (old.calls, old.stops) == (12, 1)
+    assert old.sessions is not None and old.sessions() == 1  # still handed the session count
+    assert guard.recorder.calls == 12  # type: ignore[attr-defined]
+    spend = guard.spend("s", agent="coder")
+    assert spend is not None and spend.loop_turns == 11
+
+
+def test_a_recorder_written_before_the_cost_methods_still_hears_of_store_errors() -> None:
+    class WithStoreErrors(WrittenBeforeCost):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: list[str] = []
+
+        def store_error(self, op: str) -> None:
+            self.ops.append(op)
+
+    old = WithStoreErrors()
+    # Nothing listens on port 1: the read fails, the call is decided as store_failure says.
+    policy = DEFAULT.replace(store="redis://127.0.0.1:1", store_timeout_seconds=0.2)
+    guard = LoopGuard(policy, recorder=old)  # type: ignore[arg-type]
+    assert guard.before_tool("grep", {"q": 1}, session="s").action is Action.ALLOW
+    assert old.ops == ["read"] and guard.internal_errors == {}
+
+
+TURN_WITH_COST = {
+    "model": "gpt-4o",
+    "input_tokens": 1000,
+    "output_tokens": 100,
+    "reported_cost_usd": 0.01,
+}
+
+
 def _model_span(
     tracer: Any, model: str, input_tokens: int, output_tokens: int, **extra: Any
 ) -> None:
