@@ -11,7 +11,6 @@ catches what it raises.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -116,6 +115,8 @@ class _Call:
     key: str
     sid: str
     aid: str | None
+    loop: Spent | None = None  # what the loop now running has used, when model turns were
+    run: Spent | None = None  # what the run has used, under a run budget
 
 
 @dataclass(slots=True)
@@ -128,6 +129,11 @@ class _Rescue:
     ask: Reserved | None
     context: dict[str, Any] | None
 
+
+#: What a counted call moved into loop spend (tokens, USD) and what it avoided, refused after
+#: a stop (tokens, USD: an estimate); what the loop and the run have spent (either ``None``).
+_Moved = tuple[int, float, int, float]
+_Spent = tuple[Spent | None, Spent | None]
 
 #: How a reported call ended (``after_tool``'s report): (call id as text, outcome key, error,
 #: cut output, duration seconds). A tuple, not an object: built for every report.
@@ -250,7 +256,7 @@ class GuardCore(Upkeep):
                 # The kept ids (bounded), not the caller's: a long id only misses this memo.
                 self._last.call = (arguments, tool, sid, aid, key, state)
             # A tuple, not an object: this runs for every call (see benchmarks/README.md).
-            step, repeated, newly_stopped, post, rescue, moved = self._count(
+            step, repeated, newly_stopped, post, rescue, moved, spent = self._count(
                 state, store_key, name, key, mutating, call_id, ran, trail_arguments
             )
             evictions = self._take_evictions() if self._evictions else None
@@ -267,9 +273,10 @@ class GuardCore(Upkeep):
             recorder.wasted(aid, name, ran.duration_seconds)
         if step is ALLOW_STEP and not repeated and post is None:
             return ALLOW  # the common case: a call nothing repeats, before it ran
-        return self._decided(
-            step, repeated, post, rescue, _Call(name, canonical, key, sid, aid), wait_for_advice
-        )
+        call = _Call(name, canonical, key, sid, aid)
+        if spent is not None:
+            call.loop, call.run = spent
+        return self._decided(step, repeated, post, rescue, call, wait_for_advice)
 
     def _decided(
         self,
@@ -302,6 +309,8 @@ class GuardCore(Upkeep):
             canonical=call.canonical,
             advice=advice,
             repeated=repeated,
+            spent=call.loop,
+            run=call.run,
         )
         if step.action is not Action.ALLOW:
             kind = "escalation-failed" if escalation_failed else None
@@ -318,20 +327,26 @@ class GuardCore(Upkeep):
         call_id: object,
         ran: _Ran | None,
         trail_arguments: str,
-    ) -> tuple[Step, bool, bool, Step | None, _Rescue | None, tuple[int, float, int, float] | None]:
+    ) -> tuple[Step, bool, bool, Step | None, _Rescue | None, _Moved | None, _Spent | None]:
         """Under the lock: count the attempt in ``state``, keep it pending (or record how it
         ran), and reserve an ask at rescue. (step, repeated, newly stopped, post-call
-        conclusion, rescue, what moved into loop spend and what a refused call avoided, for
-        the metrics: ``None`` without model calls)."""
+        conclusion, rescue, what moved into loop spend and what a refused call avoided for
+        the metrics (``None`` without model calls), what the loop and the run have spent for
+        the decision (``None`` when nothing was or nothing repeats))."""
         policy = self.policy
         spend = state.spend
         stopped = state.stopped
+        # The loop now running ends at an enforced stop; in observe and advise mode the run
+        # goes on, and so does what its loop costs.
+        frozen = stopped and policy.mode is Mode.ENFORCE
         run: Spent | None = None
         over = None
         if self._budgets:
             loop = None
-            if spend is not None:  # the loop as it is once this call is counted
-                loop = spend.current_loop(key in state.signatures, stopped)
+            # The loop as it is once this call is counted: only a repeat adds to it (a session
+            # stopped keeps what passed its budget).
+            if spend is not None and (stopped or key in state.signatures):
+                loop = spend.current_loop(key in state.signatures, frozen)
             run = self._run_spent(store_key) if self._run_budget else None
             over = budget(loop, run, policy)
         verdict, stuck, stalled = evaluate(state, key, policy)
@@ -360,9 +375,10 @@ class GuardCore(Upkeep):
         moved = None
         if spend is not None:  # model calls reported: the turn's spend, in a loop or not
             refused_stopped = enforced_block and step.action is Action.STOP
-            moved = spend.call_counted(repeated, refused_stopped, stopped=stopped)
-        if spend is not None or run is not None:
-            step = self._with_spent(step, repeated, spend, run)
+            moved = spend.call_counted(repeated, refused_stopped, stopped=frozen)
+        spent = None
+        if (spend is not None or run is not None) and (repeated or step is not ALLOW_STEP):
+            spent = self._spent(spend, run)
         if newly_stopped:
             state.stopped = True
             state.stop_threshold = step.threshold
@@ -382,7 +398,7 @@ class GuardCore(Upkeep):
             advice, outcome, ask = self.rescues.reserve(state, key, store_key)
             context = Rescues.context(state, key) if ask is not None else None
             rescue = _Rescue(advice, outcome, ask, context)
-        return step, repeated, newly_stopped, post, rescue, moved
+        return step, repeated, newly_stopped, post, rescue, moved, spent
 
     def _run_spent(self, store_key: object) -> Spent:
         """Under the lock: what the whole run has spent (the run budget's figure): every model
@@ -393,27 +409,21 @@ class GuardCore(Upkeep):
         for key in (sid, *store.agent_keys(sid)):
             state = store.get(key, create=False)
             if state is not None and state.spend is not None:
-                total = total + state.spend.run()
+                total = total.plus(state.spend.run())
         return total
 
-    def _with_spent(
-        self, step: Step, repeated: bool, spend: Spend | None, run: Spent | None
-    ) -> Step:
-        """``step`` with what the loop now running has used (and the run, under a run budget),
-        for its text and its decision's fields; the same step when nothing was spent or the
-        call is one nothing repeats (the common case keeps :data:`ALLOW_STEP`)."""
-        if step is ALLOW_STEP and not repeated:
-            return step
+    @staticmethod
+    def _spent(spend: Spend | None, run: Spent | None) -> _Spent | None:
+        """What the loop now running has used (and the run, under a run budget), for a
+        decision's text and fields; ``None`` when neither has a turn."""
         loop = spend.current_loop() if spend is not None else None
         if loop is not None and not loop.turns:
             loop = None
         if run is not None and not run.turns:
             run = None
-        if loop is None and run is None:
-            return step
-        return dataclasses.replace(step, spent=loop, run=run)
+        return None if loop is None and run is None else (loop, run)
 
-    def _spent_in_loop(self, aid: str | None, moved: tuple[int, float, int, float]) -> None:
+    def _spent_in_loop(self, aid: str | None, moved: _Moved) -> None:
         """Off the lock: a model turn's spend moved into a loop, and what a call refused
         because the run was stopped avoided (an estimate), to the metrics."""
         tokens, usd, avoided_tokens, avoided_usd = moved

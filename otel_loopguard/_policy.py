@@ -210,10 +210,6 @@ class Step:
     #: On a rescue: the deny threshold that applied, which a rescue without advice shows as
     #: the denial it becomes.
     deny_threshold: int = 0
-    #: What the loop now running has used (when model turns were reported), and the run, when
-    #: the policy has a run budget: the texts say it.
-    spent: Spent | None = None
-    run: Spent | None = None
     #: On a budget stop: the budget passed.
     over: Overspent | None = None
 
@@ -420,8 +416,6 @@ def settle_rescue(step: Step, advice: str | None, *, asking: bool = False) -> St
         step.deny_threshold or step.threshold,
         denials=step.denials,
         refused=step.refused,
-        spent=step.spent,
-        run=step.run,
     )
 
 
@@ -436,14 +430,18 @@ def decide(
     advice: str | None = None,
     repeated: bool = True,
     phase: Phase = Phase.PRE,
+    spent: Spent | None = None,
+    run: Spent | None = None,
 ) -> Decision:
     """The :class:`Decision` for ``step`` (pure): the step's action softened by the policy's
     mode (:func:`soften`), its text (:func:`message_for`), the args ``key``'s display prefix, and
     before a call (``pre``) that blocks the loop-brake plugin's ``hash_prefix``. An allow step
     of a call not ``repeated`` is :data:`ALLOW`; an allowed repeat carries its rule and count.
     A decision after the call ran (``post``) quotes no arguments and carries no hash. What the
-    loop now running has used (``step.spent``) is its ``loop_tokens`` and ``loop_cost_usd``."""
-    loop_tokens, loop_cost_usd = _loop_fields(step.spent, policy)
+    loop now running has used (``spent``, when model turns were reported) is its
+    ``loop_tokens`` and ``loop_cost_usd``, and its text says it (and what the ``run`` has used,
+    given under a run budget)."""
+    loop_tokens, loop_cost_usd = _loop_fields(spent, policy)
     if step.action is Action.ALLOW:
         if not repeated:
             return ALLOW
@@ -461,7 +459,9 @@ def decide(
         )
     action = soften(step.action, policy.mode)
     message = (
-        "" if action is Action.ALLOW else message_for(step, tool, canonical, policy, advice, action)
+        ""
+        if action is Action.ALLOW
+        else message_for(step, tool, canonical, policy, advice, action, spent=spent, run=run)
     )
     blocks = phase is Phase.PRE and action in BLOCKING_ACTIONS
     return Decision(
@@ -591,21 +591,20 @@ def _spent_phrase(spent: Spent, policy: Policy, usd_limit: float | None) -> str:
     return f"{tokens}, {'about ' if spent.computed else ''}{usd}{at}"
 
 
-def _spent_sentence(step: Step, policy: Policy) -> str:
+def _spent_sentence(spent: Spent | None, run: Spent | None, policy: Policy) -> str:
     """What the loop now running has used (and the run, under a run budget), as sentences
     to add to a text (with a leading space); empty when no model turn was reported."""
     text = ""
-    spent = step.spent
     if spent is not None and spent.turns:
         text = f" This loop has used {_spent_phrase(spent, policy, policy.max_loop_cost_usd)}."
-    run = step.run
     if run is not None and run.turns:
         text += f" This run has used {_spent_phrase(run, policy, policy.max_run_cost_usd)}."
     return text
 
 
-def _budget_stop(over: Overspent, policy: Policy) -> str:
-    """The text of a stop because ``over``'s budget was passed."""
+def _budget_text(over: Overspent, policy: Policy, *, stop: bool) -> str:
+    """The text of a stop because ``over``'s budget was passed; not ``stop``: the reminder
+    it becomes in advise mode."""
     spent, limit = over.spent, over.limit
     usd_limit = policy.max_loop_cost_usd if over.scope == LOOP else policy.max_run_cost_usd
     phrase = _spent_phrase(spent, policy, usd_limit)
@@ -624,10 +623,15 @@ def _budget_stop(over: Overspent, policy: Policy) -> str:
     else:
         what = "this run (every model call of the session, its agents' included)"
         then = "The run's budget is spent: they can continue by raising it, or in a new session."
+    passed = f"{what} has used {phrase}, more than its budget of {budget}."
+    if not stop:
+        return (
+            f"{_PREFIX}Over budget: {passed} Stop repeating calls: use what you already have,"
+            " or tell the user what is blocking you."
+        )
     return (
-        f"{_PREFIX}Stopping: {what} has used {phrase}, more than its budget of {budget}. End"
-        f" this run now: tell the user what you tried, what you found, and what is blocking"
-        f" you. {then}"
+        f"{_PREFIX}Stopping: {passed} End this run now: tell the user what you tried, what you"
+        f" found, and what is blocking you. {then}"
     )
 
 
@@ -638,32 +642,40 @@ def message_for(
     policy: Policy,
     advice: str | None = None,
     action: Action | None = None,
+    *,
+    spent: Spent | None = None,
+    run: Spent | None = None,
 ) -> str:
     """The text shown to the model for ``step`` (``action`` overrides the step's action, e.g. a
     blocking step softened to a reminder in advise mode).
 
     Texts that quote the arguments do so on a line of their own, last before any advice (see
     :func:`without_arguments`). A denial says the run will end only when the policy will end
-    it (``stop_after_denials``, the stall rule)."""
+    it (``stop_after_denials``, the stall rule). What the loop now running has used
+    (``spent``), and the run under a run budget (``run``), is said before the arguments line,
+    only when model turns were reported."""
     shown = action or step.action
     if shown is Action.ALLOW:
         return ""
-    return _message(step, shown, tool, canonical, policy, advice)
+    cost = _spent_sentence(spent, run, policy)
+    return _message(step, shown, tool, canonical, policy, advice, cost)
 
 
 def _message(
-    step: Step, shown: Action, tool: str, canonical: bytes, policy: Policy, advice: str | None
+    step: Step,
+    shown: Action,
+    tool: str,
+    canonical: bytes,
+    policy: Policy,
+    advice: str | None,
+    spent: str,
 ) -> str:
     """:func:`message_for` once the action shown is known (not allow)."""
     name = f"`{tool}`"
     scope = _scope(step.rule, step.count, policy, step.refused)
     over = step.over
-    if over is not None and shown is Action.STOP:
-        return _budget_stop(over, policy)
-    spent = _spent_sentence(step, policy)
     if over is not None:
-        # A budget stop softened (advise mode): a reminder that says what was passed.
-        return _budget_stop(over, policy).replace("Stopping: ", "", 1)
+        return _budget_text(over, policy, stop=shown is Action.STOP)
     if step.action is Action.STOP and shown is Action.STOP:
         return _stop_text(step, name, scope) + spent
     # No arguments line when they are not at hand (a conclusion drawn after the call ran).

@@ -125,6 +125,24 @@ def test_a_budget_stop_stops_the_session() -> None:
     assert other.action is Action.STOP and other.rule is Rule.BUDGET
 
 
+def test_a_budget_in_advise_and_observe_mode() -> None:
+    """Advise: the stop becomes a reminder that says what was passed; observe: every call is
+    allowed. Either way the run goes on, and so does what its loop costs."""
+    advise = _loop(LoopGuard(DEFAULT.replace(mode="advise", max_loop_tokens=TOKENS)), 4)
+    over = advise[2]
+    assert (over.action, over.detected, over.rule) == (Action.REMIND, Action.STOP, Rule.BUDGET)
+    assert over.message == (
+        "[loopguard] Over budget: this loop has used 2,200 tokens, $0.50, more than its budget"
+        " of 1,100 tokens. Stop repeating calls: use what you already have, or tell the user"
+        " what is blocking you."
+    )
+    assert advise[3].loop_tokens == 3 * TOKENS
+    observe = _loop(LoopGuard(DEFAULT.replace(mode="observe", max_loop_tokens=TOKENS)), 4)
+    assert [d.action for d in observe] == [Action.ALLOW] * 4
+    assert [d.detected for d in observe[2:]] == [Action.STOP] * 2
+    assert [d.loop_tokens for d in observe[1:]] == [TOKENS, 2 * TOKENS, 3 * TOKENS]
+
+
 # -- partial data ------------------------------------------------------------------------------
 
 

@@ -75,7 +75,7 @@ def test_a_new_epoch_of_the_session_ends_its_loop() -> None:
 def test_the_run_adds_up_every_turn() -> None:
     spend = _spend(Cost(0.25, PROVIDER), Cost(None, UNPRICED), repeats=False)
     assert spend.run() == Spent(2200, 0.25, 2, 1, False)
-    assert spend.run() + _spend(Cost(1.0, COMPUTED)).run() == Spent(3300, 1.25, 3, 1, True)
+    assert spend.run().plus(_spend(Cost(1.0, COMPUTED)).run()) == Spent(3300, 1.25, 3, 1, True)
 
 
 def test_the_plain_data_carries_the_current_loop() -> None:
