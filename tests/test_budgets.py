@@ -249,6 +249,10 @@ def test_a_run_budget_adds_up_every_agent_of_the_session() -> None:
     # The other agent of the same run is stopped at its next call, whatever it calls.
     planner = guard.before_tool("plan", {"step": 9}, session="s", agent="planner")
     assert planner.action is Action.STOP and planner.rule is Rule.BUDGET
+    # A user message starts a new epoch, but the run's budget stays spent.
+    guard.user_message("s")
+    again = guard.before_tool("plan", {"step": 10}, session="s", agent="planner")
+    assert again.action is Action.STOP and again.rule is Rule.BUDGET
     # Another session is another run.
     assert guard.before_tool("plan", {"step": 0}, session="t", agent="planner").action is (
         Action.ALLOW
