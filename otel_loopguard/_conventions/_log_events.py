@@ -22,7 +22,10 @@ table; tests/data/logs/README.md the exact versions):
 - **Codex** (``openai/codex`` ``codex-rs/otel/src/events/session_telemetry.rs``,
   ``tool_result``): attribute ``event.name`` ``codex.tool_result``, ``tool_name``, ``call_id``,
   ``arguments`` (JSON text), ``success`` (``"true"``/``"false"``), ``duration_ms``, ``output``,
-  ``conversation.id``.
+  ``conversation.id``. Its shell tool's ``output`` starts with a header whose ``Chunk ID`` and
+  ``Wall time`` lines differ on every run of the same command (``ExecCommandToolOutput``'s
+  ``response_text`` in ``codex-rs``); they are dropped from the result
+  (:func:`codex_output`), so that the same output reads the same.
 
 Each such event is one call that already ran. Its session is the agent's own session id
 (``session.id``, Codex's ``conversation.id``), the id its command hooks send as
@@ -124,6 +127,10 @@ _BY_SHORT_NAME: Final = {
 }
 #: What Claude Code names an MCP tool in its events (the real name is in ``tool_parameters``).
 _CLAUDE_MCP_TOOL: Final = "mcp_tool"
+#: The header lines of Codex's shell output that differ between two runs of one command.
+_CODEX_VOLATILE: Final = ("Chunk ID: ", "Wall time: ")
+#: Where the header of Codex's shell output ends and the command's output starts.
+_CODEX_OUTPUT: Final = "\nOutput:\n"
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +223,18 @@ def _claude_mcp_name(parameters: object) -> str | None:
     return None
 
 
+def codex_output(output: object) -> object:
+    """Codex's tool ``output`` without the header lines that differ on every run (its
+    ``Chunk ID`` and ``Wall time``); any other value as it is."""
+    if not isinstance(output, str):
+        return output
+    header, marker, rest = output.partition(_CODEX_OUTPUT)
+    if not marker:
+        return output
+    kept = [line for line in header.split("\n") if not line.startswith(_CODEX_VOLATILE)]
+    return "\n".join(kept) + marker + rest
+
+
 def record_call_id(agent: str, session: str, tool: str, stamp: tuple[object, ...]) -> str:
     """A call id made from a record's own fields (its times, sequence, tool and arguments): the
     same record sent again gets the same id, two calls never do (their times differ)."""
@@ -265,6 +284,8 @@ def tool_call_from_log(
         error = True  # the user refused it: it did not run
     duration = _duration(attributes, entry.duration_ms)
     result = attributes.get(entry.result) if entry.result is not None else None
+    if entry.agent == "codex":
+        result = codex_output(result)
     if result is None and error:
         result = next((attributes[key] for key in entry.error if attributes.get(key)), None)
     call_id = _text(attributes, entry.call_id) if entry.call_id is not None else None
