@@ -1,16 +1,17 @@
-"""The real coding agents' own telemetry through a real ``serve``: Claude Code (``claude -p``) and
-Codex (``codex exec``), installed from npm (``tests/coding_agents``: exact versions, the lock file
-committed, ``npm ci`` into a temporary directory), run offline against a scripted model server
-written here (Anthropic's Messages API; OpenAI's Responses API) that asks for the same harmless
-shell call (``ls``) again and again, then answers with text. Each agent exports its OTLP log
-events to ``otel-loopguard serve`` in a subprocess; serve's ``/metrics`` must show every call
-counted once and the loop decided (remind, deny, stop) from the agent's events alone. With
-``otel-loopguard hook HOST --server`` installed as the agent's hook too, each call still counts
-once (the hook and the event share the session and the call id) and the agent gets the denial.
+"""The real coding agents' own telemetry through a real ``serve``: Claude Code (``claude -p``),
+Codex (``codex exec``) and Gemini CLI (``gemini -p``), installed from npm
+(``tests/coding_agents``: exact versions, the lock file committed, ``npm ci`` into a temporary
+directory), run offline against a scripted model server written here (Anthropic's Messages API,
+OpenAI's Responses API, the Gemini API) that asks for the same harmless shell call (``ls``)
+again and again, then answers with text. Each agent exports its OTLP log events to
+``otel-loopguard serve`` in a subprocess; serve's ``/metrics`` must show every call counted and
+the loop decided (remind, deny, stop) from the agent's events alone. With ``otel-loopguard hook
+HOST --server`` installed as Claude Code's or Codex's hook too, each call still counts once (the
+hook and the event share the session and the call id) and the agent gets the denials.
 
-Gemini CLI is not run here (see ``tests/data/logs/README.md``). Node and npm come from
-``.ci/install``; without them, or when the npm install fails, the tests skip, and fail in CI
-(``CI`` set)."""
+The tool events recorded from these agents (``tests/data/logs/*.otlp.json``) are read here too.
+Node and npm come from ``.ci/install``; without them, or when ``npm ci`` fails, the tests that
+run the agents skip, and fail in CI (``CI`` set)."""
 
 from __future__ import annotations
 
@@ -50,6 +51,9 @@ CLAUDE_INPUT = {"command": "ls", "description": "List files"}
 #: The call the scripted OpenAI model asks Codex for: its shell tool (unified exec).
 CODEX_TOOL = "exec_command"
 CODEX_ARGUMENTS = {"cmd": "ls"}
+#: The call the scripted Gemini model asks Gemini CLI for.
+GEMINI_TOOL = "run_shell_command"
+GEMINI_ARGUMENTS = {"command": "ls", "description": "List files"}
 
 
 def _fail_or_skip(reason: str) -> None:
@@ -265,6 +269,53 @@ def responses_reply(script: Script, request_body: dict[str, Any]) -> tuple[bytes
     return _sse([(event["type"], event) for event in events]), "text/event-stream"
 
 
+def gemini_reply(script: Script, request_body: dict[str, Any]) -> tuple[bytes, str]:
+    """The Gemini API (``generateContent``, ``streamGenerateContent`` as SSE): a
+    ``run_shell_command`` ``ls`` function call while fewer than ``script.calls`` function
+    responses are in the contents, then text. A request without that tool (Gemini CLI's model
+    router) gets text."""
+    responses = [
+        part["functionResponse"]
+        for content in request_body.get("contents", [])
+        for part in content.get("parts", [])
+        if isinstance(part, dict) and "functionResponse" in part
+    ]
+    tools = {
+        declaration.get("name")
+        for tool in request_body.get("tools", [])
+        for declaration in tool.get("functionDeclarations", [])
+    }
+    looping = GEMINI_TOOL in tools
+    if looping:
+        with script.lock:
+            script.results[:] = [(json.dumps(r.get("response")), False) for r in responses]
+    part: dict[str, Any]
+    if looping and len(responses) < script.calls:
+        part = {"functionCall": {"name": GEMINI_TOOL, "args": GEMINI_ARGUMENTS}}
+        with script.lock:
+            script.asked.add(f"call-{len(responses) + 1}")
+    elif looping:
+        part = {"text": "Done."}
+    else:  # its model router's classifiers (either schema): the simple route
+        route = {
+            "reasoning": "A simple listing.",
+            "model_choice": "flash",
+            "complexity_reasoning": "A simple listing.",
+            "complexity_score": 10,
+        }
+        part = {"text": json.dumps(route)}
+    reply = {
+        "candidates": [
+            {"content": {"role": "model", "parts": [part]}, "finishReason": "STOP", "index": 0}
+        ],
+        "usageMetadata": {"promptTokenCount": 10, "candidatesTokenCount": 5, "totalTokenCount": 15},
+        "modelVersion": "gemini-2.5-flash",
+    }
+    if request_body.get("_stream"):
+        return f"data: {json.dumps(reply)}\r\n\r\n".encode(), "text/event-stream"
+    return json.dumps(reply).encode(), "application/json"
+
+
 class ScriptedModel:
     """A scripted model API on a free loopback port, in a thread: ``reply`` answers each POST
     (its JSON body) with (body, content type); every other request is a 404."""
@@ -290,7 +341,10 @@ class ScriptedModel:
                     decoded = json.loads(raw or b"{}")
                 except ValueError:
                     decoded = {}
-                body, content_type = reply(script, decoded if isinstance(decoded, dict) else {})
+                request_body = decoded if isinstance(decoded, dict) else {}
+                if "streamGenerateContent" in self.path:
+                    request_body["_stream"] = True
+                body, content_type = reply(script, request_body)
                 _send(self, body, content_type)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -315,6 +369,15 @@ def anthropic() -> Iterator[ScriptedModel]:
 @pytest.fixture
 def openai() -> Iterator[ScriptedModel]:
     model = ScriptedModel(responses_reply)
+    try:
+        yield model
+    finally:
+        model.close()
+
+
+@pytest.fixture
+def gemini() -> Iterator[ScriptedModel]:
+    model = ScriptedModel(gemini_reply)
     try:
         yield model
     finally:
@@ -473,6 +536,45 @@ hooks = {"true" if hook else "false"}
     )
 
 
+def run_gemini(
+    agents_dir: Path, tmp_path: Path, model: ScriptedModel, serve: ServeProcess
+) -> subprocess.CompletedProcess[str]:
+    """``gemini -p`` once (``--yolo``: its shell tool runs unasked), its model the scripted server
+    (``GOOGLE_GEMINI_BASE_URL``, a dummy ``GEMINI_API_KEY``), its telemetry to serve over
+    OTLP/HTTP (``telemetry.otlpProtocol`` ``http``: JSON), from its user settings."""
+    node = _require("node")
+    gemini = _binary(agents_dir, "@google/gemini-cli/bundle/gemini.js")
+    home = tmp_path / "home"
+    settings = {
+        "security": {"auth": {"selectedType": "gemini-api-key"}, "folderTrust": {"enabled": False}},
+        "telemetry": {
+            "enabled": True,
+            "target": "local",
+            "otlpEndpoint": serve.url,
+            "otlpProtocol": "http",
+            "logPrompts": True,
+        },
+        # Gemini CLI stops a run itself at the 5th identical call in a row: off, so that the
+        # events show the whole loop (as with a model that varies its calls a little).
+        "model": {"disableLoopDetection": True},
+        "general": {"disableAutoUpdate": True},
+        "privacy": {"usageStatisticsEnabled": False},
+    }
+    (home / ".gemini").mkdir(parents=True)
+    (home / ".gemini" / "settings.json").write_text(json.dumps(settings))
+    env = _environment(home, GEMINI_API_KEY="scripted-0000", GOOGLE_GEMINI_BASE_URL=model.url)
+    return subprocess.run(
+        [node, str(gemini), "-p", "List the files here.", "--yolo"],
+        stdin=subprocess.DEVNULL,
+        cwd=_workspace(tmp_path),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+        check=False,
+    )
+
+
 # -- what serve shows --------------------------------------------------------------------------
 
 
@@ -566,6 +668,18 @@ def test_the_recorded_codex_events_read_as_its_calls_with_one_output() -> None:
     }
 
 
+def test_the_recorded_gemini_cli_events_read_as_its_calls() -> None:
+    """Gemini CLI 0.61.0's own gemini_cli.tool_call records: no call id (one is made from each
+    record, so three calls are three), ``null`` attributes sent as empty values."""
+    batch = json_log_calls(json.loads((RECORDED / "gemini_cli_0.61.0.otlp.json").read_text()))
+    assert batch.accepted == 3 and not batch.problems
+    assert {call.tool for call in batch.calls} == {GEMINI_TOOL}
+    assert len({call.call_id for call in batch.calls}) == 3
+    assert {call.session for call in batch.calls} == {"64bf16fd-ebf9-4501-a9fa-92fb44eb838a"}
+    assert all(json.loads(str(call.arguments)) == GEMINI_ARGUMENTS for call in batch.calls)
+    assert {call.error for call in batch.calls} == {False}
+
+
 def test_codex_output_drops_only_the_header_lines_that_change() -> None:
     output = "Chunk ID: 91e1e8\nWall time: 0.0012 seconds\nProcess exited with code 1\nOutput:\nx"
     assert codex_output(output) == "Process exited with code 1\nOutput:\nx"
@@ -620,6 +734,26 @@ def test_codex_looping_is_decided_from_its_own_telemetry(
         serve, CODEX_TOOL
     )
     assert counted(serve, "loopguard_stopped_runs_total", tool=CODEX_TOOL) == 1
+
+
+@pytest.mark.slow
+def test_gemini_cli_looping_is_decided_from_its_own_telemetry(
+    agents_dir: Path, tmp_path: Path, gemini: ScriptedModel, serve: ServeProcess
+) -> None:
+    done = run_gemini(agents_dir, tmp_path, gemini, serve)
+    assert done.returncode == 0, done.stderr
+    results = gemini.script.results
+    assert len(results) == CALLS and all("notes.txt" in text for text, _ in results), results
+    assert wait_for(
+        lambda: counted(serve, "loopguard_tool_calls_total", tool=GEMINI_TOOL) == CALLS, 30
+    )
+    # its events carry no output: the guard sees none
+    expected = expected_decisions(GEMINI_TOOL, GEMINI_ARGUMENTS, [None] * CALLS)
+    assert {"remind", "deny", "stop"} <= set(expected)
+    assert wait_for(lambda: decisions_shown(serve, GEMINI_TOOL) == expected, 10), decisions_shown(
+        serve, GEMINI_TOOL
+    )
+    assert counted(serve, "loopguard_stopped_runs_total", tool=GEMINI_TOOL) == 1
 
 
 @pytest.mark.slow
