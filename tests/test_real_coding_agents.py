@@ -72,10 +72,11 @@ def _require(program: str) -> str:
 
 @pytest.fixture(scope="module")
 def agents_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The npm project installed from its lock file (``npm ci``) in a temporary directory. The
-    agents' install scripts are not run (``--ignore-scripts``): Claude Code's only copies its
-    native binary from the platform package, which the tests run directly."""
-    _require("node")
+    """The npm project installed from its lock file (``npm ci``) in a temporary directory.
+    Install scripts are not run (``--ignore-scripts``: Gemini CLI's optional ``node-pty`` would
+    compile), except Claude Code's, which only copies its native binary from the platform
+    package over its ``bin/claude.exe`` placeholder (no download)."""
+    node = _require("node")
     npm = _require("npm")
     require_serve_prerequisites()
     directory = tmp_path_factory.mktemp("coding-agents")
@@ -89,16 +90,24 @@ def agents_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
             timeout=900,
             capture_output=True,
         )
+        subprocess.run(
+            [node, "install.cjs"],
+            cwd=directory / "node_modules" / "@anthropic-ai" / "claude-code",
+            check=True,
+            timeout=120,
+            capture_output=True,
+        )
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
-        _fail_or_skip(f"npm ci of tests/coding_agents failed: {exc} {getattr(exc, 'stderr', '')}")
+        _fail_or_skip(f"installing tests/coding_agents failed: {exc} {getattr(exc, 'stderr', '')}")
     return directory
 
 
-def _binary(directory: Path, relative: str) -> Path:
-    path = directory / "node_modules" / relative
-    if not path.is_file():
-        _fail_or_skip(f"{relative} is not installed (no native package for this platform?)")
-    return path
+def _binary(directory: Path, name: str) -> str:
+    """The agent's command, as npm linked it (``node_modules/.bin``)."""
+    path = directory / "node_modules" / ".bin" / name
+    if not path.exists():
+        _fail_or_skip(f"{name} is not installed in {directory}")
+    return str(path)
 
 
 # -- the scripted model servers ----------------------------------------------------------------
@@ -430,7 +439,7 @@ def run_claude(
     """``claude -p`` once, its model the scripted server (``ANTHROPIC_BASE_URL``, a dummy key),
     its OTLP log events to serve over OTLP/HTTP (protobuf); with ``hook``, ``otel-loopguard hook
     claude-code --server`` installed for its tool and prompt events (user settings)."""
-    claude = _binary(agents_dir, "@anthropic-ai/claude-code-linux-x64/claude")
+    claude = _binary(agents_dir, "claude")
     home = tmp_path / "home"
     if hook:
         command = [{"type": "command", "command": _hook_command("claude-code", serve)}]
@@ -458,7 +467,7 @@ def run_claude(
     )
     return subprocess.run(
         [
-            str(claude),
+            claude,
             "-p",
             "List the files here.",
             "--allowedTools",
@@ -482,9 +491,7 @@ def run_codex(
     """``codex exec`` once, its model provider the scripted server (``base_url``, the Responses
     API, a dummy key), its OTLP log events to serve over OTLP/HTTP (protobuf); with ``hook``,
     ``otel-loopguard hook codex --server`` in ``$CODEX_HOME/hooks.json``."""
-    codex = _binary(
-        agents_dir, "@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex"
-    )
+    codex = _binary(agents_dir, "codex")
     home = tmp_path / "home"
     codex_home = home / ".codex"
     codex_home.mkdir(parents=True)
@@ -525,7 +532,7 @@ hooks = {"true" if hook else "false"}
     # hook-trust runs them without that for this invocation (hooks.json is written just above).
     trust = ["--dangerously-bypass-hook-trust"] if hook else []
     return subprocess.run(
-        [str(codex), "exec", *trust, "--skip-git-repo-check", "List the files here."],
+        [codex, "exec", *trust, "--skip-git-repo-check", "List the files here."],
         stdin=subprocess.DEVNULL,
         cwd=_workspace(tmp_path),
         env=env,
@@ -542,8 +549,7 @@ def run_gemini(
     """``gemini -p`` once (``--yolo``: its shell tool runs unasked), its model the scripted server
     (``GOOGLE_GEMINI_BASE_URL``, a dummy ``GEMINI_API_KEY``), its telemetry to serve over
     OTLP/HTTP (``telemetry.otlpProtocol`` ``http``: JSON), from its user settings."""
-    node = _require("node")
-    gemini = _binary(agents_dir, "@google/gemini-cli/bundle/gemini.js")
+    gemini = _binary(agents_dir, "gemini")
     home = tmp_path / "home"
     settings = {
         "security": {"auth": {"selectedType": "gemini-api-key"}, "folderTrust": {"enabled": False}},
@@ -564,7 +570,7 @@ def run_gemini(
     (home / ".gemini" / "settings.json").write_text(json.dumps(settings))
     env = _environment(home, GEMINI_API_KEY="scripted-0000", GOOGLE_GEMINI_BASE_URL=model.url)
     return subprocess.run(
-        [node, str(gemini), "-p", "List the files here.", "--yolo"],
+        [gemini, "-p", "List the files here.", "--yolo"],
         stdin=subprocess.DEVNULL,
         cwd=_workspace(tmp_path),
         env=env,
