@@ -55,7 +55,7 @@ from ._policy import (
 )
 from ._prices import Pricer
 from ._reporter import Reporter
-from ._rules import budget, evaluate, no_progress_after_failures, trend
+from ._rules import Overspent, budget, evaluate, no_progress_after_failures, trend
 from ._session_store import SessionStore
 from ._spend import Spend, Spent
 from ._trail import MAX_TRAIL_ARGUMENT_CHARS, MAX_TRAIL_OUTPUT_CHARS, Trail
@@ -336,19 +336,10 @@ class GuardCore(Upkeep):
         policy = self.policy
         spend = state.spend
         stopped = state.stopped
-        # The loop now running ends at an enforced stop; in observe and advise mode the run
-        # goes on, and so does what its loop costs.
-        frozen = stopped and policy.mode is Mode.ENFORCE
         run: Spent | None = None
         over = None
         if self._budgets:
-            loop = None
-            # The loop as it is once this call is counted: only a repeat adds to it (a session
-            # stopped keeps what passed its budget).
-            if spend is not None and (stopped or key in state.signatures):
-                loop = spend.current_loop(key in state.signatures, frozen)
-            run = self._run_spent(store_key) if self._run_budget else None
-            over = budget(loop, run, policy)
+            over, run = self._over_budget(state, store_key, key)
         verdict, stuck, stalled = evaluate(state, key, policy)
         if verdict is None and stalled is None and not stopped and over is None:
             step = ALLOW_STEP  # the common case: nothing repeats
@@ -372,13 +363,16 @@ class GuardCore(Upkeep):
         repeated = state.record_attempt(
             key, policy, blocked=detected_block, explores=not mutating, refused=enforced_block
         )
-        moved = None
-        if spend is not None:  # model calls reported: the turn's spend, in a loop or not
-            refused_stopped = enforced_block and step.action is Action.STOP
-            moved = spend.call_counted(repeated, refused_stopped, stopped=frozen)
-        spent = None
-        if (spend is not None or run is not None) and (repeated or step is not ALLOW_STEP):
-            spent = self._spent(spend, run)
+        moved = spent = None
+        if spend is not None or run is not None:
+            if spend is not None:  # model calls reported: the turn's spend, in a loop or not
+                refused_stopped = enforced_block and step.action is Action.STOP
+                # The loop now running ends at an enforced stop; in observe and advise mode
+                # the run goes on, and so does what its loop costs.
+                frozen = stopped and policy.mode is Mode.ENFORCE
+                moved = spend.call_counted(repeated, refused_stopped, stopped=frozen)
+            if repeated or step is not ALLOW_STEP:
+                spent = self._spent(spend, run)
         if newly_stopped:
             state.stopped = True
             state.stop_threshold = step.threshold
@@ -399,6 +393,23 @@ class GuardCore(Upkeep):
             context = Rescues.context(state, key) if ask is not None else None
             rescue = _Rescue(advice, outcome, ask, context)
         return step, repeated, newly_stopped, post, rescue, moved, spent
+
+    def _over_budget(
+        self, state: SessionState, store_key: object, key: str
+    ) -> tuple[Overspent | None, Spent | None]:
+        """Under the lock, before the call is counted: the budget it passes, if any, and what
+        the run has spent (``None`` without a run budget)."""
+        policy = self.policy
+        spend = state.spend
+        stopped = state.stopped
+        loop = None
+        # The loop as it is once this call is counted: only a repeat adds to it (a session
+        # stopped keeps what passed its budget); an enforced stop ends it.
+        if spend is not None and (stopped or key in state.signatures):
+            frozen = stopped and policy.mode is Mode.ENFORCE
+            loop = spend.current_loop(key in state.signatures, frozen)
+        run = self._run_spent(store_key) if self._run_budget else None
+        return budget(loop, run, policy), run
 
     def _run_spent(self, store_key: object) -> Spent:
         """Under the lock: what the whole run has spent (the run budget's figure): every model

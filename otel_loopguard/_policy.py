@@ -441,7 +441,9 @@ def decide(
     loop now running has used (``spent``, when model turns were reported) is its
     ``loop_tokens`` and ``loop_cost_usd``, and its text says it (and what the ``run`` has used,
     given under a run budget)."""
-    loop_tokens, loop_cost_usd = _loop_fields(spent, policy)
+    loop_tokens = loop_cost_usd = None
+    if spent is not None:
+        loop_tokens, loop_cost_usd = _loop_fields(spent, policy)
     if step.action is Action.ALLOW:
         if not repeated:
             return ALLOW
@@ -482,10 +484,10 @@ def decide(
     )
 
 
-def _loop_fields(spent: Spent | None, policy: Policy) -> tuple[int | None, float | None]:
+def _loop_fields(spent: Spent, policy: Policy) -> tuple[int | None, float | None]:
     """(tokens, known USD) of the loop now running, each ``None`` when unknown: no turn
     reported, no turn priced, or a token-only policy's dollars."""
-    if spent is None or not spent.turns:
+    if not spent.turns:
         return None, None
     usd = spent.usd if spent.priced and policy.cost_in is CostUnit.USD else None
     return spent.tokens, usd
@@ -657,7 +659,7 @@ def message_for(
     shown = action or step.action
     if shown is Action.ALLOW:
         return ""
-    cost = _spent_sentence(spent, run, policy)
+    cost = "" if spent is None and run is None else _spent_sentence(spent, run, policy)
     return _message(step, shown, tool, canonical, policy, advice, cost)
 
 
