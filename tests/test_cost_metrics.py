@@ -460,12 +460,6 @@ def test_model_spans_through_the_processor_fill_the_token_and_cost_counters() ->
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="serve's OTLP protobuf decoder keeps only spans its gate (service/_proto.py,"
-    " candidate_patterns: the tool and agent conventions) names; a model span becomes a parent"
-    " link and its usage is never charged (passes with every span a candidate)",
-)
 def test_serve_counts_what_the_processor_counts(tmp_path: Any) -> None:
     """The same spans through the span processor and, over OTLP/HTTP, through a real serve give
     the same cost metrics."""
