@@ -408,19 +408,23 @@ class GuardCore(Upkeep):
         if spend is not None and (stopped or key in state.signatures):
             frozen = stopped and policy.mode is Mode.ENFORCE
             loop = spend.current_loop(key in state.signatures, frozen)
-        run = self._run_spent(store_key) if self._run_budget else None
+        run = self._run_spent(state, store_key) if self._run_budget else None
         return budget(loop, run, policy), run
 
-    def _run_spent(self, store_key: object) -> Spent:
+    def _run_spent(self, state: SessionState, store_key: object) -> Spent:
         """Under the lock: what the whole run has spent (the run budget's figure): every model
-        turn of the session, its own state's and each of its agents'."""
-        sid = store_key[0] if type(store_key) is tuple else store_key
+        turn of the session, its own state's (``state`` is ``store_key``'s) and each of its
+        agents'."""
+        own = state.spend
+        total = own.run() if own is not None else Spent()
         store = self.store
-        total = Spent()
-        for key in (sid, *store.agent_keys(sid)):
-            state = store.get(key, create=False)
-            if state is not None and state.spend is not None:
-                total = total.plus(state.spend.run())
+        sid = store_key[0] if type(store_key) is tuple else store_key
+        for key in (sid, *store.agent_keys(sid)) if sid is not store_key else store.agent_keys(sid):
+            if key == store_key:
+                continue
+            other = store.get(key, create=False)
+            if other is not None and other.spend is not None:
+                total = total.plus(other.spend.run())
         return total
 
     @staticmethod

@@ -201,16 +201,22 @@ def budget(loop: Spent | None, run: Spent | None, policy: Policy) -> Overspent |
     A dollar budget compares the known cost (the priced turns'): turns without a price add
     nothing to it, so it is passed only when the priced ones alone passed it, and a token
     budget still counts every turn."""
-    for scope, spent, usd_limit, token_limit in (
-        (LOOP, loop, policy.max_loop_cost_usd, policy.max_loop_tokens),
-        (RUN, run, policy.max_run_cost_usd, policy.max_run_tokens),
-    ):
-        if spent is None:
-            continue
-        if usd_limit is not None and spent.usd > usd_limit:
-            return Overspent(scope, True, usd_limit, spent)
-        if token_limit is not None and spent.tokens > token_limit:
-            return Overspent(scope, False, token_limit, spent)
+    if loop is not None:
+        found = _passed(LOOP, loop, policy.max_loop_cost_usd, policy.max_loop_tokens)
+        if found is not None:
+            return found
+    if run is not None:
+        return _passed(RUN, run, policy.max_run_cost_usd, policy.max_run_tokens)
+    return None
+
+
+def _passed(
+    scope: str, spent: Spent, usd_limit: float | None, token_limit: int | None
+) -> Overspent | None:
+    if usd_limit is not None and spent.usd > usd_limit:
+        return Overspent(scope, True, usd_limit, spent)
+    if token_limit is not None and spent.tokens > token_limit:
+        return Overspent(scope, False, token_limit, spent)
     return None
 
 
