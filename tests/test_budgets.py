@@ -532,6 +532,31 @@ def test_two_guards_on_one_redis_share_the_loop_budget(redis_server: RedisServer
     assert a.store_errors == {} and b.store_errors == {}
 
 
+def test_two_guards_on_one_redis_share_the_run_budget_over_agents(
+    redis_server: RedisServer,
+) -> None:
+    """A run budget over two agents, each on its own guard (process), one Redis: the run's
+    figure is every agent's state in the store, not what one guard has seen."""
+    policy = DEFAULT.replace(max_run_tokens=3 * TOKENS)
+    planner_guard = LoopGuard(policy, store=redis_server.url)
+    coder_guard = LoopGuard(policy, store=redis_server.url)
+    for i in range(2):
+        planner_guard.model_call(TURN, session="r", agent="planner")
+        step = planner_guard.before_tool("plan", {"step": i}, session="r", agent="planner")
+        assert step.action is Action.ALLOW
+    coder_guard.model_call(TURN, session="r", agent="coder")
+    first = coder_guard.before_tool("edit", {"n": 0}, session="r", agent="coder")
+    assert first.action is Action.ALLOW  # 3,300 tokens: at the budget
+    coder_guard.model_call(TURN, session="r", agent="coder")
+    stop = coder_guard.before_tool("edit", {"n": 1}, session="r", agent="coder")
+    assert stop.action is Action.STOP and stop.rule is Rule.BUDGET
+    assert "4,400 tokens" in stop.message
+    # The planner's guard, which saw only its own two turns, stops the planner too.
+    planner = planner_guard.before_tool("plan", {"step": 9}, session="r", agent="planner")
+    assert planner.action is Action.STOP and planner.rule is Rule.BUDGET
+    assert planner_guard.store_errors == {} and coder_guard.store_errors == {}
+
+
 def test_loop_spend_and_the_avoided_estimate_reach_the_metrics() -> None:
     """The real Prometheus recorder: what each counted call moved into loop spend, and what
     each call refused because the run was stopped avoided (the loop's mean turn, an estimate)."""
