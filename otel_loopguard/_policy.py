@@ -595,11 +595,13 @@ def _spent_phrase(spent: Spent, policy: Policy, usd_limit: float | None) -> str:
 
 def _spent_sentence(spent: Spent | None, run: Spent | None, policy: Policy) -> str:
     """What the loop now running has used (and the run, under a run budget), as sentences
-    to add to a text (with a leading space); empty when no model turn was reported."""
+    to add to a text (with a leading space); empty when no model turn was reported, or the
+    turns reported nothing (a scripted model's zero usage says nothing worth the model's
+    reading)."""
     text = ""
-    if spent is not None and spent.turns:
+    if spent is not None and spent.turns and (spent.tokens or spent.usd):
         text = f" This loop has used {_spent_phrase(spent, policy, policy.max_loop_cost_usd)}."
-    if run is not None and run.turns:
+    if run is not None and run.turns and (run.tokens or run.usd):
         text += f" This run has used {_spent_phrase(run, policy, policy.max_run_cost_usd)}."
     return text
 

@@ -557,6 +557,19 @@ def test_two_guards_on_one_redis_share_the_run_budget_over_agents(
     assert planner_guard.store_errors == {} and coder_guard.store_errors == {}
 
 
+def test_turns_that_report_zero_usage_add_no_cost_sentence() -> None:
+    """A scripted model's turns with zero tokens and no cost: the texts stay as without usage
+    ("This loop has used 0 tokens" tells the model nothing)."""
+    quiet, told = LoopGuard(DEFAULT), LoopGuard(DEFAULT)
+    zero = {"model": "scripted", "input_tokens": 0, "output_tokens": 0}
+    for _ in range(8):
+        told.model_call(zero, session="z")
+        with_usage = told.before_tool("search", {"q": "x"}, session="z")
+        without = quiet.before_tool("search", {"q": "x"}, session="z")
+        assert with_usage.message == without.message
+    assert with_usage.action is Action.DENY and "has used" not in with_usage.message
+
+
 def test_loop_spend_and_the_avoided_estimate_reach_the_metrics() -> None:
     """The real Prometheus recorder: what each counted call moved into loop spend, and what
     each call refused because the run was stopped avoided (the loop's mean turn, an estimate)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -83,6 +84,16 @@ FINAL = "I could not find more than the first result said."
 SAFETY_CAP = 40
 
 
+_SPENT = re.compile(r" This (?:loop|run) has used .*?\.(?=\s|$)")
+
+
+def plain(text: str) -> str:
+    """A text the model read, without what the loop has cost: the reference guard is told of no
+    model turn, while a framework's instrumented run may report its scripted model's usage (Pydantic
+    AI's FunctionModel does), and then the texts say what the loop has used."""
+    return _SPENT.sub("", text)
+
+
 def expected_decisions(attempts: int) -> list[Decision]:
     """What the guard answers a model that repeats the call ``attempts`` times (the same result
     every time it runs), through the plain hook API: the reference every adapter must match."""
@@ -152,7 +163,7 @@ class Script:
     def next_call(self, last_tool_result: str | None) -> bool:
         """Record what the model read; True to call the tool again, False to answer."""
         if last_tool_result is not None:
-            self.seen.append(last_tool_result)
+            self.seen.append(plain(last_tool_result))
         if self.listen and last_tool_result is not None and "Not run" in last_tool_result:
             return False
         if self.calls >= SAFETY_CAP:

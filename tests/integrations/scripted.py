@@ -12,7 +12,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 
-from .conftest import ARGUMENTS, SAFETY_CAP, TOOL
+from .conftest import ARGUMENTS, SAFETY_CAP, TOOL, plain
 
 #: The other tool, called with new arguments each time after the denial.
 OTHER_TOOL = "get_weather"
@@ -47,7 +47,7 @@ class Detour:
 
     def next_call(self, last_tool_result: str | None) -> tuple[str, dict[str, str]] | None:
         if last_tool_result is not None:
-            self.seen.append(last_tool_result)
+            self.seen.append(plain(last_tool_result))
         refused = any("Not run" in text for text in self.seen)
         if not refused:
             if self.calls >= SAFETY_CAP:

@@ -36,6 +36,7 @@ from .conftest import (
     calls_seen,
     expected_tool_results,
     make_tracing,
+    plain,
     require,
 )
 from .scripted import DETOUR_CALLS, OTHER_RESULTS, OTHER_TOOL, Detour, global_spans
@@ -234,7 +235,7 @@ def test_loop_is_denied_at_the_configured_repeat_then_the_run_stops(instrumented
     with pytest.raises(asyncio.CancelledError):
         run(looping(script), script, make)
     stopped = workbench[0].stopped
-    assert stopped is not None and stopped.message == REFERENCE[FIRST_STOP - 1].message
+    assert stopped is not None and plain(stopped.message) == REFERENCE[FIRST_STOP - 1].message
     assert script.calls == FIRST_STOP and script.tool_runs == FIRST_DENY - 1
     assert script.seen == expected_tool_results(FIRST_STOP - 1)
     # workbench and (when counted) the tool spans, both with the call id, count each attempt once
@@ -290,7 +291,7 @@ def test_a_call_failing_the_same_way_ends_the_run_after_it_ran(instrumented: Tra
         run(looping(script), script, make, fail=True)
     # the third identical failure: the call ran, then the run ended at the next model call
     stopped = workbench[0].stopped
-    assert stopped is not None and stopped.message == FAILURE_STOP_DECISION.message
+    assert stopped is not None and plain(stopped.message) == FAILURE_STOP_DECISION.message
     assert script.calls == script.tool_runs == FAILURE_STOP
     assert len(script.seen) == FAILURE_STOP - 1 and all(FAILURE in text for text in script.seen)
     assert calls_seen(tracing.guard) == FAILURE_STOP
@@ -317,7 +318,7 @@ def test_a_stop_ends_the_run_with_a_client_that_ignores_the_token(instrumented: 
     with pytest.raises(asyncio.CancelledError):
         asyncio.run(agent.run(task=TASK))
     stopped = made[0].stopped
-    assert stopped is not None and stopped.message == REFERENCE[FIRST_STOP - 1].message
+    assert stopped is not None and plain(stopped.message) == REFERENCE[FIRST_STOP - 1].message
     assert len(client.create_calls) == FIRST_STOP  # no model call after the stop
     assert script.tool_runs == FIRST_DENY - 1
     assert results_read(client) == expected_tool_results(FIRST_STOP - 1)
@@ -332,7 +333,7 @@ def test_a_stop_from_a_result_ends_the_run_with_a_client_that_ignores_the_token(
     with pytest.raises(asyncio.CancelledError):
         asyncio.run(agent.run(task=TASK))
     stopped = made[0].stopped
-    assert stopped is not None and stopped.message == FAILURE_STOP_DECISION.message
+    assert stopped is not None and plain(stopped.message) == FAILURE_STOP_DECISION.message
     assert len(client.create_calls) == script.tool_runs == FAILURE_STOP
 
 

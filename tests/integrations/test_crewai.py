@@ -39,6 +39,7 @@ from .conftest import (
     calls_seen,
     expected_tool_results,
     make_tracing,
+    plain,
     require,
     tool_spans,
 )
@@ -249,7 +250,7 @@ def test_loop_is_denied_at_the_configured_repeat_then_the_run_stops(
         run(looping(script), script)
     # the stop refuses the call and ends the run at the next model call
     assert raised.value.code == Action.STOP.value
-    assert raised.value.message == REFERENCE[FIRST_STOP - 1].message
+    assert plain(raised.value.message) == REFERENCE[FIRST_STOP - 1].message
     assert script.calls == FIRST_STOP and script.tool_runs == FIRST_DENY - 1
     assert script.seen == expected_tool_results(FIRST_STOP - 1)
     # hook and tool spans (neither has a call id; in either order) count each attempt once; in
@@ -312,7 +313,7 @@ def test_a_call_failing_the_same_way_ends_the_run_after_it_ran(
     with hooks.register(), pytest.raises(LoopStopped) as raised:
         run(looping(script), script, fail=True)
     # the third identical failure: the call ran, then the run ended at the next model call
-    assert raised.value.message == FAILURE_STOP_DECISION.message
+    assert plain(raised.value.message) == FAILURE_STOP_DECISION.message
     assert script.calls == script.tool_runs == FAILURE_STOP
     assert len(script.seen) == FAILURE_STOP - 1 and all(FAILURE in text for text in script.seen)
     assert calls_seen(hooks.guard) == FAILURE_STOP
@@ -425,7 +426,7 @@ def test_crewai_own_tracing_with_the_hooks_counts_each_call_once(
     with LoopGuardHooks(processor=processor).register():
         exporter, raised = traced_run(looping(script), script, processor, attributes=attributes)
     assert isinstance(raised, LoopStopped)
-    assert raised.message == REFERENCE[FIRST_STOP - 1].message
+    assert plain(raised.message) == REFERENCE[FIRST_STOP - 1].message
     assert script.calls == FIRST_STOP and script.tool_runs == FIRST_DENY - 1
     assert script.seen == expected_tool_results(FIRST_STOP - 1)
     # CrewAI's own tracing has a tool span for a refused call too (its result the refusal)
@@ -457,7 +458,7 @@ def test_react_text_mode_crewais_own_refusal_of_a_repeat_is_not_a_run() -> None:
     guard = LoopGuard(POLICY, recorder=PrometheusRecorder())
     with LoopGuardHooks(guard).register(), pytest.raises(LoopStopped) as raised:
         kickoff(looping(script), script, llm=ReActLLM)
-    assert raised.value.message == REFERENCE[FIRST_STOP - 1].message
+    assert plain(raised.value.message) == REFERENCE[FIRST_STOP - 1].message
     assert script.calls == FIRST_STOP and script.tool_runs == 1
     refusal = str(I18N_DEFAULT.errors("task_repeated_usage")).strip()
     assert script.seen[0] == RESULT and script.seen[1].startswith(refusal)

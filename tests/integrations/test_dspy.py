@@ -31,6 +31,7 @@ from .conftest import (
     Tracing,
     calls_seen,
     expected_tool_results,
+    plain,
     require,
     tool_spans,
 )
@@ -159,7 +160,7 @@ def test_loop_is_denied_at_the_configured_repeat_then_the_run_stops(instrumented
     with pytest.raises(LoopStopped) as raised:
         react(looping(script), script, tools)
     # the stop is raised out of the module call (ReAct turns an Exception into an observation)
-    assert raised.value.message == REFERENCE[FIRST_STOP - 1].message
+    assert plain(raised.value.message) == REFERENCE[FIRST_STOP - 1].message
     assert tools.stopped is not None and tools.stopped.message == raised.value.message
     assert script.calls == FIRST_STOP and script.tool_runs == FIRST_DENY - 1
     assert script.seen == expected_tool_results(FIRST_STOP - 1)
@@ -217,7 +218,7 @@ def test_a_call_failing_the_same_way_ends_the_run_after_it_ran(
     with pytest.raises(LoopStopped) as raised:
         react(looping(script), script, tools, fail=True)
     # the third identical failure: the call ran, then the stop ended the run
-    assert raised.value.message == FAILURE_STOP_DECISION.message
+    assert plain(raised.value.message) == FAILURE_STOP_DECISION.message
     assert script.calls == script.tool_runs == FAILURE_STOP
     assert len(script.seen) == FAILURE_STOP - 1 and all(FAILURE in text for text in script.seen)
     assert calls_seen(tools.guard) == FAILURE_STOP
@@ -256,7 +257,7 @@ def test_async_react_is_guarded_the_same_way(instrumented: Tracing) -> None:
 
     with pytest.raises(LoopStopped) as raised:
         asyncio.run(ask())
-    assert raised.value.message == REFERENCE[FIRST_STOP - 1].message
+    assert plain(raised.value.message) == REFERENCE[FIRST_STOP - 1].message
     assert script.calls == FIRST_STOP and script.tool_runs == FIRST_DENY - 1
     assert script.seen == expected_tool_results(FIRST_STOP - 1)
     assert calls_seen(tracing.guard) == FIRST_STOP

@@ -32,6 +32,7 @@ from .conftest import (
     calls_seen,
     expected_tool_results,
     make_tracing,
+    plain,
     require,
     tool_spans,
 )
@@ -141,7 +142,7 @@ def test_loop_is_denied_at_the_configured_repeat_then_the_run_stops(
         else:
             asyncio.run(graph.ainvoke(inputs, CONFIG))
     assert raised.value.code == Action.STOP.value
-    assert raised.value.message == REFERENCE[FIRST_STOP - 1].message
+    assert plain(raised.value.message) == REFERENCE[FIRST_STOP - 1].message
     assert script.calls == FIRST_STOP and script.tool_runs == FIRST_DENY - 1
     assert script.seen == expected_tool_results(FIRST_STOP - 1)
     # hook and OpenInference tool spans (no call id on them) count each attempt once; LangGraph
@@ -190,7 +191,7 @@ def test_a_call_failing_the_same_way_ends_the_run_after_it_ran(
             asyncio.run(graph.ainvoke(inputs, config))
     # the third identical failure: the call ran, then the run ended before the next model turn
     assert raised.value.code == Action.STOP.value
-    assert raised.value.message == FAILURE_STOP_DECISION.message
+    assert plain(raised.value.message) == FAILURE_STOP_DECISION.message
     assert script.calls == script.tool_runs == FAILURE_STOP
     assert script.seen == [FAILURE] * (FAILURE_STOP - 1)
     assert calls_seen(wrapper.guard) == FAILURE_STOP

@@ -34,6 +34,7 @@ from .conftest import (
     advised_guard,
     calls_seen,
     expected_tool_results,
+    plain,
     require,
     tool_spans,
 )
@@ -171,7 +172,7 @@ def test_loop_is_denied_at_the_configured_repeat_then_the_run_stops(
     with pytest.raises(LoopDetected) as raised:
         agent.run(TASK)
     assert raised.value.code == Action.STOP.value
-    assert raised.value.message == REFERENCE[FIRST_STOP - 1].message
+    assert plain(raised.value.message) == REFERENCE[FIRST_STOP - 1].message
     assert script.calls == FIRST_STOP and script.tool_runs == FIRST_DENY - 1
     assert script.seen == expected_tool_results(FIRST_STOP - 1)
     expected_ids = [f"call_{n}" if call_ids else None for n in range(1, FIRST_STOP + 1)]
@@ -240,7 +241,7 @@ def test_a_call_failing_the_same_way_ends_the_run_after_it_ran(
         agent.run(TASK)
     # the third identical failure: the call ran, then the run ended before the next model turn
     assert raised.value.code == Action.STOP.value
-    assert raised.value.message == FAILURE_STOP_DECISION.message
+    assert plain(raised.value.message) == FAILURE_STOP_DECISION.message
     assert script.calls == script.tool_runs == FAILURE_STOP
     assert len(script.seen) == FAILURE_STOP - 1
     assert all(text.startswith("Error:\n") and FAILURE in text for text in script.seen)
