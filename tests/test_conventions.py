@@ -1867,3 +1867,23 @@ def test_vercel_ai_generate_and_stream_calls_are_the_agent_runs() -> None:
     step = {"ai.operationId": "ai.generateText.doGenerate", "ai.telemetry.functionId": "x"}
     assert agent_from_span("ai.generateText.doGenerate", step) is None
     assert tool_call_from_span("ai.generateText.doGenerate", step) is None
+
+
+def test_may_be_model_span_tests_exactly_the_model_span_keys() -> None:
+    """The hand-written lookups of ``may_be_model_span`` (the hot path) and the tuple serve's
+    protobuf gate is built from say the same: a key added to one only would let serve drop, or
+    the processor skip, a model span the other reads."""
+    for key in conventions.MODEL_SPAN_KEYS:
+        assert conventions.may_be_model_span({key: 1}), key
+    assert not conventions.may_be_model_span({"gen_ai.request.model": "gpt-4o"})
+    assert not conventions.may_be_model_span({"gen_ai.usage.cost.amount": 0.1})
+    # The keys the usage reader takes a call's tokens from open the gate, but the older
+    # gen_ai.usage.completion_tokens: instrumentations send it only beside prompt_tokens, and a
+    # span with completion tokens alone is not read as a model call (by either path).
+    readers = {"gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens"}
+    readers |= {"gen_ai.usage.prompt_tokens"}
+    readers |= {"llm.token_count.prompt", "llm.token_count.completion"}
+    assert readers == set(conventions.MODEL_SPAN_KEYS)
+    alone = {"gen_ai.usage.completion_tokens": 5}
+    assert not conventions.may_be_model_span(alone)
+    assert conventions.model_call_from_span("chat", alone) is None
