@@ -66,11 +66,14 @@ class Rule(str, Enum):
     #: ``max_loop_tokens``, ``max_run_cost_usd``, ``max_run_tokens``): on whenever a budget is
     #: set, never listed in the policy's ``rules``.
     BUDGET = "budget"
+    #: A call an earlier run of the same scope was stopped or denied for, repeated with the same
+    #: outcome (``memory``): on whenever memory is, never listed in the policy's ``rules``.
+    MEMORY = "memory"
 
 
 #: The rules the policy's ``rules`` field enables (every rule but the budget rule, which its
-#: budgets enable).
-DETECTION_RULES: Final = frozenset(rule for rule in Rule if rule is not Rule.BUDGET)
+#: budgets enable, and the memory rule, which memory enables).
+DETECTION_RULES: Final = frozenset(rule for rule in Rule if rule not in (Rule.BUDGET, Rule.MEMORY))
 
 
 class CostUnit(str, Enum):
@@ -81,6 +84,18 @@ class CostUnit(str, Enum):
     #: Tokens only, for users on a subscription (who pay no per-token price): no money figure
     #: in the texts or the decisions, and no dollar budget.
     TOKENS = "tokens"
+
+
+class MemoryScope(str, Enum):
+    """Which later runs a dead end is remembered for (the policy's ``memory_scope``)."""
+
+    #: Runs in the same repository: the git root (else the working directory) the command
+    #: hooks receive; an in-process guard's own working directory.
+    REPOSITORY = "repository"
+    #: Runs of the same agent (its name).
+    AGENT = "agent"
+    #: Every run that uses the same memory.
+    GLOBAL = "global"
 
 
 #: Top-level argument fields that only narrate a call and never change what it does.

@@ -41,6 +41,7 @@ from ._defaults import (  # the policy's vocabulary, re-exported with it
     STORE_SCHEMES,
     AdvisorInput,
     CostUnit,
+    MemoryScope,
     Mode,
     Rule,
     StoreFailure,
@@ -76,6 +77,7 @@ __all__ = [
     "DETECTION_RULES",
     "ENV_PREFIX",
     "KNOWN_VARIABLES",
+    "MemoryScope",
     "Mode",
     "PRESETS",
     "Policy",
@@ -416,6 +418,43 @@ class Policy:
         ),
     )
 
+    memory: bool | str = field(
+        default=True,
+        metadata=_doc(
+            "dead ends remembered across runs: true (where runs follow each other: the command"
+            " hooks' state file or their shared Redis store, serve's --state-dir; an in-process"
+            " guard remembers nothing), false (nowhere), or where: a file (.sqlite3, .sqlite or"
+            " .db: SQLite, else JSON) or a Redis URL",
+            Kind.MEMORY,
+        ),
+    )
+    memory_scope: MemoryScope = field(
+        default=MemoryScope.REPOSITORY,
+        metadata=_doc(
+            "which later runs a dead end is remembered for: repository (the git root or"
+            " working directory), agent (its name) or global",
+            Kind.CHOICE,
+            choices=MemoryScope,
+        ),
+    )
+    memory_max_entries: int = field(
+        default=200,
+        metadata=_doc("dead ends remembered per scope (the oldest dropped first)", Kind.COUNT),
+    )
+    memory_max_age_seconds: float = field(
+        default=30 * 86_400.0,
+        metadata=_doc(
+            "seconds after its last run that a dead end is forgotten", Kind.POSITIVE_SECONDS
+        ),
+    )
+    memory_arguments: bool = field(
+        default=False,
+        metadata=_doc(
+            "keep the cut canonical arguments in dead-end records (otherwise hashes only)",
+            Kind.FLAG,
+        ),
+    )
+
     def __post_init__(self) -> None:
         """Normalise collections and validate; raises ``ValueError`` naming field and value."""
         for spec in _SPECS:
@@ -633,6 +672,13 @@ def _parse_env(name: str, text: str) -> object:
     if kind is Kind.CHOICE:
         return text.lower()
     if kind in (Kind.COMMAND, Kind.PATH, Kind.TEXT, Kind.URL):
+        return text
+    if kind is Kind.MEMORY:
+        lowered = text.lower()
+        if not lowered:
+            raise ValueError("expected true, false, a file path or a Redis URL")
+        if lowered in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            return lowered in ("1", "true", "yes", "on")
         return text
     if kind is Kind.FLAG:
         lowered = text.lower()

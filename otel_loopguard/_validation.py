@@ -38,6 +38,7 @@ class Kind(Enum):
     MONEY = "money"  # US dollars: a finite number > 0, or None (off)
     TOKENS = "tokens"  # a count of tokens: an integer >= 1, or None (off)
     PRICES = "prices"  # model name or * pattern -> Price (USD per million tokens of each kind)
+    MEMORY = "memory"  # true, false, or where: a non-empty file path or a Redis URL
 
 
 OPTIONAL_KINDS: Final = frozenset(
@@ -128,6 +129,10 @@ def _check_single(kind: Kind, name: str, value: object, minimum: int) -> None:
         raise ValueError(f"{name}: expected true or false, got {value!r}")
     elif kind in (Kind.MONEY, Kind.TOKENS):
         _budget(kind, name, value)
+    elif kind is Kind.MEMORY and not (
+        isinstance(value, bool) or (isinstance(value, str) and value)
+    ):
+        raise ValueError(f"{name}: expected true, false, a file path or a Redis URL, got {value!r}")
 
 
 def _budget(kind: Kind, name: str, value: object) -> None:
