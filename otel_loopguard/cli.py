@@ -1,10 +1,11 @@
 """The ``otel-loopguard`` command line.
 
 Subcommands: ``demo`` (a scripted looping agent meeting the guard), ``replay`` (recorded tool
-calls through the guard), ``hook`` (a coding agent's command hook) and ``serve`` (OTLP receiver
+calls through the guard), ``hook`` (a coding agent's command hook), ``serve`` (OTLP receiver
 and decision API; its command line is :mod:`._cli_serve`, what every subcommand shares
-:mod:`._cli_common`). Each subcommand's module is imported only when that subcommand runs, so
-``import otel_loopguard.cli`` stays light.
+:mod:`._cli_common`) and ``memory`` (the dead ends remembered across runs: :mod:`._cli_memory`).
+Each subcommand's module is imported only when that subcommand runs, so ``import
+otel_loopguard.cli`` stays light.
 
 Exit status: 0 success; 1 the command ran but some input was bad (replay: unreadable lines);
 2 usage error (unknown option, missing file, bad preset or config), with a one-line message on
@@ -31,6 +32,7 @@ from ._cli_common import (
     policy_options,
     port_number,
 )
+from ._cli_memory import add_memory
 from ._cli_serve import add_serve
 
 __all__ = ["main"]
@@ -305,12 +307,12 @@ def _version() -> str:
 
 
 #: Each adds one subcommand; its handler imports its module.
-_SUBCOMMANDS: Final = (_add_demo, _add_replay, _add_hook, add_serve)
+_SUBCOMMANDS: Final = (_add_demo, _add_replay, _add_hook, add_serve, add_memory)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``otel-loopguard`` (subcommands ``demo``, ``replay``, ``hook``,
-    ``serve``)."""
+    ``serve``, ``memory``)."""
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Catch AI agents stuck repeating tool calls.",

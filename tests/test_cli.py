@@ -26,7 +26,10 @@ def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_no_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([]) == 2
-    assert "error: a command is required (demo, replay, hook, serve)" in capsys.readouterr().err
+    assert (
+        "error: a command is required (demo, replay, hook, serve, memory)"
+        in capsys.readouterr().err
+    )
 
 
 @pytest.mark.parametrize(
