@@ -27,7 +27,9 @@ from otel_loopguard._memory import (
 )
 from otel_loopguard.config import MemoryScope, Policy
 
-from .redis_tools import RedisServer, redis_server  # noqa: F401 (a fixture)
+from .redis_tools import RedisServer, redis_server
+
+__all__ = ["redis_server"]  # the fixture, used by name
 
 POLICY = Policy(memory_max_entries=3, memory_max_age_seconds=1000.0)
 
