@@ -220,8 +220,7 @@ def test_redis_memory(redis_server: RedisServer) -> None:
     memory.record(_entry("k1", run="r2"))
     for index in range(4):
         memory.record(_entry(f"x{index}", last=time.time() + index))
-    (entry,) = memory.recall("global", "k1") or [None]
-    assert entry is None  # the oldest dropped beyond memory_max_entries=3
+    assert memory.recall("global", "k1") == []  # the oldest, dropped beyond memory_max_entries=3
     assert len(memory.entries("global")) == 3
     memory.record(_entry("k1", scope="agent:a"))
     memory.record(_entry("k1", scope="agent:a", run="r2"))
