@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_ADVICE_CHARS",
+    "MAX_DEAD_ENDS",
     "MAX_EARLIER_ADVICE_CHARS",
     "MAX_QUESTION_ARGUMENT_CHARS",
     "MAX_QUESTION_CHARS",
@@ -62,6 +63,8 @@ MAX_RECENT_ARGUMENT_CHARS: Final = 200
 MAX_RECENT_OUTPUT_CHARS: Final = 200
 #: Each piece of advice already given in this epoch.
 MAX_EARLIER_ADVICE_CHARS: Final = 500
+#: Dead ends of earlier runs (memory) listed in a question, the most recent first.
+MAX_DEAD_ENDS: Final = 10
 #: The environment variable that gives a command advisor the policy's ``advisor_model``: the
 #: field's own override variable (declared once, by :func:`otel_loopguard._env.policy_variable`).
 MODEL_VARIABLE: Final = policy_variable("advisor_model")
@@ -111,7 +114,9 @@ class AdviceRequest:
     or the run's prompt and ``latest_user_message`` a later one, when the host passed them
     (``user_message(text=...)``, ``new_run(task=...)``); ``earlier_advice`` advice already
     given in this epoch; ``refusals`` calls already refused in this epoch; ``denial`` the text
-    the agent gets without advice. :meth:`question` puts it all into one bounded text.
+    the agent gets without advice; ``dead_ends`` the calls earlier runs of the same scope were
+    refused or stopped for (memory, issue 28), one line each. :meth:`question` puts it all into
+    one bounded text.
     """
 
     session: str
@@ -129,6 +134,7 @@ class AdviceRequest:
     agent: str | None = None
     signature: str = ""
     model: str | None = None
+    dead_ends: tuple[str, ...] = ()
 
     def question(self) -> str:
         """The question for the advisor, as plain text of at most :data:`MAX_QUESTION_CHARS`
@@ -191,6 +197,12 @@ class AdviceRequest:
                 )
         for advice in self.earlier_advice:
             parts.append(f"- advice already given: {_one_line(advice, MAX_EARLIER_ADVICE_CHARS)}")
+        if self.dead_ends:
+            parts += ["", "## Dead ends of earlier runs (refused or stopped there)"]
+            parts += [
+                f"- {_one_line(line, MAX_RECENT_ARGUMENT_CHARS + 120)}"
+                for line in self.dead_ends[:MAX_DEAD_ENDS]
+            ]
         parts += [
             "",
             "## What a good answer looks like",
@@ -232,6 +244,7 @@ class AdviceRequest:
                 "earlier_advice": list(self.earlier_advice),
                 "refusals": self.refusals,
                 "model": self.model,
+                "dead_ends": list(self.dead_ends),
                 "question": self.question(),
             }
         )

@@ -34,7 +34,11 @@ from ._trail import Trail
 from .config import Policy
 
 __all__ = [
+    "CLEARED",
+    "MAX_MEMORY_MARKS",
     "MAX_PENDING_CALLS",
+    "RECORDED",
+    "REMINDED",
     "Pending",
     "SessionState",
     "SignatureState",
@@ -44,6 +48,15 @@ __all__ = [
 MAX_PENDING_CALLS: Final = 64
 #: Version of the :meth:`SessionState.to_bytes` layout; other versions are refused on load.
 _SNAPSHOT_VERSION: Final = 1
+#: Calls per session whose dead-end memory this run settled (:attr:`SessionState.memory`);
+#: the oldest is forgotten beyond this.
+MAX_MEMORY_MARKS: Final = 256
+#: :attr:`SessionState.memory` flags: the call was recorded as a dead end in this run; it was
+#: reminded from memory; memory no longer applies to it in this run (it succeeded, or its
+#: outcome changed).
+RECORDED: Final = 1
+REMINDED: Final = 2
+CLEARED: Final = 4
 
 
 class SignatureState:
@@ -96,12 +109,14 @@ class SessionState:
         "last_key",
         "last_rescue_at",
         "last_seen",
+        "memory",
         "mutation",
         "novel",
         "pending",
         "redundant",
         "rescues",
         "run_length",
+        "scope",
         "signatures",
         "spend",
         "stopped",
@@ -133,6 +148,22 @@ class SessionState:
         self.novel = 0
         # Model calls' tokens and cost (None until one is reported): kept across epochs.
         self.spend: Spend | None = None
+        # Dead-end memory (issue 28), kept across epochs: args key -> RECORDED, REMINDED,
+        # CLEARED flags of this run (None until memory settles a call); and the run's scope
+        # when its entrance knows it (the command hooks: the repository of the payload's cwd).
+        self.memory: dict[str, int] | None = None
+        self.scope: str | None = None
+
+    def mark_memory(self, key: str, flag: int) -> int:
+        """Add ``flag`` to ``key``'s memory flags in this run; return the flags it had."""
+        marks = self.memory
+        if marks is None:
+            marks = self.memory = {}
+        had = marks.pop(key, 0)
+        if len(marks) >= MAX_MEMORY_MARKS:
+            del marks[next(iter(marks))]
+        marks[key] = had | flag
+        return had
 
     def signature(self, key: str) -> SignatureState | None:
         return self.signatures.get(key)
@@ -294,6 +325,10 @@ class SessionState:
         extra: dict[str, object] = {} if self.trail is None else {"trail": self.trail.to_json()}
         if self.spend is not None:
             extra["spend"] = self.spend.to_plain()
+        if self.memory:
+            extra["mem"] = [[key, flags] for key, flags in self.memory.items()]
+        if self.scope is not None:
+            extra["scope"] = self.scope
         return orjson.dumps(
             {
                 "v": _SNAPSHOT_VERSION,
@@ -411,6 +446,15 @@ class SessionState:
         state.trail = None if trail is None else Trail.from_json(trail)
         spend = raw.get("spend")
         state.spend = None if spend is None else Spend.from_plain(spend)
+        marks = raw.get("mem")
+        if marks is not None:
+            memory: dict[str, int] = {}
+            for entry in read_list(marks, "mem")[-MAX_MEMORY_MARKS:]:
+                if not (isinstance(entry, list) and len(entry) == 2):
+                    raise ValueError(f"session state: bad memory entry {entry!r}")
+                memory[read_text(entry[0], "memory key")] = read_count(entry[1], "memory flags")
+            state.memory = memory or None
+        state.scope = read_optional_text(raw.get("scope"), "scope")
         return state
 
 

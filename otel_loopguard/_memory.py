@@ -157,11 +157,13 @@ class DeadEnd:
 
 class Recalled(NamedTuple):
     """What memory knows of a call, as a reminder says it: ``runs`` earlier runs ended in it,
-    the last at ``last`` (seconds since the epoch), after ``attempts`` attempts."""
+    the last at ``last`` (seconds since the epoch), after ``attempts`` attempts; ``failed``:
+    the outcome is a failure (as the call's latest run in this run reported it)."""
 
     runs: int
     last: float
     attempts: int
+    failed: bool = False
 
 
 def recalled(entries: Iterable[DeadEnd], outcome: str | None) -> Recalled | None:

@@ -72,6 +72,9 @@ class Recorder(Protocol):
     def avoided(self, agent: str | None, tokens: int, usd: float) -> None:
         """A stop of ``agent``'s run avoided about ``tokens`` and ``usd`` more (an estimate)."""
 
+    def memory_hit(self, agent: str | None) -> None:
+        """A call of ``agent`` was reminded from memory: an earlier run's dead end."""
+
 
 class NoopRecorder:
     """A recorder that records nothing (the default when metrics are off)."""
@@ -117,6 +120,9 @@ class NoopRecorder:
         pass
 
     def avoided(self, agent: str | None, tokens: int, usd: float) -> None:
+        pass
+
+    def memory_hit(self, agent: str | None) -> None:
         pass
 
 
@@ -295,6 +301,22 @@ AVOIDED_COST: Final = MetricSpec(
     "{USD}",
 )
 
+MEMORY_HITS: Final = MetricSpec(
+    "loopguard_memory_hits",
+    MetricKind.COUNTER,
+    "Calls reminded from memory: repeated with the outcome an earlier run of the same scope was"
+    " denied or stopped for.",
+    ("agent",),
+    "{call}",
+)
+MEMORY_ENTRIES: Final = MetricSpec(
+    "loopguard_memory_entries",
+    MetricKind.GAUGE,
+    "Dead ends remembered (every scope of the memory the guard uses; 0 without memory).",
+    (),
+    "{entry}",
+)
+
 #: Every metric the recorders export (DESIGN §7), declared once.
 METRICS: Final = (
     TOOL_CALLS,
@@ -316,6 +338,8 @@ METRICS: Final = (
     LOOP_COST,
     AVOIDED_TOKENS,
     AVOIDED_COST,
+    MEMORY_HITS,
+    MEMORY_ENTRIES,
 )
 
 #: Label values known in advance; their series are created at zero.

@@ -27,6 +27,8 @@ from ._spec import (
     INTERNAL_ERRORS,
     LOOP_COST,
     LOOP_TOKENS,
+    MEMORY_ENTRIES,
+    MEMORY_HITS,
     METRICS,
     MODEL_COST,
     MODEL_TOKENS,
@@ -75,8 +77,13 @@ class OpenTelemetryRecorder:
         self.failures = Failures()
         self._sessions: Callable[[], int] = lambda: 0
 
+        self._memory_entries: Callable[[], int] = lambda: 0
+
         def observe(options: CallbackOptions) -> Iterable[Observation]:
             return [Observation(self._sessions())]
+
+        def observe_memory(options: CallbackOptions) -> Iterable[Observation]:
+            return [Observation(self._memory_entries())]
 
         instruments: dict[str, Any] = {}
         for spec in METRICS:
@@ -86,7 +93,10 @@ class OpenTelemetryRecorder:
                 )
             elif spec.kind is MetricKind.GAUGE:
                 instruments[spec.name] = meter.create_observable_gauge(
-                    spec.name, [observe], spec.unit, spec.description
+                    spec.name,
+                    [observe_memory if spec is MEMORY_ENTRIES else observe],
+                    spec.unit,
+                    spec.description,
                 )
             else:
                 instruments[spec.name] = meter.create_histogram(
@@ -131,6 +141,8 @@ class OpenTelemetryRecorder:
         self._loop_usd = instruments[LOOP_COST.name]
         self._avoided_tokens = instruments[AVOIDED_TOKENS.name]
         self._avoided_usd = instruments[AVOIDED_COST.name]
+        self._memory_hits = instruments[MEMORY_HITS.name]
+        self._memory_hits.add(0, {"agent": NO_AGENT})  # the series exists before a first hit
         self._models = Bounded(limit, none=NO_MODEL)
         self._sources = Bounded(0, COST_SOURCES)
         # raw (agent, model) -> its attributes; raw agent -> its attributes; both cached.
@@ -140,6 +152,16 @@ class OpenTelemetryRecorder:
     def observe_sessions(self, count: Callable[[], int]) -> None:
         """Read ``loopguard_sessions`` from ``count()`` at each collection."""
         self._sessions = session_reader(count)
+
+    def observe_memory(self, count: Callable[[], int]) -> None:
+        """Read ``loopguard_memory_entries`` from ``count()`` at each collection."""
+        self._memory_entries = session_reader(count)
+
+    def memory_hit(self, agent: str | None) -> None:
+        try:
+            self._memory_hits.add(1, {"agent": self._agents(agent)})
+        except Exception as exc:
+            self.failures("memory_hit", exc)
 
     def declare_tools(self, tools: Iterable[str], agent: str | None = None) -> None:
         """Record zero now for ``agent`` with each of ``tools`` (calls, repeats, wasted seconds,

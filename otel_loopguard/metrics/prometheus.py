@@ -37,6 +37,8 @@ from ._spec import (
     INTERNAL_ERRORS,
     LOOP_COST,
     LOOP_TOKENS,
+    MEMORY_ENTRIES,
+    MEMORY_HITS,
     METRICS,
     MODEL_COST,
     MODEL_TOKENS,
@@ -241,6 +243,9 @@ class PrometheusRecorder:
                     buckets=spec.buckets,
                 )
         metrics[SESSIONS.name].set_function(lambda: self._sessions())
+        self._memory_entries: Callable[[], int] = lambda: 0
+        metrics[MEMORY_ENTRIES.name].set_function(lambda: self._memory_entries())
+        self._memory_hits = metrics[MEMORY_HITS.name]
         self.registry.register(_CallCounts(self._by_labels, self._lock))
         self._decisions = metrics[DECISIONS.name]
         self._stopped_runs = metrics[STOPPED_RUNS.name]
@@ -290,6 +295,16 @@ class PrometheusRecorder:
     def observe_sessions(self, count: Callable[[], int]) -> None:
         """Read ``loopguard_sessions`` from ``count()`` at each collection."""
         self._sessions = session_reader(count)
+
+    def observe_memory(self, count: Callable[[], int]) -> None:
+        """Read ``loopguard_memory_entries`` from ``count()`` at each collection."""
+        self._memory_entries = session_reader(count)
+
+    def memory_hit(self, agent: str | None) -> None:
+        try:
+            self._memory_hits.labels(self._agents(agent)).inc()
+        except Exception as exc:
+            self.failures("memory_hit", exc)
 
     def declare_tools(self, tools: Iterable[str], agent: str | None = None) -> None:
         """Create the series of ``agent`` with each of ``tools`` at zero now, before their first
