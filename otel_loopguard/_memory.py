@@ -30,16 +30,18 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sqlite3
 import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, Protocol
 
 from ._defaults import STORE_SCHEMES, MemoryScope, redact_url
 from .config import Policy
+
+if TYPE_CHECKING:
+    import sqlite3
 
 __all__ = [
     "FORMAT_VERSION",
@@ -508,6 +510,8 @@ class SqliteMemory:
         self._off = False
 
     def _connect(self, timeout: float) -> sqlite3.Connection | None:
+        import sqlite3  # here: only a SQLite memory needs it
+
         if self._off:
             return None
         path = self.path
@@ -534,6 +538,8 @@ class SqliteMemory:
             return None
 
     def _rows(self, sql: str, args: Sequence[object]) -> list[DeadEnd]:
+        import sqlite3  # here: only a SQLite memory needs it
+
         connection = self._connect(1.0)
         if connection is None:
             return []
@@ -579,6 +585,8 @@ class SqliteMemory:
             self._notes.once("record", "%s: %r", self.path, exc)
 
     def _write(self, timeout: float) -> None:
+        import sqlite3  # here: only a SQLite memory needs it
+
         with self._lock:
             waiting = list(self._waiting.values())
         if not waiting:
@@ -652,6 +660,8 @@ class SqliteMemory:
         return sorted(found, key=lambda e: e.last, reverse=True)
 
     def _delete(self, sql: str, args: Sequence[object]) -> int:
+        import sqlite3  # here: only a SQLite memory needs it
+
         connection = self._connect(5.0)
         if connection is None:
             return 0
@@ -679,6 +689,8 @@ class SqliteMemory:
         return self._delete("DELETE FROM memory WHERE scope = ?", (scope,))
 
     def count(self) -> int:
+        import sqlite3
+
         connection = self._connect(1.0)
         if connection is None:
             return 0
