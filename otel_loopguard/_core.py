@@ -267,6 +267,9 @@ class GuardCore(Upkeep):
         recorder.tool_call(aid, name, repeated)
         if moved is not None:
             self._spent_in_loop(aid, moved)
+            if (moved[0] or moved[1]) and state.spend is not None and state.spend.ancestors:
+                # A sub-agent's turn spent in a loop: in each ancestor's loop total too.
+                self.charge_ancestors(sid, state.spend.ancestors, moved[0], moved[1], loop=True)
         if newly_stopped:
             self.reporter.stopped(step, aid, name)
         if ran is not None and repeated and ran.duration_seconds:

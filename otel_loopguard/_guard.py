@@ -12,7 +12,7 @@ is :mod:`otel_loopguard._reporter`'s, and the advisor's asks are :mod:`otel_loop
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Final, Literal, TypeVar, cast, overload
 
@@ -22,7 +22,7 @@ from ._engine import SessionState
 from ._policy import ALLOW, Decision
 from ._prices import Cost, ModelUsage
 from ._session_store import SessionStore
-from ._spend import Spend
+from ._spend import MAX_ANCESTORS, Spend
 from ._triplog import TripLog
 from ._wrap import wrap_tool
 from .config import Policy, policy_from_env
@@ -270,9 +270,17 @@ class LoopGuard:
         *,
         session: str,
         agent: str | None = None,
+        ancestors: Sequence[tuple[str, str | None]] = (),
     ) -> Cost | None:
         """Report one model call's usage (a turn of the agent), under the same ``session`` and
         ``agent`` as the tool calls it requests: for hosts that report their calls themselves.
+        ``ancestors``: when this agent is a sub-agent, the ``(session, agent)`` keys of the
+        agents it runs under, nearest first (at most
+        :data:`~otel_loopguard._spend.MAX_ANCESTORS` are kept): the turn, and what this agent
+        later spends in loops, also count in their :meth:`spend`'s sub-agent totals
+        (:meth:`~otel_loopguard._spend.Spend.tree`) and, for an ancestor kept under another
+        session, in that session's run budget. The span processor, the exporter, ``serve`` and
+        ``replay`` pass the agent spans above the model call's.
 
         ``usage``: a :class:`~otel_loopguard._prices.ModelUsage`, or a mapping of its fields
         (``model``, ``provider``, ``input_tokens`` with the cached ones included,
@@ -288,7 +296,21 @@ class LoopGuard:
                 except ValueError as exc:
                     self.model_call_skipped(str(exc).split(":", 1)[0])
                     return None
-            return self._core.model_call(usage, session, agent)
+            if not ancestors:
+                return self._core.model_call(usage, session, agent)
+            if not all(
+                isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str)
+                for pair in ancestors
+            ):
+                self.model_call_skipped("ancestors")
+                return None
+            core = self._core
+            kept = tuple(core._ids(*pair) for pair in ancestors[:MAX_ANCESTORS])
+            cost = core.model_call(usage, session, agent, kept)
+            if cost is not None:
+                tokens = usage.input_tokens + usage.output_tokens
+                core.charge_ancestors(core._ids(session, agent)[0], kept, tokens, cost.usd)
+            return cost
         except Exception as exc:
             self._core.report_internal_error("model_call", exc)
             return None
@@ -303,7 +325,10 @@ class LoopGuard:
 
     def spend(self, session: str, *, agent: str | None = None) -> Spend | None:
         """A copy of what ``session`` (and ``agent``) spent on model calls so far, or ``None``
-        when no model call was reported for it."""
+        when no model call was reported for it (nor for an agent under it). Its
+        :meth:`~otel_loopguard._spend.Spend.tree` and
+        :meth:`~otel_loopguard._spend.Spend.tree_loop` add what the agents under it spent
+        (see :meth:`model_call`'s ``ancestors``)."""
         state = self._core.export_session(session, agent)
         return None if state is None or state.spend is None else state.spend.copy()
 

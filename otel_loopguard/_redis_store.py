@@ -349,10 +349,59 @@ class RedisCore(GuardCore):
 
     def _in_session(self, session: object, agent: object, run: Callable[[], T]) -> T | None:
         """``run()`` inside ``session``'s transaction, again on a conflict; ``None`` when the
-        store failed (counted and logged here)."""
+        store failed (counted and logged here). What the entrance charges other sessions (a
+        sub-agent's spend, to its ancestors) is charged after it, each in its own transaction."""
         tx = self._session_lock.tx
         if getattr(tx, "session", None) is not None:
             return run()  # an entrance inside another (a report heard of first): one transaction
+        try:
+            return self._in_one_session(session, agent, run)
+        finally:
+            later = getattr(tx, "later", None)
+            if later:
+                tx.later = None
+                for sid, ancestors, tokens, usd, loop in later:
+                    GuardCore.charge_ancestors(self, sid, ancestors, tokens, usd, loop=loop)
+
+    def charge_ancestors(
+        self,
+        session: str,
+        ancestors: tuple[tuple[str, str | None], ...],
+        tokens: int,
+        usd: float | None,
+        *,
+        loop: bool = False,
+    ) -> None:
+        tx = self._session_lock.tx
+        if getattr(tx, "session", None) is None:
+            GuardCore.charge_ancestors(self, session, ancestors, tokens, usd, loop=loop)
+            return
+        # Inside another session's transaction: after it (see _in_session).
+        later = getattr(tx, "later", None)
+        if later is None:
+            later = tx.later = []
+        later.append((session, ancestors, tokens, usd, loop))
+
+    def charge_below(
+        self,
+        session: str,
+        agent: str | None,
+        tokens: int,
+        usd: float | None,
+        *,
+        apart: bool,
+        loop: bool = False,
+    ) -> None:
+        self._in_session(
+            session,
+            agent,
+            lambda: GuardCore.charge_below(
+                self, session, agent, tokens, usd, apart=apart, loop=loop
+            ),
+        )
+
+    def _in_one_session(self, session: object, agent: object, run: Callable[[], T]) -> T | None:
+        tx = self._session_lock.tx
         if self._down_until and time.monotonic() < self._down_until:
             self._store_failed(None, None)
             return None
@@ -362,6 +411,7 @@ class RedisCore(GuardCore):
             tx.found = _NOTHING
             try:
                 for _ in range(MAX_TRIES):
+                    tx.later = None  # what a conflicting try would charge is not charged
                     try:
                         result = run()
                     except _Conflict:
@@ -545,9 +595,15 @@ class RedisCore(GuardCore):
             session, agent, lambda: GuardCore.reset(self, session, agent, where, text, task=task)
         )
 
-    def model_call(self, usage: ModelUsage, session: object, agent: object) -> Cost | None:
+    def model_call(
+        self,
+        usage: ModelUsage,
+        session: object,
+        agent: object,
+        ancestors: tuple[tuple[str, str | None], ...] = (),
+    ) -> Cost | None:
         return self._in_session(
-            session, agent, lambda: GuardCore.model_call(self, usage, session, agent)
+            session, agent, lambda: GuardCore.model_call(self, usage, session, agent, ancestors)
         )
 
     def set_task(self, session: str, task: str, agent: str | None) -> None:

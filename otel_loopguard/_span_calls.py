@@ -186,14 +186,18 @@ def model_usage(call: SpanModelCall) -> ModelUsage:
     )
 
 
+ModelKeys = tuple[str, str | None] | tuple[str, str | None, tuple[tuple[str, str | None], ...]]
+
+
 def model_ended(
     guard: LoopGuard,
     call: SpanModelCall,
-    keys: tuple[str, str | None] | Callable[[], tuple[str, str | None]],
+    keys: ModelKeys | Callable[[], ModelKeys],
 ) -> None:
     """Report a model call's usage at its span's end, under ``keys`` (session and agent, as
-    :func:`~otel_loopguard._spans.session_for` gives them for the span; or the function that
-    finds them, called only for usage that reads). A bad value is a counted skip
+    :func:`~otel_loopguard._spans.session_for` gives them for the span, then optionally the
+    keys of the agents above, :func:`~otel_loopguard._spans.ancestor_keys`; or the function
+    that finds them, called only for usage that reads). A bad value is a counted skip
     (``guard.skipped_model_calls``). Never raises (the guard's hook contract)."""
     try:
         usage = model_usage(call)
@@ -202,4 +206,7 @@ def model_ended(
         return
     if not isinstance(keys, tuple):
         keys = keys()
-    guard.model_call(usage, session=keys[0], agent=keys[1])
+    if len(keys) == 3:
+        guard.model_call(usage, session=keys[0], agent=keys[1], ancestors=keys[2])
+    else:
+        guard.model_call(usage, session=keys[0], agent=keys[1])

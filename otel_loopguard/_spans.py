@@ -37,6 +37,8 @@ __all__ = [
     "AgentFrame",
     "KeyBy",
     "SpanView",
+    "agents_above",
+    "ancestor_keys",
     "nearest_agent",
     "session_for",
 ]
@@ -124,6 +126,46 @@ def nearest_agent(
             return AgentFrame(current, agent)
         current = view.parent_id
     return None
+
+
+def agents_above(
+    frame: AgentFrame | None, lookup: Callable[[int], SpanView | None], limit: int
+) -> list[AgentFrame]:
+    """The agent spans above ``frame``'s, nearest first, at most ``limit`` of them (each found
+    as :func:`nearest_agent` finds one; a span not known ends the walk)."""
+    above: list[AgentFrame] = []
+    seen = set()
+    while frame is not None and len(above) < limit and frame.span_id not in seen:
+        seen.add(frame.span_id)
+        view = lookup(frame.span_id)
+        if view is None:
+            break
+        frame = nearest_agent(view.parent_id, lookup)
+        if frame is not None:
+            above.append(frame)
+    return above
+
+
+def ancestor_keys(
+    call: SpanModelCall,
+    trace_id: int,
+    frame: AgentFrame | None,
+    key_by: KeyBy,
+    lookup: Callable[[int], SpanView | None],
+    keys: tuple[str, str | None],
+    limit: int,
+) -> tuple[tuple[str, str | None], ...]:
+    """The (session, agent) keys of the agents a model call's agent (``frame``, whose keys are
+    ``keys``) runs under, nearest first: each agent span above it, keyed as a call under that
+    span would be (:func:`session_for`). Keys equal to ``keys`` or repeated are left out."""
+    if frame is None:
+        return ()
+    found: list[tuple[str, str | None]] = []
+    for above in agents_above(frame, lookup, limit):
+        key = session_for(call, trace_id, above, key_by)
+        if key != keys and key not in found:
+            found.append(key)
+    return tuple(found)
 
 
 def _agent_label(call: SpanToolCall | SpanModelCall, frame: AgentFrame | None) -> str | None:

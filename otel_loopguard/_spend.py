@@ -7,15 +7,19 @@ from __future__ import annotations
 
 from typing import Final, NamedTuple
 
-from ._plain import read_count, read_list, read_number, read_text
+from ._plain import read_count, read_list, read_number, read_optional_text, read_text
 from ._prices import COMPUTED, PROVIDER, UNPRICED, Cost, ModelUsage
 
-__all__ = ["Spend", "Spent"]
+__all__ = ["MAX_ANCESTORS", "Spend", "Spent"]
 
 #: Items of :meth:`Spend.to_plain`'s list; the 13 first are what the release before the current
-#: loop was kept wrote (still read: its current loop is empty).
-_PLAIN_ITEMS: Final = 19
+#: loop was kept wrote (still read: its current loop is empty), the 19 first what the release
+#: before sub-agents' spend was kept wrote (still read: no sub-agent spend).
+_PLAIN_ITEMS: Final = 30
 _OLD_PLAIN_ITEMS: Final = 13
+_PRE_TREE_PLAIN_ITEMS: Final = 19
+#: Ancestor agents a spend remembers (nearest first): as deep as a tree's total reaches.
+MAX_ANCESTORS: Final = 8
 _SOURCES: Final = (PROVIDER, COMPUTED, UNPRICED)
 
 
@@ -66,9 +70,30 @@ class Spend:
     The loop now running (``current_*``, :meth:`current_loop`): its turns, tokens, known cost,
     turns without a price and turns whose cost was computed, from its first turn until
     progress starts a new epoch (:meth:`new_loop`) or the run is stopped (the turns after a
-    stop are loop spend in all, not the stopped loop's)."""
+    stop are loop spend in all, not the stopped loop's).
+
+    Sub-agents (a model call or a loop of an agent that runs under this one, in the same trace):
+    ``below_*`` add up what every agent under this one spent (``below_turns``,
+    ``below_tokens``, ``below_usd``, ``below_unpriced``) and spent in loops
+    (``below_loop_tokens``, ``below_loop_usd``); ``apart_*`` the part of it spent by agents kept
+    under another session (keyed by trace, each agent span is its own session), which a run
+    budget adds to the session's own (:meth:`run`). :meth:`tree` and :meth:`tree_loop` are the
+    totals with the sub-agents'. ``ancestors``: the agents this one runs under, nearest first
+    (``(session, agent)`` pairs, at most :data:`MAX_ANCESTORS`), as its model calls' spans said;
+    what this agent spends in loops is added to theirs."""
 
     __slots__ = (
+        "ancestors",
+        "apart_tokens",
+        "apart_turns",
+        "apart_unpriced",
+        "apart_usd",
+        "below_loop_tokens",
+        "below_loop_usd",
+        "below_tokens",
+        "below_turns",
+        "below_unpriced",
+        "below_usd",
         "cache_read_tokens",
         "cache_write_tokens",
         "calls",
@@ -110,6 +135,13 @@ class Spend:
         self.current_usd = 0.0
         self.current_unpriced = 0
         self.current_computed = 0
+        self.ancestors: tuple[tuple[str, str | None], ...] = ()
+        self.below_turns = self.below_tokens = self.below_unpriced = 0
+        self.below_usd = 0.0
+        self.below_loop_tokens = 0
+        self.below_loop_usd = 0.0
+        self.apart_turns = self.apart_tokens = self.apart_unpriced = 0
+        self.apart_usd = 0.0
 
     @property
     def tokens(self) -> int:
@@ -159,14 +191,51 @@ class Spend:
         return spent.plus(Spent(held[0], held[1], 1, int(source == UNPRICED), source == COMPUTED))
 
     def run(self) -> Spent:
-        """Every model turn of this session (or agent): what a run budget adds up."""
+        """Every model turn of this session (or agent), and of its sub-agents kept under other
+        sessions: what a run budget adds up over a session's agents."""
         return Spent(
-            self.input_tokens + self.output_tokens,
-            self.cost_usd,
-            self.calls,
-            self.unpriced_calls,
+            self.input_tokens + self.output_tokens + self.apart_tokens,
+            self.cost_usd + self.apart_usd,
+            self.calls + self.apart_turns,
+            self.unpriced_calls + self.apart_unpriced,
             self.computed_usd > 0,
         )
+
+    def tree(self) -> Spent:
+        """Every model turn of this agent and of every agent under it (the tree's total)."""
+        return Spent(
+            self.input_tokens + self.output_tokens + self.below_tokens,
+            self.cost_usd + self.below_usd,
+            self.calls + self.below_turns,
+            self.unpriced_calls + self.below_unpriced,
+            self.computed_usd > 0,
+        )
+
+    def tree_loop(self) -> tuple[int, float]:
+        """(tokens, known USD) spent in loops by this agent and every agent under it."""
+        return self.loop_tokens + self.below_loop_tokens, self.loop_usd + self.below_loop_usd
+
+    def add_below(self, tokens: int, usd: float | None, *, apart: bool) -> None:
+        """A sub-agent's model turn: ``usd`` ``None`` when it has no price; ``apart`` when
+        that sub-agent is kept under another session."""
+        self.below_turns += 1
+        self.below_tokens += tokens
+        if usd is None:
+            self.below_unpriced += 1
+        else:
+            self.below_usd += usd
+        if apart:
+            self.apart_turns += 1
+            self.apart_tokens += tokens
+            if usd is None:
+                self.apart_unpriced += 1
+            else:
+                self.apart_usd += usd
+
+    def add_below_loop(self, tokens: int, usd: float) -> None:
+        """A sub-agent's turn was spent in a loop."""
+        self.below_loop_tokens += tokens
+        self.below_loop_usd += usd
 
     def call_counted(
         self, repeated: bool, refused_stopped: bool, *, stopped: bool = False
@@ -244,14 +313,27 @@ class Spend:
             self.current_usd,
             self.current_unpriced,
             self.current_computed,
+            [[session, agent] for session, agent in self.ancestors],
+            self.below_turns,
+            self.below_tokens,
+            self.below_usd,
+            self.below_unpriced,
+            self.below_loop_tokens,
+            self.below_loop_usd,
+            self.apart_turns,
+            self.apart_tokens,
+            self.apart_usd,
+            self.apart_unpriced,
         ]
 
     @classmethod
     def from_plain(cls, raw: object) -> Spend:
         """The spend :meth:`to_plain` wrote, or the 13 items the release before the current
-        loop was kept wrote (read with no loop running); ``ValueError`` naming the bad field."""
+        loop was kept wrote (read with no loop running), or the 19 the release before
+        sub-agents' spend was kept wrote (read with none); ``ValueError`` naming the bad
+        field."""
         items = read_list(raw, "spend")
-        if len(items) not in (_OLD_PLAIN_ITEMS, _PLAIN_ITEMS):
+        if len(items) not in (_OLD_PLAIN_ITEMS, _PRE_TREE_PLAIN_ITEMS, _PLAIN_ITEMS):
             raise ValueError(f"session state: bad spend {raw!r}")
         spend = cls()
         spend.calls = read_count(items[0], "spend calls")
@@ -285,4 +367,35 @@ class Spend:
         spend.current_usd = read_number(items[16], "spend current loop usd")
         spend.current_unpriced = read_count(items[17], "spend current loop unpriced turns")
         spend.current_computed = read_count(items[18], "spend current loop computed turns")
+        if len(items) == _PRE_TREE_PLAIN_ITEMS:
+            return spend
+        spend.ancestors = _read_ancestors(items[19])
+        spend.below_turns = read_count(items[20], "spend sub-agent turns")
+        spend.below_tokens = read_count(items[21], "spend sub-agent tokens")
+        spend.below_usd = read_number(items[22], "spend sub-agent usd")
+        spend.below_unpriced = read_count(items[23], "spend sub-agent unpriced turns")
+        spend.below_loop_tokens = read_count(items[24], "spend sub-agent loop tokens")
+        spend.below_loop_usd = read_number(items[25], "spend sub-agent loop usd")
+        spend.apart_turns = read_count(items[26], "spend apart turns")
+        spend.apart_tokens = read_count(items[27], "spend apart tokens")
+        spend.apart_usd = read_number(items[28], "spend apart usd")
+        spend.apart_unpriced = read_count(items[29], "spend apart unpriced turns")
         return spend
+
+
+def _read_ancestors(raw: object) -> tuple[tuple[str, str | None], ...]:
+    items = read_list(raw, "spend ancestors")
+    if len(items) > MAX_ANCESTORS:
+        raise ValueError(f"session state: bad spend ancestors {raw!r}")
+    ancestors = []
+    for item in items:
+        pair = read_list(item, "spend ancestor")
+        if len(pair) != 2:
+            raise ValueError(f"session state: bad spend ancestor {item!r}")
+        ancestors.append(
+            (
+                read_text(pair[0], "spend ancestor session"),
+                read_optional_text(pair[1], "spend ancestor agent"),
+            )
+        )
+    return tuple(ancestors)

@@ -102,6 +102,8 @@ class ModelUsed:
     call: SpanModelCall
     timestamp: float | None = None
     span: SpanRef | None = None
+    #: The (session, agent) keys of the agents the call's agent runs under, nearest first.
+    ancestors: tuple[tuple[str, str | None], ...] = ()
 
     @property
     def tool(self) -> str:
@@ -131,7 +133,7 @@ def feed(guard: LoopGuard, event: TraceEvent) -> Decision | None:
         guard.new_run(event.session, agent=event.agent)
         return None
     if isinstance(event, ModelUsed):
-        model_ended(guard, event.call, (event.session, event.agent))
+        model_ended(guard, event.call, (event.session, event.agent, event.ancestors))
         return None
     ended = call_ended(
         guard,

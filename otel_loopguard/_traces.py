@@ -34,8 +34,10 @@ from ._span_calls import (
 from ._spans import (
     KeyBy,
     SpanView,
+    ancestor_keys,
     session_for,
 )
+from ._spend import MAX_ANCESTORS
 from ._trace_events import (
     CallDecidedAtStart,
     CallObserved,
@@ -486,11 +488,14 @@ class TraceBuffer:
         for model in trace.models:
             frame = trace.agent_of(model.parent_id)
             session, agent = session_for(model.call, trace_id, frame, key_by)
+            above = ancestor_keys(
+                model.call, trace_id, frame, key_by, trace.lookup, (session, agent), MAX_ANCESTORS
+            )
             depth = trace.depth(model.span_id)
             steps.append(
                 (
                     (model.end_ns, 1, -depth, model.order),
-                    ModelUsed(session, agent, model.call, model.end_ns / 1e9, model.ref),
+                    ModelUsed(session, agent, model.call, model.end_ns / 1e9, model.ref, above),
                 )
             )
         if keep:

@@ -215,10 +215,18 @@ class Upkeep:
         # The session string alone when there is no agent (the common case, and less memory).
         return sid if aid is None else (sid, aid)
 
-    def model_call(self, usage: ModelUsage, session: object, agent: object) -> Cost | None:
+    def model_call(
+        self,
+        usage: ModelUsage,
+        session: object,
+        agent: object,
+        ancestors: tuple[tuple[str, str | None], ...] = (),
+    ) -> Cost | None:
         """Count one model call's usage under ``session`` and ``agent`` (the keys of the tool
         calls it requested), priced (:class:`~otel_loopguard._prices.Pricer`) off the lock;
-        then, off it too, in the metrics (``loopguard_model_tokens_total`` and the like)."""
+        then, off it too, in the metrics (``loopguard_model_tokens_total`` and the like).
+        ``ancestors``: the agents this one runs under, nearest first (bounded ids), kept in its
+        spend; the caller charges them the turn with :meth:`charge_below`."""
         cost = self.pricer.cost(usage)
         sid, aid = self._ids(session, agent)
         with self._lock:
@@ -227,6 +235,8 @@ class Upkeep:
             if spend is None:
                 spend = state.spend = Spend()
             spend.add(usage, cost)
+            if ancestors and spend.ancestors != ancestors:
+                spend.ancestors = ancestors
             evictions = self._take_evictions()
         recorder = self.reporter.recorder
         for reason in evictions:
@@ -245,6 +255,57 @@ class Upkeep:
         except Exception as exc:  # a recorder must not raise; if one does, the spend stands
             self.report_internal_error("model_call", exc)
         return cost
+
+    def charge_below(
+        self,
+        session: str,
+        agent: str | None,
+        tokens: int,
+        usd: float | None,
+        *,
+        apart: bool,
+        loop: bool = False,
+    ) -> None:
+        """A sub-agent's model turn (``loop``: its spend moved into a loop) charged to the
+        agent ``(session, agent)`` it runs under: in its sub-agents' total
+        (:meth:`Spend.tree`); ``apart`` when the sub-agent is kept under another session (then
+        in the run's total too). An ancestor not kept yet is made (its own turns come later)."""
+        with self._lock:
+            state: SessionState = self.store.get(self._store_key(session, agent))  # type: ignore[assignment]
+            spend = state.spend
+            if spend is None:
+                spend = state.spend = Spend()
+            if loop:
+                spend.add_below_loop(tokens, usd or 0.0)
+            else:
+                spend.add_below(tokens, usd, apart=apart)
+            evictions = self._take_evictions()
+        for reason in evictions:
+            self.reporter.recorder.evicted(reason)
+
+    def charge_ancestors(
+        self,
+        session: str,
+        ancestors: tuple[tuple[str, str | None], ...],
+        tokens: int,
+        usd: float | None,
+        *,
+        loop: bool = False,
+    ) -> None:
+        """:meth:`charge_below` for each of ``ancestors`` of an agent of ``session``; an
+        ancestor that fails is reported, the others are still charged."""
+        for ancestor_session, ancestor_agent in ancestors:
+            try:
+                self.charge_below(
+                    ancestor_session,
+                    ancestor_agent,
+                    tokens,
+                    usd,
+                    apart=ancestor_session != session,
+                    loop=loop,
+                )
+            except Exception as exc:
+                self.report_internal_error("charge_ancestors", exc)
 
     def model_call_skipped(self, reason: str) -> None:
         """A model call's usage that could not be read (a bad value): counted by ``reason``."""

@@ -80,9 +80,11 @@ from ._spans import (
     AgentFrame,
     KeyBy,
     SpanView,
+    ancestor_keys,
     nearest_agent,
     session_for,
 )
+from ._spend import MAX_ANCESTORS
 
 __all__ = [
     "DECISION_EVENT",
@@ -390,6 +392,9 @@ class LoopGuardSpanProcessor(SpanProcessor):
         trace_id: int,
         attributes: Mapping[str, Any],
     ) -> tuple[str, str | None]:
+        return session_for(call, trace_id, self._frame(span), self.key_by, attributes)
+
+    def _frame(self, span: ReadableSpan) -> AgentFrame | None:
         # A remote parent is followed too, as current_session() and the ancestors' own links
         # are: one this processor tracks is in this process (an MCP server's tools/call span,
         # its parent from the request's _meta, under the host's agent span), and one it never
@@ -405,7 +410,7 @@ class LoopGuardSpanProcessor(SpanProcessor):
                 if len(frames) >= _MAX_CACHED_FRAMES:
                     frames.clear()
                 frames[parent_id] = frame
-        return session_for(call, trace_id, frame, self.key_by, attributes)
+        return frame
 
     def _start(self, span: Span, name: str, span_id: int, trace_id: int) -> None:
         """A span that may be an agent run or a tool span with its arguments already set."""
@@ -475,7 +480,16 @@ class LoopGuardSpanProcessor(SpanProcessor):
     ) -> None:
         """A model call's span ended: its usage, under the keys its turn's tool calls get (the
         same agent ancestry)."""
-        model_ended(self.guard, model, lambda: self._keys(model, span, trace_id, attributes))
+
+        def keys() -> tuple[str, str | None, tuple[tuple[str, str | None], ...]]:
+            frame = self._frame(span)
+            found = session_for(model, trace_id, frame, self.key_by, attributes)
+            above = ancestor_keys(
+                model, trace_id, frame, self.key_by, self._view, found, MAX_ANCESTORS
+            )
+            return (*found, above)
+
+        model_ended(self.guard, model, keys)
 
     def _conclude(self, session: str, agent: str | None, decision: Decision) -> None:
         """Keep a post-call conclusion for the adapter whose report comes after the span's."""

@@ -81,8 +81,11 @@ def test_the_run_adds_up_every_turn() -> None:
 def test_the_plain_data_carries_the_current_loop() -> None:
     spend = _spend(Cost(0.25, PROVIDER), Cost(None, UNPRICED), Cost(0.5, COMPUTED))
     spend.add(USAGE, Cost(0.5, COMPUTED))
+    spend.ancestors = (("t/1", "planner"), ("t", None))
+    spend.add_below(1100, None, apart=True)
+    spend.add_below_loop(1100, 0.25)
     plain = spend.to_plain()
-    assert len(plain) == 19
+    assert len(plain) == 30
     back = Spend.from_plain(plain)
     for name in Spend.__slots__:
         assert getattr(back, name) == getattr(spend, name), name
