@@ -47,6 +47,8 @@ __all__ = [
     "FORMAT_VERSION",
     "MAX_FILE_BYTES",
     "MAX_SCOPES",
+    "MEMORY_FILE_NAME",
+    "MEMORY_TABLE",
     "DeadEnd",
     "FileMemory",
     "Memory",
@@ -483,7 +485,9 @@ class FileMemory:
         return None
 
 
-_SQL_TABLE: Final = (
+#: The ``memory`` table of a SQLite memory (the command hooks' state file creates it too, in its
+#: own transaction, so that a read during a hook's transaction never waits to create it).
+MEMORY_TABLE: Final = (
     "CREATE TABLE IF NOT EXISTS memory ("
     " scope TEXT NOT NULL,"
     " key TEXT NOT NULL,"
@@ -524,7 +528,7 @@ class SqliteMemory:
                 path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
                 os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
             connection = sqlite3.connect(path, timeout=timeout, isolation_level=None)
-            connection.execute(_SQL_TABLE)
+            connection.execute(MEMORY_TABLE)
             return connection
         except sqlite3.DatabaseError as exc:
             if "not a database" in str(exc) or "malformed" in str(exc):

@@ -92,6 +92,9 @@ class HookEvent:
     #: The model the host says it runs (Codex's ``model``), for transcript lines that do not
     #: name theirs.
     model: str | None = None
+    #: The session's working directory (``cwd``, which all three hosts send): its git root is
+    #: the repository scope of dead-end memory.
+    cwd: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +175,8 @@ def _event(
     agent = _optional_string(data, agent_field) if agent_field else None
     transcript = data.get("transcript_path")  # only read for usage: a bad one is no error
     transcript = transcript if isinstance(transcript, str) and transcript else None
+    cwd = data.get("cwd")  # only the memory's scope: a bad one is no error
+    cwd = cwd if isinstance(cwd, str) and cwd else None
     if kind is EventKind.USER_PROMPT:
         prompt = data.get("prompt")  # all three hosts send it; a missing one is no error
         return data, HookEvent(
@@ -181,6 +186,7 @@ def _event(
             agent,
             prompt=prompt if isinstance(prompt, str) and prompt else None,
             transcript_path=transcript,
+            cwd=cwd,
         )
     return data, HookEvent(
         kind,
@@ -191,6 +197,7 @@ def _event(
         arguments=data.get("tool_input"),
         call_id=_optional_string(data, "tool_use_id"),
         transcript_path=transcript,
+        cwd=cwd,
     )
 
 

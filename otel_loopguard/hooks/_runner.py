@@ -47,9 +47,10 @@ import orjson
 from .._engine import MAX_PENDING_CALLS, SessionState
 from .._env import LOOPGUARD_SERVE_TOKEN
 from .._guard import LoopGuard
+from .._memory import flush_memories, scope_of
 from .._policy import Action
 from .._token import EmptyToken, read_token
-from ..config import Policy, load_policy, unknown_variables
+from ..config import MemoryScope, Policy, load_policy, unknown_variables
 from ._answers import (
     Backend,
     Misconfigured,
@@ -105,6 +106,11 @@ class LocalBackend:
     in the policy's shared store (Redis) when it names one."""
 
     def __init__(self, policy: Policy, store_path: Path, note: Note) -> None:
+        if policy.memory is True:
+            # Dead ends are remembered here by default (runs of one repository follow each
+            # other): in the state file, or in the shared Redis store when there is one.
+            where = policy.store if policy.store is not None else str(store_path)
+            policy = policy.replace(memory=where)
         self.policy = policy
         busy = DEFAULT_BUSY_TIMEOUT_SECONDS
         if policy.advisor_command:
@@ -151,6 +157,7 @@ class LocalBackend:
                         self._note(f"session {event.session!r}: {exc}; starting it afresh")
                     else:
                         guard.import_session(event.session, state, agent=event.agent)
+                self._scope(guard, event)
                 agents = self._import_related(guard, event.session, row.related, policy)
                 self._charge(guard, event, row, reading)
                 answer = decide(host, event, guard, row.notes, policy)
@@ -166,7 +173,26 @@ class LocalBackend:
                         row.related_save[other] = kept.to_bytes()
         except StoreError as exc:
             raise Unavailable(str(exc)) from None
+        flush_memories()  # a dead end recorded while the state file was held is written now
         return answer
+
+    def _scope(self, guard: LoopGuard, event: HookEvent) -> None:
+        """The session's memory scope: the repository of the payload's ``cwd`` (else the
+        guard's own: the hook process's working directory)."""
+        policy = self.policy
+        if (
+            policy.memory is False
+            or event.cwd is None
+            or policy.memory_scope is not MemoryScope.REPOSITORY
+            or event.kind is EventKind.OTHER
+        ):
+            return
+        state = guard.export_session(event.session, agent=event.agent)
+        if state is None:
+            state = SessionState(time.time())
+            guard.import_session(event.session, state, agent=event.agent)
+        if state.scope is None:  # kept with the session: the git root is looked for once
+            state.scope = scope_of(policy, directory=event.cwd)
 
     def _answer_shared(self, guard: LoopGuard, host: Host, event: HookEvent) -> Answer:
         """With a shared store (``policy.store``: Redis) the guard keeps the session there,

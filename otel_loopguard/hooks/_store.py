@@ -16,6 +16,9 @@ Where each session's transcript was last read (:class:`~._transcript.Mark`, for 
 it carries) is a row of its own table, ``transcripts``, keyed as ``sessions`` and bounded the same
 way on its own: the ``--server`` backend keeps it here too, with no session row. The table is
 created in files of schema version 1 when first needed (older versions of the hooks ignore it).
+So is ``memory``, the dead ends remembered across runs (:class:`~otel_loopguard._memory.
+SqliteMemory`), created in each transaction if missing: the guard reads it through a
+connection of its own, and writes to it after the transaction (it would wait for it).
 
 A corrupt file (not a database, or a damaged one) is moved aside to
 ``<file>.corrupt-<UTC timestamp>`` (with its ``-wal``/``-shm`` files) and a fresh one is made,
@@ -40,6 +43,7 @@ from typing import Final
 import orjson
 
 from .._env import LOOPGUARD_HOOK_STORE
+from .._memory import MEMORY_TABLE
 
 __all__ = [
     "DEFAULT_BUSY_TIMEOUT_SECONDS",
@@ -238,6 +242,7 @@ class HookStore:
                 try:
                     connection.execute("BEGIN IMMEDIATE")
                     self._ensure_schema(connection)
+                    connection.execute(MEMORY_TABLE)  # dead ends (issue 28): see _memory
                     found = connection.execute(
                         "SELECT state, notes FROM sessions WHERE key = ?", (key,)
                     ).fetchone()
