@@ -141,6 +141,9 @@ class Service:
                 raise ValueError("clock: with state_dir the service keeps its own clock")
             clock = ServiceClock()
         if guard is None:
+            policy = _with_memory(
+                policy if policy is not None else policy_from_env(), self.options.state_dir, store
+            )
             # With a store, no clock: the Redis store times sessions by the wall clock, which
             # every replica shares.
             guard = LoopGuard(policy, recorder=PrometheusRecorder(), clock=clock, store=store)
@@ -730,3 +733,19 @@ class _RecordingAdvisor:
 
 def _advice_key(request: Any) -> str:
     return f"{request.session}\0{request.agent}\0{request.signature}\0{request.count}"
+
+
+def _with_memory(policy: Policy, state_dir: object, store: str | None) -> Policy:
+    """``policy`` with its dead-end memory placed (issue 28): ``memory = true`` keeps it in the
+    state directory (``memory.json``), or in the shared Redis store; without either, nowhere."""
+    if policy.memory is not True:
+        return policy
+    if state_dir is not None:
+        from pathlib import Path
+
+        from .._memory import MEMORY_FILE_NAME
+
+        return policy.replace(memory=str(Path(str(state_dir)) / MEMORY_FILE_NAME))
+    if store is not None:
+        return policy.replace(memory=store)
+    return policy
