@@ -66,6 +66,7 @@ border-radius:50%;background:#fff}
 .m{position:absolute;left:0;bottom:0;width:12px;height:6px}
 .m.remind{background:#f0b400}.m.deny{background:#d62728}.m.rescue{background:#9467bd}
 .m.stop{background:#000;height:8px}
+.m.mem{border-top:2px solid #1f77b4;box-sizing:border-box}
 .m.seen{background:none;border:1px dashed #d62728;box-sizing:border-box}
 .ep{display:inline-block;width:3px;height:24px;background:#1f77b4;margin:0 3px 0 2px}
 .ep.run{background:#17becf}
@@ -168,6 +169,10 @@ def _seconds(report: SessionReport) -> str:
     )
 
 
+#: The rule of a reminder from memory (an earlier run's dead end, issue 28): marked apart.
+_MEMORY_RULE: Final = "memory"
+
+
 def _detail(call: TimelineCall) -> str:
     """What a click on a call where something was detected shows."""
     where = f"call #{call.index} {call.tool}"
@@ -175,9 +180,14 @@ def _detail(call: TimelineCall) -> str:
         where += f" [{call.signature}]"
     if call.repeated:
         where += ", repeated"
+    memory = (
+        " (reminded from memory: an earlier run was refused or stopped for this call)"
+        if call.rule == _MEMORY_RULE
+        else ""
+    )
     return (
         f"{where}: applied {call.action}, detected {call.detected};"
-        f" rule {call.rule or '-'}, count {call.count}, threshold {call.threshold}"
+        f" rule {call.rule or '-'}, count {call.count}, threshold {call.threshold}{memory}"
     )
 
 
@@ -189,8 +199,11 @@ def _call_cell(call: TimelineCall, number: int) -> str:
         title += " (untracked)"
     if call.repeated:
         title += ", repeated"
+    memory = call.rule == _MEMORY_RULE
     if call.action != "allow":
         title += f": {call.action} ({call.rule or '-'}, count {call.count})"
+        if memory:
+            title += ", reminded from memory: an earlier run was refused or stopped for it"
     elif call.detected != "allow":
         title += f": allowed by the mode, detected {call.detected} ({call.rule or '-'},"
         title += f" count {call.count})"
@@ -201,7 +214,7 @@ def _call_cell(call: TimelineCall, number: int) -> str:
         classes.append("rep")
     style = f' style="--h:{_hue(call.signature)}"' if call.signature else ""
     if call.action != "allow":
-        marker = f'<i class="m {call.action}"></i>'
+        marker = f'<i class="m {call.action}{" mem" if memory else ""}"></i>'
     elif call.detected != "allow":
         marker = '<i class="m seen"></i>'
     else:
