@@ -13,6 +13,7 @@ from ._policy import Action, Decision, LoopDetected, Phase
 from .config import PRESETS, AdvisorInput, Mode, Policy, Rule, load_policy
 
 if _TYPE_CHECKING:
+    from ._enforce import enforce
     from .exporter import LoopGuardSpanExporter
     from .processor import LoopGuardSpanProcessor, current_decision
 
@@ -36,15 +37,18 @@ __all__ = [
     "Rule",
     "__version__",
     "current_decision",
+    "enforce",
     "load_policy",
 ]
 
-# The span processor and exporter need opentelemetry-sdk; they are imported on first use so that
+# The span processor and exporter need opentelemetry-sdk (enforce reads the processor's
+# decisions); they are imported on first use so that
 # `import otel_loopguard` stays light for command hooks that start a process per call.
 _LAZY = {
     "LoopGuardSpanExporter": "exporter",
     "LoopGuardSpanProcessor": "processor",
     "current_decision": "processor",
+    "enforce": "_enforce",
 }
 
 

@@ -103,6 +103,54 @@ DEFAULT_IGNORED_ARGS: Final = frozenset(
     {"description", "explanation", "reasoning", "thought", "comment", "task_progress"}
 )
 
+#: Phrases that announce a change of approach in a model's text (:mod:`otel_loopguard._intent`),
+#: lower case, one space between words: English, and a few French, German and Spanish ones.
+DEFAULT_INTENT_PHRASES: Final = frozenset(
+    {
+        # English
+        "let me try a different",
+        "let me try another",
+        "let me try something else",
+        "let me take a different",
+        "let me change",
+        "let me rethink",
+        "i'll try a different",
+        "i will try a different",
+        "i'll try another",
+        "i will try another",
+        "try a different approach",
+        "try something different",
+        "a different approach",
+        "another approach",
+        "an alternative approach",
+        "a new approach",
+        "a different strategy",
+        "a different method",
+        "change my approach",
+        "change approach",
+        "instead, i will",
+        "instead, i'll",
+        "instead i will",
+        "instead i'll",
+        "instead, let me",
+        "instead let me",
+        # French
+        "une autre approche",
+        "une approche différente",
+        "essayons autre chose",
+        "je vais essayer autrement",
+        # German
+        "einen anderen ansatz",
+        "anders versuchen",
+        "eine andere methode",
+        # Spanish
+        "otro enfoque",
+        "un enfoque diferente",
+        "probemos otra",
+        "intentaré otra",
+    }
+)
+
 #: Tools that hand the run's final answer back (``*`` wildcards, case-insensitive): never tracked,
 #: so that a stopped agent can still answer. smolagents' ``final_answer`` (its ToolCallingAgent
 #: ends only through it, and it is traced as a tool), Pydantic AI's output tool ``final_result``.

@@ -12,14 +12,19 @@ is :mod:`otel_loopguard._reporter`'s, and the advisor's asks are :mod:`otel_loop
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any, Final, Literal, TypeVar, cast, overload
 
 from ._advice import Advisor, CommandAdvisor
+from ._calls import args_key, canonical_arguments, canonical_json, tool_name
 from ._core import GuardCore
+from ._early import Early, EarlyDecisions
 from ._engine import SessionState
-from ._policy import ALLOW, Decision
+from ._intent import IntentPhrases
+from ._policy import ALLOW, Action, Decision, Phase, intent_text
 from ._prices import Cost, ModelUsage
 from ._session_store import SessionStore
 from ._spend import MAX_ANCESTORS, Spend
@@ -31,6 +36,9 @@ from .metrics import MetricsServer, Recorder
 __all__ = ["LoopGuard"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+#: A call a model requested: tool, arguments (``None``: the span left them out) and call id.
+RequestedCall = tuple[str, object, "str | None"]
 
 _USAGE_FIELDS: Final = frozenset(
     {
@@ -107,6 +115,11 @@ class LoopGuard:
             from ._redis_store import RedisCore  # imports the Redis client
 
             self._core = RedisCore(self.policy, advisor, clock, recorder)
+        #: Decisions made from a model's request, until the calls come (:mod:`._early`).
+        self.early: Final = EarlyDecisions()
+        self._intent = (
+            IntentPhrases(self.policy.intent_phrases) if self.policy.intent_check else None
+        )
 
     @property
     def advisor(self) -> Advisor | None:
@@ -166,8 +179,17 @@ class LoopGuard:
 
         Called on the thread about to run the tool. Blocks only at rescue, for at most the
         policy's ``advisor_timeout_seconds`` while the advisor is asked. Never raises.
+
+        A call decided already from the model's request (:meth:`decide_requested`: the same
+        ``call_id``, else the same tool and arguments) is not counted again: its decision is
+        returned (once; a second ``before_tool`` of it is a new attempt).
         """
         try:
+            early = self.early
+            if early.tools and type(tool) is str and tool in early.tools:
+                decision = self._early_decision(tool, arguments, session, agent, call_id)
+                if decision is not None:
+                    return decision
             return self._core.attempt(
                 tool, arguments, session, agent, call_id, wait_for_advice=True
             )
@@ -225,6 +247,102 @@ class LoopGuard:
         except Exception as exc:
             self._core.report_internal_error("span_start", exc)
             return ALLOW
+
+    def decide_requested(
+        self,
+        calls: Sequence[RequestedCall],
+        *,
+        session: str,
+        agent: str | None = None,
+        text: str = "",
+        at: float | None = None,
+    ) -> list[Decision]:
+        """The seam for a model's response (the span processor, at a model span's end): decide
+        each call it requests (``calls``: tool, arguments, call id) before the tool runs, with
+        the same keys, rules and ladder as :meth:`before_tool`, counted once and never waiting
+        for the advisor. Each decision (``phase`` ``request`` when not a plain allow) is kept
+        (:attr:`early`) until the call comes: its tool span's start claims it (so
+        ``current_decision()`` returns it), a hook's :meth:`before_tool` gets it without a
+        second count, and the report when it ran only adds the outcome. A call the response
+        requests but that never runs stays an attempt without an outcome. A call without
+        arguments (``None``) is not decided (allow), only kept to be matched.
+
+        ``text``: what the model said in the same response. When it announces a change of
+        approach (the policy's ``intent_phrases``, unless ``intent_check`` is off) and a call
+        repeats an earlier one, that call's reminder or refusal says so. ``at``: when the
+        response ended (seconds since the epoch; default now). Never raises."""
+        try:
+            return self._decide_requested(calls, session, agent, text, at)
+        except Exception as exc:
+            self._core.report_internal_error("requested", exc)
+            return []
+
+    def _decide_requested(
+        self,
+        calls: Sequence[RequestedCall],
+        session: str,
+        agent: str | None,
+        text: str,
+        at: float | None,
+    ) -> list[Decision]:
+        when = time.time() if at is None else at
+        intent = self._intent
+        announced = intent is not None and bool(text) and intent.find(text) is not None
+        kept: list[Early] = []
+        decisions: list[Decision] = []
+        early = self.early
+        for tool, arguments, call_id in calls:
+            name = tool_name(tool)
+            if arguments is None:
+                kept.append(Early(name, "", call_id, ALLOW))
+                decisions.append(ALLOW)
+                continue
+            key = self.requested_key(name, arguments)
+            earlier = early.earlier(session, agent, key) if announced else None
+            decision = self._core.attempt(
+                name, arguments, session, agent, call_id, wait_for_advice=False
+            )
+            if decision is not ALLOW:
+                message = decision.message
+                if announced and decision.repeated and message:
+                    at_text = time.strftime("%H:%M", time.gmtime(earlier[0])) if earlier else None
+                    failed = earlier[1] if earlier else None
+                    message = f"{message}\n{intent_text(at_text, failed)}"
+                decision = replace(decision, phase=Phase.REQUEST, message=message)
+            early.remember(session, agent, key, when, None)
+            kept.append(Early(name, key, call_id, decision))
+            decisions.append(decision)
+        early.put(session, agent, kept)
+        return decisions
+
+    def requested_key(self, name: str, arguments: object) -> str:
+        """The args key the guard gives a call of ``name`` with ``arguments``: the seam for the
+        span processor, which matches a tool span to a requested call by it."""
+        value = canonical_arguments(arguments, self.policy.ignored_args)
+        return args_key(name, canonical_json(value))
+
+    def _early_decision(
+        self, tool: str, arguments: object, session: str, agent: str | None, call_id: str | None
+    ) -> Decision | None:
+        """The early decision a hook's ``before_tool`` reuses, if the call was requested."""
+        key = self.requested_key(tool, arguments)
+        decision = self.early.use(session, agent, tool, call_id, key)
+        if decision is not None and decision.action is Action.RESCUE:
+            # Decided without waiting for the advisor: wait here, as before_tool would have.
+            decision = self._core.await_advice(decision, agent)
+        return decision
+
+    def requested_ran(
+        self, session: str, agent: str | None, call: Early, failed: bool | None, at: float
+    ) -> None:
+        """The seam for the span processor: a requested call's tool span ended (it ran, and
+        ``failed`` or not); forget the kept decision, remember the outcome for the intent
+        sentence. Never raises."""
+        try:
+            self.early.drop(session, agent, call)
+            self.early.remember(session, agent, call.key, at, failed)
+        except Exception as exc:
+            self._core.report_internal_error("requested", exc)
 
     def await_advice(self, decision: Decision, *, agent: str | None = None) -> Decision:
         """For a rescue decided without waiting for the advisor (:meth:`decide_at_span_start`,

@@ -35,6 +35,7 @@ __all__ = [
     "conclude",
     "decide",
     "has_advice",
+    "intent_text",
     "message_for",
     "settle_rescue",
     "soften",
@@ -70,6 +71,9 @@ class Phase(str, Enum):
     #: After the call ran, from its result: the run is stuck now (``after_tool``, a span's end).
     #: The call itself already ran; a stop ends the run before the next model turn.
     POST = "post"
+    #: Before the call ran, from the model's request (a model span's requested calls, at its
+    #: end): the same decision as ``pre``, made earlier; the tool's span or hook then reuses it.
+    REQUEST = "request"
 
 
 #: The actions that keep a call from running (the one declaration; hosts and guard use it).
@@ -465,7 +469,7 @@ def decide(
         if action is Action.ALLOW
         else message_for(step, tool, canonical, policy, advice, action, spent=spent, run=run)
     )
-    blocks = phase is Phase.PRE and action in BLOCKING_ACTIONS
+    blocks = phase is not Phase.POST and action in BLOCKING_ACTIONS
     return Decision(
         action=action,
         message=message,
@@ -755,6 +759,19 @@ def _stop_text(step: Step, name: str, scope: str) -> str:
         f" and retried anyway{this_call}. End this run now: tell the user what you tried,"
         " what you found, and what is blocking you. They can continue by sending a new"
         " message."
+    )
+
+
+def intent_text(at: str | None, failed: bool | None) -> str:
+    """The sentence added to a reminder or refusal when the model's own text announced a change
+    of approach while the call repeats an earlier one (:mod:`otel_loopguard._intent`): ``at``,
+    the earlier call's time (``HH:MM`` UTC) when known; ``failed``, whether it failed."""
+    which = "the one that failed" if failed else "an earlier one"
+    when = f" at {at} UTC" if at else ""
+    return (
+        f"You said you would change approach, but this call is identical to {which}{when}."
+        " Change the arguments or the tool, or say why the same call should now give"
+        " something new."
     )
 
 

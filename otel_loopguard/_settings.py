@@ -28,6 +28,7 @@ from typing import Any, Final
 from ._defaults import (  # the policy's vocabulary, re-exported with it
     DEFAULT_FINAL_ANSWER_TOOLS,
     DEFAULT_IGNORED_ARGS,
+    DEFAULT_INTENT_PHRASES,
     DEFAULT_MUTATING_COMMANDS,
     DEFAULT_MUTATING_OPERATIONS,
     DEFAULT_MUTATING_TOOLS,
@@ -69,6 +70,7 @@ __all__ = [
     "CostUnit",
     "DEFAULT_FINAL_ANSWER_TOOLS",
     "DEFAULT_IGNORED_ARGS",
+    "DEFAULT_INTENT_PHRASES",
     "DEFAULT_MUTATING_COMMANDS",
     "DEFAULT_MUTATING_OPERATIONS",
     "DEFAULT_MUTATING_TOOLS",
@@ -249,6 +251,23 @@ class Policy:
     arguments_preview_chars: int = field(
         default=200,
         metadata=_doc("characters of canonical arguments shown in detailed texts", Kind.COUNT),
+    )
+    intent_check: bool = field(
+        default=True,
+        metadata=_doc(
+            "when the model's text in a response announces a change of approach (intent_phrases)"
+            " while a call it requests repeats an earlier one, the reminder or refusal of that"
+            " call says so (false: never)",
+            Kind.FLAG,
+        ),
+    )
+    intent_phrases: frozenset[str] = field(
+        default=DEFAULT_INTENT_PHRASES,
+        metadata=_doc(
+            "phrases that announce a change of approach in a model's text, matched without case"
+            " (default: English, and a few French, German and Spanish ones)",
+            Kind.NAMES,
+        ),
     )
     ignored_args: frozenset[str] = field(
         default=DEFAULT_IGNORED_ARGS,

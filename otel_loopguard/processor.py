@@ -10,9 +10,14 @@ never waited for here) and never raise: the SDK does not catch exceptions from p
 every hook catches everything, logs once per kind, counts it in ``guard.internal_errors`` and
 returns.
 
-Where detection runs: at ``on_start`` when the span already carries the arguments (Pydantic AI),
-so the decision is on the still-open tool span and code inside it can read it with
-:func:`current_decision`; else at ``on_end``, where the call has already run and the decision is
+Where detection runs: with ``decide_requests``, at the end of the model span that requested
+the call, when it carries the request (content capture on: :mod:`otel_loopguard._conventions.
+_requested`), before the tool runs; the tool span's start then finds that decision (by call id,
+else tool and arguments, else its tool's name), so code inside the tool span can read it with
+:func:`current_decision` (or obey it with ``@otel_loopguard.enforce``), and the span's end only
+adds the outcome. Else at ``on_start`` when the span already carries the arguments (Pydantic
+AI), so the decision is on the still-open tool span and code inside it can read it the same
+way; else at ``on_end``, where the call has already run and the decision is
 recorded on a short ``loopguard.decision`` span, a sibling of the tool span that ends at once
 (so the decision is exported even when an ancestor never ends, and no span object is held for
 it). That span goes through the tool span's own provider (its span processors, so its
@@ -57,13 +62,18 @@ from opentelemetry.trace import NonRecordingSpan, StatusCode
 
 from ._attributes import Shape, arguments_text, decision_attributes
 from ._conventions import (
+    ANONYMOUS_TOOL_SPANS,
     MISSING,
     SpanModelCall,
     SpanToolCall,
     may_be_model_span,
     may_be_tool_span,
+    may_request_calls,
     model_call_from_span,
+    requested_from_span,
+    tool_call_from_span,
 )
+from ._early import Early
 from ._guard import LoopGuard
 from ._policy import Action, Decision, Phase
 from ._span_calls import (
@@ -189,6 +199,14 @@ class LoopGuardSpanProcessor(SpanProcessor):
     tool span not tracked from its start: the processor was added later, or forgot it past
     ``max_tracked_spans`` or ``span_ttl_seconds``; or an SDK without those attributes) they go
     to the global provider: counted in :attr:`decisions_to_global_provider`, logged once.
+    ``decide_requests``: decide each tool call a model span's response requests when the model
+    span ends, before the tool runs (content capture on; every framework whose model spans
+    carry the request, see :mod:`otel_loopguard._conventions._requested`): the tool span's
+    start then finds the decision, so ``current_decision()`` and ``@otel_loopguard.enforce``
+    inside it act on it, a framework hook's ``before_tool`` gets it without counting the call
+    again, and the tool span's end only adds the outcome. The decisions are recorded at the
+    model span's end with ``loopguard.phase`` ``request``. Off by default: the exporter,
+    ``replay`` and ``serve`` decide at the tool span.
     """
 
     def __init__(
@@ -200,6 +218,7 @@ class LoopGuardSpanProcessor(SpanProcessor):
         max_tracked_spans: int = 100_000,
         span_ttl_seconds: float = 3600.0,
         tracer_provider: trace.TracerProvider | None = None,
+        decide_requests: bool = False,
     ) -> None:
         if guard is not None and not isinstance(guard, LoopGuard):
             raise ValueError(f"guard: expected a LoopGuard, got {type(guard).__name__}")
@@ -225,6 +244,9 @@ class LoopGuardSpanProcessor(SpanProcessor):
             raise ValueError(f"span_ttl_seconds: expected a number > 0, got {span_ttl_seconds!r}")
         self.guard = guard if guard is not None else LoopGuard()
         self.capture_arguments = bool(capture_arguments)
+        if not isinstance(decide_requests, bool):
+            raise ValueError(f"decide_requests: expected true or false, got {decide_requests!r}")
+        self.decide_requests = decide_requests
         self._max_spans = max_tracked_spans
         self._ttl_ns = int(span_ttl_seconds * 1e9)
         self._tracer_provider = tracer_provider
@@ -250,6 +272,9 @@ class LoopGuardSpanProcessor(SpanProcessor):
         self._prune_lock = threading.Lock()
         # Tool spans decided at start: span id -> (session, agent, call id).
         self._started: dict[int, tuple[str, str | None, str | None]] = {}
+        # Tool spans that claimed a call decided from the model's request (a subset of
+        # _started): span id -> the kept call, forgotten at the span's end.
+        self._claimed: dict[int, Early] = {}
         # The agent frame found above a tool span's parent, by parent span id: the next tool
         # span under the same parent (an agent, an event-loop cycle) skips the walk. Span ids are
         # unique, so entries never go stale; the table is simply cleared when full.
@@ -273,6 +298,8 @@ class LoopGuardSpanProcessor(SpanProcessor):
             name = span.name
             if name[:4] in START_NAME_PREFIXES:
                 self._start(span, name, context.span_id, context.trace_id)
+            elif self.guard.early.tools:  # calls a model requested wait for their tool spans
+                self._claim(span, name, context.span_id, context.trace_id, None)
             # After _start: pruning also forgets what _start kept for a span it drops (even this
             # one, when its start time is already older than the TTL).
             if len(opened) > self._max_spans:
@@ -294,10 +321,16 @@ class LoopGuardSpanProcessor(SpanProcessor):
                 span, name, attributes, span_id, context.trace_id, tracked
             ):
                 return
-            if may_be_model_span(attributes):  # a few dict lookups; most spans end here
+            if self._claimed and span_id in self._claimed:
+                self._unclaim(span_id)  # it started like a requested call's tool span; it was not
+            model = None
+            usage = may_be_model_span(attributes)  # a few dict lookups; most spans end here
+            if usage:
                 model = model_call_from_span(name, attributes)
                 if model is not None:
                     self._model_end(model, span, context.trace_id, attributes)
+            if self.decide_requests and (usage or may_request_calls(attributes)):
+                self._requested(span, name, attributes, context.trace_id, model, tracked)
         except Exception as exc:
             self.guard.report_internal_error("span_processor.on_end", exc)
 
@@ -310,6 +343,7 @@ class LoopGuardSpanProcessor(SpanProcessor):
         for span_id in list(self._started):
             _START_DECISIONS.pop(span_id, None)
         self._started.clear()
+        self._claimed.clear()
         if self._emitter is not None:
             self._emitter.shutdown(wait=True)
         self.guard.close()
@@ -373,6 +407,7 @@ class LoopGuardSpanProcessor(SpanProcessor):
                 opened.pop(span_id, None)
                 if self._started.pop(span_id, None) is not None:
                     _START_DECISIONS.pop(span_id, None)
+                self._claimed.pop(span_id, None)
             self.evicted_spans += len(dropped)
 
     def _view(self, span_id: int) -> SpanView | None:
@@ -416,6 +451,8 @@ class LoopGuardSpanProcessor(SpanProcessor):
         """A span that may be an agent run or a tool span with its arguments already set."""
         attributes = span_attributes(span)
         call = call_at_start(name, attributes)
+        if self.guard.early.tools and self._claim(span, name, span_id, trace_id, call):
+            return  # decided from the model's request: not counted again
         if call is None:
             if self.key_by is KeyBy.CONVERSATION:
                 run = run_started(name, attributes)
@@ -445,9 +482,18 @@ class LoopGuardSpanProcessor(SpanProcessor):
         if name == DECISION_EVENT:
             return True  # ours, back through the pipeline: never a tool call (nor a model's)
         started = self._started.pop(span_id, None)
+        claimed = None
         if started is not None:
             _START_DECISIONS.pop(span_id, None)
+            if self._claimed:
+                claimed = self._claimed.pop(span_id, None)
         call = call_at_end(name, attributes, span_events(span), span_failed(span))
+        if claimed is not None and started is not None:
+            # A requested call's tool span ended: it ran (whether it failed, for the intent
+            # sentence); forget the kept decision.
+            failed = call.is_error if call is not None else None
+            ended_at = (span.end_time or time.time_ns()) / 1e9
+            self.guard.requested_ran(started[0], started[1], claimed, failed, ended_at)
         if call is None:
             return started is not None
         ended = call_ended(
@@ -490,6 +536,92 @@ class LoopGuardSpanProcessor(SpanProcessor):
             return (*found, above)
 
         model_ended(self.guard, model, keys)
+
+    def _requested(
+        self,
+        span: ReadableSpan,
+        name: str,
+        attributes: Mapping[str, Any],
+        trace_id: int,
+        model: SpanModelCall | None,
+        tracked: weakref.ref[Span] | None,
+    ) -> None:
+        """A model span ended: decide the calls its response requests, before they run (kept by
+        the guard for their tool spans and hooks). Its non-allow decisions are recorded like a
+        decision at a tool span's end (a ``loopguard.decision`` span beside it), with
+        ``loopguard.phase`` ``request``."""
+        requested = requested_from_span(name, attributes, lambda: span_events(span))
+        if requested is None or not requested.calls:
+            return
+        session, agent = self._keys(
+            model if model is not None else _NO_CALL, span, trace_id, attributes
+        )
+        calls = [
+            (call.tool, None if call.arguments is MISSING else call.arguments, call.call_id)
+            for call in requested.calls
+        ]
+        ended = span.end_time
+        decisions = self.guard.decide_requested(
+            calls,
+            session=session,
+            agent=agent,
+            text=requested.text,
+            at=ended / 1e9 if ended else None,
+        )
+        for (_, arguments, call_id), decision in zip(calls, decisions, strict=False):
+            if decision.detected is not Action.ALLOW:
+                self._record_after(span, decision, call_id, arguments, tracked)
+
+    def _claim(
+        self,
+        span: Span,
+        name: str,
+        span_id: int,
+        trace_id: int,
+        call: SpanToolCall | None,
+    ) -> bool:
+        """A span started while calls a model requested wait for their tool spans: when it is
+        the tool span of one (by its call id, else tool and arguments, when it carries them at
+        its start; else by its tool's name, or any kept call for the frameworks whose tool
+        spans name no tool at their start), the call's early decision becomes this span's
+        (``current_decision()``), recorded on it when not an allow; ``True`` then. The start
+        gate: a name that may be a kept call's tool, or the tool-span gate."""
+        early = self.guard.early
+        tools = early.tools
+        names = _tool_names(name, tools)
+        attributes = span_attributes(span)
+        if call is None and (names or may_be_tool_span(name, attributes)):
+            call = tool_call_from_span(name, attributes, (), None)
+        if call is not None:
+            if call.tool not in tools:
+                return False
+            names = (call.tool,)
+        elif not names:
+            return False
+        call_id = call.call_id if call is not None else None
+        key = None
+        if call is not None and call_id is None and call.arguments is not MISSING:
+            key = self.guard.requested_key(call.tool, call.arguments)
+        session, agent = self._keys(
+            call if call is not None else _NO_CALL, span, trace_id, attributes
+        )
+        found = early.claim(session, agent, names, call_id, key, span_id)
+        if found is None:
+            return False
+        self._started[span_id] = (session, agent, found.call_id or call_id)
+        self._claimed[span_id] = found
+        # Recorded once, at the model span's end (not again on this span).
+        _START_DECISIONS[span_id] = found.decision
+        return True
+
+    def _unclaim(self, span_id: int) -> None:
+        """A span that claimed a requested call ended without being its tool span: the call
+        waits for its own span again."""
+        found = self._claimed.pop(span_id, None)
+        if self._started.pop(span_id, None) is not None:
+            _START_DECISIONS.pop(span_id, None)
+        if found is not None:
+            found.span = None
 
     def _conclude(self, session: str, agent: str | None, decision: Decision) -> None:
         """Keep a post-call conclusion for the adapter whose report comes after the span's."""
@@ -633,6 +765,20 @@ class LoopGuardSpanProcessor(SpanProcessor):
             decision_span.end()
         except Exception as exc:  # never into the application, nor the emitter thread
             self.guard.report_internal_error("span_processor.decision_span", exc)
+
+
+def _tool_names(name: str, tools: Mapping[str, int]) -> tuple[str, ...]:
+    """The kept tools a span's name at its start may run: the name itself (OpenInference names
+    a tool span after its tool), the part after a space (``execute_tool <tool>``), the part
+    before the first dot (``<tool>.run``, ``<tool>.tool``); any kept tool for the spans that
+    name no tool at their start (Haystack's, LlamaIndex's), oldest first."""
+    if name in ANONYMOUS_TOOL_SPANS:
+        return tuple(tools)
+    found = []
+    for candidate in (name, name.rpartition(" ")[2], name.partition(".")[0]):
+        if candidate in tools and candidate not in found:
+            found.append(candidate)
+    return tuple(found)
 
 
 def _tracer_on(provider: trace.TracerProvider) -> tuple[trace.Tracer, bool]:

@@ -44,7 +44,7 @@ PUBLIC_MODULES = {
 }
 
 #: Names in __all__ that are loaded on first use (they need opentelemetry-sdk).
-LAZY = {"LoopGuardSpanExporter", "LoopGuardSpanProcessor", "current_decision"}
+LAZY = {"LoopGuardSpanExporter", "LoopGuardSpanProcessor", "current_decision", "enforce"}
 
 
 def _fresh_vars() -> list[str]:

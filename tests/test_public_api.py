@@ -26,6 +26,7 @@ def test_all_is_pinned_and_sorted() -> None:
         "Rule",
         "__version__",
         "current_decision",
+        "enforce",
         "load_policy",
     ]
     assert otel_loopguard.__all__ == sorted(otel_loopguard.__all__)

@@ -36,6 +36,7 @@ Layout (private modules; imports point one way, each only to those above it):
 * ``_decoders``: JSON and identifier decoding, event look-ups, :func:`conversation_id`, and
   the per-instrumentation shapes that unwrap arguments and results;
 * ``_tables``: :class:`Condition`, the entry types and the tables themselves;
+* ``_requested``: the tool calls a model span's response requests, and its text (issue 27);
 * ``_dispatch``: the tables compiled for the hot path (gates indexed once, at import) and the
   public readers built on them; model calls' usage (:func:`model_call_from_span`).
 
@@ -51,6 +52,14 @@ from ._dispatch import (
     may_be_tool_span,
     model_call_from_span,
     tool_call_from_span,
+)
+from ._requested import (
+    ANONYMOUS_TOOL_SPANS,
+    REQUEST_GATE_KEYS,
+    Requested,
+    RequestedCall,
+    may_request_calls,
+    requested_from_span,
 )
 from ._results import MISSING, Missing, SpanAgent, SpanModelCall, SpanToolCall
 from ._tables import (
@@ -73,13 +82,17 @@ from ._tables import span_name_starts as span_name_starts
 
 __all__ = [
     "AGENT_CONVENTIONS",
+    "ANONYMOUS_TOOL_SPANS",
     "ARGUMENTS_AT_START_CONVENTIONS",
     "MAX_DECODE_CHARS",
     "MISSING",
+    "REQUEST_GATE_KEYS",
     "TOOL_CONVENTIONS",
     "AgentConvention",
     "Condition",
     "Missing",
+    "Requested",
+    "RequestedCall",
     "SpanAgent",
     "SpanModelCall",
     "SpanToolCall",
@@ -91,6 +104,8 @@ __all__ = [
     "MODEL_SPAN_KEYS",
     "may_be_model_span",
     "may_be_tool_span",
+    "may_request_calls",
     "model_call_from_span",
+    "requested_from_span",
     "tool_call_from_span",
 ]
