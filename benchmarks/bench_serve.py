@@ -1,7 +1,7 @@
 """otel-loopguard serve: OTLP/HTTP protobuf ingest throughput and decision API latency.
 
     python benchmarks/bench_serve.py [--batches 400] [--repeat 3] [--decisions 5000]
-        [--baseline REV] [--state-dir]
+        [--workloads mixed,agents,fixtures] [--baseline REV] [--state-dir]
 
 Ingest: ``otel-loopguard serve`` runs as a subprocess pinned to one CPU (``sched_setaffinity``);
 a client process pinned to the other CPU sends pre-encoded ``ExportTraceServiceRequest`` bodies
@@ -20,7 +20,12 @@ Where the time goes: the same batches through the service's pieces in this proce
 HTTP: decoding (``proto_spans``) and the ingest step (trace buffer, conventions, guard), each
 timed alone.
 
-Workloads ("agents" always; "fixtures" always):
+Workloads (``--workloads``, default all three):
+  - mixed: the realistic mix the ingest target is set on: most spans are HTTP, database and
+    model spans with their usual attributes, about 10% tool spans (per request an HTTP server
+    span, an invoke_agent span and 8 steps of: a chat span with its HTTP POST to the model
+    API, an execute_tool span with a Redis GET, four PostgreSQL queries and two HTTP GETs
+    under it); one request in three loops on one call.
   - agents: GenAI-semconv agent runs: per run an invoke_agent span, and per step a chat span
     (model, token counts, a short output message) and an execute_tool span (arguments, call id,
     result); one run in three loops on one call. About half the spans are tool spans.
@@ -79,6 +84,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, Tracer
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "data" / "spans"
@@ -142,6 +148,163 @@ def agent_spans(count: int) -> list[ReadableSpan]:
                 ) as tool:
                     tool.set_attribute("gen_ai.tool.call.arguments", json.dumps({"query": query}))
                     tool.set_attribute("gen_ai.tool.call.id", f"call-{run}-{step}")
+                    tool.set_attribute("gen_ai.tool.call.result", f"results for {query}")
+    return list(exporter.get_finished_spans())[:count]
+
+
+def _http_client(tracer: Tracer, method: str, url: str, host: str, status: int) -> None:
+    """An outgoing HTTP request as httpx/requests instrumentation records it."""
+    with tracer.start_as_current_span(
+        method,
+        kind=SpanKind.CLIENT,
+        attributes={
+            "http.request.method": method,
+            "url.full": url,
+            "server.address": host,
+            "server.port": 443,
+            "network.protocol.version": "1.1",
+            "http.response.status_code": status,
+            "http.response.body.size": 2048,
+        },
+    ):
+        pass
+
+
+def _db(tracer: Tracer, system: str, operation: str, table: str, query: str) -> None:
+    """A database call as SQLAlchemy/psycopg or redis instrumentation records it."""
+    with tracer.start_as_current_span(
+        f"{operation} {table}",
+        kind=SpanKind.CLIENT,
+        attributes={
+            "db.system.name": system,
+            "db.namespace": "app",
+            "db.operation.name": operation,
+            "db.collection.name": table,
+            "db.query.text": query,
+            "server.address": f"{system}.internal",
+            "server.port": 5432 if system == "postgresql" else 6379,
+        },
+    ):
+        pass
+
+
+def mixed_spans(count: int) -> list[ReadableSpan]:
+    """The realistic mix: most spans are HTTP, database and model spans, about 10% tool spans.
+
+    Per request: an HTTP server span (the root), an ``invoke_agent`` span, and per step (8) a
+    GenAI chat span (usage) with its HTTP POST to the model API, then an ``execute_tool`` span
+    running a Redis GET, four PostgreSQL queries and two HTTP GETs: 10 spans a step, 82 a
+    request, 8 of them tool spans (9.8%); one request in three loops on one call."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("bench")
+    run = 0
+    while len(exporter.get_finished_spans()) < count:
+        run += 1
+        loops = run % 3 == 0
+        with (
+            tracer.start_as_current_span(
+                "POST /v1/chat",
+                kind=SpanKind.SERVER,
+                attributes={
+                    "http.request.method": "POST",
+                    "url.path": "/v1/chat",
+                    "url.scheme": "https",
+                    "http.route": "/v1/chat",
+                    "server.address": "agents.internal",
+                    "client.address": f"10.0.{run % 250}.{run % 7}",
+                    "user_agent.original": "python-httpx/0.28.1",
+                    "http.response.status_code": 200,
+                },
+            ),
+            tracer.start_as_current_span(
+                f"invoke_agent agent{run % 7}",
+                attributes={
+                    "gen_ai.operation.name": "invoke_agent",
+                    "gen_ai.agent.name": f"agent{run % 7}",
+                    "gen_ai.conversation.id": f"conv-{run}",
+                },
+            ),
+        ):
+            for step in range(8):
+                with tracer.start_as_current_span(
+                    "chat gpt-4o",
+                    kind=SpanKind.CLIENT,
+                    attributes={
+                        "gen_ai.operation.name": "chat",
+                        "gen_ai.provider.name": "openai",
+                        "gen_ai.request.model": "gpt-4o",
+                        "gen_ai.response.model": "gpt-4o-2024-08-06",
+                        "gen_ai.response.id": f"chatcmpl-{run}-{step}",
+                        "gen_ai.usage.input_tokens": 1200 + step,
+                        "gen_ai.usage.output_tokens": 40,
+                        "gen_ai.response.finish_reasons": ("tool_calls",),
+                        "server.address": "api.openai.com",
+                    },
+                ):
+                    _http_client(
+                        tracer,
+                        "POST",
+                        "https://api.openai.com/v1/chat/completions",
+                        "api.openai.com",
+                        200,
+                    )
+                query = "weather in Paris" if loops else f"topic {run}-{step}"
+                with tracer.start_as_current_span(
+                    "execute_tool search",
+                    attributes={
+                        "gen_ai.operation.name": "execute_tool",
+                        "gen_ai.tool.name": "search",
+                        "gen_ai.tool.type": "function",
+                    },
+                ) as tool:
+                    tool.set_attribute("gen_ai.tool.call.arguments", json.dumps({"query": query}))
+                    tool.set_attribute("gen_ai.tool.call.id", f"call-{run}-{step}")
+                    _db(tracer, "redis", "GET", "cache", f"GET search:{run}:{step}")
+                    _db(
+                        tracer,
+                        "postgresql",
+                        "SELECT",
+                        "documents",
+                        "SELECT id, title, body FROM documents WHERE tsv @@ plainto_tsquery($1)"
+                        " ORDER BY rank DESC LIMIT 20",
+                    )
+                    _db(
+                        tracer,
+                        "postgresql",
+                        "SELECT",
+                        "users",
+                        "SELECT id, name, plan FROM users WHERE id = $1",
+                    )
+                    _db(
+                        tracer,
+                        "postgresql",
+                        "SELECT",
+                        "permissions",
+                        "SELECT scope FROM permissions WHERE user_id = $1 AND tool = $2",
+                    )
+                    _http_client(
+                        tracer,
+                        "GET",
+                        f"https://search.internal/v2/query?q=topic+{step}",
+                        "search.internal",
+                        200,
+                    )
+                    _http_client(
+                        tracer,
+                        "GET",
+                        f"https://search.internal/v2/doc/{run}-{step}",
+                        "search.internal",
+                        200,
+                    )
+                    _db(
+                        tracer,
+                        "postgresql",
+                        "INSERT",
+                        "search_log",
+                        "INSERT INTO search_log (user_id, query, at) VALUES ($1, $2, now())",
+                    )
                     tool.set_attribute("gen_ai.tool.call.result", f"results for {query}")
     return list(exporter.get_finished_spans())[:count]
 
@@ -432,11 +595,21 @@ def ingest_run(server: Server, bodies: list[bytes], spans: int) -> tuple[float, 
     client = threading.Thread(target=send_all, args=(server.port, bodies))
     client.start()
     client.join()
+    # Each poll makes the server build its whole /metrics page on the core it ingests on (a few
+    # ms): polling every 2 ms took a third of its CPU while it drained its queue. So sleep half
+    # the time the spans left should take at the rate since the last poll (2 ms to 0.5 s):
+    # about a dozen polls a run, the last ones 2 ms apart.
+    last = (started, 0.0)
     while True:
         accepted = server.metric("loopguard_otlp_spans_total", result="accepted") - before
-        if accepted >= spans and server.metric("loopguard_ingest_queue_spans") == 0:
+        queued = server.metric("loopguard_ingest_queue_spans")
+        if accepted >= spans and queued == 0:
             break
-        time.sleep(0.002)
+        now, done = time.perf_counter(), accepted - queued
+        rate = (done - last[1]) / max(now - last[0], 1e-3)
+        last = (now, done)
+        left = (spans - done) / rate if rate > 0 else 0.1
+        time.sleep(min(0.5, max(0.002, left / 2)))
     wall, cpu = time.perf_counter() - started, server.cpu_seconds() - cpu
     dropped = server.metric("loopguard_otlp_spans_total", result="duplicate") - duplicates
     if dropped:
@@ -586,6 +759,11 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--decisions", type=int, default=5000)
     parser.add_argument(
+        "--workloads",
+        default="mixed,agents,fixtures",
+        help="comma-separated workloads to run (default: mixed,agents,fixtures)",
+    )
+    parser.add_argument(
         "--baseline",
         metavar="REV",
         help="also measure the serve of this git revision of the repository (e.g. 8a4c614^)",
@@ -636,9 +814,16 @@ def bench(args: argparse.Namespace) -> int:
                 f"# variant {variant.name}: {variant.description}; package {variant.package}"
                 + (dropped if variant.dropped else "")
             )
-        workloads: dict[str, list[ReadableSpan]] = {"agents": agent_spans(args.batches * BATCH)}
-        if FIXTURES.is_dir():
-            workloads["fixtures"] = fixture_spans(args.batches * BATCH)
+        makers = {"mixed": mixed_spans, "agents": agent_spans, "fixtures": fixture_spans}
+        wanted = [name.strip() for name in args.workloads.split(",") if name.strip()]
+        unknown = [name for name in wanted if name not in makers]
+        if unknown or not wanted:
+            raise BenchError(
+                f"--workloads {args.workloads!r}: expected names among {', '.join(makers)}"
+            )
+        if "fixtures" in wanted and not FIXTURES.is_dir():
+            raise BenchError(f"--workloads fixtures: {FIXTURES} is missing")
+        workloads = {name: makers[name](args.batches * BATCH) for name in wanted}
         servers: list[Server] = []
         for variant in variants:
             server = Server(variant, server_cpu)

@@ -27,7 +27,11 @@ from otel_loopguard._conventions import (  # noqa: E402
     tool_call_from_span,
 )
 from otel_loopguard._otlp_json import BadSpan  # noqa: E402
-from otel_loopguard.service._proto import candidate_patterns, proto_spans  # noqa: E402
+from otel_loopguard.service._proto import (  # noqa: E402
+    _fast_attributes,
+    candidate_patterns,
+    proto_spans,
+)
 
 from .service_tools import workload  # noqa: E402
 from .span_dumps import dump_paths, load, rebuild  # noqa: E402
@@ -137,3 +141,132 @@ def test_garbage_is_a_bad_request() -> None:
             proto_spans(body)
     empty = proto_spans(b"")
     assert (empty.accepted, empty.bad_spans) == (0, 0)
+
+
+# -- attributes read from their bytes (the usual shape) or by the protobuf runtime (any other) --
+
+
+def _request_with(attributes: list[bytes], name: str = "execute_tool search") -> bytes:
+    """One span's ``ExportTraceServiceRequest`` whose attributes are these ``KeyValue``
+    encodings, spliced in as they are (field 9 of ``Span``), written byte by byte."""
+    from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+    span = bytes(Span(trace_id=b"\x01" * 16, span_id=b"\x02" * 8, name=name).SerializeToString())
+    for pair in attributes:
+        span += b"\x4a" + _length(len(pair)) + pair  # Span.attributes
+    scope = b"\x12" + _length(len(span)) + span  # ScopeSpans.spans
+    resource = b"\x12" + _length(len(scope)) + scope  # ResourceSpans.scope_spans
+    return b"\x0a" + _length(len(resource)) + resource  # resource_spans
+
+
+def _length(size: int) -> bytes:
+    out = bytearray()
+    while True:
+        if size < 0x80:
+            out.append(size)
+            return bytes(out)
+        out.append(size & 0x7F | 0x80)
+        size >>= 7
+
+
+def _expected(body: bytes) -> dict[str, Any]:
+    """What the protobuf runtime reads (the general path, as before the fast one)."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    from otel_loopguard.service._proto import _attributes
+
+    (span,) = ExportTraceServiceRequest.FromString(body).resource_spans[0].scope_spans[0].spans
+    return _attributes(span.attributes)
+
+
+def _key_value(key: str, value: Any) -> bytes:
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+    any_value = value if isinstance(value, AnyValue) else None
+    if any_value is None:
+        kind = {str: "string_value", bool: "bool_value", int: "int_value", float: "double_value"}
+        any_value = AnyValue(**{kind[type(value)]: value})
+    return bytes(KeyValue(key=key, value=any_value).SerializeToString())
+
+
+def test_attributes_read_from_their_bytes_as_protobuf_reads_them() -> None:
+    """Every value kind, lengths of one and two varint bytes (and one padded to two),
+    negative and 64-bit integers, zero and empty values, a key set twice, an empty
+    ``AnyValue`` and a missing value."""
+    from opentelemetry.proto.common.v1.common_pb2 import (
+        AnyValue,
+        ArrayValue,
+        KeyValue,
+        KeyValueList,
+    )
+
+    pairs = [
+        _key_value("gen_ai.operation.name", "execute_tool"),
+        _key_value("gen_ai.tool.call.arguments", '{"q": "' + "x" * 300 + '"}'),
+        _key_value("k" * 200, "a long key"),
+        _key_value("unicode", "héllo ✓"),
+        _key_value("empty", ""),
+        _key_value("tokens", 1200),
+        _key_value("zero", 0),
+        _key_value("negative", -5),
+        _key_value("huge", 2**63 - 1),
+        _key_value("smallest", -(2**63)),
+        _key_value("flag", True),
+        _key_value("off", False),
+        _key_value("ratio", 0.25),
+        _key_value("bytes", AnyValue(bytes_value=b"\x00\xff")),
+        _key_value("array", AnyValue(array_value=ArrayValue(values=[AnyValue(string_value="a")]))),
+        _key_value(
+            "kvlist",
+            AnyValue(
+                kvlist_value=KeyValueList(
+                    values=[KeyValue(key="inner", value=AnyValue(int_value=3))]
+                )
+            ),
+        ),
+        _key_value("no value", AnyValue()),
+        bytes(KeyValue(key="missing").SerializeToString()),
+        _key_value("tokens", 99),  # the last of a repeated key wins
+        b"\x0a\x05loose\x12\x85\x00\x0a\x03abc",  # a length in two bytes where one would do
+    ]
+    body = _request_with(pairs)
+    (span,) = proto_spans(body).spans
+    assert dict(span.attributes) == _expected(body)
+    assert _fast_attributes(pairs) == _expected(body)  # read from the bytes, not by protobuf
+    assert span.attributes["tokens"] == 99 and span.attributes["k" * 200] == "a long key"
+    assert "no value" not in span.attributes and "missing" not in span.attributes
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        # value before key (field order is a convention, not a rule of the format)
+        b"\x12\x04\x0a\x02hi" + b"\x0a\x03odd",
+        # the key twice: protobuf keeps the last
+        b"\x0a\x03one\x0a\x03odd\x12\x04\x0a\x02hi",
+        # two values in one AnyValue: the oneof keeps the last
+        b"\x0a\x03odd\x12\x06\x0a\x02hi\x18\x07",
+        # an unknown field in the KeyValue
+        b"\x0a\x03odd\x12\x04\x0a\x02hi\x18\x01",
+    ],
+)
+def test_attributes_in_another_shape_are_read_by_protobuf(odd: bytes) -> None:
+    """A ``KeyValue`` not written key-then-value, once each, is read by the protobuf runtime:
+    the same attributes as before the fast path."""
+    body = _request_with([_key_value("gen_ai.operation.name", "execute_tool"), odd])
+    with pytest.raises((ValueError, IndexError)):
+        _fast_attributes([odd])
+    (span,) = proto_spans(body).spans
+    assert dict(span.attributes) == _expected(body)
+    assert span.attributes["gen_ai.operation.name"] == "execute_tool"
+
+
+def test_invalid_utf8_in_a_candidate_is_a_bad_span() -> None:
+    """Invalid UTF-8 in a string the runtime checks rejects the span, named, as before."""
+    bad = b"\x0a\x03odd\x12\x04\x0a\x02\xff\xfe"
+    body = _request_with([_key_value("gen_ai.operation.name", "execute_tool"), bad])
+    read = proto_spans(body)
+    assert (read.accepted, read.bad_spans, read.spans) == (0, 1, [])
+    assert read.problems[0].startswith("resource_spans[0].scope_spans[0].spans[0]: not a valid")

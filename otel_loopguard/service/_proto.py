@@ -28,6 +28,7 @@ other spans still count. Bytes that are not an ``ExportTraceServiceRequest`` rai
 from __future__ import annotations
 
 import re
+import struct
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
@@ -37,7 +38,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
-from opentelemetry.proto.trace.v1.trace_pb2 import Span
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from otel_loopguard import _conventions as conventions
 from otel_loopguard._otlp_json import (
@@ -112,6 +114,7 @@ def _lean_classes() -> tuple[Any, Any]:
         ("attributes", 9, Field.TYPE_BYTES, True, None),
         ("events", 11, Field.TYPE_BYTES, True, None),
         ("links", 13, Field.TYPE_BYTES, True, None),
+        ("status", 15, Field.TYPE_BYTES, False, None),
         ("flags", 16, Field.TYPE_FIXED32, False, None),
     )
     message("RawRequest", ("resource_spans", 1, Field.TYPE_MESSAGE, True, "RawResourceSpans"))
@@ -128,6 +131,10 @@ def _lean_classes() -> tuple[Any, Any]:
 
 
 _LeanRequest, _RawRequest = _lean_classes()
+_AnyValue: Final = AnyValue
+_Event: Final = Span.Event
+_Status: Final = Status
+_DOUBLE: Final = struct.Struct("<d").unpack_from
 
 
 # -- the candidate gate ----------------------------------------------------------------------
@@ -187,18 +194,40 @@ def candidate_patterns() -> tuple[frozenset[str], tuple[str, ...], tuple[bytes, 
     return frozenset(names), tuple(sorted(set(prefixes))), tuple(sorted(set(patterns)))
 
 
-def _gate_regex(patterns: Iterable[bytes]) -> re.Pattern[bytes]:
-    return re.compile(b"|".join(re.escape(pattern) for pattern in patterns))
+def _trie(patterns: Iterable[bytes]) -> bytes:
+    """A regular expression matching any of ``patterns``, factored by common prefixes (a trie):
+    ``re`` tries the branches of a plain alternation at every position where one of their first
+    bytes occurs (``\\n`` starts every pattern, and every ``KeyValue``), a trie rejects most of
+    those positions on the next byte."""
+    root: dict[int, Any] = {}
+    for pattern in patterns:
+        node = root
+        for byte in pattern:
+            node = node.setdefault(byte, {})
+        node[-1] = {}  # a pattern ends here
+
+    def build(node: dict[int, Any]) -> bytes:
+        if -1 in node:
+            return b""  # a shorter pattern matches already: what follows adds nothing
+        branches = [re.escape(bytes([byte])) + build(child) for byte, child in sorted(node.items())]
+        return branches[0] if len(branches) == 1 else b"(?:" + b"|".join(branches) + b")"
+
+    return build(root)
 
 
 _GATES: Final = candidate_patterns()
 if _GATES is not None:
     _GATE_NAMES: frozenset[str] = _GATES[0]
     _GATE_PREFIXES: tuple[str, ...] = _GATES[1]
-    _GATE_SEARCH = _gate_regex(_GATES[2]).search
+    # One literal first byte (0x0A, a KeyValue's key tag) for every branch keeps re's fast scan for
+    # it; a name pattern (tag 0x2A) beside them would cost five times as much: names are
+    # compared as text.
+    _GATE_SEARCH = re.compile(_trie(_GATES[2]), re.DOTALL).search
 
 
 def _is_candidate(name: str, raw: bytes) -> bool:
+    """Whether a span passes a gate of the conventions tables, by its name or by an attribute's
+    bytes in its encoding; a span that does not cannot be a tool, agent or model span."""
     if _GATES is None:
         return True
     if name in _GATE_NAMES or (_GATE_PREFIXES and name.startswith(_GATE_PREFIXES)):
@@ -261,6 +290,127 @@ def _ids(trace_id: bytes, span_id: bytes, parent: bytes) -> tuple[int, int, int 
     return trace, span, parent_id or None
 
 
+def _read_varint(data: bytes, at: int) -> tuple[int, int]:
+    """The varint at ``data[at]`` and the index after it; ``IndexError`` past the end,
+    ``ValueError`` past ten bytes."""
+    value = shift = 0
+    while True:
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, at
+        shift += 7
+        if shift >= 70:
+            raise ValueError("varint too long")
+
+
+def _any_value(data: bytes, at: int, end: int) -> object:
+    """``data[at:end]``, one ``AnyValue`` encoding, as :func:`_value` reads it: a string, bool,
+    int or double written as one field read here; anything else by the protobuf runtime.
+    ``ValueError`` (or ``IndexError``) when the bytes are not the one field they start with:
+    the caller then reads the whole span the general way."""
+    tag = data[at]
+    if tag == 0x0A:  # string_value
+        size, start = _read_varint(data, at + 1)
+        if start + size != end:
+            raise ValueError("not one string_value")
+        return data[start:end].decode()  # UnicodeDecodeError: a ValueError
+    if tag == 0x18 or tag == 0x10:  # int_value, bool_value
+        number, after = _read_varint(data, at + 1)
+        if after != end or number >> 64:
+            raise ValueError("not one varint field")
+        if tag == 0x10:
+            return number != 0
+        return number - (1 << 64) if number >= 1 << 63 else number
+    if tag == 0x21 and end - at == 9:  # double_value
+        return _DOUBLE(data, at + 1)[0]
+    value = _AnyValue.FromString(data[at:end])  # arrays, key-value lists, bytes, the rest
+    return _value(value, 0)
+
+
+def _fast_attributes(pairs: Iterable[bytes]) -> dict[str, object]:
+    """``KeyValue`` encodings as :func:`_attributes` reads the messages: each ``key`` then
+    ``value``, once, in field order (what every encoder writes) is read here without building
+    a message per attribute. ``ValueError``/``IndexError`` on any other shape, for the caller
+    to read the span the general way (which also names the problem of a span that is bad)."""
+    attributes: dict[str, object] = {}
+    for pair in pairs:
+        end = len(pair)
+        if pair[0] != 0x0A:
+            raise ValueError("KeyValue.key first")
+        size = pair[1]
+        at = 2
+        if size >= 0x80:
+            size, at = _read_varint(pair, 1)
+        after = at + size
+        key = pair[at:after].decode()
+        if after == end:
+            continue  # no value: empty, dropped as _attributes does
+        size = pair[after + 1]
+        at = after + 2
+        if pair[after] != 0x12 or size >= 0x80:
+            size, at = _value_field(pair, after)
+        if at + size != end:
+            raise ValueError("KeyValue.value last")
+        if not size:
+            continue
+        if pair[at] == 0x0A:  # string_value, inline: most attributes
+            size = pair[at + 1]
+            start = at + 2
+            if size >= 0x80:
+                size, start = _read_varint(pair, at + 1)
+            if start + size != end:
+                raise ValueError("not one string_value")
+            attributes[key] = pair[start:end].decode()  # UnicodeDecodeError: a ValueError
+            continue
+        decoded = _any_value(pair, at, end)
+        if decoded is not None:
+            attributes[key] = decoded
+    return attributes
+
+
+def _value_field(pair: bytes, at: int) -> tuple[int, int]:
+    """The length of ``KeyValue.value`` at ``pair[at]`` and where its bytes start."""
+    if pair[at] != 0x12:
+        raise ValueError("KeyValue.value next")
+    return _read_varint(pair, at + 1)
+
+
+def _recorded(
+    span: Any, encoding: bytes, ids: tuple[int, int, int | None], remote: bool
+) -> RecordedSpan:
+    """A candidate span in full, from its lean message (attributes read from their bytes),
+    or from ``encoding`` parsed as a real ``Span`` when they are not in the usual shape."""
+    try:
+        attributes = _fast_attributes(span.attributes)
+        events = span.events
+        status = span.status
+        return RecordedSpan(
+            *ids,
+            span.name,
+            attributes,
+            _events(_Event.FromString(event) for event in events) if events else (),
+            bool(status) and _Status.FromString(status).code == STATUS_CODE_ERROR,
+            span.start_time_unix_nano,
+            span.end_time_unix_nano,
+            parent_remote=remote,
+        )
+    except (ValueError, IndexError, DecodeError, RuntimeError):
+        pass  # BadSpan (a ValueError) too: the general path raises it again, as before
+    full = Span.FromString(encoding)
+    return RecordedSpan(
+        *ids,
+        full.name,
+        _attributes(full.attributes),
+        _events(full.events),
+        full.status.code == STATUS_CODE_ERROR,
+        full.start_time_unix_nano,
+        full.end_time_unix_nano,
+        parent_remote=remote,
+    )
+
+
 def proto_spans(body: bytes) -> OtlpSpans:
     """The spans of a serialized ``ExportTraceServiceRequest``: candidates as
     :class:`RecordedSpan` (:attr:`OtlpSpans.spans`), the rest as parent links
@@ -299,26 +449,11 @@ def proto_spans(body: bytes) -> OtlpSpans:
                     else:  # the slow path names the problem
                         trace_id, span_id, parent_id = _ids(raw_trace, raw_span, raw_parent)
                     remote = parent_id is not None and span.flags & _REMOTE_PARENT == _REMOTE_PARENT
-                    name = span.name
                     encoding = encodings[k]
-                    if not _is_candidate(name, encoding):
+                    if not _is_candidate(span.name, encoding):
                         links.append((trace_id, span_id, parent_id, remote))
                         continue
-                    full = Span.FromString(encoding)
-                    spans.append(
-                        RecordedSpan(
-                            trace_id,
-                            span_id,
-                            parent_id,
-                            name,
-                            _attributes(full.attributes),
-                            _events(full.events),
-                            full.status.code == STATUS_CODE_ERROR,
-                            span.start_time_unix_nano,
-                            span.end_time_unix_nano,
-                            parent_remote=remote,
-                        )
-                    )
+                    spans.append(_recorded(span, encoding, (trace_id, span_id, parent_id), remote))
                 except BadSpan as exc:
                     bad += 1
                     if len(problems) < MAX_SPAN_PROBLEMS:
