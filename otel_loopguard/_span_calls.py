@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Final
 
 from ._conventions import (
     MISSING,
+    Requested,
     SpanModelCall,
     SpanToolCall,
     agent_from_span,
@@ -44,6 +45,7 @@ __all__ = [
     "duration_seconds",
     "model_ended",
     "model_usage",
+    "requested_ended",
     "run_started",
 ]
 
@@ -210,3 +212,35 @@ def model_ended(
         guard.model_call(usage, session=keys[0], agent=keys[1], ancestors=keys[2])
     else:
         guard.model_call(usage, session=keys[0], agent=keys[1])
+
+
+def requested_ended(
+    guard: LoopGuard,
+    requested: Requested,
+    keys: tuple[str, str | None],
+    at: float | None,
+    span: tuple[int, int] | None = None,
+) -> list[tuple[object, str | None, Decision]]:
+    """Decide the calls a model span's response requests, at its end (``at``, seconds since
+    the epoch), under the (session, agent) ``keys`` their tool spans get
+    (:meth:`~otel_loopguard._guard.LoopGuard.decide_requested`): (arguments, call id, decision)
+    for each, in order; a call whose arguments the span left out is not decided (allow).
+    ``span``: as for :func:`call_started`. Never raises (the guard's hook contract)."""
+    calls = [
+        (call.tool, None if call.arguments is MISSING else call.arguments, call.call_id)
+        for call in requested.calls
+    ]
+    session, agent = keys
+    if span is None:
+        decisions = guard.decide_requested(
+            calls, session=session, agent=agent, text=requested.text, at=at
+        )
+    else:
+        with counting(*span):
+            decisions = guard.decide_requested(
+                calls, session=session, agent=agent, text=requested.text, at=at
+            )
+    return [
+        (arguments, call_id, decision)
+        for (_, arguments, call_id), decision in zip(calls, decisions, strict=False)
+    ]

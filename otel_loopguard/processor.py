@@ -83,6 +83,7 @@ from ._span_calls import (
     call_started,
     duration_seconds,
     model_ended,
+    requested_ended,
     run_started,
 )
 from ._spans import (
@@ -553,22 +554,17 @@ class LoopGuardSpanProcessor(SpanProcessor):
         requested = requested_from_span(name, attributes, lambda: span_events(span))
         if requested is None or not requested.calls:
             return
-        session, agent = self._keys(
-            model if model is not None else _NO_CALL, span, trace_id, attributes
-        )
-        calls = [
-            (call.tool, None if call.arguments is MISSING else call.arguments, call.call_id)
-            for call in requested.calls
-        ]
+        keys = self._keys(model if model is not None else _NO_CALL, span, trace_id, attributes)
         ended = span.end_time
-        decisions = self.guard.decide_requested(
-            calls,
-            session=session,
-            agent=agent,
-            text=requested.text,
-            at=ended / 1e9 if ended else None,
+        context = span.get_span_context()
+        decided = requested_ended(
+            self.guard,
+            requested,
+            keys,
+            ended / 1e9 if ended else None,
+            (trace_id, context.span_id) if context is not None else None,
         )
-        for (_, arguments, call_id), decision in zip(calls, decisions, strict=False):
+        for arguments, call_id, decision in decided:
             if decision.detected is not Action.ALLOW:
                 self._record_after(span, decision, call_id, arguments, tracked)
 

@@ -8,6 +8,7 @@ too."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ import otel_loopguard
 from otel_loopguard import Action, LoopDetected, LoopGuard, Mode, Phase, Policy
 from otel_loopguard._conventions import tool_call_from_span
 from otel_loopguard._early import EarlyDecisions
+from otel_loopguard.integrations._hook import Ticket, ToolHook
 from otel_loopguard.metrics import NoopRecorder
 from otel_loopguard.processor import DECISION_EVENT, LoopGuardSpanProcessor, current_decision
 
@@ -69,7 +71,8 @@ def replay(
 
     outcomes: list[str] = []
     live: dict[str, Any] = {}
-    tickets: dict[str, tuple[str, object, str, str | None, str | None]] = {}
+    tickets: dict[str, Ticket] = {}
+    hook = ToolHook(processor=processor)
     for what, record in timeline(load(path)):
         if what == "start":
             parent = live.get(record["parent_span_id"] or "")
@@ -84,23 +87,10 @@ def replay(
             call = end_view(record)
             if call is not None and call.tool != "final_answer":
                 with trace.use_span(span):
-                    if hooks:  # a framework hook inside the tool span, with the span's keys
-                        keys = processor.current_session()
-                        assert keys is not None
-                        # as adapters do: the framework's call id, when its tool span has one
-                        guard.before_tool(
-                            call.tool,
-                            call.arguments,
-                            session=keys[0],
-                            agent=keys[1],
-                            call_id=call.call_id,
-                        )
-                        tickets[record["span_id"]] = (
-                            call.tool,
-                            call.arguments,
-                            *keys,
-                            call.call_id,
-                        )
+                    if hooks:  # a framework adapter's hook inside the tool span
+                        keys = hook.keys()
+                        ticket = hook.before(call.tool, call.arguments, call.call_id, keys)
+                        tickets[record["span_id"]] = ticket
                     try:
                         outcomes.append(tool())
                     except LoopDetected:
@@ -114,12 +104,9 @@ def replay(
             span.add_event(event["name"], event["attributes"], timestamp=event["timestamp_ns"])
         if record["status"]["code"] == "ERROR":
             span.set_status(Status(StatusCode.ERROR, record["status"].get("description")))
-        ticket = tickets.pop(record["span_id"], None)
-        if ticket is not None:
-            tool_name, arguments, session, agent, call_id = ticket
-            guard.after_tool(
-                tool_name, arguments, session=session, agent=agent, call_id=call_id, result="x"
-            )
+        taken = tickets.pop(record["span_id"], None)
+        if taken is not None:
+            hook.after(taken, result="x")
         span.end(end_time=record["end_time_ns"])
     return outcomes, recorder, list(exporter.get_finished_spans()), processor
 
@@ -152,7 +139,9 @@ def test_the_repeated_search_is_refused_before_it_runs_from_spans_alone(path: Pa
 
 
 @pytest.mark.parametrize("path", requesting_dumps(), ids=lambda p: p.parent.name)
-def test_with_a_hook_each_call_still_counts_once(path: Path) -> None:
+def test_with_an_adapters_hook_each_call_still_counts_once(path: Path) -> None:
+    # The adapters' shared hook (given processor=), asking with the framework's call id as
+    # adapters do: it gets the early decision, and its report of the call only adds the outcome.
     outcomes, recorder, _, _ = replay(path, hooks=True)
     assert recorder.calls == 8
     assert outcomes[3:6] == ["refused"] * 3
@@ -260,3 +249,69 @@ def test_a_bad_request_never_raises() -> None:
     guard = LoopGuard(Policy())
     assert guard.decide_requested([("search",)], session="s") == []  # type: ignore[list-item]
     assert guard.internal_errors.get("requested") == 1
+
+
+# -- the decorator --------------------------------------------------------------------------
+
+
+def test_enforce_outside_any_span_runs_the_tool() -> None:
+    @otel_loopguard.enforce(on_block="return")
+    def tool(x: int) -> int:
+        return x + 1
+
+    assert tool(1) == 2 and tool.__name__ == "tool"
+
+
+def test_enforce_returns_the_refusal_or_appends_the_reminder_sync_and_async() -> None:
+    import asyncio
+
+    guard = LoopGuard(Policy())
+    provider = TracerProvider()
+    processor = LoopGuardSpanProcessor(guard, decide_requests=True)
+    provider.add_span_processor(processor)
+    tracer = provider.get_tracer("test")
+
+    @otel_loopguard.enforce(on_block="return")
+    def search(query: str) -> str:
+        return f"results for {query}"
+
+    @otel_loopguard.enforce
+    async def asearch(query: str) -> str:
+        return f"results for {query}"
+
+    seen = []
+    with tracer.start_as_current_span("invoke_agent a", attributes={"gen_ai.agent.name": "a"}):
+        for n in range(5):
+            part = {
+                "type": "tool_call",
+                "id": f"c{n}",
+                "name": "search",
+                "arguments": {"query": "q"},
+            }
+            message = json.dumps([{"role": "assistant", "parts": [part]}])
+            with tracer.start_as_current_span(
+                "chat m", attributes={"gen_ai.operation.name": "chat"}
+            ) as chat:
+                chat.set_attribute("gen_ai.output.messages", message)
+            with tracer.start_as_current_span(
+                "execute_tool search",
+                attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search"},
+            ) as span:
+                seen.append(search("q") if n < 4 else "async")
+                if n == 4:
+                    with pytest.raises(LoopDetected):
+                        asyncio.run(asearch("q"))
+                span.set_attribute("gen_ai.tool.call.arguments", '{"query": "q"}')
+                span.set_attribute("gen_ai.tool.call.id", f"c{n}")
+                span.set_attribute("gen_ai.tool.call.result", "results for q")
+    assert seen[:2] == ["results for q"] * 2
+    assert seen[2].startswith("results for q\n\n[loopguard]")  # the reminder appended
+    assert seen[3].startswith("[loopguard]")  # the refusal, as the tool's result
+    assert guard.internal_errors == {}
+
+
+def test_enforce_rejects_bad_options() -> None:
+    with pytest.raises(ValueError, match="on_block"):
+        otel_loopguard.enforce(on_block="skip")  # type: ignore[call-overload]
+    with pytest.raises(ValueError, match="fn"):
+        otel_loopguard.enforce(3)  # type: ignore[call-overload]

@@ -3,6 +3,7 @@ the real instrumentations (tests/data/spans) and from hand-made spans of the oth
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 from typing import Any
@@ -200,3 +201,6 @@ def test_the_gate_is_the_keys() -> None:
     assert not may_request_calls({"gen_ai.operation.name": "chat", "http.method": "GET"})
     for key in REQUEST_GATE_KEYS:
         assert may_request_calls({key: "[]"})
+    # the hand-written lookups name exactly the keys (a key added to one is added to both)
+    source = inspect.getsource(may_request_calls)
+    assert source.count(" in attributes") == len(REQUEST_GATE_KEYS)

@@ -6,7 +6,7 @@ decide a call before it runs (issue 27), for every instrumentation below, not on
 put the arguments on the tool span at its start.
 
 One reader per convention, in :data:`REQUEST_CONVENTIONS` (first match wins), each gated by one
-attribute key (:data:`REQUEST_GATE_KEYS`, a frozenset tested with one ``isdisjoint`` call), or,
+attribute key (:data:`REQUEST_GATE_KEYS`, tested by :func:`may_request_calls`), or,
 for Strands' events, by its chat operation on a span that already passed the model-usage gate:
 
 * GenAI ``gen_ai.output.messages`` (parts of type ``tool_call``: ``id``, ``name``,
@@ -113,10 +113,17 @@ class Requested:
 
 
 def may_request_calls(attributes: Mapping[str, object]) -> bool:
-    """Whether a span may carry requested calls in its attributes: one ``isdisjoint`` over
-    :data:`REQUEST_GATE_KEYS` (Strands' event-borne calls are read only for spans that passed
-    the model-usage gate)."""
-    return not REQUEST_GATE_KEYS.isdisjoint(attributes)
+    """Whether a span may carry requested calls in its attributes: one of
+    :data:`REQUEST_GATE_KEYS`, tested by hand (five dict lookups, about twice as fast as a
+    set's ``isdisjoint``; a test checks they name the same keys). Strands' event-borne calls
+    are read only for spans that passed the model-usage gate."""
+    return (
+        GEN_AI_OUTPUT_MESSAGES in attributes
+        or OPENINFERENCE_FIRST_TOOL_NAME in attributes
+        or OPENLLMETRY_FIRST_TOOL_NAME in attributes
+        or VERCEL_TOOL_CALLS in attributes
+        or HAYSTACK_LLM_OUTPUT in attributes
+    )
 
 
 def _arguments(value: object) -> object:
