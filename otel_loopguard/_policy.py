@@ -17,6 +17,7 @@ from enum import Enum
 from typing import Final
 
 from ._calls import SIGNATURE_CHARS
+from ._memory import Recalled
 from ._rules import LOOP, Overspent, Trend, Verdict
 from ._spend import Spent
 from .config import CostUnit, Mode, Policy, Rule
@@ -37,6 +38,7 @@ __all__ = [
     "has_advice",
     "intent_text",
     "message_for",
+    "remember",
     "settle_rescue",
     "soften",
     "with_advice",
@@ -216,6 +218,15 @@ class Step:
     deny_threshold: int = 0
     #: On a budget stop: the budget passed.
     over: Overspent | None = None
+    #: On a reminder from memory (rule ``memory``): what earlier runs of the scope ended in.
+    recalled: Recalled | None = None
+
+
+def remember(count: int, refused: int, recalled: Recalled) -> Step:
+    """The reminder from memory (pure): a call repeated with the outcome an earlier run of the
+    same scope was denied or stopped for, at its first repeat (``count`` attempts, ``refused``
+    of them refused), its history in the text. Threshold 2: the first repeat."""
+    return Step(Action.REMIND, Rule.MEMORY, count, 2, refused=refused, recalled=recalled)
 
 
 #: The step of a call nothing repeats (the guard's common case skips :func:`climb` with it).
@@ -708,6 +719,8 @@ def _message(
             )
         text += spent + arguments
         return with_advice(text, advice) if advice else text
+    if step.recalled is not None:
+        return _memory_text(name, step.recalled) + spent + arguments
     if step.polling:
         limit = policy.poll_limit
         return (
@@ -727,6 +740,22 @@ def _message(
         f"{_PREFIX}Repeated call: {name} with the same arguments, {scope}. Repeating it will not"
         " give a different answer. Next: use the last result, change the arguments, try a"
         " different tool, or tell the user what is blocking you." + spent + arguments
+    )
+
+
+def _memory_text(name: str, recalled: Recalled) -> str:
+    """A reminder from memory: what earlier runs of the same scope ended in (pure)."""
+    import time  # here: only a reminder from memory formats a date
+
+    runs = recalled.runs
+    earlier = "an earlier run" if runs == 1 else f"{runs} earlier runs"
+    how = "failed the same way" if recalled.failed else "gave the same result"
+    day = time.strftime("%Y-%m-%d", time.gmtime(recalled.last))
+    return (
+        f"{_PREFIX}{name} with these arguments {how} again. This exact call {how} in {earlier},"
+        f" last on {day}, which {'was' if runs == 1 else 'were'} refused or stopped for"
+        f" repeating it ({_times(recalled.attempts)} then). Do not repeat it: change the"
+        " arguments or the approach, or tell the user what is blocking you."
     )
 
 
