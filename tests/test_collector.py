@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 COLLECTOR = ROOT / "collector"
 CONFIGS = (
     "otelcol-fanout.yaml",
+    "otelcol-filter.yaml",
     "otelcol-sharded.yaml",
     "otelcol-sharded-conversation.yaml",
     "otelcol-replicas-redis.yaml",
@@ -31,6 +32,7 @@ CONFIGS = (
 #: any replica, may take every record (the sharded files route by trace id, which they lack).
 PIPELINES = {
     "otelcol-fanout.yaml": {"traces", "logs"},
+    "otelcol-filter.yaml": {"traces/backend", "traces/loopguard", "logs"},
     "otelcol-sharded.yaml": {"traces"},
     "otelcol-sharded-conversation.yaml": {"traces"},
     "otelcol-replicas-redis.yaml": {"traces"},
@@ -45,7 +47,7 @@ GRPC_PORT = 4317
 #: Component types these configs may use, by kind: current (snake_case) names only.
 KNOWN = {
     "receivers": {"otlp"},
-    "processors": {"batch", "memory_limiter"},
+    "processors": {"batch", "memory_limiter", "filter"},
     "exporters": {"otlp_grpc", "otlp_http", "load_balancing", "debug", "file"},
 }
 #: Older names the Collector keeps as deprecated aliases: never in our files.
@@ -135,6 +137,28 @@ def test_fanout_sends_to_the_backend_and_to_serves_http_port() -> None:
     assert loopguard["endpoint"].endswith(f":{HTTP_PORT}}}")  # ${env:...:-http://loopguard:4318}
     assert loopguard["headers"]["authorization"] == "Bearer ${env:LOOPGUARD_SERVE_TOKEN}"
     assert "compression" not in loopguard or loopguard["compression"] == "gzip"
+
+
+def test_filter_is_on_serves_branch_only() -> None:
+    """otelcol-filter.yaml: the backend's pipeline gets every span; serve's runs the filter
+    (its condition is tests/test_collector_filter.py's) before batching, to the same exporter
+    as the fan-out's; the logs go to serve unfiltered."""
+    config = load("otelcol-filter.yaml")
+    fanout = load("otelcol-fanout.yaml")
+    pipelines = config["service"]["pipelines"]
+    assert pipelines["traces/backend"] == fanout["service"]["pipelines"]["traces"] | {
+        "exporters": ["otlp_grpc/backend"]
+    }
+    assert pipelines["traces/loopguard"] == {
+        "receivers": ["otlp"],
+        "processors": ["filter/loopguard", "batch"],
+        "exporters": ["otlp_http/loopguard"],
+    }
+    assert pipelines["logs"] == fanout["service"]["pipelines"]["logs"]
+    assert config["exporters"] == fanout["exporters"]
+    flt = config["processors"]["filter/loopguard"]
+    assert flt["error_mode"] == "ignore"  # a condition that cannot be evaluated keeps the span
+    assert set(flt) == {"error_mode", "traces"} and set(flt["traces"]) == {"span"}
 
 
 @pytest.mark.parametrize(
