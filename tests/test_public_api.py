@@ -45,6 +45,7 @@ def test_enum_values_are_the_wire_strings() -> None:
         "no_progress",
         "stall",
         "budget",
+        "memory",
     ]
     assert [m.value for m in otel_loopguard.Mode] == ["observe", "advise", "enforce"]
     assert [m.value for m in otel_loopguard.AdvisorInput] == ["argv", "stdin_json"]
