@@ -330,7 +330,7 @@ class LoopGuardSpanProcessor(SpanProcessor):
                 model = model_call_from_span(name, attributes)
                 if model is not None:
                     self._model_end(model, span, context.trace_id, attributes)
-            if self.decide_requests and (usage or may_request_calls(attributes)):
+            if self.decide_requests and may_request_calls(attributes, usage):
                 self._requested(span, name, attributes, context.trace_id, model, tracked)
         except Exception as exc:
             self.guard.report_internal_error("span_processor.on_end", exc)

@@ -204,3 +204,6 @@ def test_the_gate_is_the_keys() -> None:
     # the hand-written lookups name exactly the keys (a key added to one is added to both)
     source = inspect.getsource(may_request_calls)
     assert source.count(" in attributes") == len(REQUEST_GATE_KEYS)
+    # a model span's chat operation (Strands' requests are in its events) only with usage
+    chat = {"gen_ai.operation.name": "chat"}
+    assert may_request_calls(chat, usage=True) and not may_request_calls(chat)

@@ -112,17 +112,19 @@ class Requested:
     convention: str
 
 
-def may_request_calls(attributes: Mapping[str, object]) -> bool:
-    """Whether a span may carry requested calls in its attributes: one of
-    :data:`REQUEST_GATE_KEYS`, tested by hand (five dict lookups, about twice as fast as a
-    set's ``isdisjoint``; a test checks they name the same keys). Strands' event-borne calls
-    are read only for spans that passed the model-usage gate."""
+def may_request_calls(attributes: Mapping[str, object], usage: bool = False) -> bool:
+    """Whether a span may carry requested calls: one of :data:`REQUEST_GATE_KEYS` in its
+    attributes, tested by hand (five dict lookups, about twice as fast as a set's
+    ``isdisjoint``; a test checks they name the same keys); or, for a span that reports model
+    usage (``usage``: it passed the model-usage gate), a ``chat`` operation, whose events may
+    carry them (Strands). Reading a span's events costs microseconds: only such spans do."""
     return (
         GEN_AI_OUTPUT_MESSAGES in attributes
         or OPENINFERENCE_FIRST_TOOL_NAME in attributes
         or OPENLLMETRY_FIRST_TOOL_NAME in attributes
         or VERCEL_TOOL_CALLS in attributes
         or HAYSTACK_LLM_OUTPUT in attributes
+        or (usage and attributes.get(GEN_AI_OPERATION_NAME) == OPERATION_CHAT)
     )
 
 
