@@ -276,6 +276,9 @@ class LoopGuardSpanProcessor(SpanProcessor):
         # Tool spans that claimed a call decided from the model's request (a subset of
         # _started): span id -> the kept call, forgotten at the span's end.
         self._claimed: dict[int, Early] = {}
+        # Keyed by conversation: the keys an agent's requested calls were kept under, by (trace
+        # id, agent span id), for tool spans that name their conversation only later.
+        self._requested_keys: dict[tuple[int, int | None], tuple[str, str | None]] = {}
         # The agent frame found above a tool span's parent, by parent span id: the next tool
         # span under the same parent (an agent, an event-loop cycle) skips the walk. Span ids are
         # unique, so entries never go stale; the table is simply cleared when full.
@@ -358,6 +361,9 @@ class LoopGuardSpanProcessor(SpanProcessor):
         context = span.get_span_context()
         if not context.is_valid:
             return None
+        started = self._started.get(context.span_id)
+        if started is not None:  # a tool span decided at its start: the keys it was decided by
+            return started[0], started[1]
         frame = nearest_agent(context.span_id, self._view)
         attributes = span_attributes(span) if isinstance(span, ReadableSpan) else {}
         return session_for(_NO_CALL, context.trace_id, frame, self.key_by, attributes)
@@ -554,7 +560,17 @@ class LoopGuardSpanProcessor(SpanProcessor):
         requested = requested_from_span(name, attributes, lambda: span_events(span))
         if requested is None or not requested.calls:
             return
-        keys = self._keys(model if model is not None else _NO_CALL, span, trace_id, attributes)
+        frame = self._frame(span)
+        keys = session_for(
+            model if model is not None else _NO_CALL, trace_id, frame, self.key_by, attributes
+        )
+        if self.key_by is KeyBy.CONVERSATION:
+            # A tool span may name its conversation only after its start (Strands, LangGraph):
+            # its start looks the calls up under the keys its agent's requests were kept by.
+            requested_keys = self._requested_keys
+            if len(requested_keys) >= _MAX_CACHED_FRAMES:
+                requested_keys.clear()
+            requested_keys[(trace_id, frame.span_id if frame is not None else None)] = keys
         ended = span.end_time
         context = span.get_span_context()
         decided = requested_ended(
@@ -598,10 +614,16 @@ class LoopGuardSpanProcessor(SpanProcessor):
         key = None
         if call is not None and call_id is None and call.arguments is not MISSING:
             key = self.guard.requested_key(call.tool, call.arguments)
-        session, agent = self._keys(
-            call if call is not None else _NO_CALL, span, trace_id, attributes
+        frame = self._frame(span)
+        session, agent = session_for(
+            call if call is not None else _NO_CALL, trace_id, frame, self.key_by, attributes
         )
         found = early.claim(session, agent, names, call_id, key, span_id)
+        if found is None and self.key_by is KeyBy.CONVERSATION:
+            kept = self._requested_keys.get((trace_id, frame.span_id if frame else None))
+            if kept is not None and kept != (session, agent):
+                session, agent = kept
+                found = early.claim(session, agent, names, call_id, key, span_id)
         if found is None:
             return False
         self._started[span_id] = (session, agent, found.call_id or call_id)

@@ -51,7 +51,7 @@ def end_view(record: dict[str, Any]) -> Any:
 
 
 def replay(
-    path: Path, *, hooks: bool = False, policy: Policy | None = None
+    path: Path, *, hooks: bool = False, policy: Policy | None = None, key_by: str = "trace"
 ) -> tuple[list[str], Counting, list[Any], LoopGuardSpanProcessor]:
     """The dump replayed with the processor; in each tool span a guarded tool runs. Returns what
     the tool did at each tool span ("ran", "refused", or a reminder), the counts, the finished
@@ -59,7 +59,9 @@ def replay(
     recorder = Counting()
     guard = LoopGuard(policy or Policy(), recorder=recorder)
     provider = TracerProvider()
-    processor = LoopGuardSpanProcessor(guard, tracer_provider=provider, decide_requests=True)
+    processor = LoopGuardSpanProcessor(
+        guard, tracer_provider=provider, decide_requests=True, key_by=key_by
+    )
     exporter = InMemorySpanExporter()
     provider.add_span_processor(processor)
     provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -139,10 +141,13 @@ def test_the_repeated_search_is_refused_before_it_runs_from_spans_alone(path: Pa
 
 
 @pytest.mark.parametrize("path", requesting_dumps(), ids=lambda p: p.parent.name)
-def test_with_an_adapters_hook_each_call_still_counts_once(path: Path) -> None:
+@pytest.mark.parametrize("key_by", ["trace", "conversation"])
+def test_with_an_adapters_hook_each_call_still_counts_once(path: Path, key_by: str) -> None:
     # The adapters' shared hook (given processor=), asking with the framework's call id as
     # adapters do: it gets the early decision, and its report of the call only adds the outcome.
-    outcomes, recorder, _, _ = replay(path, hooks=True)
+    # Keyed by conversation, a tool span that names its conversation only after its start
+    # (Strands, LangGraph) finds the calls its agent requested, and the hook asks with its keys.
+    outcomes, recorder, _, _ = replay(path, hooks=True, key_by=key_by)
     assert recorder.calls == 8
     assert outcomes[3:6] == ["refused"] * 3
 
