@@ -33,9 +33,8 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from ._defaults import STORE_SCHEMES, MemoryScope, redact_url
 from .config import Policy
@@ -83,24 +82,62 @@ _RELOAD_SECONDS: Final = 1.0
 MEMORY_FILE_NAME: Final = "memory.json"
 
 
-@dataclass(slots=True)
 class DeadEnd:
     """One remembered dead end: ``key`` (args key) with ``outcome`` (outcome key, ``None`` when
     the host reports no result) in ``scope``. ``count``: attempts in the last run that ended in
     it; ``runs``: runs that ended in it; ``first``/``last``: when (seconds since the epoch);
-    ``run``: a hash of the last such run's session (so a run is counted once)."""
+    ``run``: a hash of the last such run's session (so a run is counted once).
 
-    scope: str
-    key: str
-    outcome: str | None
-    tool: str
-    rule: str
-    count: int
-    runs: int
-    first: float
-    last: float
-    run: str = ""
-    arguments: str | None = None
+    A plain class, not a dataclass: building one costs the command hooks' import a millisecond.
+    """
+
+    __slots__ = (
+        "arguments",
+        "count",
+        "first",
+        "key",
+        "last",
+        "outcome",
+        "rule",
+        "run",
+        "runs",
+        "scope",
+        "tool",
+    )
+
+    def __init__(
+        self,
+        scope: str,
+        key: str,
+        outcome: str | None,
+        tool: str,
+        rule: str,
+        count: int,
+        runs: int,
+        first: float,
+        last: float,
+        run: str = "",
+        arguments: str | None = None,
+    ) -> None:
+        self.scope = scope
+        self.key = key
+        self.outcome = outcome
+        self.tool = tool
+        self.rule = rule
+        self.count = count
+        self.runs = runs
+        self.first = first
+        self.last = last
+        self.run = run
+        self.arguments = arguments
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, DeadEnd) and self.to_plain() == other.to_plain()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, compared by value
+
+    def __repr__(self) -> str:
+        return f"DeadEnd({self.to_plain()!r})"
 
     @property
     def ident(self) -> tuple[str, str, str]:
@@ -159,15 +196,31 @@ class DeadEnd:
         )
 
 
-class Recalled(NamedTuple):
+class Recalled:
     """What memory knows of a call, as a reminder says it: ``runs`` earlier runs ended in it,
     the last at ``last`` (seconds since the epoch), after ``attempts`` attempts; ``failed``:
     the outcome is a failure (as the call's latest run in this run reported it)."""
 
-    runs: int
-    last: float
-    attempts: int
-    failed: bool = False
+    __slots__ = ("attempts", "failed", "last", "runs")
+
+    def __init__(self, runs: int, last: float, attempts: int, failed: bool = False) -> None:
+        self.runs = runs
+        self.last = last
+        self.attempts = attempts
+        self.failed = failed
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Recalled) and (
+            self.runs,
+            self.last,
+            self.attempts,
+            self.failed,
+        ) == (other.runs, other.last, other.attempts, other.failed)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Recalled({self.runs}, {self.last}, {self.attempts}, {self.failed})"
 
 
 def recalled(entries: Iterable[DeadEnd], outcome: str | None) -> Recalled | None:
