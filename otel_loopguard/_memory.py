@@ -223,13 +223,15 @@ class Recalled:
         return f"Recalled({self.runs}, {self.last}, {self.attempts}, {self.failed})"
 
 
-def recalled(entries: Iterable[DeadEnd], outcome: str | None) -> Recalled | None:
-    """The history of the entries of one call whose outcome is ``outcome``; ``None`` if none."""
+def recalled(entries: Iterable[DeadEnd], outcome: str | None, run: str = "") -> Recalled | None:
+    """The history of the entries of one call whose outcome is ``outcome``, without the run
+    ``run`` (the one asking: its own dead end is no earlier run's); ``None`` if none."""
     found = [entry for entry in entries if entry.outcome == outcome]
-    if not found:
+    runs = sum(entry.runs - (1 if run and entry.run == run else 0) for entry in found)
+    if runs <= 0:
         return None
     latest = max(found, key=lambda entry: entry.last)
-    return Recalled(sum(entry.runs for entry in found), latest.last, latest.count)
+    return Recalled(runs, latest.last, latest.count)
 
 
 def repository_root(directory: str | os.PathLike[str]) -> str:

@@ -237,3 +237,12 @@ def test_a_redis_that_is_down_is_nothing_remembered(caplog: pytest.LogCaptureFix
         memory.record(_entry())
         assert memory.recall("global", "k1") == []
     assert caplog.text.count("going on without memory") == 1
+
+
+def test_a_run_is_not_reminded_of_its_own_dead_end() -> None:
+    own = _entry(run="r2")
+    assert recalled([own], "o1", run="r2") is None
+    both = _entry(run="r2", runs=2)  # r1's, then r2's
+    history = recalled([both], "o1", run="r2")
+    assert history is not None and history.runs == 1
+    assert recalled([own], "o1", run="r3") is not None
