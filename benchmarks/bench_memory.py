@@ -22,7 +22,8 @@ Reported, off and on side by side:
   loop's calls that ran before the first reminder and before the first block (counted from
   ``loop_start_seq``; fewer is earlier); calls cut (refused, or after a stop: the run ends);
 - the stuck runs that had something to remember (an earlier run of the task denied or stopped
-  the same call): the same figures for them alone;
+  the same call): the same figures for them alone; and the weak runs (re-reading among new
+  exploration: a reminder or block there is neither right nor wrong);
 - runs without repetition (``no-repetition``): how many were reminded or blocked at all (a
   false reminder or block), and how many reminders came from memory.
 
@@ -192,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     off = run_corpus(corpus, memory=False)
     on = run_corpus(corpus, memory=True)
     stuck = {r.name for r in off if r.judgement == "stuck"}
+    weak = {r.name for r in off if r.judgement == "weak"}
     clean = {r.name for r in off if r.judgement == "no-repetition"}
     # Stuck runs with something to remember: a call an earlier run of the task was blocked for.
     helped = {r.name for r in on if r.name in stuck and r.memory_reminders}
@@ -199,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     for label, names in (
         (f"stuck runs ({len(stuck)})", stuck),
         (f"stuck runs with a dead end remembered ({len(helped)})", helped),
+        (f"weak runs ({len(weak)}; either way)", weak),
     ):
         a, b = summarise(off, names), summarise(on, names)
         rows.append(
