@@ -17,9 +17,14 @@ costs ten times the protobuf parse itself, so a request is read in three steps:
    or model span (:mod:`otel_loopguard._conventions` tests its gates first), so it is kept as
    a parent link only. The byte patterns assume what the protobuf encoding guide asks of
    encoders and every OTLP exporter and the Collector do: known fields written in field-number
-   order (a ``KeyValue``'s key before its value).
-3. A candidate is parsed again as a real ``opentelemetry.proto.trace.v1.Span`` and converted to
-   a :class:`~otel_loopguard._otlp_json.RecordedSpan` with every attribute and event.
+   order (a ``KeyValue``'s key before its value). They are searched as one regular expression
+   factored as a trie (:func:`_trie`): ``re`` then rejects most positions on one byte.
+3. A candidate becomes a :class:`~otel_loopguard._otlp_json.RecordedSpan` with every attribute
+   and event: its attributes read from their ``KeyValue`` bytes when each is written key then
+   value, once (:func:`_fast_attributes`: no message built per attribute), its events and
+   status by the runtime. A span in any other shape (or a bad one) is parsed again as a real
+   ``opentelemetry.proto.trace.v1.Span``, as every candidate was before, and gives the same
+   attributes (or names the same problem).
 
 Ids of the wrong length (or all zeros) reject the span, named by its path in the request; the
 other spans still count. Bytes that are not an ``ExportTraceServiceRequest`` raise ``BadSpan``.
