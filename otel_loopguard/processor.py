@@ -561,10 +561,17 @@ class LoopGuardSpanProcessor(SpanProcessor):
         if requested is None or not requested.calls:
             return
         frame = self._frame(span)
-        keys = session_for(
-            model if model is not None else _NO_CALL, trace_id, frame, self.key_by, attributes
-        )
-        if self.key_by is KeyBy.CONVERSATION:
+        conversation = self.key_by is KeyBy.CONVERSATION
+        if conversation and frame is not None and frame.agent.conversation_id:
+            # Keyed by conversation, the calls are kept under the conversation their agent
+            # names, as its tool spans are: a model span may name another of its own (CrewAI's
+            # own tracing gives its task id).
+            keys = session_for(_NO_CALL, trace_id, frame, self.key_by)
+        else:
+            keys = session_for(
+                model if model is not None else _NO_CALL, trace_id, frame, self.key_by, attributes
+            )
+        if conversation:
             # A tool span may name its conversation only after its start (Strands, LangGraph):
             # its start looks the calls up under the keys its agent's requests were kept by.
             requested_keys = self._requested_keys

@@ -22,8 +22,10 @@ for Strands' events, by its chat operation on a span that already passed the mod
 * Strands' ``gen_ai.choice`` event (``toolUse`` blocks) on its ``chat`` spans.
 
 Spans that sum a run (agent, workflow and tool spans) are never read: their messages repeat
-their model calls'. Arguments are decoded (a JSON string becomes its object); a call without
-them has :data:`~._results.MISSING`. Pure, never raises (the package's contract).
+their model calls'. Nor are spans made after the fact from an event bus (CrewAI's own tracing,
+:data:`AFTER_THE_FACT_KEYS`): their model span may end after the tool's hook ran. Arguments
+are decoded (a JSON string becomes its object); a call without them has
+:data:`~._results.MISSING`. Pure, never raises (the package's contract).
 """
 
 from __future__ import annotations
@@ -77,6 +79,10 @@ REQUEST_GATE_KEYS: Final = frozenset(
         HAYSTACK_LLM_OUTPUT,
     }
 )
+
+#: Attributes of spans made after the fact, from an event bus on another thread (CrewAI's own
+#: tracing): their model span may end after the tool's hook ran, so its request is never read.
+AFTER_THE_FACT_KEYS: Final = ("crewai.event_name",)
 
 #: Tool spans that name no tool at their start (the tool is set at their end): Haystack's agent
 #: step and LlamaIndex's FunctionTool. A call requested of any tool may be theirs.
@@ -425,6 +431,8 @@ def requested_from_span(
     :class:`Requested` without calls. Never raises."""
     try:
         if not _is_mapping(attributes) or _sums_a_run(attributes):
+            return None
+        if any(key in attributes for key in AFTER_THE_FACT_KEYS):
             return None
         for _, reader in REQUEST_CONVENTIONS:
             found = reader(name, attributes, events)
