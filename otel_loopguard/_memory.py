@@ -54,6 +54,7 @@ __all__ = [
     "Recalled",
     "RedisMemory",
     "SqliteMemory",
+    "defer_writes",
     "flush_memories",
     "memory_location",
     "open_memory",
@@ -633,7 +634,8 @@ class SqliteMemory:
         try:
             with self._lock:
                 self._waiting[entry.ident] = _merge(self._waiting.get(entry.ident), entry)
-            self._write(0.05)
+            if not _DEFERRED[0]:
+                self._write(0.05)
         except Exception as exc:
             self._notes.once("record", "%s: %r", self.path, exc)
 
@@ -712,6 +714,7 @@ class SqliteMemory:
                     del self._waiting[entry.ident]
 
     def entries(self, scope: str | None = None) -> list[DeadEnd]:
+        self.flush()  # what this process recorded, first
         if scope is None:
             found = self._rows("SELECT entry FROM memory", ())
         else:
@@ -733,6 +736,7 @@ class SqliteMemory:
             connection.close()
 
     def forget(self, scope: str | None, key_prefix: str) -> int:
+        self.flush()
         if scope is None:
             return self._delete(
                 "DELETE FROM memory WHERE substr(key, 1, ?) = ?", (len(key_prefix), key_prefix)
@@ -743,6 +747,7 @@ class SqliteMemory:
         )
 
     def clear(self, scope: str | None = None) -> int:
+        self.flush()
         if scope is None:
             return self._delete("DELETE FROM memory", ())
         return self._delete("DELETE FROM memory WHERE scope = ?", (scope,))
@@ -880,6 +885,16 @@ class RedisMemory:
 
     def flush(self) -> None:
         return None
+
+
+#: Set by an entrance that holds the SQLite file while the guard decides (the command hooks'
+#: transaction): a record then waits for :func:`flush_memories` instead of for the file.
+_DEFERRED: list[bool] = [False]
+
+
+def defer_writes() -> None:
+    """From now on in this process, SQLite memories write only when flushed."""
+    _DEFERRED[0] = True
 
 
 #: The memories this process opened, by where they are: guards on one place share one store

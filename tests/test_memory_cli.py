@@ -57,7 +57,9 @@ def test_list_show_forget_clear(memory_file: Path, capsys: pytest.CaptureFixture
 
 def test_the_hooks_state_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     store = tmp_path / "hooks.sqlite3"
-    SqliteMemory(store, Policy()).record(_entry("0123456789abcdef", "agent:coder", runs=1))
+    memory = SqliteMemory(store, Policy())
+    memory.record(_entry("0123456789abcdef", "agent:coder", runs=1))
+    memory.flush()
     assert main(["memory", "list", "--store", str(store)]) == 0
     assert "agent:coder" in capsys.readouterr().out
     assert main(["memory", "clear", "--store", str(store)]) == 0

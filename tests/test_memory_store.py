@@ -172,6 +172,7 @@ def test_a_corrupt_sqlite_file_is_moved_aside(
         assert memory.recall("global", "k1") == []
     assert any(".corrupt-" in p.name for p in tmp_path.iterdir())
     memory.record(_entry())
+    memory.flush()
     assert [e.key for e in SqliteMemory(path, POLICY).entries()] == ["k1"]
 
 
@@ -179,6 +180,7 @@ def test_a_busy_sqlite_file_keeps_the_record_until_flushed(tmp_path: Path) -> No
     path = tmp_path / "m.sqlite3"
     memory = SqliteMemory(path, POLICY)
     memory.record(_entry("k0"))
+    memory.flush()  # (an in-process hook run earlier in this process defers every write)
     holder = sqlite3.connect(path, isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")  # as the hook's own transaction holds the file
     memory.record(_entry("k1"))

@@ -47,7 +47,7 @@ import orjson
 from .._engine import MAX_PENDING_CALLS, SessionState
 from .._env import LOOPGUARD_SERVE_TOKEN
 from .._guard import LoopGuard
-from .._memory import flush_memories, scope_of
+from .._memory import defer_writes, flush_memories, scope_of
 from .._policy import Action
 from .._token import EmptyToken, read_token
 from ..config import MemoryScope, Policy, load_policy, unknown_variables
@@ -111,6 +111,8 @@ class LocalBackend:
             # other): in the state file, or in the shared Redis store when there is one.
             where = policy.store if policy.store is not None else str(store_path)
             policy = policy.replace(memory=where)
+        # The state file is held while the guard decides: dead ends are written after.
+        defer_writes()
         self.policy = policy
         busy = DEFAULT_BUSY_TIMEOUT_SECONDS
         if policy.advisor_command:
