@@ -298,13 +298,16 @@ def test_claude_code_failures_sub_agents_and_sessions_have_their_own_chains(tmp_
             assert "failed the same way" in failure.out["stopReason"]
         else:
             assert failure.out == {}
-    # The main agent of the session and another session start from zero.
+    # The main agent of the session and another session start from zero (without memory of
+    # dead ends across runs, on by default in the hooks: tests/test_memory_hooks.py).
+    no_memory = clean_env(LOOPGUARD_MEMORY="false")
     for session, agent_fields in (("sess-1", {}), ("sess-2", {"agent_id": "agent-7"})):
         for call in range(1, REMIND_AT):
             reply = hook(
                 "claude-code",
                 claude_pre("Edit", edit, f"t-{session}-{call}", session=session, **agent_fields),
                 store,
+                env=no_memory,
             )
             assert reply.out == {}
             post = hook(
@@ -319,6 +322,7 @@ def test_claude_code_failures_sub_agents_and_sessions_have_their_own_chains(tmp_
                     **agent_fields,
                 ),
                 store,
+                env=no_memory,
             )
             assert post.out == {}
 
