@@ -348,6 +348,8 @@ class LoopGuardSpanProcessor(SpanProcessor):
             _START_DECISIONS.pop(span_id, None)
         self._started.clear()
         self._claimed.clear()
+        self._requested_keys.clear()
+        self.guard.early.clear()
         if self._emitter is not None:
             self._emitter.shutdown(wait=True)
         self.guard.close()
