@@ -751,11 +751,13 @@ def _memory_text(name: str, recalled: Recalled) -> str:
     earlier = "an earlier run" if runs == 1 else f"{runs} earlier runs"
     how = "failed the same way" if recalled.failed else "gave the same result"
     day = time.strftime("%Y-%m-%d", time.gmtime(recalled.last))
+    those = "that run was" if runs == 1 else "those runs were"
+    attempts = recalled.attempts
     return (
         f"{_PREFIX}{name} with these arguments {how} again. This exact call {how} in {earlier},"
-        f" last on {day}, which {'was' if runs == 1 else 'were'} refused or stopped for"
-        f" repeating it ({_times(recalled.attempts)} then). Do not repeat it: change the"
-        " arguments or the approach, or tell the user what is blocking you."
+        f" last on {day}, and {those} refused or stopped for repeating it ({attempts} attempt"
+        f"{'' if attempts == 1 else 's'} the last time). Do not repeat it: change the arguments"
+        " or the approach, or tell the user what is blocking you."
     )
 
 

@@ -49,3 +49,30 @@ def test_the_rescue_question_lists_known_dead_ends() -> None:
     assert "pytest 0" in question and f"pytest {MAX_DEAD_ENDS}" not in question
     assert '"dead_ends": ["bash' in request.to_json()
     assert "Dead ends" not in AdviceRequest("s", "bash", "{}", 6, "x", "denied").question()
+
+
+def test_the_reminder_from_memory_says_how_often_and_when() -> None:
+    from otel_loopguard._memory import Recalled
+    from otel_loopguard._policy import Action, decide, remember
+    from otel_loopguard.config import Rule
+
+    last = 1_796_000_000.0  # 2026-11-30 (UTC)
+    step = remember(2, 0, Recalled(3, last, 6, failed=True))
+    decision = decide(step, tool="bash", key="ab" * 16, session="s", policy=POLICY, canonical=b"{}")
+    assert (decision.action, decision.rule, decision.count, decision.threshold) == (
+        Action.REMIND,
+        Rule.MEMORY,
+        2,
+        2,
+    )
+    assert decision.message.startswith(
+        "[loopguard] `bash` with these arguments failed the same way again. This exact call"
+        " failed the same way in 3 earlier runs, last on 2026-11-30, and those runs were refused"
+        " or stopped for repeating it (6 attempts the last time)."
+    )
+    once = decide(
+        remember(2, 0, Recalled(1, last, 4)), tool="t", key="ab" * 16, session="s", policy=POLICY
+    )
+    assert "gave the same result in an earlier run, last on 2026-11-30, and that run was" in (
+        once.message
+    )
