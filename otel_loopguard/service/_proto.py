@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import re
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
@@ -230,16 +230,6 @@ if _GATES is not None:
     _GATE_SEARCH = re.compile(_trie(_GATES[2]), re.DOTALL).search
 
 
-def _is_candidate(name: str, raw: bytes) -> bool:
-    """Whether a span passes a gate of the conventions tables, by its name or by an attribute's
-    bytes in its encoding; a span that does not cannot be a tool, agent or model span."""
-    if _GATES is None:
-        return True
-    if name in _GATE_NAMES or (_GATE_PREFIXES and name.startswith(_GATE_PREFIXES)):
-        return True
-    return _GATE_SEARCH(raw) is not None
-
-
 # -- decoding --------------------------------------------------------------------------------
 
 
@@ -430,6 +420,11 @@ def proto_spans(body: bytes) -> OtlpSpans:
     problems: list[str] = []
     bad = 0
     from_bytes = int.from_bytes
+    search: Callable[[bytes], object] | None = None
+    names: frozenset[str] = frozenset()
+    prefixes: tuple[str, ...] = ()
+    if _GATES is not None:
+        search, names, prefixes = _GATE_SEARCH, _GATE_NAMES, _GATE_PREFIXES
     for i, (resource, raw_resource) in enumerate(zip(lean.resource_spans, raw.resource_spans)):
         for j, (scope, raw_scope) in enumerate(zip(resource.scope_spans, raw_resource.scope_spans)):
             encodings = raw_scope.spans
@@ -455,7 +450,15 @@ def proto_spans(body: bytes) -> OtlpSpans:
                         trace_id, span_id, parent_id = _ids(raw_trace, raw_span, raw_parent)
                     remote = parent_id is not None and span.flags & _REMOTE_PARENT == _REMOTE_PARENT
                     encoding = encodings[k]
-                    if not _is_candidate(span.name, encoding):
+                    # A span that passes no gate (by its name, or by an attribute's bytes in
+                    # its encoding) cannot be a tool, agent or model span: a parent link.
+                    name = span.name
+                    if (
+                        search is not None
+                        and name not in names
+                        and not (prefixes and name.startswith(prefixes))
+                        and search(encoding) is None
+                    ):
                         links.append((trace_id, span_id, parent_id, remote))
                         continue
                     spans.append(_recorded(span, encoding, (trace_id, span_id, parent_id), remote))
