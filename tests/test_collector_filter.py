@@ -41,7 +41,7 @@ Record = dict[str, Any]
 
 _TOKEN = re.compile(
     r'\s*(?:(?P<string>"(?:[^"\\]|\\.)*")|(?P<op>==|!=)|(?P<punct>[()\[\],])'
-    r"|(?P<word>[A-Za-z_][A-Za-z0-9_]*))"
+    r"|(?P<hex>0x[0-9a-fA-F]+)|(?P<word>[A-Za-z_][A-Za-z0-9_]*))"
 )
 
 
@@ -61,9 +61,9 @@ Node = tuple[Any, ...]
 
 
 class _Parser:
-    """``or``/``and``/``not``, parentheses, ``IsRootSpan()``, ``IsMatch(name, "re")`` and
-    comparisons of ``name``, ``kind`` or ``attributes["key"]`` with a string, ``nil`` or a
-    ``SPAN_KIND_*`` constant."""
+    """``or``/``and``/``not``, parentheses, ``IsMatch(name, "re")`` and comparisons of
+    ``name``, ``kind``, ``parent_span_id`` or ``attributes["key"]`` with a string, ``nil``, a
+    ``SPAN_KIND_*`` constant or ``SpanID(0x...)``."""
 
     def __init__(self, text: str) -> None:
         self.tokens = _tokens(text)
@@ -109,10 +109,6 @@ class _Parser:
             node = self.either()
             self.take(")")
             return node
-        if token == "IsRootSpan":
-            self.take("(")
-            self.take(")")
-            return ("root",)
         if token == "IsMatch":
             self.take("(")
             self.take("name")
@@ -125,7 +121,7 @@ class _Parser:
             path: tuple[str, ...] = ("attribute", self.string(self.take()))
             self.take("]")
         else:
-            assert token in ("name", "kind"), token
+            assert token in ("name", "kind", "parent_span_id"), token
             path = (token,)
         op = self.take()
         assert op in ("==", "!="), op
@@ -135,6 +131,12 @@ class _Parser:
             literal = None
         elif value.startswith("SPAN_KIND_"):
             literal = value
+        elif value == "SpanID":  # the id's 16 hex digits, as dumps write it
+            self.take("(")
+            digits = self.take()
+            self.take(")")
+            assert re.fullmatch(r"0x[0-9a-fA-F]{16}", digits), digits
+            literal = digits[2:].lower()
         else:
             literal = self.string(value)
         return ("compare", path, op, literal)
@@ -155,8 +157,6 @@ def evaluate(node: Node, span: Record) -> bool:
         return all(evaluate(child, span) for child in node[1:])
     if kind == "not":
         return not evaluate(node[1], span)
-    if kind == "root":
-        return not span["parent_span_id"]
     if kind == "match":
         return re.search(node[1], span["name"]) is not None
     _, path, op, literal = node
@@ -164,6 +164,8 @@ def evaluate(node: Node, span: Record) -> bool:
         value = span["attributes"].get(path[1])
     elif path[0] == "kind":
         value = f"SPAN_KIND_{span['kind']}"
+    elif path[0] == "parent_span_id":  # no parent: the empty (all-zero) id
+        value = (span["parent_span_id"] or "0" * 16).lower()
     else:
         value = span["name"]
     if literal is None:
@@ -242,7 +244,7 @@ def test_the_condition_keeps_every_mark_of_the_tables() -> None:
     assert names == want_names
     assert patterns == {f"^{prefix}" for prefix in want_prefixes}
     assert keys == want_keys
-    assert ("root",) in [child[1] for child in node[1:] if child[0] == "not"]
+    assert ("compare", ("parent_span_id",), "!=", "0" * 16) in node[1:]  # roots are kept
 
 
 def test_the_condition_drops_http_and_database_client_spans_only() -> None:
