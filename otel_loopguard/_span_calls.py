@@ -23,10 +23,10 @@ from ._conventions import (
     SpanModelCall,
     SpanToolCall,
     agent_from_span,
-    arguments_available_at_start,
     conversation_id,
     tool_call_from_span,
 )
+from ._conventions._dispatch import tool_call_at_start
 from ._exemplars import counting
 from ._prices import ModelUsage
 from ._spans import START_NAME_PREFIXES
@@ -68,9 +68,9 @@ def call_at_start(name: str, attributes: Mapping[str, object]) -> SpanToolCall |
     """The tool call a span carries at its start, with its arguments (decided then, before it
     runs), or ``None``: most spans (the start gate, a name prefix, stops them at once), tool
     spans whose arguments come later, and spans recognised without arguments."""
-    if name[:4] not in START_NAME_PREFIXES or not arguments_available_at_start(name, attributes):
+    if name[:4] not in START_NAME_PREFIXES:
         return None
-    call = tool_call_from_span(name, attributes, (), None)
+    call = tool_call_at_start(name, attributes)
     if call is None or call.arguments is MISSING:
         return None
     return call

@@ -283,6 +283,12 @@ class LoopGuardSpanProcessor(SpanProcessor):
         # span under the same parent (an agent, an event-loop cycle) skips the walk. Span ids are
         # unique, so entries never go stale; the table is simply cleared when full.
         self._frames: dict[int, AgentFrame | None] = {}
+        # The keys of the agents above a model span's agent (ancestor_keys), by (agent span id,
+        # the model span's keys and agent labels): the same for every turn of that agent.
+        self._above: dict[
+            tuple[int, tuple[str, str | None], str | None, str | None],
+            tuple[tuple[str, str | None], ...],
+        ] = {}
         # Post-call conclusions at span end, by (session, agent, signature), oldest first, until
         # a framework adapter takes them (take_concluded).
         self._concluded: dict[tuple[str, str | None, str], Decision] = {}
@@ -320,10 +326,18 @@ class LoopGuardSpanProcessor(SpanProcessor):
             span_id = context.span_id
             tracked = self._open.pop(span_id, None)
             name = span.name
-            attributes = span_attributes(span)
-            if may_be_tool_span(name, attributes) and self._end(
-                span, name, attributes, span_id, context.trace_id, tracked
-            ):
+            try:  # span_attributes(span), inline: every span the application ends comes here
+                attributes = span._attributes._dict  # type: ignore[union-attr]
+                if attributes.__class__ is not dict:
+                    attributes = span_attributes(span)
+            except AttributeError:
+                attributes = span_attributes(span)
+            # A tool span decided at its start (not merely claiming a requested call) is a tool
+            # span: its end skips the gate.
+            if (
+                (span_id in self._started and span_id not in self._claimed)
+                or may_be_tool_span(name, attributes)
+            ) and self._end(span, name, attributes, span_id, context.trace_id, tracked):
                 return
             if self._claimed and span_id in self._claimed:
                 self._unclaim(span_id)  # it started like a requested call's tool span; it was not
@@ -342,6 +356,7 @@ class LoopGuardSpanProcessor(SpanProcessor):
         """Forget all bookkeeping and stop the guard's advisor worker."""
         self._open.clear()
         self._frames.clear()
+        self._above.clear()
         with self._concluded_lock:
             self._concluded.clear()
         for span_id in list(self._started):
@@ -539,9 +554,22 @@ class LoopGuardSpanProcessor(SpanProcessor):
         def keys() -> tuple[str, str | None, tuple[tuple[str, str | None], ...]]:
             frame = self._frame(span)
             found = session_for(model, trace_id, frame, self.key_by, attributes)
-            above = ancestor_keys(
-                model, trace_id, frame, self.key_by, self._view, found, MAX_ANCESTORS
-            )
+            if frame is None:
+                return (*found, ())
+            # The agents above a model span's agent are found once per agent and keys: the
+            # next model span of that agent (every turn) skips the walk. Keyed by trace, the
+            # keys hold the trace and the agent's span id, and the label only a frame without a
+            # name takes from the model span.
+            cached = (frame.span_id, found, model.agent_name, model.agent_id)
+            above_keys = self._above
+            above = above_keys.get(cached)
+            if above is None:
+                above = ancestor_keys(
+                    model, trace_id, frame, self.key_by, self._view, found, MAX_ANCESTORS
+                )
+                if len(above_keys) >= _MAX_CACHED_FRAMES:
+                    above_keys.clear()
+                above_keys[cached] = above
             return (*found, above)
 
         model_ended(self.guard, model, keys)

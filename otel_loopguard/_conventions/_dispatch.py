@@ -561,6 +561,24 @@ def arguments_available_at_start(name: str, attributes: Mapping[str, object]) ->
     return _first_present(attributes, convention.argument_keys) is not None
 
 
+def tool_call_at_start(name: str, attributes: Mapping[str, object]) -> SpanToolCall | None:
+    """The tool call a starting span carries with its arguments, when it is decided at its
+    start (:func:`arguments_available_at_start`): ``tool_call_from_span(name, attributes)``
+    then, else ``None``. One gate and one match for both questions (the span processor's
+    ``on_start`` asked them apart). Never raises."""
+    bits = _tool_gate_bits(name, attributes)
+    if not bits:
+        return None
+    convention = _TOOLS.match(bits, name, attributes, ())
+    if (
+        convention is None
+        or convention.name not in ARGUMENTS_AT_START_CONVENTIONS
+        or _first_present(attributes, convention.argument_keys) is None
+    ):
+        return None
+    return _read_tool_call(convention, name, attributes, (), None)
+
+
 def agent_from_span(name: str, attributes: Mapping[str, object]) -> SpanAgent | None:
     """The agent a span marks the run of, or ``None`` when it is not an agent span.
 
