@@ -685,6 +685,12 @@ class SqliteMemory:
                         policy.memory_max_entries,
                     ),
                 )
+            # Every scope together: MAX_SCOPES scopes' worth, the least recently recorded dropped.
+            connection.execute(
+                "DELETE FROM memory WHERE rowid IN (SELECT rowid FROM memory"
+                " ORDER BY last DESC LIMIT -1 OFFSET ?)",
+                (policy.memory_max_entries * MAX_SCOPES,),
+            )
             connection.execute("COMMIT")
         except sqlite3.OperationalError as exc:
             if "locked" not in str(exc) and "busy" not in str(exc):

@@ -248,3 +248,19 @@ def test_a_run_is_not_reminded_of_its_own_dead_end() -> None:
     history = recalled([both], "o1", run="r2")
     assert history is not None and history.runs == 1
     assert recalled([own], "o1", run="r3") is not None
+
+
+def test_a_memory_table_of_another_layout_is_never_an_error(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "m.sqlite3"
+    with sqlite3.connect(path) as connection:
+        connection.execute("CREATE TABLE memory (id INTEGER PRIMARY KEY, blob TEXT)")
+    memory = SqliteMemory(path, POLICY)
+    with caplog.at_level(logging.WARNING, logger="otel_loopguard"):
+        assert memory.recall("global", "k1") == []
+        memory.record(_entry())
+        memory.flush()
+        assert memory.entries() == []
+    assert "going on without memory" in caplog.text
+    assert "what this process learns is not kept" in caplog.text
