@@ -369,6 +369,22 @@ STORE_OPS: Final = ("read", "write", "conflict", "decode")
 #: Token kinds of ``loopguard_model_tokens_total{kind}``: ``input`` is the input read neither
 #: from nor into a cache, so the kinds partition a call's tokens.
 TOKEN_KINDS: Final = ("input", "output", "cache_read", "cache_write")
+
+
+def token_counts(
+    input_tokens: int, output_tokens: int, cache_read_tokens: int, cache_write_tokens: int
+) -> tuple[int, int, int, int]:
+    """A model call's tokens by :data:`TOKEN_KINDS`, which partition them: ``input`` is the
+    uncached input (the input counts include the cached tokens), then output, cache reads,
+    cache writes."""
+    return (
+        input_tokens - cache_read_tokens - cache_write_tokens,
+        output_tokens,
+        cache_read_tokens,
+        cache_write_tokens,
+    )
+
+
 #: Where a cost came from (``loopguard_model_cost_usd_total{source}``).
 COST_SOURCES: Final = (PROVIDER, COMPUTED)
 NO_RULE: Final = "none"

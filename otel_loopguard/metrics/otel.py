@@ -49,6 +49,7 @@ from ._spec import (
     UNPRICED_MODEL_CALLS,
     WASTED_SECONDS,
     MetricKind,
+    token_counts,
 )
 
 if TYPE_CHECKING:
@@ -246,11 +247,8 @@ class OpenTelemetryRecorder:
     ) -> None:
         try:
             pair = self._model_pairs.get((agent, model)) or self._model_pair(agent, model)
-            counts = (
-                input_tokens - cache_read_tokens - cache_write_tokens,
-                output_tokens,
-                cache_read_tokens,
-                cache_write_tokens,
+            counts = token_counts(
+                input_tokens, output_tokens, cache_read_tokens, cache_write_tokens
             )
             for kind, count in zip(TOKEN_KINDS, counts):
                 if count > 0:

@@ -60,6 +60,7 @@ from ._spec import (
     UNPRICED_MODEL_CALLS,
     WASTED_SECONDS,
     MetricKind,
+    token_counts,
 )
 
 __all__ = ["PrometheusRecorder", "SERIES_PER_MODEL_PAIR", "SERIES_PER_PAIR"]
@@ -407,11 +408,8 @@ class PrometheusRecorder:
     ) -> None:
         try:
             pair = self._model_pairs.get((agent, model)) or self._model_pair(agent, model)
-            counts = (
-                input_tokens - cache_read_tokens - cache_write_tokens,
-                output_tokens,
-                cache_read_tokens,
-                cache_write_tokens,
+            counts = token_counts(
+                input_tokens, output_tokens, cache_read_tokens, cache_write_tokens
             )
             for child, count in zip(pair.tokens, counts):
                 if count > 0:
