@@ -534,8 +534,11 @@ class FileMemory:
         return self._drop(lambda e: scope is not None and e.scope != scope)
 
     def count(self) -> int:
-        with self._lock:
-            return len(self._entries or {})
+        try:
+            with self._lock:
+                return len(self._loaded())
+        except Exception:  # read at a scrape: never an error there
+            return 0
 
     def flush(self) -> None:
         return None

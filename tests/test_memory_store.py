@@ -264,3 +264,9 @@ def test_a_memory_table_of_another_layout_is_never_an_error(
         assert memory.entries() == []
     assert "going on without memory" in caplog.text
     assert "what this process learns is not kept" in caplog.text
+
+
+def test_count_reads_the_file_before_any_recall(tmp_path: Path) -> None:
+    path = tmp_path / "m.json"
+    FileMemory(path, POLICY).record(_entry())
+    assert FileMemory(path, POLICY).count() == 1  # a fresh guard's gauge, before any repeat
