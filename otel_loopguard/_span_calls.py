@@ -26,7 +26,7 @@ from ._conventions import (
     conversation_id,
     tool_call_from_span,
 )
-from ._conventions._dispatch import tool_call_at_start
+from ._conventions._dispatch import tool_call_at_start, tool_outcome_from_span
 from ._exemplars import counting
 from ._prices import ModelUsage
 from ._spans import START_NAME_PREFIXES
@@ -41,6 +41,7 @@ __all__ = [
     "call_at_end",
     "call_at_start",
     "call_ended",
+    "call_outcome_at_end",
     "call_started",
     "duration_seconds",
     "model_ended",
@@ -62,6 +63,10 @@ Ended = tuple[Keys, object, "Decision | None"]
 
 #: A span's end reads its call from its final attributes, its events and whether it failed.
 call_at_end: Final = tool_call_from_span
+
+#: A span whose call was read at its start (:func:`call_at_start`) reads only (tool, result,
+#: failed) at its end, as :data:`call_at_end` would read them; ``None`` when that reads no call.
+call_outcome_at_end: Final = tool_outcome_from_span
 
 
 def call_at_start(name: str, attributes: Mapping[str, object]) -> SpanToolCall | None:

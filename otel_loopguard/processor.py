@@ -44,7 +44,7 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
 
@@ -77,9 +77,11 @@ from ._early import Early
 from ._guard import LoopGuard
 from ._policy import Action, Decision, Phase
 from ._span_calls import (
+    Keys,
     call_at_end,
     call_at_start,
     call_ended,
+    call_outcome_at_end,
     call_started,
     duration_seconds,
     model_ended,
@@ -273,6 +275,9 @@ class LoopGuardSpanProcessor(SpanProcessor):
         self._prune_lock = threading.Lock()
         # Tool spans decided at start: span id -> (session, agent, call id).
         self._started: dict[int, tuple[str, str | None, str | None]] = {}
+        # The call a tool span decided at start was read as then (a subset of _started): span
+        # id -> the call; its end reads only the outcome.
+        self._start_calls: dict[int, SpanToolCall] = {}
         # Tool spans that claimed a call decided from the model's request (a subset of
         # _started): span id -> the kept call, forgotten at the span's end.
         self._claimed: dict[int, Early] = {}
@@ -362,6 +367,7 @@ class LoopGuardSpanProcessor(SpanProcessor):
         for span_id in list(self._started):
             _START_DECISIONS.pop(span_id, None)
         self._started.clear()
+        self._start_calls.clear()
         self._claimed.clear()
         self._requested_keys.clear()
         self.guard.early.clear()
@@ -432,6 +438,7 @@ class LoopGuardSpanProcessor(SpanProcessor):
                 if self._started.pop(span_id, None) is not None:
                     _START_DECISIONS.pop(span_id, None)
                 self._claimed.pop(span_id, None)
+                self._start_calls.pop(span_id, None)
             self.evicted_spans += len(dropped)
 
     def _view(self, span_id: int) -> SpanView | None:
@@ -487,6 +494,7 @@ class LoopGuardSpanProcessor(SpanProcessor):
         keys = (session, agent, call.call_id)
         decision = call_started(self.guard, call.tool, call.arguments, keys, (trace_id, span_id))
         self._started[span_id] = keys
+        self._start_calls[span_id] = call
         _START_DECISIONS[span_id] = decision
         if decision.detected is not Action.ALLOW:
             self._record(span, decision, call)
@@ -507,28 +515,47 @@ class LoopGuardSpanProcessor(SpanProcessor):
             return True  # ours, back through the pipeline: never a tool call (nor a model's)
         started = self._started.pop(span_id, None)
         claimed = None
+        at_start = None
         if started is not None:
             _START_DECISIONS.pop(span_id, None)
             if self._claimed:
                 claimed = self._claimed.pop(span_id, None)
-        call = call_at_end(name, attributes, span_events(span), span_failed(span))
-        if claimed is not None and started is not None:
-            # A requested call's tool span ended: it ran (whether it failed, for the intent
-            # sentence); forget the kept decision.
-            failed = call.is_error if call is not None else None
-            ended_at = (span.end_time or time.time_ns()) / 1e9
-            self.guard.requested_ran(started[0], started[1], claimed, failed, ended_at)
-        if call is None:
-            return started is not None
+            at_start = self._start_calls.pop(span_id, None)
+        if at_start is not None and started is not None:
+            # Read at its start (never a claimed call's span): only the outcome is new. The call
+            # keeps the objects its start was decided with (the guard then finds its attempt by
+            # identity).
+            outcome = call_outcome_at_end(name, attributes, span_events(span), span_failed(span))
+            if outcome is None:
+                return True
+            tool, arguments, call_id = at_start.tool, at_start.arguments, at_start.call_id
+            keys: Keys | Callable[[], Keys] = started
+            _, result, failed = outcome
+        else:
+            call = call_at_end(name, attributes, span_events(span), span_failed(span))
+            if claimed is not None and started is not None:
+                # A requested call's tool span ended: it ran (whether it failed, for the intent
+                # sentence); forget the kept decision.
+                ended_at = (span.end_time or time.time_ns()) / 1e9
+                self.guard.requested_ran(
+                    started[0], started[1], claimed, call.is_error if call else None, ended_at
+                )
+            if call is None:
+                return started is not None
+            tool, arguments, call_id = call.tool, call.arguments, call.call_id
+            result, failed = call.result, call.is_error
+            keys = (
+                started
+                if started is not None
+                else lambda: (*self._keys(call, span, trace_id, attributes), call.call_id)
+            )
         ended = call_ended(
             self.guard,
-            call.tool,
-            call.arguments,
-            started
-            if started is not None
-            else lambda: (*self._keys(call, span, trace_id, attributes), call.call_id),
-            call.is_error,
-            call.result,
+            tool,
+            arguments,
+            keys,
+            failed,
+            result,
             duration_seconds(span.start_time, span.end_time),
             (trace_id, span_id),  # the exemplar of what it counts
         )
@@ -536,7 +563,7 @@ class LoopGuardSpanProcessor(SpanProcessor):
             return True
         (session, agent, _), arguments, decision = ended
         if decision is not None and decision.detected is not Action.ALLOW:
-            self._record_after(span, decision, call.call_id, arguments, tracked)
+            self._record_after(span, decision, call_id, arguments, tracked)
             if decision.phase is Phase.POST and decision.action is not Action.ALLOW:
                 self._conclude(session, agent, decision)
         return True

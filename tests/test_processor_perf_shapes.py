@@ -24,7 +24,7 @@ from otel_loopguard._conventions import (
     arguments_available_at_start,
     tool_call_from_span,
 )
-from otel_loopguard._conventions._dispatch import tool_call_at_start
+from otel_loopguard._conventions._dispatch import tool_call_at_start, tool_outcome_from_span
 from otel_loopguard._span_calls import call_at_start
 from otel_loopguard._spans import START_NAME_PREFIXES
 from otel_loopguard.processor import LoopGuardSpanProcessor, current_decision
@@ -40,6 +40,31 @@ def _the_long_way(name: str, attributes: dict[str, Any]) -> object:
     if call is None or call.arguments is MISSING:
         return None
     return call
+
+
+def _ended_dump_spans() -> list[tuple[str, dict[str, Any], list[Any], bool]]:
+    """(name, attributes, events, failed) of every span in the recorded dumps, as it ended."""
+    found = []
+    for path in sorted(SPAN_DUMPS.glob("*/*.jsonl")):
+        for line in path.read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                events = [(e["name"], e["attributes"]) for e in row["events"]]
+                failed = row["status"]["code"] == "ERROR"
+                found.append((row["name"], row["attributes"], events, failed))
+    return found
+
+
+def test_the_outcome_at_end_is_what_the_whole_read_gives_on_every_dump() -> None:
+    read = 0
+    for name, attributes, events, failed in _ended_dump_spans():
+        for status in (failed, None):
+            call = tool_call_from_span(name, attributes, events, status)
+            outcome = tool_outcome_from_span(name, attributes, events, status)
+            expected = None if call is None else (call.tool, call.result, call.is_error)
+            assert outcome == expected, (name, attributes)
+            read += call is not None
+    assert read > 50
 
 
 def _dump_spans() -> list[tuple[str, dict[str, Any]]]:

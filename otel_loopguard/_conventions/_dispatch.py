@@ -434,22 +434,33 @@ def _read_tool_call(
     if tool is None or tool in convention.skip_tools:
         return None
     arguments, argument_call_id = _read_arguments(convention, attributes, events)
-    result, result_call_id, result_error = _read_result(convention, attributes, events)
-    if convention.error_keys:
-        flagged = _flag(attributes, convention.error_keys)
-        if flagged is not None and result_error is not True:
-            result_error = flagged
+    result, result_call_id, is_error = _read_outcome(convention, attributes, events, status_error)
     return SpanToolCall(
         tool,
         arguments,
         result,
-        _is_error(attributes, events, status_error, result_error),
+        is_error,
         _read_call_id(convention, attributes) or argument_call_id or result_call_id,
         _first_text(attributes, convention.agent_id_keys),
         _first_text(attributes, convention.agent_name_keys),
         _conversation_id(attributes),
         convention.name,
     )
+
+
+def _read_outcome(
+    convention: ToolConvention,
+    attributes: Mapping[str, object],
+    events: _Events,
+    status_error: bool | None,
+) -> tuple[object, str | None, bool | None]:
+    """The decoded result, the call id its encoding holds, and whether the call failed."""
+    result, result_call_id, result_error = _read_result(convention, attributes, events)
+    if convention.error_keys:
+        flagged = _flag(attributes, convention.error_keys)
+        if flagged is not None and result_error is not True:
+            result_error = flagged
+    return result, result_call_id, _is_error(attributes, events, status_error, result_error)
 
 
 def _read_arguments(
@@ -577,6 +588,35 @@ def tool_call_at_start(name: str, attributes: Mapping[str, object]) -> SpanToolC
     ):
         return None
     return _read_tool_call(convention, name, attributes, (), None)
+
+
+def tool_outcome_from_span(
+    name: str,
+    attributes: Mapping[str, object],
+    events: Sequence[tuple[str, Mapping[str, object]]] = (),
+    status_error: bool | None = None,
+) -> tuple[str, object, bool | None] | None:
+    """The tool, result and failure of the call :func:`tool_call_from_span` reads from the same
+    span, or ``None`` when it reads none: for a span whose call was read at its start
+    (:func:`tool_call_at_start`), only the outcome is new at its end. The same gate, match and
+    tool test; the arguments, call id, agent and conversation are not read. Never raises."""
+    bits = _tool_gate_bits(name, attributes)
+    if not bits:
+        return None
+    if (
+        events.__class__ is not tuple
+        and events.__class__ is not list
+        and not isinstance(events, Sequence)
+    ):
+        events = ()
+    convention = _TOOLS.match(bits, name, attributes, events)
+    if convention is None:
+        return None
+    tool = _first_text(attributes, convention.tool_keys) or convention.tool_from_span_name(name)
+    if tool is None or tool in convention.skip_tools:
+        return None
+    result, _, is_error = _read_outcome(convention, attributes, events, status_error)
+    return tool, result, is_error
 
 
 def agent_from_span(name: str, attributes: Mapping[str, object]) -> SpanAgent | None:
