@@ -7,13 +7,12 @@ modules are listed in CONTRIBUTING.md, and those named ``_x`` are internal.
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 from typing import Any as _Any
 
-from ._advice import AdviceRequest, Advisor, AdvisorError, CallRecord, CommandAdvisor
-from ._guard import LoopGuard
-from ._policy import Action, Decision, LoopDetected, Phase
-from .config import PRESETS, AdvisorInput, Mode, Policy, Rule, load_policy
-
 if _TYPE_CHECKING:
+    from ._advice import AdviceRequest, Advisor, AdvisorError, CallRecord, CommandAdvisor
     from ._enforce import enforce
+    from ._guard import LoopGuard
+    from ._policy import Action, Decision, LoopDetected, Phase
+    from .config import PRESETS, AdvisorInput, Mode, Policy, Rule, load_policy
     from .exporter import LoopGuardSpanExporter
     from .processor import LoopGuardSpanProcessor, current_decision
 
@@ -41,14 +40,30 @@ __all__ = [
     "load_policy",
 ]
 
-# The span processor and exporter need opentelemetry-sdk (enforce reads the processor's
-# decisions); they are imported on first use so that
-# `import otel_loopguard` stays light for command hooks that start a process per call.
+# Every public name is imported on first use (PEP 562), so that importing a submodule (the
+# command hook imports `otel_loopguard.cli`, a process per tool call) does not import the guard,
+# the advisor or the SDK-backed span processor and exporter with the package.
 _LAZY = {
+    "Action": "_policy",
+    "AdviceRequest": "_advice",
+    "Advisor": "_advice",
+    "AdvisorError": "_advice",
+    "AdvisorInput": "config",
+    "CallRecord": "_advice",
+    "CommandAdvisor": "_advice",
+    "Decision": "_policy",
+    "LoopDetected": "_policy",
+    "LoopGuard": "_guard",
     "LoopGuardSpanExporter": "exporter",
     "LoopGuardSpanProcessor": "processor",
+    "Mode": "config",
+    "PRESETS": "config",
+    "Phase": "_policy",
+    "Policy": "config",
+    "Rule": "config",
     "current_decision": "processor",
     "enforce": "_enforce",
+    "load_policy": "config",
 }
 
 
@@ -61,6 +76,10 @@ def __getattr__(name: str) -> _Any:
     value = getattr(import_module(f"{__name__}.{module}"), name)
     globals()[name] = value
     return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
 
 
 __version__ = "0.1.0"

@@ -12,15 +12,18 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from ._advice import MAX_ADVICE_CHARS, AdviceRequest, Advisor, CallRecord, CommandAdvisor
 from ._calls import SIGNATURE_CHARS
 from ._engine import SessionState
 from ._reporter import Reporter, TripLine
 from .config import Policy
+
+if TYPE_CHECKING:
+    # The pool's threads are made on a rescue's first ask: a guard that never asks (a command
+    # hook's ordinary call) does not import them.
+    from concurrent.futures import Future, ThreadPoolExecutor
 
 __all__ = ["ADVISOR_GRACE_SECONDS", "MAX_UNWAITED_ASKS", "AdvisorPool", "Rescues", "clean_advice"]
 
@@ -65,6 +68,8 @@ class AdvisorPool:
         not anyone waits for it."""
         executor = self._executor
         if executor is None:
+            from concurrent.futures import ThreadPoolExecutor
+
             executor = self._executor = ThreadPoolExecutor(
                 max_workers=_WORKERS, thread_name_prefix="loopguard-advisor"
             )
@@ -89,6 +94,8 @@ class AdvisorPool:
     def wait(future: Future[str | None], timeout: float) -> tuple[str | None, bool]:
         """Wait at most ``timeout`` seconds: (the advice, whether the ask failed: it raised,
         timed out or said nothing)."""
+        from concurrent.futures import TimeoutError as FutureTimeout
+
         try:
             advice = future.result(timeout=timeout)
         except (FutureTimeout, Exception):

@@ -11,7 +11,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, Final, cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from ._advice import Advisor
 from ._asks import Rescues
@@ -25,7 +25,10 @@ from ._session_store import SessionStore
 from ._spend import Spend
 from ._trail import Trail
 from .config import Policy
-from .metrics import NoopRecorder, PrometheusRecorder
+from .metrics import NoopRecorder
+
+if TYPE_CHECKING:
+    from .metrics.prometheus import PrometheusRecorder
 
 __all__ = ["MAX_SETTLED_CALLS", "MAX_SETTLED_SESSIONS", "SNAPSHOT_VERSION", "Upkeep", "text_of"]
 
@@ -170,6 +173,8 @@ class Upkeep:
 
     def prometheus(self) -> PrometheusRecorder:
         """The Prometheus recorder, installed now if there was none (metrics served later)."""
+        from .metrics.prometheus import PrometheusRecorder
+
         reporter = self.reporter
         recorder = reporter.recorder
         if type(recorder) is NoopRecorder:

@@ -40,14 +40,12 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import BinaryIO, Final, TextIO
+from typing import TYPE_CHECKING, BinaryIO, Final, TextIO
 
 import orjson
 
-from .._engine import MAX_PENDING_CALLS, SessionState
+from .._engine import MAX_PENDING_CALLS
 from .._env import LOOPGUARD_SERVE_TOKEN
-from .._guard import LoopGuard
-from .._memory import defer_writes, flush_memories, scope_of
 from .._policy import Action
 from .._token import EmptyToken, read_token
 from ..config import MemoryScope, Policy, load_policy, unknown_variables
@@ -69,6 +67,9 @@ from ._transcript import (
     mark_after,
     read_transcript,
 )
+
+if TYPE_CHECKING:
+    from .._guard import LoopGuard
 
 __all__ = [
     "FAIL_CLOSED_TEXT",
@@ -111,6 +112,8 @@ class LocalBackend:
             # other): in the state file, or in the shared Redis store when there is one.
             where = policy.store if policy.store is not None else str(store_path)
             policy = policy.replace(memory=where)
+        from .._memory import defer_writes  # the local path only: --server keeps no memory here
+
         # The state file is held while the guard decides: dead ends are written after.
         defer_writes()
         self.policy = policy
@@ -123,6 +126,10 @@ class LocalBackend:
         self._note = note
 
     def answer(self, host: Host, event: HookEvent) -> Answer:
+        from .._engine import SessionState
+        from .._guard import LoopGuard  # the local path only: --server needs no guard
+        from .._memory import flush_memories
+
         policy = self.policy
         try:
             # Wall-clock time: session TTL and advisor cooldown span processes.
@@ -181,6 +188,9 @@ class LocalBackend:
     def _scope(self, guard: LoopGuard, event: HookEvent) -> None:
         """The session's memory scope: the repository of the payload's ``cwd`` (else the
         guard's own: the hook process's working directory)."""
+        from .._engine import SessionState
+        from .._memory import scope_of
+
         policy = self.policy
         if (
             policy.memory is False
@@ -246,6 +256,8 @@ class LocalBackend:
         """``guard``, or one whose price table also holds the kept rates of the new turns'
         models (:class:`~._transcript.KnownPrices`; the user's entries still first), so that
         pricing them does not import genai-prices in this process."""
+        from .._guard import LoopGuard
+
         entries = self.prices.table(reading.turns)
         if not entries:
             return guard
@@ -279,6 +291,8 @@ class LocalBackend:
     ) -> dict[str, str]:
         """Import the sub-agents' rows of ``session`` (key -> state); their keys -> agents.
         A row that cannot be read is left as it is."""
+        from .._engine import SessionState
+
         agents: dict[str, str] = {}
         for other, data in related.items():
             try:

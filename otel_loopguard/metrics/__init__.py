@@ -31,6 +31,8 @@ Everything public is importable from here. Modules (imports point down the list 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ._exposition import MetricsServer
 from ._labels import DEFAULT_MAX_LABEL_VALUES, DEFAULT_MAX_SERIES, MAX_LABEL_CHARS, OTHER
 from ._spec import (
@@ -69,8 +71,10 @@ from ._spec import STORE_ERRORS as STORE_ERRORS
 from ._spec import TOOL_CALLS as TOOL_CALLS
 from ._spec import UNPRICED_MODEL_CALLS as UNPRICED_MODEL_CALLS
 from ._spec import WASTED_SECONDS as WASTED_SECONDS
-from .otel import OpenTelemetryRecorder
-from .prometheus import PrometheusRecorder
+
+if TYPE_CHECKING:
+    from .otel import OpenTelemetryRecorder
+    from .prometheus import PrometheusRecorder
 
 __all__ = [
     "ACTIONS",
@@ -94,3 +98,23 @@ __all__ = [
     "STORE_OPS",
     "TOKEN_KINDS",
 ]
+
+
+# The two recorders' modules are imported on first use (PEP 562): a guard without a recorder (a
+# command hook's) does not import them.
+_BACKENDS = {"OpenTelemetryRecorder": "otel", "PrometheusRecorder": "prometheus"}
+
+
+def __getattr__(name: str) -> object:
+    module = _BACKENDS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
+
+    value = getattr(import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
