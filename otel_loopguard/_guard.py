@@ -382,6 +382,14 @@ class LoopGuard:
         advisor. Never raises."""
         self._core.set_task(session, task, agent)
 
+    def set_scope(self, session: str, scope: str, *, agent: str | None = None) -> None:
+        """The memory scope of the session's run (``repository:<git root>``, ``agent:<name>``
+        or ``global``; see the policy's ``memory_scope``), when the entrance knows it better
+        than this process (the decision API is told the caller's repository): its dead ends are
+        recorded and recalled there. Kept with the session; a session that has a scope keeps
+        it. Nothing without memory. Never raises."""
+        self._core.set_scope(session, scope, agent)
+
     def model_call(
         self,
         usage: ModelUsage | Mapping[str, object],

@@ -46,6 +46,7 @@ __all__ = [
     "FORMAT_VERSION",
     "MAX_FILE_BYTES",
     "MAX_SCOPES",
+    "MAX_SCOPE_CHARS",
     "MEMORY_FILE_NAME",
     "MEMORY_TABLE",
     "DeadEnd",
@@ -60,6 +61,7 @@ __all__ = [
     "open_memory",
     "recalled",
     "repository_root",
+    "repository_scope",
     "scope_of",
 ]
 
@@ -257,6 +259,11 @@ def scope_of(policy: Policy, *, directory: str | None = None, agent: str | None 
         root = repository_root(directory if directory is not None else os.getcwd())
     except OSError:
         root = directory or ""
+    return repository_scope(root)
+
+
+def repository_scope(root: str) -> str:
+    """The scope of the runs of the repository at ``root`` (its git root)."""
     return f"repository:{root}"[:MAX_SCOPE_CHARS]
 
 

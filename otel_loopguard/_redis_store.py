@@ -609,6 +609,9 @@ class RedisCore(GuardCore):
     def set_task(self, session: str, task: str, agent: str | None) -> None:
         self._in_session(session, agent, lambda: GuardCore.set_task(self, session, task, agent))
 
+    def set_scope(self, session: str, scope: str, agent: str | None) -> None:
+        self._in_session(session, agent, lambda: GuardCore.set_scope(self, session, scope, agent))
+
     def export_session(self, session: str, agent: str | None) -> SessionState | None:
         state = self._in_session(
             session, agent, lambda: GuardCore.export_session(self, session, agent)

@@ -94,6 +94,22 @@ class Upkeep:
         except Exception as exc:
             self.report_internal_error("set_task", exc)
 
+    def set_scope(self, session: str, scope: str, agent: str | None) -> None:
+        """The memory scope of the session's run, as its entrance knows it (the command hooks'
+        and the decision API's repository of the caller's working directory), kept with the
+        session; a scope it has already is kept. Nothing without memory."""
+        if getattr(self, "memory", None) is None:
+            return
+        try:
+            with self._lock:
+                state = self.store.get(self._store_key(*self._ids(session, agent)))
+                evictions = self._take_evictions()
+                if state is not None and state.scope is None:
+                    state.scope = scope
+            self._evicted(evictions)
+        except Exception as exc:
+            self.report_internal_error("set_scope", exc)
+
     def errors(self) -> dict[str, int]:
         with self._lock:
             return dict(self._errors)

@@ -532,6 +532,7 @@ def test_what_the_hook_sends(fake: str) -> None:
         "arguments": BASH_TESTS,
         "call_id": "toolu_1",
         "hold_reminder": True,
+        "repository": "/work/project",  # the event's cwd (no git root above it here)
     }
     assert bodies[1]["hold_reminder"] is True and bodies[1]["call_id"] is None  # Gemini CLI
     assert bodies[2]["hold_reminder"] is False  # Codex shows reminders before the call
@@ -544,6 +545,7 @@ def test_what_the_hook_sends(fake: str) -> None:
         "error": False,
         "result": BASH_RESULT,
         "duration_seconds": 1.2,
+        "repository": "/work/project",
     }
     assert bodies[4] == {"session": "sess-1", "agent": None, "text": "hi"}
 

@@ -43,6 +43,7 @@ from typing import Final
 import orjson
 
 from .._env import LOOPGUARD_SERVE_TOKEN
+from .._memory import MAX_SCOPE_CHARS, repository_root
 from .._policy import Action
 from .._prices import ModelUsage
 from .._trail import MAX_TASK_CHARS
@@ -136,6 +137,12 @@ class RemoteBackend:
             self._post("user_message", {**ids, "text": text} if text else ids)
             return ALLOWED
         call = {**ids, "tool": event.tool, "arguments": event.arguments, "call_id": event.call_id}
+        if event.cwd is not None:
+            # Memory's scope is the caller's repository, found here (serve may run elsewhere).
+            try:
+                call["repository"] = repository_root(event.cwd)[:MAX_SCOPE_CHARS]
+            except (OSError, ValueError):
+                pass
         if event.kind is EventKind.PRE_TOOL:
             answer = self._post("before", {**call, "hold_reminder": not host.pre_tool_context})
             decision = self._decision(answer)

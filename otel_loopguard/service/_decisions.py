@@ -30,9 +30,10 @@ from otel_loopguard._attributes import Shape, decision_attributes
 from otel_loopguard._calls import bounded_id
 from otel_loopguard._exemplars import DROPPED, counting
 from otel_loopguard._guard import LoopGuard
+from otel_loopguard._memory import MAX_SCOPE_CHARS, repository_scope
 from otel_loopguard._policy import Action, Decision
 from otel_loopguard._prices import ModelUsage
-from otel_loopguard.config import Policy
+from otel_loopguard.config import MemoryScope, Policy
 from otel_loopguard.hooks._answers import decide_after, decide_before
 
 __all__ = [
@@ -216,6 +217,8 @@ class DecisionCall:
     trace: tuple[int, int] | None = None
     #: model_call: the turn's usage.
     usage: ModelUsage | None = None
+    #: before/after: the caller's repository (its git root), for memory's scope.
+    repository: str | None = None
 
 
 class DecisionAPI:
@@ -266,11 +269,16 @@ class DecisionAPI:
         tool = _text(payload, "tool", required=True)
         arguments = payload.get("arguments", {})
         call_id = _text(payload, "call_id")
+        repository = _text(payload, "repository")
+        if repository is not None and len(repository) > MAX_SCOPE_CHARS:
+            raise ValueError(f"'repository' must be at most {MAX_SCOPE_CHARS} characters")
         if endpoint == "before":
             hold = payload.get("hold_reminder", False)
             if not isinstance(hold, bool):
                 raise ValueError(f"'hold_reminder' must be true or false, got {hold!r}")
-            return DecisionCall(endpoint, session, agent, tool, arguments, call_id, hold=hold)
+            return DecisionCall(
+                endpoint, session, agent, tool, arguments, call_id, hold=hold, repository=repository
+            )
         error = payload.get("error", False)
         if error is not None and not isinstance(error, bool):
             raise ValueError(f"'error' must be true, false or null, got {error!r}")
@@ -291,6 +299,7 @@ class DecisionAPI:
             error=error,
             result=payload.get("result"),
             duration=None if duration is None else float(duration),
+            repository=repository,
         )
 
     def apply(self, call: DecisionCall) -> dict[str, object]:
@@ -319,6 +328,8 @@ class DecisionAPI:
                 "cost_usd": None if cost is None else cost.usd,
                 "cost_source": None if cost is None else cost.source,
             }
+        if call.repository is not None and guard.policy.memory_scope is MemoryScope.REPOSITORY:
+            guard.set_scope(session, repository_scope(call.repository), agent=agent)
         if call.endpoint == "before":
             before = decide_before(
                 guard,
