@@ -14,16 +14,17 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
-from ._advice import MAX_ADVICE_CHARS, AdviceRequest, Advisor, CallRecord, CommandAdvisor
 from ._calls import SIGNATURE_CHARS
 from ._engine import SessionState
 from ._reporter import Reporter, TripLine
 from .config import Policy
 
 if TYPE_CHECKING:
-    # The pool's threads are made on a rescue's first ask: a guard that never asks (a command
-    # hook's ordinary call) does not import them.
+    # The advisor's module and the pool's threads are imported by a rescue that asks: a guard
+    # that never asks (a command hook's ordinary call) does not import them.
     from concurrent.futures import Future, ThreadPoolExecutor
+
+    from ._advice import AdviceRequest, Advisor
 
 __all__ = ["ADVISOR_GRACE_SECONDS", "MAX_UNWAITED_ASKS", "AdvisorPool", "Rescues", "clean_advice"]
 
@@ -42,6 +43,8 @@ def clean_advice(advice: object) -> str | None:
     """An advisor's answer as advice: stripped and cut, or ``None`` when it says nothing."""
     if not isinstance(advice, str) or not advice.strip():
         return None
+    from ._advice import MAX_ADVICE_CHARS
+
     return advice.strip()[:MAX_ADVICE_CHARS]
 
 
@@ -190,6 +193,8 @@ class Rescues:
     def context(state: SessionState, key: str) -> dict[str, Any]:
         """Under the lock: what the session knows for the advisor's question (a snapshot of
         its trail; :class:`AdviceRequest` fields)."""
+        from ._advice import CallRecord
+
         trail = state.trail
         context: dict[str, Any] = {
             "earlier_advice": tuple(state.advice.values()) if state.advice else (),
@@ -254,6 +259,8 @@ class Rescues:
         """How long a caller waits for an ask: the policy's advisor timeout, plus a grace for a
         command advisor, so its own timeout kills it and says so first. A wrapper (serve
         --state-dir logs each answer) names the advisor it wraps ``inner``."""
+        from ._advice import CommandAdvisor
+
         timeout = self._policy.advisor_timeout_seconds
         if isinstance(getattr(self.advisor, "inner", self.advisor), CommandAdvisor):
             timeout += ADVISOR_GRACE_SECONDS

@@ -17,14 +17,8 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ._advice import (
-    MAX_DEAD_ENDS,
-    MAX_QUESTION_ARGUMENT_CHARS,
-    AdviceRequest,
-    Advisor,
-)
 from ._asks import Rescues, Reserved
 from ._calls import (
     MAX_ID_CHARS,
@@ -66,6 +60,11 @@ from ._triplog import TripLog
 from ._upkeep import MAX_SETTLED_CALLS, MAX_SETTLED_SESSIONS, Upkeep, text_of
 from .config import MemoryScope, Mode, Policy, Rule
 from .metrics import NoopRecorder, Recorder
+
+if TYPE_CHECKING:
+    # The advisor's module is imported by the rescue that asks: a guard that never asks (a
+    # command hook's ordinary call) does not import it.
+    from ._advice import Advisor
 
 __all__ = ["GuardCore"]
 
@@ -551,6 +550,8 @@ class GuardCore(Upkeep):
     def _dead_ends(self, state: SessionState, store_key: object) -> tuple[str, ...]:
         """Under the lock, at a rescue: the scope's dead ends for the advisor's question, one
         line each, the most recent first (this run's own not counted)."""
+        from ._advice import MAX_DEAD_ENDS
+
         memory = self.memory
         assert memory is not None
         run = self._run_of(store_key)
@@ -894,6 +895,8 @@ class GuardCore(Upkeep):
         The outcome (advice cached, or budget refunded) is settled by :meth:`_advice_done` when
         the ask ends, whether or not anyone waited for it; an ask nobody waited for that fails
         writes its own ``escalation-failed`` trip line."""
+        from ._advice import MAX_QUESTION_ARGUMENT_CHARS, AdviceRequest
+
         policy = self.policy
         advisor = self.rescues.advisor
         assert advisor is not None

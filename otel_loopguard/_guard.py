@@ -16,9 +16,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any, Final, Literal, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, cast, overload
 
-from ._advice import Advisor, CommandAdvisor
 from ._calls import args_key, canonical_arguments, canonical_json, tool_name
 from ._core import GuardCore
 from ._early import Early, EarlyDecisions
@@ -32,6 +31,9 @@ from ._triplog import TripLog
 from ._wrap import wrap_tool
 from .config import Policy, policy_from_env
 from .metrics import MetricsServer, Recorder
+
+if TYPE_CHECKING:
+    from ._advice import Advisor
 
 __all__ = ["LoopGuard"]
 
@@ -102,6 +104,8 @@ class LoopGuard:
             policy = policy.replace(store=store)
         self.policy: Final = policy
         if advisor is None and self.policy.advisor_command:
+            from ._advice import CommandAdvisor  # imported only when the policy names one
+
             advisor = CommandAdvisor(
                 self.policy.advisor_command,
                 self.policy.advisor_timeout_seconds,

@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Final, cast
 
-from ._advice import Advisor
 from ._asks import Rescues
 from ._calls import MAX_ID_CHARS, bounded_id, tool_name
 from ._engine import SessionState
@@ -28,6 +27,7 @@ from .config import Policy
 from .metrics import NoopRecorder
 
 if TYPE_CHECKING:
+    from ._advice import Advisor
     from .metrics.prometheus import PrometheusRecorder
 
 __all__ = ["MAX_SETTLED_CALLS", "MAX_SETTLED_SESSIONS", "SNAPSHOT_VERSION", "Upkeep", "text_of"]
