@@ -32,8 +32,6 @@ from ._cli_common import (
     policy_options,
     port_number,
 )
-from ._cli_memory import add_memory
-from ._cli_serve import add_serve
 
 __all__ = ["main"]
 
@@ -306,20 +304,33 @@ def _version() -> str:
     return __version__
 
 
+def _add_serve(commands: argparse._SubParsersAction[CommandParser]) -> None:
+    from ._cli_serve import add_serve
+
+    add_serve(commands)
+
+
+def _add_memory(commands: argparse._SubParsersAction[CommandParser]) -> None:
+    from ._cli_memory import add_memory
+
+    add_memory(commands)
+
+
 #: Each adds one subcommand; its handler imports its module.
-_SUBCOMMANDS: Final = (_add_demo, _add_replay, _add_hook, add_serve, add_memory)
+_SUBCOMMANDS: Final = (_add_demo, _add_replay, _add_hook, _add_serve, _add_memory)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(*, hook_only: bool = False) -> argparse.ArgumentParser:
     """The argument parser of ``otel-loopguard`` (subcommands ``demo``, ``replay``, ``hook``,
-    ``serve``, ``memory``)."""
+    ``serve``, ``memory``); with ``hook_only``, of ``hook`` alone (a hook process, per tool
+    call, builds no other subcommand's parser)."""
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Catch AI agents stuck repeating tool calls.",
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=CommandParser)
-    for add in _SUBCOMMANDS:
+    for add in (_add_hook,) if hook_only else _SUBCOMMANDS:
         add(commands)
     parser.set_defaults(handler=None, command_names=tuple(commands.choices))
     return parser
@@ -330,12 +341,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Never raises for a user mistake: usage errors print one line on stderr and return 2.
     """
-    parser = build_parser()
+    words = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(hook_only=words[:1] == ["hook"])
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(words)
     except SystemExit as exc:  # argparse exits for --help, --version and bad options
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
-        words = list(sys.argv[1:] if argv is None else argv)
         if code != 0 and words[:1] == ["hook"]:
             from otel_loopguard.hooks import answer_usage_error
 
