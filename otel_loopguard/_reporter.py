@@ -22,16 +22,17 @@ __all__ = ["Reporter", "TripLine"]
 
 #: The fields of one trip line (:meth:`otel_loopguard._triplog.TripLog.write`'s arguments).
 TripLine = dict[str, Any]
-#: Recorder methods added with model-call cost (issue 24): a recorder written before them is not
-#: called for them (as for ``store_error``), and the rest of it works as before.
-_COST_METHODS = ("model_call", "loop_spend", "avoided")
+#: Recorder methods added with model-call cost (issue 24) and memory (issue 28): a recorder
+#: written before them is not called for them (as for ``store_error``), and the rest of it works
+#: as before.
+_COST_METHODS = ("model_call", "loop_spend", "avoided", "memory_hit")
 
 
 class _WithoutCost:
     """A recorder that lacks some of :data:`_COST_METHODS`: those it lacks do nothing, the
     others and every other attribute are the recorder's own."""
 
-    __slots__ = ("_inner", "avoided", "loop_spend", "model_call")
+    __slots__ = ("_inner", "avoided", "loop_spend", "memory_hit", "model_call")
 
     def __init__(self, inner: object) -> None:
         self._inner = inner
@@ -73,7 +74,8 @@ class Reporter:
 
     Both may be swapped while the guard runs (metrics served later install a recorder; a
     restart applying its log again reports nothing). A recorder written before the cost
-    methods (``model_call``, ``loop_spend``, ``avoided``) is not called for them.
+    methods (``model_call``, ``loop_spend``, ``avoided``) or ``memory_hit`` is not called for
+    them.
     """
 
     __slots__ = ("_policy", "recorder", "trip_log")

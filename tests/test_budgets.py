@@ -44,10 +44,12 @@ def _loop(
     """``calls`` model turns, each asking for the same search (outcome never reported: the
     default policy only reminds at 3 and 5 and denies from 6)."""
     session = ids.pop("session", None) or "s"
+    agent = ids.pop("agent", None)
+    assert not ids, ids
     decisions = []
     for _ in range(calls):
-        guard.model_call(turn, session=session, **ids)
-        decisions.append(guard.before_tool("search", {"q": "x"}, session=session, **ids))
+        guard.model_call(turn, session=session, agent=agent)
+        decisions.append(guard.before_tool("search", {"q": "x"}, session=session, agent=agent))
     return decisions
 
 

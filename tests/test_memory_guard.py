@@ -186,3 +186,46 @@ def test_guards_sharing_redis_share_memory(redis_server: RedisServer) -> None:
     reminded = [d for d in _run(second, "run-2", 2) if d.action is Action.REMIND]
     assert [d.rule for d in reminded] == [Rule.MEMORY]
     assert second.store_errors == {} and second.internal_errors == {}
+
+
+class _RecorderBeforeMemory:
+    """A custom recorder written before memory (and before cost): no ``memory_hit``."""
+
+    def __init__(self) -> None:
+        self.decisions: list[tuple[str, str]] = []
+
+    def tool_call(self, agent: str | None, tool: str, repeated: bool) -> None:
+        pass
+
+    def wasted(self, agent: str | None, tool: str, seconds: float) -> None:
+        pass
+
+    def decision(self, agent: str | None, tool: str, rule: str, action: str, count: int) -> None:
+        self.decisions.append((rule, action))
+
+    def stopped_run(self, agent: str | None, tool: str, rule: str) -> None:
+        pass
+
+    def rescue(self, outcome: str) -> None:
+        pass
+
+    def evicted(self, reason: str) -> None:
+        pass
+
+    def internal_error(self, where: str) -> None:
+        pass
+
+
+def test_a_recorder_written_before_memory_is_not_called_for_its_hits(tmp_path: Path) -> None:
+    """Before, ``memory_hit`` raised AttributeError inside ``before_tool`` for such a recorder:
+    the reminder from memory was lost and answered allow, as an internal error."""
+    path = tmp_path / "memory.json"
+    _stopped_run(path)
+    recorder = _RecorderBeforeMemory()
+    guard = LoopGuard(_policy(path), recorder=recorder)  # type: ignore[arg-type]
+    _run(guard, "run-2", 1)
+    second = guard.before_tool(*CALL, session="run-2")
+    assert (second.action, second.rule) == (Action.REMIND, Rule.MEMORY)
+    assert ("memory", "remind") in recorder.decisions
+    assert guard.internal_errors == {}
+    guard.close(wait=True)

@@ -131,6 +131,9 @@ class CallCounter:
     def avoided(self, agent: str | None, tokens: int, usd: float) -> None:
         pass
 
+    def memory_hit(self, agent: str | None) -> None:
+        pass
+
 
 class DecisionSpy:
     """Wraps a guard's span entrances (as tests/test_processor.py's ``Recording`` does), thread-safe:

@@ -20,8 +20,9 @@ from ..config import Rule
 class Recorder(Protocol):
     """Receives what the guard observed. Called on application threads; must not block or raise.
 
-    A recorder without :meth:`store_error`, or without the cost methods (:meth:`model_call`,
-    :meth:`loop_spend`, :meth:`avoided`: one written before them), is not called for them."""
+    A recorder without :meth:`store_error`, the cost methods (:meth:`model_call`,
+    :meth:`loop_spend`, :meth:`avoided`) or :meth:`memory_hit` (one written before them) is not
+    called for them."""
 
     def tool_call(self, agent: str | None, tool: str, repeated: bool) -> None:
         """A tracked tool-call attempt was counted (``repeated``: its args key was seen before)."""
