@@ -10,6 +10,8 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
 
+from ._cli_hook import non_negative_seconds_or_problem
+
 if TYPE_CHECKING:
     from otel_loopguard.config import Policy
 
@@ -33,12 +35,9 @@ class UsageError(Exception):
 
 
 def non_negative_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not value >= 0 or value == float("inf"):  # also rejects NaN
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    value = non_negative_seconds_or_problem(text)
+    if isinstance(value, str):
+        raise argparse.ArgumentTypeError(value)
     return value
 
 

@@ -39,7 +39,7 @@ print(json.dumps({"code": code, "added": added}), file=sys.stderr)
 COMMON = {
     "otel_loopguard",
     "otel_loopguard._calls",
-    "otel_loopguard._cli_common",
+    "otel_loopguard._cli_hook",
     "otel_loopguard._defaults",
     "otel_loopguard._engine",
     "otel_loopguard._env",
@@ -92,8 +92,9 @@ SERVER = COMMON | {"otel_loopguard.hooks._remote"}
 THIRD_PARTY = {"orjson", "xxhash"}
 
 #: Standard-library modules neither path needs on an ordinary call: the advisor's process runner
-#: and thread pool (a rescue imports them), and what serve uses.
-NOT_STDLIB = {"asyncio", "concurrent.futures", "subprocess", "tomllib"}
+#: and thread pool (a rescue imports them), what serve uses, and argparse (an ordinary hook
+#: command line is read without it).
+NOT_STDLIB = {"argparse", "asyncio", "concurrent.futures", "shutil", "subprocess", "tomllib"}
 
 
 def added_modules(event: dict[str, object], *args: str, env: dict[str, str]) -> list[str]:

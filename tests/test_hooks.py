@@ -522,9 +522,9 @@ def test_codex_remind_before_the_call_deny_and_stop_within_the_strict_schema(
 
 
 def test_hosts_on_the_command_line_are_the_hosts_of_the_package() -> None:
-    from otel_loopguard.cli import _HOOK_HOSTS
+    from otel_loopguard._cli_hook import HOOK_HOSTS
 
-    assert tuple(HOSTS) == _HOOK_HOSTS == ("claude-code", "gemini-cli", "codex")
+    assert tuple(HOSTS) == HOOK_HOSTS == ("claude-code", "gemini-cli", "codex")
 
 
 # -- texts are capped -------------------------------------------------------------------------
