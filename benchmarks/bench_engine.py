@@ -7,12 +7,18 @@ API with the default policy, without metrics and with the Prometheus recorder (a
 per run), for two workloads:
   - "mixed": 100 live sessions of 50 calls each; in each, every 5th call repeats the one
     before it, the rest are new; results given (a busy, healthy service: repeats, no trips);
-  - "distinct": every call new (the cheapest path: nothing repeats).
+  - "distinct": every call new (the cheapest path: nothing repeats);
+  - "loop-heavy": 100 live sessions of 20 calls each; in each, 8 new reads, then one grep
+    repeated with the same result until the ladder reminds, denies and stops (the path that
+    trips: every session ends stopped).
 The recorder's own cost per call is also timed directly: PrometheusRecorder.tool_call minus
 NoopRecorder.tool_call (a counted call; a repeated one bumps two counts).
 A plain baseline is measured in the same run: hashing the same calls' canonical JSON with the
 standard library (json.dumps(sort_keys=True) + hashlib.blake2b), i.e. the least work any loop
-detector must do per call. Medians over --repeat runs.
+detector must do per call. The floor the engine is held to (issue 29) is measured in the same
+run too: per call, orjson.dumps(arguments, option=OPT_SORT_KEYS) and xxh3-128 of the tool name
+and that (one canonicalisation and one hash); each workload's ratio to it is printed and
+recorded. Medians over --repeat runs.
 
 Memory: tracemalloc over --sessions sessions that each made N tracked calls and went idle
 (N = 1 and 10), including the session id strings, divided by the session count.
@@ -31,6 +37,10 @@ import time
 import timeit
 import tracemalloc
 
+import orjson
+from _results import record
+from xxhash import xxh3_128_hexdigest
+
 from otel_loopguard import PRESETS, LoopGuard
 from otel_loopguard.metrics import NoopRecorder, PrometheusRecorder
 
@@ -41,6 +51,15 @@ def workload(kind: str, pairs: int) -> list[tuple[str, dict[str, object], str, s
         session = f"session-{i % 100}-{i // 5000}"  # 100 live sessions of 50 calls each
         if kind == "distinct":
             calls.append(("grep", {"pattern": f"p{i}", "path": "src"}, session, "ok"))
+        elif kind == "loop-heavy":
+            # 100 live sessions of 20 calls each: 8 new reads, then one grep repeated until the
+            # ladder reminds, denies and stops
+            session = f"session-{i % 100}-{i // 2000}"
+            n = (i // 100) % 20
+            if n < 8:
+                calls.append(("read", {"path": f"src/f{n}.py"}, session, f"contents {n}"))
+            else:
+                calls.append(("grep", {"pattern": "TODO", "path": "src"}, session, "no match"))
         else:
             # per session: every 5th call repeats the one before (a re-read), the rest are new
             n = i // 100
@@ -70,6 +89,15 @@ def run_baseline(calls: list[tuple[str, dict[str, object], str, str]]) -> float:
         ).hexdigest()
         seen[session + key] = seen.get(session + key, 0) + 1
         hashlib.blake2b(result.encode(), digest_size=16).hexdigest()
+    return len(calls) / (time.perf_counter() - started)
+
+
+def run_floor(calls: list[tuple[str, dict[str, object], str, str]]) -> float:
+    """The floor: one canonicalisation (orjson, keys sorted) and one hash (xxh3-128) per call."""
+    dumps, sort = orjson.dumps, orjson.OPT_SORT_KEYS
+    started = time.perf_counter()
+    for tool, arguments, _session, _result in calls:
+        xxh3_128_hexdigest(tool.encode() + b"\x00" + dumps(arguments, option=sort))
     return len(calls) / (time.perf_counter() - started)
 
 
@@ -112,16 +140,19 @@ def main() -> int:
     args = parser.parse_args()
 
     print(f"python {platform.python_version()} on {platform.machine()}, {platform.system()}")
-    for kind in ("mixed", "distinct"):
+    for kind in ("mixed", "distinct", "loop-heavy"):
         calls = workload(kind, args.pairs)
-        ours, base, metered, ratios = [], [], [], []
+        ours, base, metered, ratios, floor, to_floor = [], [], [], [], [], []
         for _ in range(args.repeat):  # side by side, alternating, so load affects all alike
             ours.append(run_guard(calls))
             base.append(run_baseline(calls))
+            floor.append(run_floor(calls))
             metered.append(run_guard(calls, metrics=True))
             ratios.append(ours[-1] / metered[-1])
+            to_floor.append(floor[-1] / ours[-1])
         o, b = statistics.median(ours), statistics.median(base)
-        m = statistics.median(metered)
+        m, f = statistics.median(metered), statistics.median(floor)
+        ratio = statistics.median(to_floor)
         print(
             f"throughput {kind:8s}: {o:10,.0f} pairs/s (median of {args.repeat});"
             f" baseline hash-only {b:10,.0f}/s; ours/baseline time ratio {b / o:.2f}x"
@@ -130,6 +161,12 @@ def main() -> int:
             f"  with Prometheus recorder: {m:10,.0f} pairs/s; time ratio metrics on/off"
             f" {statistics.median(ratios):.3f}x (median of per-run ratios)"
         )
+        print(
+            f"  floor orjson+xxh3-128: {f:10,.0f} calls/s; ours/floor time ratio {ratio:.1f}x"
+            " (median of per-run ratios; target <= 10x)"
+        )
+        record(f"{kind}_pairs_per_s", o, "pairs/s", better="higher")
+        record(f"{kind}_to_floor", ratio, "x", better="lower")
     for repeated in (False, True):
         costs = [recorder_cost_ns(repeated) for _ in range(args.repeat)]
         print(

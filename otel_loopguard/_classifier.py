@@ -14,6 +14,9 @@ __all__ = ["MAX_COMMAND_CHARS", "Classifier", "shell_command"]
 #: Shell commands longer than this are matched on their first this-many characters only.
 MAX_COMMAND_CHARS: Final = 4096
 _COMMAND_KEYS: Final = ("command", "cmd", "script", "commands")
+#: Arguments that can make a call of a tool that is no shell tool anything but what its name
+#: says (an operation, a command line): a plain mapping without them is answered by name.
+_NAMED_KEYS: Final = frozenset({"command", "action", "cmd", "script"})
 _MAX_CACHED_TOOL_NAMES: Final = 1024
 #: Characters of a ``command``/``action`` value searched for its first word (an operation name).
 _MAX_OPERATION_CHARS: Final = 64
@@ -91,6 +94,8 @@ class Classifier:
         tracked, shell, mutating = kind if kind is not None else self.tool_kind(tool)
         if not tracked:
             return False, False
+        if not shell and type(arguments) is dict and _NAMED_KEYS.isdisjoint(arguments):
+            return True, mutating  # the common case: no operation, no command line
         command: str | None = None
         operation: str | None = None
         if isinstance(arguments, Mapping):

@@ -178,6 +178,7 @@ class GuardCore(Upkeep):
             on_evict=self._evictions.append,
         )
         self._classifier = Classifier(self.policy)
+        self._ignored = frozenset(self.policy.ignored_args)
         self.reporter = Reporter(
             self.policy,
             recorder if recorder is not None else NoopRecorder(),
@@ -202,8 +203,9 @@ class GuardCore(Upkeep):
         self.rescues = Rescues(
             self.policy, advisor, self._clock, self._lock, self.reporter, on_error, on_failure
         )
-        # Per thread, the last call before_tool keyed: (arguments object, tool, args key). An
-        # after_tool with the very same objects reuses the key instead of hashing again.
+        # Per thread, the last call before_tool keyed: (arguments object, tool, session id,
+        # agent id, args key, state, store key). An after_tool with the very same objects
+        # reuses them instead of keying and looking up again.
         self._last = threading.local()
         # Hook attempts whose outcome is in: session key -> {call id: args key}, oldest first. A
         # second report of such a call (by its id, or by its arguments when it carries no id, as
@@ -269,7 +271,7 @@ class GuardCore(Upkeep):
             state: SessionState = self.store.get(store_key)  # type: ignore[assignment]
             if ran is None:
                 # The kept ids (bounded), not the caller's: a long id only misses this memo.
-                self._last.call = (arguments, tool, sid, aid, key, state)
+                self._last.call = (arguments, tool, sid, aid, key, state, store_key)
             # A tuple, not an object: this runs for every call (see benchmarks/README.md).
             step, repeated, newly_stopped, post, rescue, moved, spent = self._count(
                 state, store_key, name, key, mutating, call_id, ran, trail_arguments, canonical
@@ -361,21 +363,26 @@ class GuardCore(Upkeep):
         over = None
         if self._budgets:
             over, run = self._over_budget(state, store_key, key)
-        verdict, stuck, stalled = evaluate(state, key, policy)
-        if verdict is None and stalled is None and not stopped and over is None:
-            step = ALLOW_STEP  # the common case: nothing repeats
+        verdict: Verdict | None = None
+        if over is None and not stopped and key not in state.signatures:
+            # The common case, a call new in the epoch: no rule has evidence (see evaluate).
+            step = ALLOW_STEP
         else:
-            step = climb(
-                verdict,
-                stalled,
-                trend(state.signature(key)),
-                denials=state.denials,
-                stopped=stopped,
-                policy=policy,
-                stuck=stuck,
-                stop_threshold=state.stop_threshold,
-                over=over,
-            )
+            verdict, stuck, stalled = evaluate(state, key, policy)
+            if verdict is None and stalled is None and not stopped and over is None:
+                step = ALLOW_STEP  # nothing repeats enough
+            else:
+                step = climb(
+                    verdict,
+                    stalled,
+                    trend(state.signature(key)),
+                    denials=state.denials,
+                    stopped=stopped,
+                    policy=policy,
+                    stuck=stuck,
+                    stop_threshold=state.stop_threshold,
+                    over=over,
+                )
         # The first stop of a run (counted once in loopguard_stopped_runs_total; later calls
         # are decided stop again, and in observe mode they keep coming).
         if self.memory is not None and key in state.signatures:
@@ -666,9 +673,14 @@ class GuardCore(Upkeep):
             and last[3] == agent
         ):
             # The same objects this thread's last before_tool keyed: reuse its key and session.
-            matched, decision = self._finish_known(tool, session, agent, done, last[4], last[5])
+            # (The Redis store's core drops the state from the memo, and the store key with it.)
+            state = last[5]
+            store_key = last[6] if state is not None else None
+            matched, decision = self._finish_known(
+                tool, session, agent, done, last[4], state, store_key
+            )
         elif ref is not None:
-            matched, decision = self._finish_known(tool, session, agent, done, None, None)
+            matched, decision = self._finish_known(tool, session, agent, done, None, None, None)
         else:
             matched, decision = False, None
         if matched:
@@ -683,6 +695,7 @@ class GuardCore(Upkeep):
         done: _Outcome,
         known_key: str | None,
         known_state: SessionState | None,
+        known_store_key: object,
     ) -> tuple[bool, Decision | None]:
         """A report of a call with an id, or keyed by this thread's last ``before_tool``: the
         pending attempt it ends, or the earlier report it repeats. (whether it matched, what
@@ -694,9 +707,9 @@ class GuardCore(Upkeep):
         post: Step | None = None
         # The store key is needed only with a call id, or without the state at hand.
         store_key: object = (
-            self._store_key(*self._ids(session, agent))
-            if ref is not None or known_state is None
-            else None
+            known_store_key
+            if known_state is not None
+            else self._store_key(*self._ids(session, agent))
         )
         with self._lock:
             settled = self._settled.take(store_key, ref) if ref is not None else None
@@ -719,8 +732,6 @@ class GuardCore(Upkeep):
                     if pending is not None and ref is None:
                         # Reported without an id: a second report of it (the span's, or the
                         # hook's) is matched by its arguments and adds nothing.
-                        if store_key is None:
-                            store_key = self._store_key(*self._ids(session, agent))
                         awaits = _awaits(pending, outcome)
                         self._settled.settle(store_key, known_key, known_key, awaits)
                 if pending is not None:
@@ -801,7 +812,11 @@ class GuardCore(Upkeep):
     def _key_call(self, name: str, arguments: object) -> tuple[bool, bytes, str] | None:
         """(mutating, canonical JSON, args key) of a call of ``name``, or ``None`` when the
         policy does not track it."""
-        value = canonical_arguments(arguments, self.policy.ignored_args)
+        ignored = self._ignored
+        if type(arguments) is dict and ignored.isdisjoint(arguments):
+            value: object = arguments  # the common case: what canonical_arguments returns
+        else:
+            value = canonical_arguments(arguments, ignored)
         tracked, mutating = self._classifier.classify(name, value)
         if not tracked:
             return None
@@ -848,7 +863,9 @@ class GuardCore(Upkeep):
             return None
         # A stop when its failures say the run is stuck (once: a session already told to stop
         # is told so by the pre-call answers).
-        if state.stopped:
+        if state.stopped or (outcome is not None and not failed):
+            # (A known outcome that is no failure cleared the signature's failure: nothing to
+            # conclude, see no_progress_after_failures.)
             return None
         step = conclude(no_progress_after_failures(state, key), policy=self.policy)
         if step is not None and self.memory is not None:
