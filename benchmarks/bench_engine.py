@@ -46,7 +46,7 @@ from otel_loopguard.metrics import NoopRecorder, PrometheusRecorder
 
 
 def workload(kind: str, pairs: int) -> list[tuple[str, dict[str, object], str, str]]:
-    calls = []
+    calls: list[tuple[str, dict[str, object], str, str]] = []
     for i in range(pairs):
         session = f"session-{i % 100}-{i // 5000}"  # 100 live sessions of 50 calls each
         if kind == "distinct":

@@ -55,28 +55,48 @@ SIGNATURE_CHARS: Final = 12
 
 _SORT: Final = orjson.OPT_SORT_KEYS
 _SEPARATOR: Final = b"\x00"
-_LONG_DIGITS: Final = re.compile(r"\d{19}")
+#: Nineteen digits in a row: an integer orjson would read as a float (compiled on first use,
+#: like :data:`_VOLATILE`: a command hook's process seldom needs either).
+_LONG_DIGITS: Final = r"\d{19}"
 
 #: Parts of a failure's text that change from one identical failure to the next, each with what
 #: it is replaced by: timestamps, UUIDs, addresses, temporary paths, process ids, durations.
 _VOLATILE: Final = (
-    (re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?"), "<time>"),
-    (re.compile(r"\b\d\d?:\d\d:\d\d(?:[.,]\d+)?\b"), "<time>"),
+    (r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?", "<time>"),
+    (r"\b\d\d?:\d\d:\d\d(?:[.,]\d+)?\b", "<time>"),
     (
-        re.compile(
-            r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"
-        ),
+        r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b",
         "<uuid>",
     ),
-    (re.compile(r"\b0x[0-9a-fA-F]{4,}\b"), "0x<addr>"),
-    (re.compile(r"(?:/private)?/(?:tmp|var/folders|var/tmp)/[^\s'\":,;)\]]*"), "<tmp>"),
-    (re.compile(r"\btmp[A-Za-z0-9_]{6,}"), "<tmp>"),
-    (re.compile(r"(?i)\b(pid|process|thread)\b(\s*[:=#]?\s*)\d+"), r"\1\2<n>"),
-    (
-        re.compile(r"(?i)\b\d+(?:\.\d+)?\s?(?:ms|us|µs|ns|s|sec|secs|seconds|min|minutes)\b"),
-        "<duration>",
-    ),
+    (r"\b0x[0-9a-fA-F]{4,}\b", "0x<addr>"),
+    (r"(?:/private)?/(?:tmp|var/folders|var/tmp)/[^\s'\":,;)\]]*", "<tmp>"),
+    (r"\btmp[A-Za-z0-9_]{6,}", "<tmp>"),
+    (r"(?i)\b(pid|process|thread)\b(\s*[:=#]?\s*)\d+", r"\1\2<n>"),
+    (r"(?i)\b\d+(?:\.\d+)?\s?(?:ms|us|µs|ns|s|sec|secs|seconds|min|minutes)\b", "<duration>"),
 )
+
+
+class _Compiled:
+    """The module's patterns, compiled on first use."""
+
+    long_digits: re.Pattern[str] | None = None
+    volatile: tuple[tuple[re.Pattern[str], str], ...] | None = None
+
+
+def _long_digits() -> re.Pattern[str]:
+    pattern = _Compiled.long_digits
+    if pattern is None:
+        pattern = _Compiled.long_digits = re.compile(_LONG_DIGITS)
+    return pattern
+
+
+def _volatile() -> tuple[tuple[re.Pattern[str], str], ...]:
+    patterns = _Compiled.volatile
+    if patterns is None:
+        patterns = _Compiled.volatile = tuple((re.compile(p), r) for p, r in _VOLATILE)
+    return patterns
+
+
 #: A failure's text is normalised on its first this-many characters only (the rest is kept).
 MAX_FAILURE_CHARS: Final = 1 << 16
 
@@ -86,7 +106,7 @@ def failure_text(text: str) -> str:
     that differ only in a pid, a time, a temporary path, an address or a duration are the same
     failure."""
     head, tail = text[:MAX_FAILURE_CHARS], text[MAX_FAILURE_CHARS:]
-    for pattern, replacement in _VOLATILE:
+    for pattern, replacement in _volatile():
         head = pattern.sub(replacement, head)
     return head + tail
 
@@ -139,7 +159,7 @@ def _parse_json_string(text: str) -> object:
     # so the raw text a model sent is compared as sent.
     if not stripped or stripped[0] not in '{["':
         return text
-    if _LONG_DIGITS.search(text) is None:  # orjson reads integers beyond 64 bits as floats
+    if _long_digits().search(text) is None:  # orjson reads integers beyond 64 bits as floats
         try:
             return orjson.loads(text)
         except orjson.JSONDecodeError:

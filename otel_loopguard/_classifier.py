@@ -60,6 +60,7 @@ class Classifier:
     """
 
     def __init__(self, policy: Policy) -> None:
+        self._policy = policy
         # An empty include list means every tool, as in the plugins (Policy stores it as "*").
         self._include = (
             None if "*" in policy.include or not policy.include else wildcard_union(policy.include)
@@ -70,8 +71,10 @@ class Classifier:
         self._mutating = wildcard_union(policy.mutating_tools)
         self._read_operations = wildcard_union(policy.read_operations)
         self._mutating_operations = wildcard_union(policy.mutating_operations)
-        self._exclude_commands = _union(policy.exclude_commands)
-        self._mutating_commands = _union(policy.mutating_commands)
+        # The command patterns are compiled when a call first carries a command line.
+        self._commands_compiled = False
+        self._exclude_commands: re.Pattern[str] | _AnyOf | None = None
+        self._mutating_commands: re.Pattern[str] | _AnyOf | None = None
         # tool -> (tracked by name, is a shell tool, mutating by name)
         self._cache: dict[str, tuple[bool, bool, bool]] = {}
 
@@ -106,6 +109,10 @@ class Classifier:
                 command = shell_command(arguments)
         elif shell:
             command = shell_command(arguments)
+        if command is not None and not self._commands_compiled:
+            self._exclude_commands = _union(self._policy.exclude_commands)
+            self._mutating_commands = _union(self._policy.mutating_commands)
+            self._commands_compiled = True
         if (
             command is not None
             and self._exclude_commands is not None
