@@ -5,7 +5,6 @@ itself."""
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Iterable
 from enum import Enum
@@ -266,6 +265,8 @@ def close_names(word: str, names: Iterable[str]) -> list[str]:
     three by :func:`difflib.get_close_matches`, and of those only the ones nearly as close as
     the best (``deny_treshold`` gives ``deny_threshold`` alone, not every ``*_threshold``).
     Empty when none is close."""
+    import difflib  # here: only a mistake needs it, not every hook process
+
     names = list(names)
     close = difflib.get_close_matches(word, names, n=3, cutoff=0.6)
     if not close:

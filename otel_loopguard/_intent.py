@@ -32,23 +32,26 @@ MAX_INTENT_TEXT_CHARS: Final = 4096
 
 
 class IntentPhrases:
-    """A phrase set compiled once: one regular expression of the escaped phrases."""
+    """A phrase set compiled once, on its first search: one regular expression of the escaped
+    phrases (a hook process builds a guard per tool call, and most calls carry no text)."""
 
-    __slots__ = ("_pattern",)
+    __slots__ = ("_folded", "_pattern")
 
     def __init__(self, phrases: Iterable[str]) -> None:
         folded = sorted({_fold(phrase) for phrase in phrases if phrase.strip()}, key=len)
-        self._pattern = (
-            re.compile("|".join(re.escape(phrase) for phrase in reversed(folded)))
-            if folded
-            else None
-        )
+        self._folded = tuple(reversed(folded))
+        self._pattern: re.Pattern[str] | None = None
 
     def find(self, text: str) -> str | None:
         """The first phrase ``text`` contains (as folded), or ``None``."""
-        if self._pattern is None or not text:
+        if not text:
             return None
-        match = self._pattern.search(_fold(text[:MAX_INTENT_TEXT_CHARS]))
+        pattern = self._pattern
+        if pattern is None:
+            if not self._folded:
+                return None
+            pattern = self._pattern = re.compile("|".join(map(re.escape, self._folded)))
+        match = pattern.search(_fold(text[:MAX_INTENT_TEXT_CHARS]))
         return match.group(0) if match else None
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Final
@@ -574,12 +574,13 @@ _SEED_PROGRESS: Final[Mapping[str, Any]] = {
     "failure_stop_threshold": None,
 }
 
-PRESETS: Final[Mapping[str, Policy]] = {
+#: Each preset's fields that differ from :class:`Policy`'s defaults.
+_PRESET_CHANGES: Final[Mapping[str, Mapping[str, Any]]] = {
     # Ours: window + outcome awareness; see README "Choosing thresholds" for the scenarios.
-    "default": Policy(),
+    "default": {},
     # The repeat-tool-reminder plugin: consecutive identical calls (arguments compared whole,
     # no epochs), advisory reminders at exactly 3, 5 and 8, arguments quoted up to 500 chars.
-    "reminder": Policy(
+    "reminder": dict(
         mode=Mode.ADVISE,
         rules=frozenset({Rule.CONSECUTIVE}),
         remind_thresholds=(3, 5, 8),
@@ -596,7 +597,7 @@ PRESETS: Final[Mapping[str, Policy]] = {
     ),
     # The loop-brake plugin (maxRepeats 3): deny the 4th consecutive identical call, whatever
     # its outcome, arguments compared whole; never reminds, never stops.
-    "brake": Policy(
+    "brake": dict(
         rules=frozenset({Rule.CONSECUTIVE}),
         remind_thresholds=(),
         deny_threshold=4,
@@ -612,7 +613,7 @@ PRESETS: Final[Mapping[str, Policy]] = {
     # 5th (rescueAt), a rescue at 40 redundant calls in an epoch (stallAt); never stops. Its
     # advisor command and trip log are not set here (a preset runs no program and writes no
     # file): LoopGuard.from_plugin_config fills the plugin's own defaults for those.
-    "rescue": Policy(
+    "rescue": dict(
         rules=frozenset({Rule.WINDOW, Rule.STALL}),
         window_size=12,
         remind_thresholds=(),
@@ -632,6 +633,35 @@ PRESETS: Final[Mapping[str, Policy]] = {
         **_SEED_PROGRESS,
     ),
 }
+
+
+class _Presets(Mapping[str, Policy]):
+    """The presets by name, each built when first asked for: building a policy checks every
+    field, and a hook process (one per tool call) uses one preset."""
+
+    __slots__ = ("_built",)
+
+    def __init__(self) -> None:
+        self._built: dict[str, Policy] = {}
+
+    def __getitem__(self, name: str) -> Policy:
+        policy = self._built.get(name)
+        if policy is None:
+            policy = self._built.setdefault(name, Policy(**_PRESET_CHANGES[name]))
+        return policy
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_PRESET_CHANGES)
+
+    def __len__(self) -> int:
+        return len(_PRESET_CHANGES)
+
+    def __repr__(self) -> str:
+        return repr(dict(self))
+
+
+#: The presets by name (``default``, ``reminder``, ``brake``, ``rescue``).
+PRESETS: Final[Mapping[str, Policy]] = _Presets()
 
 
 def _coerce(name: str, value: object) -> object:
