@@ -38,7 +38,11 @@ from types import ModuleType
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # measure the code next to this script, whatever is installed
+# The code next to this script, whatever is installed (the editable install's finder comes after
+# sys.path), unless PYTHONPATH names another checkout (benchmarks/compare.py does).
+sys.path.append(str(REPO))
+
+from _results import record  # noqa: E402
 
 from otel_loopguard import _conventions as conventions  # noqa: E402
 
@@ -213,6 +217,7 @@ def main() -> int:
     if baseline is not None:
         header += f" {'baseline':>9s} {'ratio':>6s}"
     print(header)
+    totals: dict[str, list[float]] = {}
     for case in cases():
         ours_timer = timer(case, conventions)
         number, _ = ours_timer.autorange()  # enough calls for 0.2 s ...
@@ -224,6 +229,7 @@ def main() -> int:
             if base_timer is not None:
                 base.append(base_timer.timeit(number) / number * 1e6)
         median = statistics.median(ours)
+        totals.setdefault(case.label[:13].strip(), []).append(median)
         target = ""
         if case.target_us is not None:
             target = f"{case.target_us:.2f}" + ("!" if median > case.target_us else "")
@@ -231,6 +237,8 @@ def main() -> int:
         if base:
             line += f" {statistics.median(base):9.3f} {statistics.median(base) / median:5.1f}x"
         print(line)
+    for kind, medians in totals.items():  # one figure per kind of call: the sum over the spans
+        record(f"{kind}: sum over {len(medians)} spans", sum(medians), "µs")
     return 0
 
 

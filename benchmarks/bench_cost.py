@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from _results import record
+
 DEFAULT_CORPUS = Path("..") / "shared" / "corpus" / "trajectories"
 
 
@@ -210,6 +212,16 @@ def main(argv: list[str] | None = None) -> int:
     mean_usd = sum(g.usd for g in groups.values()) / turns if turns else 0.0
     mean_tokens = sum(g.tokens for g in groups.values()) / turns if turns else 0.0
     stuck = stuck_estimate(runs, mean_usd, mean_tokens)
+    record(
+        "prices: turns within 1% of the reported cost",
+        prices["within_1pct"],
+        "turns",
+        better="higher",
+    )
+    record("prices: unpriced turns", prices["unpriced"], "turns")
+    for name, g in sorted(groups.items()):  # runs with usage: none is labelled stuck
+        record(f"{name}: runs stopped", g.stopped_runs, "runs")
+        record(f"{name}: calls blocked", sum(g.blocked.values()), "calls")
     if args.markdown:
         print(
             "| turns with a reported cost | computed / reported (totals) | within 1% |"

@@ -34,8 +34,13 @@ import os
 import shlex
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from types import ModuleType
+from typing import Any
+
+from _results import ENV as RESULTS_ENV
+from _results import record
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CORPUS = Path("..") / "shared" / "corpus" / "trajectories"
@@ -122,11 +127,28 @@ def _load_evaluator(path: Path) -> ModuleType:
     return module
 
 
+def record_detectors(detectors: dict[str, Any]) -> None:
+    """Each preset's headline figures from the evaluator's metrics (for compare.py): stuck runs
+    blocked, the repeats cut in them, false blocks on productive and on no-repetition runs."""
+    for name, result in detectors.items():
+        if not name.startswith("loopguard-"):
+            continue  # a baseline detector: not this package
+        preset = name.removeprefix("loopguard-")
+        metrics = result["metrics"]
+        stuck = metrics["stuck"]
+        record(f"{preset}: stuck runs blocked", stuck["hits_block"], "runs", better="higher")
+        record(
+            f"{preset}: repeats cut in stuck runs", stuck["cut_repeats"], "calls", better="higher"
+        )
+        for group in ("productive-repetition", "no-repetition"):
+            record(f"{preset}: false blocks, {group}", metrics[group]["block_files"], "runs")
+
+
 def _in_process(evaluator: Path, corpus: Path, presets: list[str], markdown: bool) -> int:
     """The same adapter and the evaluator's own scoring, without a process per file (for tuning)."""
     ev = _load_evaluator(evaluator)
     trajectories = ev.load_corpus(corpus, corpus / "labels.json")
-    results: dict[str, dict] = {}
+    results: dict[str, dict[str, Any]] = {}
     failed = 0
     for preset in presets:
         files = {}
@@ -146,6 +168,7 @@ def _in_process(evaluator: Path, corpus: Path, presets: list[str], markdown: boo
             "stuck_by_source": ev.by_source(trajectories, files),
         }
     print(ev.tables(results, markdown, False))
+    record_detectors(results)
     return 3 if failed else 0
 
 
@@ -201,7 +224,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown preset(s): {', '.join(unknown)}")
     if args.in_process:
         return _in_process(evaluator, corpus.resolve(), presets, args.markdown)
-    command = [sys.executable, str(evaluator), "--trajectories", str(corpus), "--no-json"]
+    command = [sys.executable, str(evaluator), "--trajectories", str(corpus)]
+    scratch = tempfile.TemporaryDirectory(prefix="bench-detection-")
+    figures = Path(scratch.name) / "results.json"
+    # the evaluator's JSON only when the figures are recorded (compare.py), in a scratch folder
+    command += ["--json", str(figures)] if os.environ.get(RESULTS_ENV) else ["--no-json"]
     if args.no_baselines:
         command.append("--no-baselines")
     if args.markdown:
@@ -215,8 +242,12 @@ def main(argv: list[str] | None = None) -> int:
             f"loopguard-{preset}",
         ]
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    status = subprocess.run(command, env=env, check=False).returncode
+    # this checkout's package, unless PYTHONPATH names another one (compare.py does)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), str(ROOT)]))
+    with scratch:
+        status = subprocess.run(command, env=env, check=False).returncode
+        if figures.is_file():
+            record_detectors(json.loads(figures.read_text(encoding="utf-8"))["detectors"])
     if status != 0:
         print(
             f"bench_detection: the evaluator exited {status}"

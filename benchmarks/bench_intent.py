@@ -27,7 +27,10 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+# this checkout's package, unless PYTHONPATH names another one (benchmarks/compare.py does)
+sys.path.append(str(ROOT))
+
+from _results import record  # noqa: E402
 
 from otel_loopguard import Action, LoopGuard  # noqa: E402
 from otel_loopguard._intent import says_new_approach  # noqa: E402
@@ -124,6 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     for judgement in ("stuck", "weak", "productive-repetition", "no-repetition"):
         row = rows.get(judgement, Counter())
         print(f"| {judgement} | " + " | ".join(str(row[c]) for c in columns) + " |")
+        if judgement == "stuck":
+            record("stuck: runs where it fired", row["runs_fired"], "runs", better="higher")
+        else:  # a false alarm
+            record(f"{judgement}: runs where it fired", row["runs_fired"], "runs")
     return 0
 
 

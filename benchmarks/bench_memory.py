@@ -41,6 +41,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import _results
+
 from otel_loopguard import LoopGuard
 from otel_loopguard._policy import Action
 from otel_loopguard.config import PRESETS, MemoryScope, Policy, Rule
@@ -215,6 +217,16 @@ def main(argv: list[str] | None = None) -> int:
                 f"{a.memory_reminders} / {b.memory_reminders}",
             )
         )
+    for side, results in (("memory off", off), ("memory on", on)):
+        caught, false = summarise(results, stuck), summarise(results, clean)
+        _results.record(f"{side}: stuck runs reminded", caught.reminded, "runs", better="higher")
+        loop_calls = statistics.fmean(caught.ran_before_remind) if caught.ran_before_remind else 0
+        _results.record(
+            f"{side}: loop calls before the reminder, stuck runs (mean)", loop_calls, "calls"
+        )
+        _results.record(f"{side}: stuck runs blocked", caught.blocked, "runs", better="higher")
+        _results.record(f"{side}: false reminders, runs without repetition", false.reminded, "runs")
+        _results.record(f"{side}: false blocks, runs without repetition", false.blocked, "runs")
     a, b = summarise(off, clean), summarise(on, clean)
     rows.append(
         (

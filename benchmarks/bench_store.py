@@ -47,6 +47,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _results import record
 from bench_engine import workload
 
 from otel_loopguard import PRESETS, LoopGuard
@@ -278,6 +279,10 @@ def main() -> None:
             f" {median('report p50'):,.0f} / {median('report p99'):,.0f} |"
             f" {median('retries'):.3f} | {sum(r['errors'] for r in results):.0f} |"
         )
+        setup = f"{name}, {processes} process{'es' if processes > 1 else ''}"
+        record(f"{setup}: pairs/s", median("pairs/s"), "pairs/s", better="higher")
+        record(f"{setup}: before_tool p50", median("decide p50"), "µs")
+        record(f"{setup}: before_tool p99", median("decide p99"), "µs")
 
     if served:
         print()
@@ -288,6 +293,8 @@ def main() -> None:
             p50 = statistics.median(r["p50"] for r in results)
             p99 = statistics.median(r["p99"] for r in results)
             print(f"| {name} | {rate:,.0f} | {p50:,.0f} / {p99:,.0f} |")
+            record(f"serve API, {name}: decisions/s", rate, "decisions/s", better="higher")
+            record(f"serve API, {name}: p50", p50, "µs")
         print(f"\nround-robin replicas gave the one serve's actions and counts: {same}")
 
 

@@ -29,12 +29,14 @@ def stuck_unreported() -> list[Call]:
 
 
 def periodic() -> list[Call]:
-    period = [("grep", {"pattern": "parse_minutes", "path": "src"}, "src/d.py:3", False)] * 5
+    period: list[Call] = [
+        ("grep", {"pattern": "parse_minutes", "path": "src"}, "src/d.py:3", False)
+    ] * 5
     return (period + [("read_file", {"path": "src/d.py"}, "def parse...", False)]) * 6
 
 
 def alternating() -> list[Call]:
-    pair = [
+    pair: list[Call] = [
         ("read_file", {"path": "a.py"}, "A", False),
         ("read_file", {"path": "b.py"}, "B", False),
     ]
@@ -86,14 +88,11 @@ def polling() -> list[Call]:
 
 def rebuild_and_list() -> list[Call]:
     # `python build.py` is not a known mutating command, but what `ls dist` shows keeps changing
-    return [
-        c
-        for n in range(8)
-        for c in (
-            ("bash", {"command": "python build.py"}, f"built {n}", False),
-            ("bash", {"command": "ls dist"}, f"{n} files", False),
-        )
-    ]
+    calls: list[Call] = []
+    for n in range(8):
+        calls.append(("bash", {"command": "python build.py"}, f"built {n}", False))
+        calls.append(("bash", {"command": "ls dist"}, f"{n} files", False))
+    return calls
 
 
 def exploring() -> list[Call]:
@@ -163,5 +162,26 @@ def table() -> str:
     return "\n".join(lines)
 
 
+def record_figures() -> None:
+    """Per preset: the loops blocked, the calls that ran before the blocks (a loop never blocked
+    counts all its calls) and the calls wrongly blocked in healthy work (for compare.py)."""
+    from _results import record  # here: tests load this module without benchmarks/ on the path
+
+    for preset in PRESETS:
+        caught = ran = wrong = 0
+        for scenario in SCENARIOS:
+            calls = scenario.calls()
+            first, blocked = first_block(preset, calls)
+            if scenario.loop:
+                caught += first is not None
+                ran += len(calls) if first is None else first - 1
+            else:
+                wrong += blocked
+        record(f"{preset}: loops blocked", caught, "scenarios", better="higher")
+        record(f"{preset}: loop calls run before the block", ran, "calls")
+        record(f"{preset}: calls wrongly blocked", wrong, "calls")
+
+
 if __name__ == "__main__":
     sys.stdout.write(table() + "\n")
+    record_figures()
