@@ -44,6 +44,8 @@ COMMON = {
     "otel_loopguard._engine",
     "otel_loopguard._env",
     "otel_loopguard._memory",
+    "otel_loopguard._memory_records",
+    "otel_loopguard._memory_sqlite",
     "otel_loopguard._plain",
     "otel_loopguard._policy",
     "otel_loopguard._prices",
@@ -138,6 +140,8 @@ def test_the_sqlite_hook_imports_the_guard_and_nothing_else(tmp_path: Path) -> N
     check(added, LOCAL)
     # Named so that a failure says which: none of these is on the list above.
     for heavy in (
+        "otel_loopguard._memory_file",  # the other memory stores
+        "otel_loopguard._memory_redis",
         "otel_loopguard._advice",
         "otel_loopguard.metrics.prometheus",
         "otel_loopguard.metrics.otel",

@@ -33,7 +33,6 @@ from __future__ import annotations
 import os
 import sqlite3
 import sys
-import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -43,7 +42,8 @@ from typing import Final
 import orjson
 
 from .._env import LOOPGUARD_HOOK_STORE
-from .._memory import MEMORY_TABLE
+from .._memory_records import move_aside
+from .._memory_sqlite import MEMORY_TABLE
 
 __all__ = [
     "DEFAULT_BUSY_TIMEOUT_SECONDS",
@@ -279,16 +279,8 @@ class HookStore:
         path = self.path
         if identity is None or _identity(path) != identity:
             return
-        now = time.time()
-        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now)) + f".{int(now % 1 * 1e6):06d}Z"
-        aside = path.with_name(f"{path.name}.corrupt-{stamp}")
         try:
-            os.replace(path, aside)
-            for suffix in ("-wal", "-shm"):
-                try:
-                    os.replace(f"{path}{suffix}", f"{aside}{suffix}")
-                except FileNotFoundError:
-                    pass
+            aside = move_aside(path)
         except OSError as exc:
             raise StoreError(f"{problem}; could not move it aside: {exc.strerror or exc}") from None
         print(
