@@ -5,7 +5,8 @@ modules are listed in CONTRIBUTING.md, and those named ``_x`` are internal.
 """
 
 from typing import TYPE_CHECKING as _TYPE_CHECKING
-from typing import Any as _Any
+
+from ._lazy import lazy_names as _lazy_names
 
 if _TYPE_CHECKING:
     from ._advice import AdviceRequest, Advisor, AdvisorError, CallRecord, CommandAdvisor
@@ -66,20 +67,7 @@ _LAZY = {
     "load_policy": "config",
 }
 
-
-def __getattr__(name: str) -> _Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'otel_loopguard' has no attribute {name!r}")
-    from importlib import import_module
-
-    value = getattr(import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = _lazy_names(__name__, __name__, _LAZY, globals(), __all__)
 
 
 __version__ = "0.1.0"

@@ -31,9 +31,10 @@ tool call.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ._defaults import STORE_SCHEMES
+from ._lazy import lazy_names
 from ._memory_records import (
     DEFERRED,
     FORMAT_VERSION,
@@ -88,17 +89,7 @@ _STORES = {
     "SqliteMemory": "_memory_sqlite",
     "RedisMemory": "_memory_redis",
 }
-
-
-def __getattr__(name: str) -> Any:
-    module = _STORES.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from importlib import import_module
-
-    value = getattr(import_module(f"otel_loopguard.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_names(__name__, __package__ or "", _STORES, globals(), __all__)
 
 
 def defer_writes() -> None:

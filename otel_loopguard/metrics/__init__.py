@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .._lazy import lazy_names
 from ._exposition import MetricsServer
 from ._labels import DEFAULT_MAX_LABEL_VALUES, DEFAULT_MAX_SERIES, MAX_LABEL_CHARS, OTHER
 from ._spec import (
@@ -103,18 +104,4 @@ __all__ = [
 # The two recorders' modules are imported on first use (PEP 562): a guard without a recorder (a
 # command hook's) does not import them.
 _BACKENDS = {"OpenTelemetryRecorder": "otel", "PrometheusRecorder": "prometheus"}
-
-
-def __getattr__(name: str) -> object:
-    module = _BACKENDS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from importlib import import_module
-
-    value = getattr(import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_names(__name__, __name__, _BACKENDS, globals(), __all__)
