@@ -23,7 +23,7 @@ import pytest
 
 from otel_loopguard import LoopGuard, Policy
 from otel_loopguard._session_store import SessionStore
-from otel_loopguard.service import _durable
+from otel_loopguard.service import _durable, _state_codec, _state_files
 from otel_loopguard.service._durable import MAX_PLAIN_DEPTH, layout, plain_dumps, plain_loads
 
 STATE = Path(__file__).resolve().parent / "data" / "state"
@@ -148,17 +148,18 @@ def test_plain_loads_reads_no_pickle_and_runs_nothing(tmp_path: Path) -> None:
         with pytest.raises(ValueError, match="unknown tag"):
             plain_loads(payload)
     assert not marker.exists()
-    # The module that reads a state directory imports no reader that can run code.
-    tree = ast.parse(Path(_durable.__file__).read_text())
-    imported = {
-        alias.name
-        for node in ast.walk(tree)
-        if isinstance(node, (ast.Import, ast.ImportFrom))
-        for alias in node.names
-    } | {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    assert not imported & {"pickle", "marshal", "shelve", "dill", "cloudpickle"}
-    names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
-    assert not names & {"eval", "exec", "compile", "__import__"}
+    # The modules that read a state directory import no reader that can run code.
+    for module in (_durable, _state_codec, _state_files):
+        tree = ast.parse(Path(module.__file__ or "").read_text())
+        imported = {
+            alias.name
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Import, ast.ImportFrom))
+            for alias in node.names
+        } | {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        assert not imported & {"pickle", "marshal", "shelve", "dill", "cloudpickle"}, module
+        names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+        assert not names & {"eval", "exec", "compile", "__import__"}, module
 
 
 def test_damaged_plain_data_is_a_value_error_never_anything_else() -> None:
