@@ -31,9 +31,10 @@ from ._calls import (
     tool_name,
 )
 from ._classifier import Classifier
-from ._engine import CLEARED, RECORDED, REMINDED, Pending, SessionState
+from ._core_memory import MemoryKeeping, MemoryWork
+from ._engine import Pending, SessionState
 from ._ledger import ReportLedger, Settled
-from ._memory import DeadEnd, Memory, open_memory, recalled, scope_of
+from ._memory import Memory, open_memory
 from ._policy import (
     ALLOW,
     ALLOW_STEP,
@@ -47,7 +48,6 @@ from ._policy import (
     conclude,
     decide,
     message_for,
-    remember,
     settle_rescue,
 )
 from ._prices import Pricer
@@ -57,8 +57,8 @@ from ._session_store import SessionStore
 from ._spend import Spend, Spent
 from ._trail import MAX_TRAIL_ARGUMENT_CHARS, MAX_TRAIL_OUTPUT_CHARS, Trail
 from ._triplog import TripLog
-from ._upkeep import MAX_SETTLED_CALLS, MAX_SETTLED_SESSIONS, Upkeep, text_of
-from .config import MemoryScope, Mode, Policy, Rule
+from ._upkeep import MAX_SETTLED_CALLS, MAX_SETTLED_SESSIONS, text_of
+from .config import Mode, Policy, Rule
 from .metrics import NoopRecorder, Recorder
 
 if TYPE_CHECKING:
@@ -69,12 +69,6 @@ if TYPE_CHECKING:
 __all__ = ["GuardCore"]
 
 _log = logging.getLogger("otel_loopguard")
-
-#: The rules whose blocked call is remembered as a dead end (one call repeated; a stall
-#: or a budget is no one call's).
-_DEAD_END_RULES = frozenset({Rule.CONSECUTIVE, Rule.WINDOW, Rule.NO_PROGRESS})
-#: Stops concluded after a call, waiting for their tool to be recorded; oldest dropped.
-_MAX_PENDING_STOPS = 64
 
 
 def _cut_utf8(data: bytes, limit: int) -> str:
@@ -136,6 +130,8 @@ class _Rescue:
     outcome: str | None
     ask: Reserved | None
     context: dict[str, Any] | None
+    scope: str | None = None  # the session's memory scope, when it has its own
+    store_key: object = None
 
 
 #: What a counted call moved into loop spend (tokens, USD) and what it avoided, refused after
@@ -153,7 +149,7 @@ def _awaits(pending: Pending, outcome: str | None) -> bool:
     return outcome is None and not pending.blocked and not pending.mutating
 
 
-class GuardCore(Upkeep):
+class GuardCore(MemoryKeeping):
     """What a :class:`~otel_loopguard._guard.LoopGuard` keeps and does; see the module."""
 
     def __init__(
@@ -234,6 +230,7 @@ class GuardCore(Upkeep):
         # Stops concluded after a call ran, recorded once their tool is at hand (under the
         # lock: (step, state, args key, outcome)).
         self._stops_to_record: list[tuple[Step, SessionState, str, str | None]] = []
+        self._recalling: set[tuple[object, str]] = set()
         self._watch_sessions(self.reporter.recorder)
 
     # -- deciding -----------------------------------------------------------------------------
@@ -273,10 +270,12 @@ class GuardCore(Upkeep):
                 # The kept ids (bounded), not the caller's: a long id only misses this memo.
                 self._last.call = (arguments, tool, sid, aid, key, state, store_key)
             # A tuple, not an object: this runs for every call (see benchmarks/README.md).
-            step, repeated, newly_stopped, post, rescue, moved, spent = self._count(
+            step, repeated, newly_stopped, post, rescue, moved, spent, work = self._count(
                 state, store_key, name, key, mutating, call_id, ran, trail_arguments, canonical
             )
             evictions = self._take_evictions() if self._evictions else None
+        if work is not None:
+            step = self._memory_work(work)
         recorder = self.reporter.recorder
         if evictions:
             for reason in evictions:
@@ -312,6 +311,8 @@ class GuardCore(Upkeep):
         advice, escalation_failed = None, False
         if rescue is not None:
             advice = rescue.advice
+            if rescue.context is not None and self.memory is not None:
+                rescue.context["dead_ends"] = self._dead_ends(rescue.scope, rescue.store_key)
             if rescue.ask is not None and rescue.context is not None:
                 advice, escalation_failed = self._ask(rescue.ask, call, step, rescue.context, wait)
             if rescue.outcome is not None:
@@ -350,7 +351,16 @@ class GuardCore(Upkeep):
         ran: _Ran | None,
         trail_arguments: str,
         canonical: bytes = b"",
-    ) -> tuple[Step, bool, bool, Step | None, _Rescue | None, _Moved | None, _Spent | None]:
+    ) -> tuple[
+        Step,
+        bool,
+        bool,
+        Step | None,
+        _Rescue | None,
+        _Moved | None,
+        _Spent | None,
+        MemoryWork | None,
+    ]:
         """Under the lock: count the attempt in ``state``, keep it pending (or record how it
         ran), and reserve an ask at rescue. (step, repeated, newly stopped, post-call
         conclusion, rescue, what moved into loop spend and what a refused call avoided for
@@ -385,8 +395,11 @@ class GuardCore(Upkeep):
                 )
         # The first stop of a run (counted once in loopguard_stopped_runs_total; later calls
         # are decided stop again, and in observe mode they keep coming).
+        work = None
         if self.memory is not None and key in state.signatures:
-            step = self._remember(state, store_key, name, key, step, verdict, canonical)
+            # What to record or recall, done off the lock (a reminder from memory never
+            # blocks: the call is counted below as the step it replaces would count it).
+            work = self._remember(state, store_key, name, key, step, verdict, canonical)
         newly_stopped = step.action is Action.STOP and not state.stopped
         detected_block = step.action in BLOCKING_ACTIONS
         enforced_block = detected_block and policy.mode is Mode.ENFORCE and ran is None
@@ -421,162 +434,8 @@ class GuardCore(Upkeep):
         if step.action is Action.RESCUE:
             advice, outcome, ask = self.rescues.reserve(state, key, store_key)
             context = Rescues.context(state, key) if ask is not None else None
-            if context is not None and self.memory is not None:
-                context["dead_ends"] = self._dead_ends(state, store_key)
-            rescue = _Rescue(advice, outcome, ask, context)
-        return step, repeated, newly_stopped, post, rescue, moved, spent
-
-    # -- memory (issue 28) -------------------------------------------------------------------
-
-    def _watch_sessions(self, recorder: object) -> None:
-        """The session count, and the dead ends remembered, for the recorder's gauges."""
-        super()._watch_sessions(recorder)
-        memory = getattr(self, "memory", None)
-        observe = getattr(type(recorder), "observe_memory", None)
-        if memory is not None and observe is not None:
-            observe(recorder, memory.count)
-
-    def _scope(self, state: SessionState, store_key: object) -> str:
-        """The memory scope of ``state``'s run: the one its entrance set (the command hooks:
-        the repository of the payload's cwd), else the policy's: this process's repository,
-        the agent's name, or global."""
-        if state.scope is not None:
-            return state.scope
-        if self.policy.memory_scope is MemoryScope.REPOSITORY:
-            if self._repository is None:
-                self._repository = scope_of(self.policy)
-            return self._repository
-        agent = store_key[1] if type(store_key) is tuple else None
-        return scope_of(self.policy, agent=agent)
-
-    @staticmethod
-    def _run_of(store_key: object) -> str:
-        """Which run recorded a dead end: a hash of its session and agent."""
-        return args_key("run", repr(store_key).encode())[:16]
-
-    def _remember(
-        self,
-        state: SessionState,
-        store_key: object,
-        name: str,
-        key: str,
-        step: Step,
-        verdict: Verdict | None,
-        canonical: bytes,
-    ) -> Step:
-        """Under the lock, memory on, for a call repeated in the epoch.
-
-        1. A blocked repeat (deny, rescue, stop on one call's rule) is recorded as a dead end,
-           once per call and run, with its outcome.
-        2. Otherwise, at the first repeat of a call this run has not settled, memory is asked:
-           a dead end of the scope with the outcome the call just gave is a reminder now
-           (rule ``memory``, its history in the text); none, or only other outcomes once the
-           outcome is known, settles the call for the run (cleared: a call that succeeds, or a
-           change that changes its outcome, is no dead end here). Later steps are the ladder's.
-        """
-        memory = self.memory
-        assert memory is not None
-        signature = state.signatures.get(key)
-        if signature is None:
-            return step
-        marks = state.memory
-        flags = marks.get(key, 0) if marks else 0
-        if step.action in BLOCKING_ACTIONS:
-            if not flags & RECORDED and step.rule in _DEAD_END_RULES:
-                state.mark_memory(key, RECORDED)
-                scope = self._scope(state, store_key)
-                outcome = signature.last_outcome
-                self._record(scope, store_key, name, key, outcome, step, canonical)
-            return step
-        if flags & (RECORDED | REMINDED | CLEARED):
-            return step
-        entries = memory.recall(self._scope(state, store_key), key)
-        run = self._run_of(store_key)
-        history = recalled(entries, signature.last_outcome, run) if entries else None
-        if history is None:
-            if not entries or signature.last_outcome is not None:
-                state.mark_memory(key, CLEARED)
-            return step
-        state.mark_memory(key, REMINDED)
-        count = verdict.attempts if verdict is not None else signature.count + 1
-        refused = verdict.refused if verdict is not None else 0
-        history.failed = signature.failed
-        return remember(count, refused, history)
-
-    def _record(
-        self,
-        scope: str,
-        store_key: object,
-        name: str,
-        key: str,
-        outcome: str | None,
-        step: Step,
-        canonical: bytes,
-    ) -> None:
-        """``key`` (with ``outcome``) recorded as a dead end of ``scope``: hashes, the tool,
-        and the cut arguments only with ``memory_arguments``."""
-        memory = self.memory
-        assert memory is not None
-        policy = self.policy
-        now = time.time()
-        arguments = None
-        if policy.memory_arguments and canonical:
-            arguments = arguments_preview(canonical, policy.arguments_preview_chars)
-        rule = step.rule.value if step.rule is not None else ""
-        run = self._run_of(store_key)
-        memory.record(
-            DeadEnd(scope, key, outcome, name, rule, step.count, 1, now, now, run, arguments)
-        )
-
-    def _stopped_after(self, state: SessionState, key: str, step: Step) -> None:
-        """Under the lock: a stop concluded after a call ran is a dead end too, recorded once
-        its tool is at hand (:meth:`_post_decision`)."""
-        signature = state.signatures.get(key)
-        if signature is None or state.mark_memory(key, RECORDED) & RECORDED:
-            return
-        stops = self._stops_to_record
-        if len(stops) >= _MAX_PENDING_STOPS:
-            del stops[0]
-        stops.append((step, state, key, signature.last_outcome))
-
-    def _record_stop(self, step: Step, name: str, key: str, sid: str, aid: str | None) -> None:
-        """Off the lock: the stop ``step`` concluded after a call of ``name`` ran, recorded."""
-        found = None
-        with self._lock:
-            stops = self._stops_to_record
-            for index, entry in enumerate(stops):
-                if entry[0] is step:
-                    found = stops.pop(index)
-                    break
-        if found is None:
-            return
-        _, state, key, outcome = found
-        store_key = self._store_key(sid, aid)
-        self._record(self._scope(state, store_key), store_key, name, key, outcome, step, b"")
-
-    def _dead_ends(self, state: SessionState, store_key: object) -> tuple[str, ...]:
-        """Under the lock, at a rescue: the scope's dead ends for the advisor's question, one
-        line each, the most recent first (this run's own not counted)."""
-        from ._advice import MAX_DEAD_ENDS
-
-        memory = self.memory
-        assert memory is not None
-        run = self._run_of(store_key)
-        lines: list[str] = []
-        for entry in memory.entries(self._scope(state, store_key)):
-            runs = entry.runs - (1 if entry.run == run else 0)
-            if runs <= 0:
-                continue
-            what = entry.arguments if entry.arguments is not None else f"[{entry.key[:12]}]"
-            day = time.strftime("%Y-%m-%d", time.gmtime(entry.last))
-            earlier = "1 earlier run" if runs == 1 else f"{runs} earlier runs"
-            lines.append(
-                f"{entry.tool} {what}: refused or stopped ({entry.rule}) in {earlier}, last on"
-                f" {day} after {entry.count} attempts"
-            )
-            if len(lines) >= MAX_DEAD_ENDS:
-                break
-        return tuple(lines)
+            rescue = _Rescue(advice, outcome, ask, context, state.scope, store_key)
+        return step, repeated, newly_stopped, post, rescue, moved, spent, work
 
     def _over_budget(
         self, state: SessionState, store_key: object, key: str
