@@ -1,6 +1,6 @@
 """Cost per span of recognising tool calls and agents (otel_loopguard._conventions).
 
-    python benchmarks/bench_conventions.py [--repeat 15] [--baseline OLD_CONVENTIONS]
+    python benchmarks/bench_conventions.py [--repeat 15] [--min-seconds 0.2] [--baseline OLD_CONVENTIONS]
 
 These functions run on the application's thread for every span it starts or ends, so their cost
 is compared with a span's own cost in the OpenTelemetry SDK (about 15 us). Spans come from the
@@ -14,8 +14,8 @@ real framework dumps in ``tests/data/spans`` (the non-blocked file of each instr
     "tool at start" where its arguments arrive at start; "args at start":
     ``arguments_available_at_start`` on it as ``on_start`` sees it.
 
-Each figure is the median, and the best, over --repeat short runs of the time per call, in
-microseconds; on a shared machine the best is the steadier figure. With --baseline (another
+Each figure is the median, and the best, over --repeat short runs of the time per call (each
+run a tenth of the calls that take --min-seconds), in microseconds; on a shared machine the best is the steadier figure. With --baseline (another
 copy of the conventions package, e.g. ``mkdir /tmp/old && git archive HEAD
 otel_loopguard/_conventions | tar -x -C /tmp/old`` then ``--baseline
 /tmp/old/otel_loopguard/_conventions``; ``otel_loopguard/conventions`` in commits before it was
@@ -196,9 +196,26 @@ def timer(case: Case, module: ModuleType) -> timeit.Timer:
     )
 
 
+def calls_for(timer: timeit.Timer, seconds: float) -> int:
+    """How many calls take at least ``seconds`` (1, 2, 5, 10, 20, ... as ``autorange``)."""
+    scale = 1
+    while True:
+        for factor in (1, 2, 5):
+            number = scale * factor
+            if timer.timeit(number) >= seconds:
+                return number
+        scale *= 10
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=15)
+    parser.add_argument(
+        "--min-seconds",
+        type=float,
+        default=0.2,
+        help="size each case's runs from the calls that take this long (default 0.2: timeit's)",
+    )
     parser.add_argument(
         "--baseline",
         help="another conventions package (directory) or conventions.py to compare against",
@@ -220,7 +237,7 @@ def main() -> int:
     totals: dict[str, list[float]] = {}
     for case in cases():
         ours_timer = timer(case, conventions)
-        number, _ = ours_timer.autorange()  # enough calls for 0.2 s ...
+        number = calls_for(ours_timer, args.min_seconds)  # enough calls for 0.2 s ...
         number = max(1, number // 10)  # ... split in short runs, so a busy machine spoils few
         base_timer = timer(case, baseline) if baseline is not None else None
         ours, base = [], []

@@ -68,29 +68,30 @@ class Bench:
 BENCHMARKS: tuple[Bench, ...] = (
     Bench(
         "bench_engine",
-        "--repeat 3 --pairs 30000 --sessions 5000",
-        "--repeat 1 --pairs 8000 --sessions 2000",
+        "--repeat 3 --pairs 15000 --sessions 2000",
+        "--repeat 1 --pairs 4000 --sessions 500",
     ),
-    Bench("bench_hook", "--runs 40 --warm 5", "--runs 30 --warm 2"),
-    Bench("bench_processor", "--rounds 150 --warmup 10", "--rounds 30 --warmup 5"),
+    Bench("bench_hook", "--runs 30 --warm 3", "--runs 30 --warm 1"),  # at least 30 runs
+    Bench("bench_processor", "--rounds 100 --warmup 10", "--rounds 30 --warmup 5"),
     Bench(
-        "bench_exporter",
-        "--rounds 100 --busy-rounds 10 --paced-rounds 3 --batches 10 --repeat 1",
-        "--rounds 20 --busy-rounds 3 --paced-rounds 1 --batches 3 --repeat 1 --warmup 2",
+        "bench_exporter",  # the paced rounds drop 2, the busy ones --warmup: 2 left at least
+        "--rounds 60 --warmup 4 --busy-rounds 8 --paced-rounds 4 --batches 6 --repeat 1",
+        "--rounds 20 --warmup 2 --busy-rounds 4 --busy-spans 512 --paced-rounds 4"
+        " --paced-spans 256 --batches 2 --repeat 1",
     ),
     Bench(
         "bench_serve",
-        "--workloads mixed --batches 60 --repeat 1 --decisions 500",
-        "--workloads mixed --batches 20 --repeat 1 --decisions 100",
+        "--workloads mixed --batches 40 --repeat 1 --decisions 300",
+        "--workloads mixed --batches 10 --repeat 1 --decisions 100",
     ),
     Bench(
         "bench_store",
-        "--pairs 1500 --processes 1,4 --repeat 1 --decisions 300",
+        "--pairs 1000 --processes 1,4 --repeat 1 --decisions 200",
         "--pairs 500 --processes 1 --repeat 1 --decisions 0",
     ),
-    Bench("bench_conventions", "--repeat 5", "--repeat 2"),
+    Bench("bench_conventions", "--repeat 5 --min-seconds 0.05", "--repeat 2 --min-seconds 0.02"),
     Bench("preset_scenarios", "", ""),
-    Bench("bench_detection", "--in-process", "--in-process", corpus="trajectories"),
+    Bench("bench_detection", "--in-process", "--in-process --presets default", "trajectories"),
     Bench("bench_cost", "", "", corpus="trajectories"),
     Bench("bench_memory", "", "", corpus="sequences"),
     Bench("bench_intent", "", "", corpus="trajectories"),
@@ -314,7 +315,11 @@ def render(table: list[list[str]], markdown: bool) -> str:
             "| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in table
         ]
         return "\n".join(lines)
-    widths = [max(len(row[i]) for row in [HEADER, *table]) for i in range(len(HEADER))]
+    # a failure's message overflows its column rather than widening it for every row
+    widths = [
+        max(len(row[i]) for row in [HEADER, *table] if i < 3 or not row[i].startswith("failed"))
+        for i in range(len(HEADER))
+    ]
     out = []
     for row in [HEADER, ["-" * w for w in widths], *table]:
         cells = [
@@ -349,7 +354,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         prog="compare.py", description=__doc__.split("\n", 1)[0] if __doc__ else None
     )
     parser.add_argument("ref", metavar="REF", help="the git commit, branch or tag to compare with")
-    parser.add_argument("--rounds", type=int, help="rounds per benchmark (default 3; --quick 2)")
+    parser.add_argument("--rounds", type=int, help="rounds per benchmark (default 3; --quick 1)")
     parser.add_argument("--only", help="comma-separated benchmark names (default: all)")
     parser.add_argument("--quick", action="store_true", help="small argument sets: a smoke check")
     parser.add_argument("--markdown", action="store_true", help="the table as Markdown")
@@ -372,7 +377,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     if options.rounds is not None and options.rounds < 1:
         parser.error(f"--rounds must be at least 1, not {options.rounds}")
     if options.rounds is None:
-        options.rounds = 2 if options.quick else 3
+        options.rounds = 1 if options.quick else 3
     if options.tolerance < 0:
         parser.error(f"--tolerance must be at least 0, not {options.tolerance}")
     return options
@@ -455,7 +460,10 @@ def compare(options: argparse.Namespace) -> int:
     print(f"REF: {describe(repo, commit)}")
     print(f"current: {current_state(repo)}")
     mode = "quick" if options.quick else "default"
-    print(f"{options.rounds} rounds, {mode} arguments; medians over the rounds")
+    if options.rounds == 1:
+        print(f"1 round, {mode} arguments: no spread measured, verdicts on --tolerance alone")
+    else:
+        print(f"{options.rounds} rounds, {mode} arguments; medians over the rounds")
     print()
     print(render(rows(outcomes, options.tolerance / 100), options.markdown))
     print()
