@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -163,3 +165,32 @@ def test_an_unknown_benchmark_in_only_is_a_usage_error(repo: Path, tmp_path: Pat
     assert done.returncode == 2
     assert "bench_nope" in done.stderr
     assert git(repo, "worktree", "list").count("\n") == 1
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_an_interrupted_comparison_removes_its_worktree(
+    repo: Path, tmp_path: Path, signum: int
+) -> None:
+    """Ctrl-C (SIGINT) or SIGTERM while a benchmark runs: the run stops, the worktree goes."""
+    benchmarks = tmp_path / "benchmarks"
+    benchmarks.mkdir()
+    shutil.copy(ROOT / "benchmarks" / "_results.py", benchmarks / "_results.py")
+    (benchmarks / "bench_sleep.py").write_text("import time\n\ntime.sleep(60)\n")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["TMPDIR"] = str(scratch)
+    command = [sys.executable, str(COMPARE), "first", "--repo", str(repo)]
+    process = subprocess.Popen(
+        [*command, "--bench-dir", str(benchmarks)], stderr=subprocess.PIPE, text=True, env=env
+    )
+    assert process.stderr is not None
+    first = process.stderr.readline()  # printed once the worktree is there, as the script starts
+    assert first.startswith("bench_sleep:"), first
+    assert git(repo, "worktree", "list").count("\n") == 2
+    time.sleep(0.5)
+    process.send_signal(signum)
+    status = process.wait(timeout=30)
+    assert status == (130 if signum == signal.SIGINT else 128 + signum)
+    assert git(repo, "worktree", "list").count("\n") == 1
+    assert list(scratch.iterdir()) == []
