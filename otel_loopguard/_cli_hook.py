@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, Final, NamedTuple
+from typing import Any, Final
 
 __all__ = [
     "HOOK_HOSTS",
@@ -28,6 +28,20 @@ __all__ = [
 #: listed here so that reading the command line does not import the hooks.
 HOOK_HOSTS: Final = ("claude-code", "gemini-cli", "codex")
 
+#: What :class:`HookArguments` holds.
+_FIELDS: Final = (
+    "host",
+    "store",
+    "preset",
+    "config",
+    "plugin_config",
+    "server",
+    "token",
+    "token_file",
+    "timeout_seconds",
+    "fail_closed",
+)
+
 #: ``hook``'s options that take a value, and the keyword of ``hooks.run`` each one fills.
 _VALUED: Final = {
     "--store": "store",
@@ -41,19 +55,50 @@ _VALUED: Final = {
 }
 
 
-class HookArguments(NamedTuple):
-    """``hook``'s command line, read (by :func:`hook_arguments` or by argparse)."""
+class HookArguments:
+    """``hook``'s command line, read (by :func:`hook_arguments` or by argparse). A plain class:
+    a NamedTuple or a dataclass costs the hook's every start more than this module's reading."""
 
-    host: str
-    store: str | None = None
-    preset: str | None = None
-    config: str | None = None
-    plugin_config: str | None = None
-    server: str | None = None
-    token: str | None = None
-    token_file: str | None = None
-    timeout_seconds: float | None = None
-    fail_closed: bool = False
+    __slots__ = _FIELDS
+
+    def __init__(
+        self,
+        host: str,
+        *,
+        store: str | None = None,
+        preset: str | None = None,
+        config: str | None = None,
+        plugin_config: str | None = None,
+        server: str | None = None,
+        token: str | None = None,
+        token_file: str | None = None,
+        timeout_seconds: float | None = None,
+        fail_closed: bool = False,
+    ) -> None:
+        self.host = host
+        self.store = store
+        self.preset = preset
+        self.config = config
+        self.plugin_config = plugin_config
+        self.server = server
+        self.token = token
+        self.token_file = token_file
+        self.timeout_seconds = timeout_seconds
+        self.fail_closed = fail_closed
+
+    def _values(self) -> tuple[object, ...]:
+        return tuple(getattr(self, name) for name in _FIELDS)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, HookArguments):
+            return NotImplemented
+        return self._values() == other._values()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in _FIELDS)
+        return f"HookArguments({shown})"
 
 
 def run_hook(arguments: HookArguments) -> int:

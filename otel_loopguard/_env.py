@@ -13,6 +13,7 @@ from typing import Final
 
 __all__ = [
     "DECLARED",
+    "LOOPGUARD_BENCH_RESULTS",
     "LOOPGUARD_CI_PYTHON",
     "LOOPGUARD_CI_VENV",
     "LOOPGUARD_DOCS_DATA",
@@ -63,6 +64,10 @@ checkout."""
 LOOPGUARD_CI_PYTHON: Final = "LOOPGUARD_CI_PYTHON"
 """CI scripts only (``.ci/install``): the Python that makes the virtualenv; default
 ``python3``."""
+
+LOOPGUARD_BENCH_RESULTS: Final = "LOOPGUARD_BENCH_RESULTS"
+"""Benchmarks only (``benchmarks/_results.py``): the file each benchmark appends its headline
+figures to, one JSON line each, for ``benchmarks/compare.py``; default: none (nothing written)."""
 
 #: The names declared above (policy fields' variables are derived from the fields instead:
 #: :func:`policy_variable`). Read from this module's own declarations, never listed twice.

@@ -50,6 +50,7 @@ COMMON = {
     "otel_loopguard._memory_sqlite",
     "otel_loopguard._plain",
     "otel_loopguard._policy",
+    "otel_loopguard._policy_fields",
     "otel_loopguard._policy_texts",
     "otel_loopguard._prices",
     "otel_loopguard._rules",
