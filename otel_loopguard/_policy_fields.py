@@ -410,6 +410,8 @@ class Policy:
         """Normalise collections and validate; raises ``ValueError`` naming field and value."""
         for spec in SPECS:
             value = getattr(self, spec.name)
+            if value is spec.default:
+                continue  # valid and normal as declared (tests/test_policy_defaults.py)
             valid = check_value(spec.name, value, spec.metadata)
             if valid is not value:
                 object.__setattr__(self, spec.name, valid)
