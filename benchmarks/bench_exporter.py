@@ -39,6 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from _results import record
 from bench_processor import WORKLOADS, Batch, agent_attributes
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -291,6 +292,8 @@ def main() -> int:
             r = run(workload)
             print(line(workload, mode, "wall", r.wall, r.share))
             print(line(workload, mode, "CPU", r.cpu, r.share))
+            record(f"{workload} {mode}: application thread, wall, ratio", r.wall.ratio, "x")
+            record(f"{workload} {mode}: application thread, CPU, ratio", r.cpu.ratio, "x")
     print("worker: LoopGuardSpanExporter.export, spans per second (512 / median batch time)")
     print(f"{'workload':14s} {'spans/s':>10s} {'CPU spans/s':>12s} {'us/span':>8s} {'load':>5s}")
     for workload in workloads:
@@ -299,6 +302,7 @@ def main() -> int:
             f"{workload:14s} {rate:10,.0f} {cpu_rate:12,.0f} {1e6 / rate:8.2f}"
             f" {os.getloadavg()[0]:5.1f}"
         )
+        record(f"{workload}: worker spans/s", rate, "spans/s", better="higher")
     return 0
 
 

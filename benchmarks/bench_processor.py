@@ -56,6 +56,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from _results import record
 from opentelemetry import trace
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.trace import Tracer
@@ -439,6 +440,9 @@ def main() -> int:
             f" {r.ratio:6.3f}x {r.ratio_iqr[0]:6.3f}-{r.ratio_iqr[1]:.3f} {own} {share:8.2f}"
             f" {os.getloadavg()[0]:5.1f}"
         )
+        record(f"{workload}: ratio to a no-op processor", r.ratio, "x")
+        if r.own is not None:
+            record(f"{workload}: processor's own part, ratio", r.own, "x")
     return 0
 
 

@@ -26,7 +26,7 @@ from ._conventions import (
     conversation_id,
     tool_call_from_span,
 )
-from ._conventions._dispatch import tool_call_at_start, tool_outcome_from_span
+from ._conventions._readers import tool_call_at_start, tool_outcome_from_span
 from ._exemplars import counting
 from ._prices import ModelUsage
 from ._spans import START_NAME_PREFIXES

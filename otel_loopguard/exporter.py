@@ -80,16 +80,11 @@ from ._conventions import agent_from_span, may_be_model_span, may_be_tool_span
 from ._guard import LoopGuard
 from ._otlp_json import RecordedSpan
 from ._policy import Action, Decision
+from ._sdk_spans import span_attributes, span_events, span_failed
 from ._spans import KeyBy
 from ._trace_events import CallDecidedAtStart, CallObserved, SpanRef, TraceEvent, feed
 from ._traces import MAX_BUFFERED_SPANS, TraceBuffer
-from .processor import (
-    DECISION_EVENT,
-    SCOPE_NAME,
-    span_attributes,
-    span_events,
-    span_failed,
-)
+from .processor import DECISION_EVENT, SCOPE_NAME
 
 __all__ = [
     "DEFAULT_HOLD_SECONDS",

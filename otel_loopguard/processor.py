@@ -58,24 +58,27 @@ from opentelemetry.sdk.trace import (
     SynchronousMultiSpanProcessor,
     TracerProvider,
 )
-from opentelemetry.trace import NonRecordingSpan, StatusCode
+from opentelemetry.trace import NonRecordingSpan
 
 from ._attributes import Shape, arguments_text, decision_attributes
 from ._conventions import (
-    ANONYMOUS_TOOL_SPANS,
-    MISSING,
     SpanModelCall,
     SpanToolCall,
     may_be_model_span,
     may_be_tool_span,
+    may_matter_at_end,
     may_request_calls,
     model_call_from_span,
-    requested_from_span,
-    tool_call_from_span,
 )
 from ._early import Early
 from ._guard import LoopGuard
 from ._policy import Action, Decision, Phase
+from ._request_ledger import _START_DECISIONS, MAX_CACHED_FRAMES, NO_CALL, RequestLedger
+
+# Importable from here as before (the exporter's readers of an SDK span).
+from ._sdk_spans import span_attributes as span_attributes
+from ._sdk_spans import span_events as span_events
+from ._sdk_spans import span_failed as span_failed
 from ._span_calls import (
     Keys,
     call_at_end,
@@ -85,7 +88,6 @@ from ._span_calls import (
     call_started,
     duration_seconds,
     model_ended,
-    requested_ended,
     run_started,
 )
 from ._spans import (
@@ -115,7 +117,6 @@ DECISION_EVENT: Final = "loopguard.decision"
 #: their name, how the exporter knows its own spans when they come back through a provider.
 SCOPE_NAME: Final = "otel_loopguard"
 
-_MAX_CACHED_FRAMES: Final = 4096
 #: Tool-span pipelines (providers) a processor keeps a decision tracer for; one in practice.
 _MAX_PIPELINES: Final = 16
 #: Post-call conclusions kept for framework adapters (:meth:`LoopGuardSpanProcessor.
@@ -125,13 +126,6 @@ _MAX_CONCLUDED: Final = 1024
 # An open span as the processor tracks it (see the module docstring): a weak reference, one
 # fixed-size object made in C, so tracking costs about a dict insert.
 _track: Final = weakref.ref
-
-_NO_ATTRIBUTES: Final[Mapping[str, Any]] = {}
-
-_NO_CALL: Final = SpanToolCall("", MISSING, None, None, None, None, None, None, "hook")
-
-# Decisions made at span start, by span id, for current_decision(); removed at span end.
-_START_DECISIONS: dict[int, Decision] = {}
 
 
 def current_decision() -> Decision | None:
@@ -148,45 +142,7 @@ def current_decision() -> Decision | None:
     return _START_DECISIONS.get(span.get_span_context().span_id)
 
 
-def _sdk_attributes(attributes: Any) -> Mapping[str, Any]:
-    """The SDK's ``BoundedAttributes`` as its inner dict (read only), or the mapping as it is.
-
-    The SDK's ``attributes`` property wraps its ``BoundedAttributes`` (which wraps a dict) in a
-    read-only proxy; every missing-key lookup through those layers raises and catches a
-    KeyError. On the hot path we read the inner dict, and fall back to the mapping given when
-    the SDK's internals differ.
-    """
-    inner = getattr(attributes, "_dict", None)
-    if type(inner) is dict:
-        return inner
-    return attributes if attributes is not None else _NO_ATTRIBUTES
-
-
-def span_attributes(span: ReadableSpan) -> Mapping[str, Any]:
-    """A span's attributes (its inner dict, as :func:`_sdk_attributes`; else the public
-    property). Shared with the exporter."""
-    inner = getattr(getattr(span, "_attributes", None), "_dict", None)
-    if type(inner) is dict:
-        return inner
-    return span.attributes or _NO_ATTRIBUTES
-
-
-def span_events(span: ReadableSpan) -> tuple[tuple[str, Mapping[str, Any]], ...]:
-    """A finished span's events as the conventions read them: (name, attributes) pairs."""
-    events = span.events
-    if not events:
-        return ()
-    return tuple((event.name, _sdk_attributes(event.attributes)) for event in events)
-
-
-def span_failed(span: ReadableSpan) -> bool:
-    """Whether a finished span's status is ERROR (the conventions read a call's failure from
-    it, with the span's own attributes and events)."""
-    status = span.status
-    return status is not None and status.status_code is StatusCode.ERROR
-
-
-class LoopGuardSpanProcessor(SpanProcessor):
+class LoopGuardSpanProcessor(RequestLedger, SpanProcessor):
     """Feeds tool-call spans to a :class:`LoopGuard` and records its decisions as span events.
 
     ``guard``: share one with the hook API; default: a new guard with the ``default`` preset and
@@ -337,6 +293,10 @@ class LoopGuardSpanProcessor(SpanProcessor):
                     attributes = span_attributes(span)
             except AttributeError:
                 attributes = span_attributes(span)
+            # Most spans end here: not decided or claimed at start, and no reader at the end
+            # (tool, model usage, requested calls) can answer anything for them.
+            if span_id not in self._started and not may_matter_at_end(name, attributes):
+                return
             # A tool span decided at its start (not merely claiming a requested call) is a tool
             # span: its end skips the gate.
             if (
@@ -389,7 +349,7 @@ class LoopGuardSpanProcessor(SpanProcessor):
             return started[0], started[1]
         frame = nearest_agent(context.span_id, self._view)
         attributes = span_attributes(span) if isinstance(span, ReadableSpan) else {}
-        return session_for(_NO_CALL, context.trace_id, frame, self.key_by, attributes)
+        return session_for(NO_CALL, context.trace_id, frame, self.key_by, attributes)
 
     def take_concluded(self, session: str, agent: str | None, signature: str) -> Decision | None:
         """The conclusion (``phase`` post, not allow) the guard drew at the end of a tool span
@@ -473,7 +433,7 @@ class LoopGuardSpanProcessor(SpanProcessor):
         else:
             frame = nearest_agent(parent_id, self._view)
             if parent_id is not None:
-                if len(frames) >= _MAX_CACHED_FRAMES:
+                if len(frames) >= MAX_CACHED_FRAMES:
                     frames.clear()
                 frames[parent_id] = frame
         return frame
@@ -594,116 +554,12 @@ class LoopGuardSpanProcessor(SpanProcessor):
                 above = ancestor_keys(
                     model, trace_id, frame, self.key_by, self._view, found, MAX_ANCESTORS
                 )
-                if len(above_keys) >= _MAX_CACHED_FRAMES:
+                if len(above_keys) >= MAX_CACHED_FRAMES:
                     above_keys.clear()
                 above_keys[cached] = above
             return (*found, above)
 
         model_ended(self.guard, model, keys)
-
-    def _requested(
-        self,
-        span: ReadableSpan,
-        name: str,
-        attributes: Mapping[str, Any],
-        trace_id: int,
-        model: SpanModelCall | None,
-        tracked: weakref.ref[Span] | None,
-    ) -> None:
-        """A model span ended: decide the calls its response requests, before they run (kept by
-        the guard for their tool spans and hooks). Its non-allow decisions are recorded like a
-        decision at a tool span's end (a ``loopguard.decision`` span beside it), with
-        ``loopguard.phase`` ``request``."""
-        requested = requested_from_span(name, attributes, lambda: span_events(span))
-        if requested is None or not requested.calls:
-            return
-        frame = self._frame(span)
-        conversation = self.key_by is KeyBy.CONVERSATION
-        if conversation and frame is not None and frame.agent.conversation_id:
-            # Keyed by conversation, the calls are kept under the conversation their agent
-            # names, as its tool spans are: a model span may name another of its own (CrewAI's
-            # own tracing gives its task id).
-            keys = session_for(_NO_CALL, trace_id, frame, self.key_by)
-        else:
-            keys = session_for(
-                model if model is not None else _NO_CALL, trace_id, frame, self.key_by, attributes
-            )
-        if conversation:
-            # A tool span may name its conversation only after its start (Strands, LangGraph):
-            # its start looks the calls up under the keys its agent's requests were kept by.
-            requested_keys = self._requested_keys
-            if len(requested_keys) >= _MAX_CACHED_FRAMES:
-                requested_keys.clear()
-            requested_keys[(trace_id, frame.span_id if frame is not None else None)] = keys
-        ended = span.end_time
-        context = span.get_span_context()
-        decided = requested_ended(
-            self.guard,
-            requested,
-            keys,
-            ended / 1e9 if ended else None,
-            (trace_id, context.span_id) if context is not None else None,
-        )
-        for arguments, call_id, decision in decided:
-            if decision.detected is not Action.ALLOW:
-                self._record_after(span, decision, call_id, arguments, tracked)
-
-    def _claim(
-        self,
-        span: Span,
-        name: str,
-        span_id: int,
-        trace_id: int,
-        call: SpanToolCall | None,
-    ) -> bool:
-        """A span started while calls a model requested wait for their tool spans: when it is
-        the tool span of one (by its call id, else tool and arguments, when it carries them at
-        its start; else by its tool's name, or any kept call for the frameworks whose tool
-        spans name no tool at their start), the call's early decision becomes this span's
-        (``current_decision()``), recorded on it when not an allow; ``True`` then. The start
-        gate: a name that may be a kept call's tool, or the tool-span gate."""
-        early = self.guard.early
-        tools = early.tools
-        names = _tool_names(name, tools)
-        attributes = span_attributes(span)
-        if call is None and (names or may_be_tool_span(name, attributes)):
-            call = tool_call_from_span(name, attributes, (), None)
-        if call is not None:
-            if call.tool not in tools:
-                return False
-            names = (call.tool,)
-        elif not names:
-            return False
-        call_id = call.call_id if call is not None else None
-        key = None
-        if call is not None and call_id is None and call.arguments is not MISSING:
-            key = self.guard.requested_key(call.tool, call.arguments)
-        frame = self._frame(span)
-        session, agent = session_for(
-            call if call is not None else _NO_CALL, trace_id, frame, self.key_by, attributes
-        )
-        found = early.claim(session, agent, names, call_id, key, span_id)
-        if found is None and self.key_by is KeyBy.CONVERSATION:
-            kept = self._requested_keys.get((trace_id, frame.span_id if frame else None))
-            if kept is not None and kept != (session, agent):
-                session, agent = kept
-                found = early.claim(session, agent, names, call_id, key, span_id)
-        if found is None:
-            return False
-        self._started[span_id] = (session, agent, found.call_id or call_id)
-        self._claimed[span_id] = found
-        # Recorded once, at the model span's end (not again on this span).
-        _START_DECISIONS[span_id] = found.decision
-        return True
-
-    def _unclaim(self, span_id: int) -> None:
-        """A span that claimed a requested call ended without being its tool span: the call
-        waits for its own span again."""
-        found = self._claimed.pop(span_id, None)
-        if self._started.pop(span_id, None) is not None:
-            _START_DECISIONS.pop(span_id, None)
-        if found is not None:
-            found.span = None
 
     def _conclude(self, session: str, agent: str | None, decision: Decision) -> None:
         """Keep a post-call conclusion for the adapter whose report comes after the span's."""
@@ -847,20 +703,6 @@ class LoopGuardSpanProcessor(SpanProcessor):
             decision_span.end()
         except Exception as exc:  # never into the application, nor the emitter thread
             self.guard.report_internal_error("span_processor.decision_span", exc)
-
-
-def _tool_names(name: str, tools: Mapping[str, int]) -> tuple[str, ...]:
-    """The kept tools a span's name at its start may run: the name itself (OpenInference names
-    a tool span after its tool), the part after a space (``execute_tool <tool>``), the part
-    before the first dot (``<tool>.run``, ``<tool>.tool``); any kept tool for the spans that
-    name no tool at their start (Haystack's, LlamaIndex's), oldest first."""
-    if name in ANONYMOUS_TOOL_SPANS:
-        return tuple(tools)
-    found = []
-    for candidate in (name, name.rpartition(" ")[2], name.partition(".")[0]):
-        if candidate in tools and candidate not in found:
-            found.append(candidate)
-    return tuple(found)
 
 
 def _tracer_on(provider: trace.TracerProvider) -> tuple[trace.Tracer, bool]:

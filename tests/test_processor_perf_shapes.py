@@ -24,7 +24,7 @@ from otel_loopguard._conventions import (
     arguments_available_at_start,
     tool_call_from_span,
 )
-from otel_loopguard._conventions._dispatch import tool_call_at_start, tool_outcome_from_span
+from otel_loopguard._conventions._readers import tool_call_at_start, tool_outcome_from_span
 from otel_loopguard._span_calls import call_at_start
 from otel_loopguard._spans import START_NAME_PREFIXES
 from otel_loopguard.processor import LoopGuardSpanProcessor, current_decision

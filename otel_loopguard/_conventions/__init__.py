@@ -37,22 +37,19 @@ Layout (private modules; imports point one way, each only to those above it):
   the per-instrumentation shapes that unwrap arguments and results;
 * ``_tables``: :class:`Condition`, the entry types and the tables themselves;
 * ``_requested``: the tool calls a model span's response requests, and its text (issue 27);
-* ``_dispatch``: the tables compiled for the hot path (gates indexed once, at import) and the
-  public readers built on them; model calls' usage (:func:`model_call_from_span`).
+* ``_dispatch``: the tables compiled for the hot path (gates indexed once, at import), and the
+  tool table's gate (:func:`may_be_tool_span`);
+* ``_readers``: the public readers of tool and agent spans built on them;
+* ``_usage``: model calls' usage (:func:`may_be_model_span`, :func:`model_call_from_span`);
+* ``_gates``: :func:`may_matter_at_end`, the one cheap check that a span ending cannot matter.
 
 Names with a leading underscore are shared between those modules, not part of this API.
 """
 
 from ._decoders import MAX_DECODE_CHARS, conversation_id, decode_json
-from ._dispatch import (
-    MODEL_SPAN_KEYS,
-    agent_from_span,
-    arguments_available_at_start,
-    may_be_model_span,
-    may_be_tool_span,
-    model_call_from_span,
-    tool_call_from_span,
-)
+from ._dispatch import may_be_tool_span
+from ._gates import END_GATE_KEYS, may_matter_at_end
+from ._readers import agent_from_span, arguments_available_at_start, tool_call_from_span
 from ._requested import (
     ANONYMOUS_TOOL_SPANS,
     REQUEST_GATE_KEYS,
@@ -79,11 +76,13 @@ from ._tables import attribute_present as attribute_present
 from ._tables import has_event as has_event
 from ._tables import span_name_is as span_name_is
 from ._tables import span_name_starts as span_name_starts
+from ._usage import MODEL_SPAN_KEYS, may_be_model_span, model_call_from_span
 
 __all__ = [
     "AGENT_CONVENTIONS",
     "ANONYMOUS_TOOL_SPANS",
     "ARGUMENTS_AT_START_CONVENTIONS",
+    "END_GATE_KEYS",
     "MAX_DECODE_CHARS",
     "MISSING",
     "REQUEST_GATE_KEYS",
@@ -104,6 +103,7 @@ __all__ = [
     "MODEL_SPAN_KEYS",
     "may_be_model_span",
     "may_be_tool_span",
+    "may_matter_at_end",
     "may_request_calls",
     "model_call_from_span",
     "requested_from_span",

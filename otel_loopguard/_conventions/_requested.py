@@ -204,33 +204,84 @@ def _read_genai(
     return Requested(tuple(calls), _texts(texts), "genai")
 
 
-def _read_openinference(
-    name: str, attributes: Mapping[str, object], events: Callable[[], _Events]
-) -> Requested | None:
-    if OPENINFERENCE_FIRST_TOOL_NAME not in attributes:
-        return None
+@dataclass(frozen=True, slots=True)
+class _Flattened:
+    """Where a convention flattens a response's messages into attributes: message ``m`` under
+    ``{messages}{m}{message}`` (its ``role`` and ``content``), its call ``c`` under
+    ``{message prefix}{calls}{c}{call}`` (``name``, ``arguments`` and ``call_id`` keys).
+    ``content_goes_on``: a message with content but no role does not end the walk."""
+
+    messages: str
+    message: str
+    calls: str
+    call: str
+    name: str
+    arguments: str
+    call_id: str
+    content_goes_on: bool
+
+
+_OPENINFERENCE_LAYOUT: Final = _Flattened(
+    OPENINFERENCE_OUTPUT_PREFIX,
+    ".message.",
+    "tool_calls.",
+    ".tool_call.",
+    "function.name",
+    "function.arguments",
+    "id",
+    content_goes_on=False,
+)
+_OPENLLMETRY_LAYOUT: Final = _Flattened(
+    "gen_ai.completion.",
+    ".",
+    "tool_calls.",
+    ".",
+    "name",
+    "arguments",
+    "id",
+    content_goes_on=True,
+)
+
+
+def _flattened_calls(
+    attributes: Mapping[str, object], layout: _Flattened
+) -> tuple[list[RequestedCall], list[str]]:
+    """The calls and texts of messages flattened into ``N.`` … ``M.`` indexed attributes, walked
+    in order until a message (or a message's call) is missing; at most :data:`_MAX_MESSAGES`
+    messages of :data:`_MAX_CALLS` calls."""
     calls: list[RequestedCall] = []
     texts: list[str] = []
     for m in range(_MAX_MESSAGES):
-        message = f"{OPENINFERENCE_OUTPUT_PREFIX}{m}.message."
+        message = f"{layout.messages}{m}{layout.message}"
         content = attributes.get(message + "content")
         if isinstance(content, str):
             texts.append(content)
         for c in range(_MAX_CALLS):
-            call = f"{message}tool_calls.{c}.tool_call."
-            tool = attributes.get(call + "function.name")
+            call = f"{message}{layout.calls}{c}{layout.call}"
+            tool = attributes.get(call + layout.name)
             if tool is None:
                 break
             if isinstance(tool, str) and tool:
                 calls.append(
                     RequestedCall(
                         tool,
-                        _arguments(attributes.get(call + "function.arguments")),
-                        _call_id(attributes.get(call + "id")),
+                        _arguments(attributes.get(call + layout.arguments)),
+                        _call_id(attributes.get(call + layout.call_id)),
                     )
                 )
-        if message + "role" not in attributes:
+        if message + "role" not in attributes and not (
+            layout.content_goes_on and content is not None
+        ):
             break
+    return calls, texts
+
+
+def _read_openinference(
+    name: str, attributes: Mapping[str, object], events: Callable[[], _Events]
+) -> Requested | None:
+    if OPENINFERENCE_FIRST_TOOL_NAME not in attributes:
+        return None
+    calls, texts = _flattened_calls(attributes, _OPENINFERENCE_LAYOUT)
     if any(call.arguments is MISSING for call in calls):
         calls = _arguments_from_output(calls, attributes.get(OPENINFERENCE_OUTPUT_VALUE))
     return Requested(tuple(calls[:_MAX_CALLS]), _texts(texts), "openinference")
@@ -267,28 +318,7 @@ def _read_openllmetry(
 ) -> Requested | None:
     if OPENLLMETRY_FIRST_TOOL_NAME not in attributes:
         return None
-    calls: list[RequestedCall] = []
-    texts: list[str] = []
-    for m in range(_MAX_MESSAGES):
-        completion = f"gen_ai.completion.{m}."
-        content = attributes.get(completion + "content")
-        if isinstance(content, str):
-            texts.append(content)
-        for c in range(_MAX_CALLS):
-            call = f"{completion}tool_calls.{c}."
-            tool = attributes.get(call + "name")
-            if tool is None:
-                break
-            if isinstance(tool, str) and tool:
-                calls.append(
-                    RequestedCall(
-                        tool,
-                        _arguments(attributes.get(call + "arguments")),
-                        _call_id(attributes.get(call + "id")),
-                    )
-                )
-        if completion + "role" not in attributes and content is None:
-            break
+    calls, texts = _flattened_calls(attributes, _OPENLLMETRY_LAYOUT)
     return Requested(tuple(calls[:_MAX_CALLS]), _texts(texts), "openllmetry")
 
 
