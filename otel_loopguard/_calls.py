@@ -238,8 +238,6 @@ def canonical_json(value: object) -> bytes:
     NaN and infinities become the strings ``"nan"``/``"inf"``/``"-inf"`` (JSON has no such numbers),
     so they stay distinct from ``null``.
     """
-    if isinstance(value, float) and not math.isfinite(value):
-        return orjson.dumps(repr(value))
     try:
         data = orjson.dumps(value, option=_SORT)
     except (TypeError, orjson.JSONEncodeError, RecursionError):
@@ -297,7 +295,7 @@ def outcome_key(result: object, is_error: bool | None) -> str | None:
         # Plain text, the usual tool result, is not parsed: the same bytes as the general path,
         # without its checks (text orjson refuses, e.g. lone surrogates, takes that path).
         try:
-            return _digest(prefix + _SEPARATOR + orjson.dumps(result))
+            return xxh3_128_hexdigest(prefix + _SEPARATOR + orjson.dumps(result))
         except TypeError:
             pass
     canonical = canonical_json(canonical_arguments(result))

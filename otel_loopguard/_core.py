@@ -17,7 +17,7 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from ._asks import Rescues, Reserved
 from ._calls import (
@@ -69,6 +69,12 @@ if TYPE_CHECKING:
 __all__ = ["GuardCore"]
 
 _log = logging.getLogger("otel_loopguard")
+
+
+#: Enum members the hot path reads, read once: on Python 3.11 a member read through its class
+#: goes through the enum metaclass's ``__getattr__`` hook (several times a plain attribute).
+_STOP: Final = Action.STOP
+_RESCUE: Final = Action.RESCUE
 
 
 def _cut_utf8(data: bytes, limit: int) -> str:
@@ -175,6 +181,7 @@ class GuardCore(MemoryKeeping):
         )
         self._classifier = Classifier(self.policy)
         self._ignored = frozenset(self.policy.ignored_args)
+        self._enforce = self.policy.mode is Mode.ENFORCE
         self.reporter = Reporter(
             self.policy,
             recorder if recorder is not None else NoopRecorder(),
@@ -400,19 +407,20 @@ class GuardCore(MemoryKeeping):
             # What to record or recall, done off the lock (a reminder from memory never
             # blocks: the call is counted below as the step it replaces would count it).
             work = self._remember(state, store_key, name, key, step, verdict, canonical)
-        newly_stopped = step.action is Action.STOP and not state.stopped
-        detected_block = step.action in BLOCKING_ACTIONS
-        enforced_block = detected_block and policy.mode is Mode.ENFORCE and ran is None
+        action = step.action
+        newly_stopped = action is _STOP and not state.stopped
+        detected_block = action in BLOCKING_ACTIONS
+        enforced_block = detected_block and self._enforce and ran is None
         repeated = state.record_attempt(
             key, policy, blocked=detected_block, explores=not mutating, refused=enforced_block
         )
         moved = spent = None
         if spend is not None or run is not None:
             if spend is not None:  # model calls reported: the turn's spend, in a loop or not
-                refused_stopped = enforced_block and step.action is Action.STOP
+                refused_stopped = enforced_block and action is _STOP
                 # The loop now running ends at an enforced stop; in observe and advise mode
                 # the run goes on, and so does what its loop costs.
-                frozen = stopped and policy.mode is Mode.ENFORCE
+                frozen = stopped and self._enforce
                 moved = spend.call_counted(repeated, refused_stopped, stopped=frozen)
             if repeated or step is not ALLOW_STEP:
                 spent = self._spent(spend, run)
@@ -431,7 +439,7 @@ class GuardCore(MemoryKeeping):
         if self._keep_trail:
             self._trail_attempt(state, name, key, trail_arguments, enforced_block, ran)
         rescue = None
-        if step.action is Action.RESCUE:
+        if action is _RESCUE:
             advice, outcome, ask = self.rescues.reserve(state, key, store_key)
             context = Rescues.context(state, key) if ask is not None else None
             rescue = _Rescue(advice, outcome, ask, context, state.scope, store_key)

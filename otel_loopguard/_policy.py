@@ -125,11 +125,27 @@ class LoopDetected(RuntimeError):
         }
 
 
+#: Enum members read once: on Python 3.11 a member read through its enum class goes
+#: through the metaclass's ``__getattr__`` hook (several times a plain attribute).
+_ACT_ALLOW: Final = Action.ALLOW
+_ACT_DENY: Final = Action.DENY
+_ACT_REMIND: Final = Action.REMIND
+_ACT_RESCUE: Final = Action.RESCUE
+_ACT_STOP: Final = Action.STOP
+_MODE_ADVISE: Final = Mode.ADVISE
+_MODE_OBSERVE: Final = Mode.OBSERVE
+_PHASE_POST: Final = Phase.POST
+_RULE_BUDGET: Final = Rule.BUDGET
+_RULE_MEMORY: Final = Rule.MEMORY
+_RULE_STALL: Final = Rule.STALL
+_UNIT_USD: Final = CostUnit.USD
+
+
 def remember(count: int, refused: int, recalled: Recalled) -> Step:
     """The reminder from memory (pure): a call repeated with the outcome an earlier run of the
     same scope was denied or stopped for, at its first repeat (``count`` attempts, ``refused``
     of them refused), its history in the text. Threshold 2: the first repeat."""
-    return Step(Action.REMIND, Rule.MEMORY, count, 2, refused=refused, recalled=recalled)
+    return Step(_ACT_REMIND, _RULE_MEMORY, count, 2, refused=refused, recalled=recalled)
 
 
 def climb(
@@ -178,18 +194,18 @@ def climb(
         stall_at = policy.stall_threshold
         if policy.rescue_on_stall and (stop_after is None or denials < stop_after):
             return Step(
-                Action.RESCUE,
-                Rule.STALL,
+                _ACT_RESCUE,
+                _RULE_STALL,
                 stalled.count,
                 stall_at,
                 denials=denials,
                 deny_threshold=stall_at,
             )
-        return Step(Action.STOP, Rule.STALL, stalled.count, stall_at, denials=denials)
+        return Step(_ACT_STOP, _RULE_STALL, stalled.count, stall_at, denials=denials)
     if verdict is None:
         return ALLOW_STEP
     count = verdict.count
-    allow = Step(Action.ALLOW, verdict.rule, verdict.attempts, refused=verdict.refused)
+    allow = Step(_ACT_ALLOW, verdict.rule, verdict.attempts, refused=verdict.refused)
     deny = policy.deny_threshold
     stuck_limit = policy.no_progress_threshold
     polling = False
@@ -212,12 +228,12 @@ def climb(
         attempts, refused = block.attempts, block.refused
         if stop_after is not None and denials >= stop_after:
             return Step(
-                Action.STOP, block.rule, attempts, stop_after, denials=denials, refused=refused
+                _ACT_STOP, block.rule, attempts, stop_after, denials=denials, refused=refused
             )
         rescue = policy.rescue_threshold
         if rescue is not None and count >= rescue:
             return Step(
-                Action.RESCUE,
+                _ACT_RESCUE,
                 block.rule,
                 attempts,
                 rescue,
@@ -229,7 +245,7 @@ def climb(
             # The last refusal before the run ends: the advisor gets its one chance, also when
             # the stop comes before rescue_threshold (no_progress blocks from its 4th call).
             return Step(
-                Action.RESCUE,
+                _ACT_RESCUE,
                 block.rule,
                 attempts,
                 threshold,
@@ -237,7 +253,7 @@ def climb(
                 refused=refused,
                 deny_threshold=threshold,
             )
-        return Step(Action.DENY, block.rule, attempts, threshold, denials=denials, refused=refused)
+        return Step(_ACT_DENY, block.rule, attempts, threshold, denials=denials, refused=refused)
     thresholds = policy.remind_thresholds
     if not thresholds and not polling:
         return allow
@@ -248,7 +264,7 @@ def climb(
             deny if polling and deny else max((t for t in thresholds if t <= count), default=0)
         )
         return Step(
-            Action.REMIND,
+            _ACT_REMIND,
             verdict.rule,
             verdict.attempts,
             reached,
@@ -274,8 +290,8 @@ def _stopped(
         shown = stuck  # its refused repeats make it the longer evidence
     if over is not None:
         return Step(
-            Action.STOP,
-            Rule.BUDGET,
+            _ACT_STOP,
+            _RULE_BUDGET,
             shown.attempts if shown else 1,
             0,
             denials=denials,
@@ -283,7 +299,7 @@ def _stopped(
             over=over,
         )
     return Step(
-        Action.STOP,
+        _ACT_STOP,
         shown.rule if shown else None,
         shown.attempts if shown else 1,
         stop_threshold or policy.stop_after_denials or 0,
@@ -303,16 +319,16 @@ def conclude(failures: Verdict | None, *, policy: Policy) -> Step | None:
     limit = policy.failure_stop_threshold
     if failures is None or limit is None or failures.count < limit:
         return None
-    return Step(Action.STOP, failures.rule, failures.count, limit, failures=failures.count)
+    return Step(_ACT_STOP, failures.rule, failures.count, limit, failures=failures.count)
 
 
 def soften(action: Action, mode: Mode) -> Action:
     """What a detected ``action`` becomes in ``mode`` (pure): ``observe`` allows every call,
     ``advise`` turns a blocking action into a reminder, ``enforce`` keeps it."""
-    if mode is Mode.OBSERVE:
-        return Action.ALLOW
-    if mode is Mode.ADVISE and action in BLOCKING_ACTIONS:
-        return Action.REMIND
+    if mode is _MODE_OBSERVE:
+        return _ACT_ALLOW
+    if mode is _MODE_ADVISE and action in BLOCKING_ACTIONS:
+        return _ACT_REMIND
     return action
 
 
@@ -321,10 +337,10 @@ def settle_rescue(step: Step, advice: str | None, *, asking: bool = False) -> St
     the denial it would have been (at its deny threshold), unless the ask is still ``asking``
     for a caller that did not wait (a span's start): then it stays a rescue, whose advice the
     host can still wait for. Any other step is returned as is."""
-    if step.action is not Action.RESCUE or advice is not None or asking:
+    if step.action is not _ACT_RESCUE or advice is not None or asking:
         return step
     return Step(
-        Action.DENY,
+        _ACT_DENY,
         step.rule,
         step.count,
         step.deny_threshold or step.threshold,
@@ -358,11 +374,11 @@ def decide(
     loop_tokens = loop_cost_usd = None
     if spent is not None:
         loop_tokens, loop_cost_usd = _loop_fields(spent, policy)
-    if step.action is Action.ALLOW:
+    if step.action is _ACT_ALLOW:
         if not repeated:
             return ALLOW
         return Decision(
-            Action.ALLOW,
+            _ACT_ALLOW,
             rule=step.rule,
             count=step.count,
             signature=key[:SIGNATURE_CHARS],
@@ -376,10 +392,10 @@ def decide(
     action = soften(step.action, policy.mode)
     message = (
         ""
-        if action is Action.ALLOW
+        if action is _ACT_ALLOW
         else message_for(step, tool, canonical, policy, advice, action, spent=spent, run=run)
     )
-    blocks = phase is not Phase.POST and action in BLOCKING_ACTIONS
+    blocks = phase is not _PHASE_POST and action in BLOCKING_ACTIONS
     return Decision(
         action=action,
         message=message,
@@ -403,7 +419,7 @@ def _loop_fields(spent: Spent, policy: Policy) -> tuple[int | None, float | None
     reported, no turn priced, or a token-only policy's dollars."""
     if not spent.turns:
         return None, None
-    usd = spent.usd if spent.priced and policy.cost_in is CostUnit.USD else None
+    usd = spent.usd if spent.priced and policy.cost_in is _UNIT_USD else None
     return spent.tokens, usd
 
 

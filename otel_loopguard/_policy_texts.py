@@ -31,6 +31,18 @@ _ARGUMENTS_LABEL: Final = "Arguments: "
 _ADVICE_HEADING: Final = "\n\nAdvice from a reviewer model:\n"
 
 
+#: Enum members read once: on Python 3.11 a member read through its enum class goes
+#: through the metaclass's ``__getattr__`` hook (several times a plain attribute).
+_ACT_ALLOW: Final = Action.ALLOW
+_ACT_REMIND: Final = Action.REMIND
+_ACT_STOP: Final = Action.STOP
+_RULE_CONSECUTIVE: Final = Rule.CONSECUTIVE
+_RULE_NO_PROGRESS: Final = Rule.NO_PROGRESS
+_RULE_STALL: Final = Rule.STALL
+_RULE_WINDOW: Final = Rule.WINDOW
+_UNIT_TOKENS: Final = CostUnit.TOKENS
+
+
 def arguments_preview(canonical: bytes, limit: int) -> str:
     """The canonical arguments as text, cut to ``limit`` characters with ``… (+N more chars)``."""
     text = canonical.decode("utf-8", "replace")
@@ -49,11 +61,11 @@ def _scope(
     """How often, as the rule counts it: ``count`` attempts, ``now``: this one included;
     ``refused``: earlier attempts that were refused (no_progress only)."""
     times = _times(count)
-    if rule is Rule.CONSECUTIVE:
+    if rule is _RULE_CONSECUTIVE:
         return f"{times} in a row"
-    if rule is Rule.WINDOW:
+    if rule is _RULE_WINDOW:
         return f"{times} within your last {policy.window_size} tool calls"
-    if rule is Rule.NO_PROGRESS:
+    if rule is _RULE_NO_PROGRESS:
         if refused:
             ran = count - refused - (1 if now else 0)
             return (
@@ -68,8 +80,8 @@ def _consequence(step: Step, policy: Policy) -> str:
     """What retrying will do, as the policy will really do it."""
     stop_after = policy.stop_after_denials
     if stop_after is None:
-        if step.rule is Rule.STALL or not (
-            Rule.STALL in policy.rules and not policy.rescue_on_stall
+        if step.rule is _RULE_STALL or not (
+            _RULE_STALL in policy.rules and not policy.rescue_on_stall
         ):
             return "retrying it unchanged will be refused again."
         return (
@@ -105,7 +117,7 @@ def _spent_phrase(spent: Spent, policy: Policy, usd_limit: float | None) -> str:
     have no price, saying how many, and that a dollar budget ``usd_limit`` counts only the
     others). Tokens only for a token-only policy."""
     tokens = f"{tokens_text(spent.tokens)} tokens"
-    if policy.cost_in is CostUnit.TOKENS:
+    if policy.cost_in is _UNIT_TOKENS:
         return tokens
     budget = ", so its dollar budget counts only the others" if usd_limit is not None else ""
     if not spent.priced:
@@ -188,7 +200,7 @@ def message_for(
     (``spent``), and the run under a run budget (``run``), is said before the arguments line,
     only when model turns were reported."""
     shown = action or step.action
-    if shown is Action.ALLOW:
+    if shown is _ACT_ALLOW:
         return ""
     cost = "" if spent is None and run is None else _spent_sentence(spent, run, policy)
     return _message(step, shown, tool, canonical, policy, advice, cost)
@@ -208,14 +220,14 @@ def _message(
     scope = _scope(step.rule, step.count, policy, step.refused)
     over = step.over
     if over is not None:
-        return _budget_text(over, policy, stop=shown is Action.STOP)
-    if step.action is Action.STOP and shown is Action.STOP:
+        return _budget_text(over, policy, stop=shown is _ACT_STOP)
+    if step.action is _ACT_STOP and shown is _ACT_STOP:
         return _stop_text(step, name, scope) + spent
     # No arguments line when they are not at hand (a conclusion drawn after the call ran).
     preview = arguments_preview(canonical, policy.arguments_preview_chars) if canonical else ""
     arguments = f"\n{_ARGUMENTS_LABEL}{preview}" if canonical else ""
     if shown in BLOCKING_ACTIONS:
-        if step.rule is Rule.STALL:
+        if step.rule is _RULE_STALL:
             text = (
                 f"{_PREFIX}Not run: {name} repeats an earlier call, and {step.count} of your tool"
                 " calls since the last change repeated earlier calls, with no edit or new input"
@@ -244,7 +256,7 @@ def _message(
             + (f"; from call {limit} on it will be refused." if limit else ".")
             + spent
         )
-    if not step.detailed and step.action is Action.REMIND:
+    if not step.detailed and step.action is _ACT_REMIND:
         return (
             f"{_PREFIX}You have called {name} with the same arguments {scope}. Read the last"
             " result before calling it again; if it did not help, change the arguments or the"
@@ -277,7 +289,7 @@ def _memory_text(name: str, recalled: Recalled) -> str:
 
 def _stop_text(step: Step, name: str, scope: str) -> str:
     """The text of a stop on the rules' evidence."""
-    if step.rule is Rule.STALL:
+    if step.rule is _RULE_STALL:
         return (
             f"{_PREFIX}Stopping: {step.count} of your tool calls since the last change repeated"
             " earlier calls, with no edit or new input in between, so the run is not making"

@@ -108,11 +108,19 @@ class History(Protocol):
     def signature(self, key: str) -> SignatureHistory | None: ...
 
 
+#: The rules' members, read once: on Python 3.11 a member read through its enum class goes
+#: through the metaclass's ``__getattr__`` hook (several times a plain attribute).
+_CONSECUTIVE: Final = Rule.CONSECUTIVE
+_WINDOW: Final = Rule.WINDOW
+_NO_PROGRESS: Final = Rule.NO_PROGRESS
+_STALL: Final = Rule.STALL
+
+
 def consecutive(history: History, key: str) -> Verdict | None:
     """The same args key N times in a row among tracked calls (the plain stuck call)."""
     if history.last_key != key:
         return None
-    return Verdict(Rule.CONSECUTIVE, history.run_length + 1)
+    return Verdict(_CONSECUTIVE, history.run_length + 1)
 
 
 def window(history: History, key: str, size: int) -> Verdict | None:
@@ -125,7 +133,7 @@ def window(history: History, key: str, size: int) -> Verdict | None:
     recent = history.window
     start = len(recent) - (size - 1)
     count = 1 + (recent.count(key) if start <= 0 else recent[start:].count(key))
-    return Verdict(Rule.WINDOW, count) if count > 1 else None
+    return Verdict(_WINDOW, count) if count > 1 else None
 
 
 def no_progress(history: History, key: str) -> Verdict | None:
@@ -142,7 +150,7 @@ def no_progress(history: History, key: str) -> Verdict | None:
     signature = history.signature(key)
     if signature is None or signature.last_outcome is None:
         return None
-    return Verdict(Rule.NO_PROGRESS, signature.same_outcomes + 1, signature.refused)
+    return Verdict(_NO_PROGRESS, signature.same_outcomes + 1, signature.refused)
 
 
 def no_progress_after_failures(history: History, key: str) -> Verdict | None:
@@ -157,7 +165,7 @@ def no_progress_after_failures(history: History, key: str) -> Verdict | None:
     signature = history.signature(key)
     if signature is None or signature.last_outcome is None or not signature.failed:
         return None
-    return Verdict(Rule.NO_PROGRESS, signature.same_outcomes)
+    return Verdict(_NO_PROGRESS, signature.same_outcomes)
 
 
 #: The former name of :func:`no_progress_after_failures`, kept while its callers move (issue 22).
@@ -168,7 +176,7 @@ def stall(history: History, key: str, threshold: int) -> Verdict | None:
     """S redundant calls (args key already seen this epoch) in one epoch, any signature."""
     seen = history.signature(key) is not None
     count = history.redundant + (1 if seen else 0)
-    return Verdict(Rule.STALL, count) if seen and count >= threshold else None
+    return Verdict(_STALL, count) if seen and count >= threshold else None
 
 
 def trend(signature: SignatureHistory | None) -> Trend:
@@ -250,14 +258,14 @@ def evaluate(
         and not signature.looped
         and history.novel > signature.novel_seen
     ):
-        stalled = stall(history, key, policy.stall_threshold) if Rule.STALL in rules else None
+        stalled = stall(history, key, policy.stall_threshold) if _STALL in rules else None
         return None, None, stalled
     best: Verdict | None = None
-    stuck = no_progress(history, key) if Rule.NO_PROGRESS in rules else None
+    stuck = no_progress(history, key) if _NO_PROGRESS in rules else None
     candidates = (
-        consecutive(history, key) if Rule.CONSECUTIVE in rules else None,
+        consecutive(history, key) if _CONSECUTIVE in rules else None,
         stuck,
-        window(history, key, policy.window_size) if Rule.WINDOW in rules else None,
+        window(history, key, policy.window_size) if _WINDOW in rules else None,
     )
     for verdict in candidates:
         if verdict is not None and (
@@ -266,5 +274,5 @@ def evaluate(
             or (verdict.count == best.count and _PREFERENCE[verdict.rule] < _PREFERENCE[best.rule])
         ):
             best = verdict
-    stalled = stall(history, key, policy.stall_threshold) if Rule.STALL in rules else None
+    stalled = stall(history, key, policy.stall_threshold) if _STALL in rules else None
     return best, stuck, stalled
