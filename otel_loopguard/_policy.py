@@ -14,7 +14,8 @@ model reads are :mod:`._policy_texts`'; both are importable from here as before.
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Callable
+from typing import Any, Final
 
 from ._calls import SIGNATURE_CHARS
 from ._decision import ALLOW, ALLOW_STEP, BLOCKING_ACTIONS, Action, Decision, Phase, Step
@@ -423,10 +424,20 @@ def _loop_fields(spent: Spent, policy: Policy) -> tuple[int | None, float | None
     return spent.tokens, usd
 
 
+class _Sha256:
+    """hashlib's sha256, once the first block needed it (an import in the function costs a
+    lookup on every block)."""
+
+    function: Callable[[bytes], Any] | None = None
+
+
 def _hash_prefix(tool: str, canonical: bytes) -> str:
     """The loop-brake plugin's call hash: the first hex of sha256(tool + newline + canonical
     JSON). Computed on blocking decisions only."""
-    import hashlib  # here: imported on the first block, not by every hook process
+    sha256 = _Sha256.function
+    if sha256 is None:
+        import hashlib  # here: imported on the first block, not by every hook process
 
-    digest = hashlib.sha256(tool.encode("utf-8", "surrogatepass") + b"\n" + canonical)
+        sha256 = _Sha256.function = hashlib.sha256
+    digest = sha256(tool.encode("utf-8", "surrogatepass") + b"\n" + canonical)
     return digest.hexdigest()[:_HASH_PREFIX_CHARS]

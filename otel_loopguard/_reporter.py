@@ -8,17 +8,21 @@ decision here, off its lock.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from ._attributes import Shape, decision_attributes
 from ._exemplars import current_call, exemplar_labels
 from ._policy import Action, Decision, Phase, Step, arguments_preview
 from ._triplog import TripLog
-from .config import Policy
+from .config import Policy, Rule
 from .metrics import Recorder
 from .metrics._spec import NO_RULE
 
 __all__ = ["Reporter", "TripLine"]
+
+#: The members' wire strings, read once (``.value`` is a Python-level property of enums).
+_RULE_VALUES: Final = {rule: rule.value for rule in Rule}
+_ACTION_VALUES: Final = {action: action.value for action in Action}
 
 #: The fields of one trip line (:meth:`otel_loopguard._triplog.TripLog.write`'s arguments).
 TripLine = dict[str, Any]
@@ -124,8 +128,8 @@ class Reporter:
         by what was detected), and, after the call ran (``post``), the run's stop; then its trip
         line (``canonical``: the arguments, ``None`` to leave them out)."""
         detected = decision.detected
-        rule = decision.rule.value if decision.rule else NO_RULE
-        self.recorder.decision(agent, decision.tool, rule, detected.value, decision.count)
+        rule = _RULE_VALUES[decision.rule] if decision.rule else NO_RULE
+        self.recorder.decision(agent, decision.tool, rule, _ACTION_VALUES[detected], decision.count)
         if decision.phase is Phase.POST and detected is Action.STOP:
             # Concluded only for a run not stopped yet: its first stop.
             self.recorder.stopped_run(agent, decision.tool, rule)
