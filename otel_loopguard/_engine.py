@@ -15,7 +15,6 @@ one process per call and keep sessions in a file between calls.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Final
 
@@ -136,7 +135,9 @@ class SessionState:
         self.stopped = False
         # The threshold of the stop that stopped the session (the later stops show it).
         self.stop_threshold = 0
-        self.pending: OrderedDict[str, Pending] | None = None
+        # Insertion order is age: the oldest is forgotten first. (A dict, not an OrderedDict:
+        # a table is made for most calls, as an idle session keeps none.)
+        self.pending: dict[str, Pending] | None = None
         self.advice: dict[str, str] | None = None  # args key -> advice, this epoch
         self.rescues = 0
         self.last_rescue_at: float | None = None
@@ -286,14 +287,14 @@ class SessionState:
         """Remember a hook attempt until its outcome arrives (``ref``: call id, else args key)."""
         table = self.pending
         if table is None:
-            table = self.pending = OrderedDict()
+            table = self.pending = {}
         existing = table.get(ref)
         if existing is not None and existing.args_key == key:
             existing.outstanding += 1
             existing.blocked = blocked
             return
         if len(table) >= MAX_PENDING_CALLS:
-            table.popitem(last=False)
+            del table[next(iter(table))]
         table[ref] = Pending(key, blocked, mutating)
 
     def take_pending(self, ref: str) -> Pending | None:
@@ -409,7 +410,7 @@ class SessionState:
         state.denials = read_count(raw.get("denials"), "denials")
         state.stopped = read_flag(raw.get("stopped"), "stopped")
         state.stop_threshold = read_count(raw.get("stop_at", 0), "stop_at")
-        pending: OrderedDict[str, Pending] = OrderedDict()
+        pending: dict[str, Pending] = {}
         for entry in read_list(raw.get("pending"), "pending"):
             if not (isinstance(entry, list) and len(entry) == 5):
                 raise ValueError(f"session state: bad pending entry {entry!r}")
@@ -440,7 +441,7 @@ class SessionState:
         )
         state.window = window[-(policy.window_size - 1) :] if policy.window_size > 1 else []
         while len(pending) > MAX_PENDING_CALLS:
-            pending.popitem(last=False)
+            del pending[next(iter(pending))]
         state.pending = pending or None
         trail = raw.get("trail")
         state.trail = None if trail is None else Trail.from_json(trail)
