@@ -92,8 +92,8 @@ LOCAL = COMMON | {
     "otel_loopguard.metrics._spec",
 }
 
-#: With ``--server``: the HTTP client instead of the guard.
-SERVER = COMMON | {"otel_loopguard.hooks._remote"}
+#: With ``--server``: the request (one POST on a plain socket) instead of the guard.
+SERVER = COMMON | {"otel_loopguard.hooks._remote", "otel_loopguard.hooks._wire"}
 
 #: The third-party packages (top-level names) either path imports.
 THIRD_PARTY = {"orjson", "xxhash"}
@@ -167,5 +167,6 @@ def test_the_server_hook_imports_no_guard(server: str) -> None:
     event = claude_pre("Bash", {"command": "ls"}, "toolu_1", session="imports-server")
     added = added_modules(event, "--server", server, env=clean_env(LOOPGUARD_SERVE_TOKEN=TOKEN))
     check(added, SERVER)
-    assert "http.client" in added  # it did ask the server
+    assert "socket" in added  # it did ask the server: on a plain socket, not with http.client
+    assert "http.client" not in added and "ssl" not in added and "email" not in added
     assert "otel_loopguard._guard" not in added and "otel_loopguard._core" not in added

@@ -493,7 +493,7 @@ def fake() -> Iterator[str]:
         ("list", "unexpected answer (a JSON list, not an object)"),
         ("nodecision", "unexpected answer (no 'decision')"),
         ("badaction", "unexpected answer (unknown action 'explode')"),
-        ("hangup", "Remote end closed connection without response"),
+        ("hangup", "the connection closed without an answer"),
     ],
 )
 def test_error_statuses_and_answers_that_are_not_the_apis_fail_open_or_closed(

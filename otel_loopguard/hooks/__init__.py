@@ -15,7 +15,8 @@ by a running ``otel-loopguard serve`` (``--server URL``, :mod:`._remote`).
   where the last call stopped, each response charged once; genai-prices' rates kept between
   processes.
 - :mod:`._runner`: one invocation, its failure modes, and the local backend.
-- :mod:`._remote`: the backend that asks serve's decision API (standard-library HTTP client).
+- :mod:`._remote`: the backend that asks serve's decision API (one POST on a plain socket,
+  :mod:`._wire`).
 
 Importing this package does not import the OpenTelemetry SDK or the Prometheus client; the
 runner, the remote backend and the store (SQLite) are imported when one of their names is first

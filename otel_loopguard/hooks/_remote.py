@@ -22,8 +22,9 @@ was last read is kept in the hooks' SQLite file on this machine (``--store`` is 
 it. A turn the server does not take is sent again at the next call (those it took are
 remembered); a state file that cannot be used only leaves usage unread (a note on stderr).
 
-One request per invocation (and one per new model turn) over the standard library's HTTP
-client (imported only here, when ``--server`` is given), with a connect and read timeout. No
+One request per invocation (and one per new model turn), a POST on a plain socket
+(:mod:`._wire`: ``http.client`` cost a hook process more than its request), with a connect and
+read timeout. No
 connection, no answer in time, a status other than 200 (a wrong token: 401) or an answer that
 is not the API's JSON raise :class:`~._answers.Unavailable`: the runner allows the call with a
 note on stderr, or denies it with ``--fail-closed``, as for a broken local store. Nothing is
@@ -51,6 +52,7 @@ from ._answers import Unavailable, answer_before
 from ._hosts import ALLOWED, Answer, EventKind, HookEvent, Host
 from ._store import HookStore, StoreError
 from ._transcript import TRANSCRIPT_TURNS, charge_transcript
+from ._wire import BadAnswer, post
 
 __all__ = ["DEFAULT_TIMEOUT_SECONDS", "RemoteBackend", "TOKEN_ENV"]
 
@@ -114,7 +116,7 @@ class RemoteBackend:
         self.timeout_seconds = float(timeout_seconds)
         self._https = parts.scheme == "https"
         self._host = parts.hostname
-        self._port = port
+        self._port = port if port is not None else (443 if self._https else 80)
         self._prefix = parts.path.rstrip("/")
         #: Where transcript marks are kept (``None``: transcripts are not read).
         self.marks = None if marks is None else HookStore(marks)
@@ -219,26 +221,21 @@ class RemoteBackend:
     # -- the wire ----------------------------------------------------------------------------
 
     def _post(self, endpoint: str, body: Mapping[str, object]) -> dict[str, object]:
-        import http.client  # only the --server path pays for it
-
         where = f"server {self.url}"
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self.token is not None:
             headers["Authorization"] = f"Bearer {self.token}"
-        connection_class = (
-            http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-        )
-        connection = connection_class(self._host, self._port, timeout=self.timeout_seconds)
         try:
-            connection.request(
-                "POST",
+            status, data = post(
+                self._host,
+                self._port,
                 f"{self._prefix}/v1/decisions/{endpoint}",
-                body=orjson.dumps(body),
-                headers=headers,
+                orjson.dumps(body),
+                headers,
+                timeout=self.timeout_seconds,
+                limit=_MAX_ANSWER_BYTES,
+                tls=self._https,
             )
-            response = connection.getresponse()
-            status = response.status
-            data = response.read(_MAX_ANSWER_BYTES + 1)
         except TimeoutError:
             raise Unavailable(f"{where}: no answer within {self.timeout_seconds:g} s") from None
         except ConnectionRefusedError:
@@ -247,10 +244,8 @@ class RemoteBackend:
             raise Unavailable(
                 f"{where}: {_one_line(exc.strerror or str(exc) or repr(exc))}"
             ) from None
-        except http.client.HTTPException as exc:
-            raise Unavailable(f"{where}: {_one_line(str(exc) or type(exc).__name__)}") from None
-        finally:
-            connection.close()
+        except BadAnswer as exc:
+            raise Unavailable(f"{where}: {_one_line(str(exc))}") from None
         if status != 200:
             raise Unavailable(f"{where}: HTTP {status}{_quoted_error(data)}")
         if len(data) > _MAX_ANSWER_BYTES:
