@@ -43,6 +43,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _results import record
+
 #: The hook's median at most this many times the bare interpreter's median (issue 29).
 TARGET_RATIO = 1.5
 
@@ -229,6 +231,10 @@ def main() -> int:
     ratio = median / bare
     verdict = "met" if ratio <= TARGET_RATIO else "NOT met"
     print(f"hook / bare interpreter (medians): {ratio:.2f}x; target <= {TARGET_RATIO}x: {verdict}")
+    record("hook_vs_bare", ratio, "x")
+    record("hook_cpu_vs_bare", statistics.median(hook_cpu) / statistics.median(bare_cpu), "x")
+    if other_times:
+        record("compared_hook_vs_bare", statistics.median(other_times) / bare, "x")
     return 0
 
 
