@@ -16,7 +16,8 @@ Pure Python (stdlib and the package's own modules): no OpenTelemetry SDK, no pro
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from itertools import repeat
 from typing import Any, Final
 
 from ._conventions import (
@@ -206,19 +207,24 @@ class TraceBuffer:
 
     def add(self, span: RecordedSpan) -> None:
         """Buffer one span; :meth:`take_ready` then returns the events it completed."""
-        trace = self._traces.get(span.trace_id)
+        trace_id = span.trace_id
+        span_id = span.span_id
+        parent_id = span.parent_id
+        trace = self._traces.get(trace_id)
         if trace is None:
-            trace = self._traces[span.trace_id] = HeldTrace()
-        if span.span_id in trace.parents or self._forgotten(span.trace_id, span.span_id):
+            trace = self._traces[trace_id] = HeldTrace()
+        if span_id in trace.parents or self._forgotten(trace_id, span_id):
             self.duplicate_spans += 1
             return
-        trace.parents[span.span_id] = span.parent_id
-        local_parent = span.parent_id
+        trace.parents[span_id] = parent_id
+        local_parent = parent_id
         if span.parent_remote:
-            trace.remote.add(span.span_id)
+            trace.remote.add(span_id)
             local_parent = None
-        if agent_from_span(span.name, span.attributes) is not None:
-            trace.agents[span.span_id] = SpanView(span.name, span.attributes, local_parent)
+        name = span.name
+        attributes = span.attributes
+        if agent_from_span(name, attributes) is not None:
+            trace.agents[span_id] = SpanView(name, attributes, local_parent)
             if trace.agentless:
                 lost = [p for p in trace.agentless if trace.under(p, span.span_id)]
                 if lost:
@@ -228,11 +234,11 @@ class TraceBuffer:
                 trace.runs[span.span_id] = (span.start_ns, self._order)
         tool = held_tool(span, local_parent, self._order)
         model = None
-        if tool is None and may_be_model_span(span.attributes):
-            call = model_call_from_span(span.name, span.attributes)
+        if tool is None and may_be_model_span(attributes):
+            call = model_call_from_span(name, attributes)
             if call is not None:
-                ref = SpanRef(span.trace_id, span.span_id, span.parent_id, span.parent_remote)
-                model = HeldModel(span.span_id, local_parent, call, span.end_ns, self._order, ref)
+                ref = SpanRef(trace_id, span_id, parent_id, span.parent_remote)
+                model = HeldModel(span_id, local_parent, call, span.end_ns, self._order, ref)
         self._order += 1
         if self._hold is not None:
             trace.seen = self._clock()
@@ -243,8 +249,8 @@ class TraceBuffer:
         elif model is not None:
             trace.models.append(model)
         self._spans += 1
-        if span.parent_id is None:
-            self._complete[span.trace_id] = None
+        if parent_id is None:
+            self._complete[trace_id] = None
 
     def add_link(
         self, trace_id: int, span_id: int, parent_id: int | None, parent_remote: bool = False
@@ -266,6 +272,35 @@ class TraceBuffer:
         if parent_id is None:
             self._complete[trace_id] = None
 
+    def add_links(self, links: Iterable[tuple[int, int, int | None, bool]]) -> None:
+        """:meth:`add_link` of each ``(trace_id, span_id, parent_id, parent_remote)``, in order,
+        in one call (serve adds most spans of a request this way: the clock is read once)."""
+        traces = self._traces
+        complete = self._complete
+        seen, seen_before = self._seen, self._seen_before
+        check = bool(seen or seen_before)
+        now = None if self._hold is None else self._clock()
+        added = 0
+        for trace_id, span_id, parent_id, parent_remote in links:
+            trace = traces.get(trace_id)
+            if trace is None:
+                trace = traces[trace_id] = HeldTrace()
+            parents = trace.parents
+            if span_id in parents or (
+                check and ((key := hash((trace_id, span_id))) in seen or key in seen_before)
+            ):
+                self.duplicate_spans += 1
+                continue
+            parents[span_id] = parent_id
+            if parent_remote:
+                trace.remote.add(span_id)
+            if now is not None:
+                trace.seen = now
+            added += 1
+            if parent_id is None:
+                complete[trace_id] = None
+        self._spans += added
+
     def _forgotten(self, trace_id: int, span_id: int) -> bool:
         """Whether the span was in a trace already flushed and forgotten (a retried export)."""
         if not self._seen_before and not self._seen:
@@ -276,7 +311,12 @@ class TraceBuffer:
     def _remember(self, trace: HeldTrace, trace_id: int) -> None:
         """Keep the span ids of a trace being forgotten (bounded: two generations)."""
         seen = self._seen
-        for span_id in trace.parents:
+        parents = trace.parents
+        if len(seen) + len(parents) < self._seen_max:
+            # the whole trace fits in this generation: hashed in one call (the same hashes)
+            seen.update(map(hash, zip(repeat(trace_id), parents)))
+            return
+        for span_id in parents:
             seen.add(hash((trace_id, span_id)))
             if len(seen) >= self._seen_max:
                 self._seen_before = seen

@@ -232,9 +232,7 @@ class Ingest:
             self._feed(self._fresh(batch.calls), "log")
             return
         buffer = self._buffer
-        add_link = buffer.add_link
-        for trace_id, span_id, parent_id, remote in batch.links:
-            add_link(trace_id, span_id, parent_id, remote)
+        buffer.add_links(batch.links)
         add = buffer.add
         for span in batch.spans:
             add(span)

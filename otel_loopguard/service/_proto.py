@@ -320,8 +320,35 @@ def _any_value(data: bytes, at: int, end: int) -> object:
         return number - (1 << 64) if number >= 1 << 63 else number
     if tag == 0x21 and end - at == 9:  # double_value
         return _DOUBLE(data, at + 1)[0]
+    if tag == 0x2A:  # array_value: of strings (finish reasons, tags, ...) read here
+        strings = _string_array(data, at, end)
+        if strings is not None:
+            return strings
     value = _AnyValue.FromString(data[at:end])  # arrays, key-value lists, bytes, the rest
     return _value(value, 0)
+
+
+def _string_array(data: bytes, at: int, end: int) -> tuple[str, ...] | None:
+    """``data[at:end]``, one ``AnyValue{array_value}`` whose values are each one
+    ``string_value``, as :func:`_value` reads it (a tuple of str); None for any other shape
+    (read by the protobuf runtime then). ``UnicodeDecodeError`` for text that is not UTF-8."""
+    size, start = _read_varint(data, at + 1)
+    if start + size != end:
+        return None
+    items: list[str] = []
+    while start < end:
+        if data[start] != 0x0A:  # ArrayValue.values
+            return None
+        size, start = _read_varint(data, start + 1)
+        after = start + size
+        if after > end or not size or data[start] != 0x0A:  # AnyValue.string_value
+            return None
+        size, start = _read_varint(data, start + 1)
+        if start + size != after:
+            return None
+        items.append(data[start:after].decode())
+        start = after
+    return tuple(items)
 
 
 def _fast_attributes(pairs: Iterable[bytes]) -> dict[str, object]:
