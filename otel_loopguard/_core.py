@@ -572,7 +572,7 @@ class GuardCore(MemoryKeeping):
         state: SessionState | None = None
         pending: Pending | None = None
         post: Step | None = None
-        # The store key is needed only with a call id, or without the state at hand.
+        # The store key before_tool found with the state, else from the ids.
         store_key: object = (
             known_store_key
             if known_state is not None
