@@ -21,7 +21,7 @@ from ._cli_common import (
 )
 from ._cli_hook import HOOK_HOSTS, HookArguments, run_hook, stop_quietly
 
-__all__ = ["build_parser", "run_words"]
+__all__ = ["build_parser", "hook_arguments_of", "run_words"]
 
 
 Handler = Callable[[argparse.Namespace], int]
@@ -262,21 +262,24 @@ def _add_hook(commands: argparse._SubParsersAction[CommandParser]) -> None:
     parser.set_defaults(handler=_run_hook)
 
 
-def _run_hook(args: argparse.Namespace) -> int:
-    return run_hook(
-        HookArguments(
-            args.host,
-            store=args.store,
-            preset=args.preset,
-            config=args.config,
-            plugin_config=args.plugin_config,
-            server=args.server,
-            token=args.token,
-            token_file=args.token_file,
-            timeout_seconds=args.timeout,
-            fail_closed=args.fail_closed,
-        )
+def hook_arguments_of(args: argparse.Namespace) -> HookArguments:
+    """``hook``'s command line as argparse read it."""
+    return HookArguments(
+        args.host,
+        store=args.store,
+        preset=args.preset,
+        config=args.config,
+        plugin_config=args.plugin_config,
+        server=args.server,
+        token=args.token,
+        token_file=args.token_file,
+        timeout_seconds=args.timeout,
+        fail_closed=args.fail_closed,
     )
+
+
+def _run_hook(args: argparse.Namespace) -> int:
+    return run_hook(hook_arguments_of(args))
 
 
 # -- main --------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from otel_loopguard._cli_hook import HookArguments, hook_arguments
+from otel_loopguard._cli_parser import hook_arguments_of
 from otel_loopguard.cli import build_parser
 
 #: Command lines (after ``hook``) the light reader reads.
@@ -51,19 +52,7 @@ DECLINED = [
 
 
 def by_argparse(words: list[str]) -> HookArguments:
-    args = build_parser(hook_only=True).parse_args(["hook", *words])
-    return HookArguments(
-        args.host,
-        store=args.store,
-        preset=args.preset,
-        config=args.config,
-        plugin_config=args.plugin_config,
-        server=args.server,
-        token=args.token,
-        token_file=args.token_file,
-        timeout_seconds=args.timeout,
-        fail_closed=args.fail_closed,
-    )
+    return hook_arguments_of(build_parser(hook_only=True).parse_args(["hook", *words]))
 
 
 @pytest.mark.parametrize("words", READ, ids=" ".join)
