@@ -79,6 +79,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from _results import record
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -867,6 +868,8 @@ def measure(
             f" {size:,.0f} B/span"
         )
         print(f"ingest spans/s (one core, wall): {total / wall:,.0f}")
+        record(f"{name}: ingest spans/s", total / wall, "spans/s", better="higher")
+        record(f"{name}: server CPU per span", cpu / total * 1e6, "µs")
         print(
             f"server CPU s per 1k spans: {cpu / total * 1e3 * 1e3:.2f} ms"
             f" (spans per CPU-second {total / cpu:,.0f})"
@@ -892,6 +895,9 @@ def measure(
                     "—" if server is current else f"{paired[0]:.2f}–{paired[-1]:.2f}x",
                 ]
             )
+        if "baseline" in walls:
+            base = statistics.median(walls["baseline"])
+            record(f"{name}: spans/s ratio to baseline", base / wall, "x", better="higher")
         print(
             f"\n{name}, median of {args.repeat} (rotating order; ratio = variant spans/s over"
             " current's):\n"
@@ -924,6 +930,8 @@ def measure(
             client.close()
     own = times["current"]
     print(f"\n## decision API (POST /v1/decisions/before, keep-alive, {len(own)} calls)")
+    record("decision API p50", percentile(own, 0.50), "ms")
+    record("decision API p99", percentile(own, 0.99), "ms")
     print(
         f"p50 {percentile(own, 0.50):.3f} ms, p99 {percentile(own, 0.99):.3f} ms,"
         f" max {max(own):.3f} ms"
