@@ -16,6 +16,8 @@ the same run, on a warm store.
    REF``), the same command is also run with ``PYTHONPATH=DIR``, so that it imports that
    version's package; the three (hook, the other version's hook, bare interpreter) alternate,
    each on a warm store of its own.
+5. With ``--server URL``, the command is ``hook claude-code --server URL`` (a running
+   ``otel-loopguard serve``; both versions ask the same one) instead of the SQLite store.
 
 Bytecode is cached as on any installed package (in a temporary ``PYTHONPYCACHEPREFIX``, filled
 by the warm-up), even where ``PYTHONDONTWRITEBYTECODE`` is set; ``--no-bytecode-cache`` keeps
@@ -25,6 +27,7 @@ that setting (then every process compiles the package from source).
     python benchmarks/bench_hook.py --command "$(command -v otel-loopguard)"   # e.g. a shim
     python benchmarks/bench_hook.py --no-bytecode-cache
     python benchmarks/bench_hook.py --compare /tmp/base   # side by side with another checkout
+    python benchmarks/bench_hook.py --server http://127.0.0.1:4318   # hook --server, a running serve
 """
 
 from __future__ import annotations
@@ -157,6 +160,12 @@ def main() -> int:
         help="also time the command importing the package of the checkout DIR (PYTHONPATH),"
         " alternating with this one",
     )
+    parser.add_argument(
+        "--server",
+        metavar="URL",
+        help="time 'hook claude-code --server URL' (a running otel-loopguard serve, e.g. started"
+        " with LOOPGUARD_SERVE_TOKEN unset) instead of the SQLite store",
+    )
     args = parser.parse_args()
     if args.runs < 30:
         parser.error("--runs: at least 30")
@@ -172,6 +181,9 @@ def main() -> int:
             bytecode = "cached (temporary PYTHONPYCACHEPREFIX)"
         hook = [*command, "hook", "claude-code", "--store", str(Path(directory) / "h.sqlite3")]
         other = [*command, "hook", "claude-code", "--store", str(Path(directory) / "o.sqlite3")]
+        if args.server:  # its transcript marks go to the default file: here, a temporary one
+            hook = other = [*command, "hook", "claude-code", "--server", args.server]
+            env["XDG_STATE_HOME"] = directory
         other_env = dict(env, PYTHONPATH=str(Path(args.compare).resolve())) if args.compare else {}
         for argv, environment in [(hook, env), (other, other_env)]:
             if not environment:
@@ -201,7 +213,8 @@ def main() -> int:
 
     median = statistics.median(hook_times)
     bare = statistics.median(bare_times)
-    print(f"command: {shlex.join(hook[:-2])} --store TMP")
+    shown = shlex.join(hook) if args.server else f"{shlex.join(hook[:-2])} --store TMP"
+    print(f"command: {shown}")
     print(f"machine: {machine()}; load average {load_before} before, {load_after} after")
     print(
         f"runs: {args.runs} (PreToolUse and PostToolUse alternately), warm store"
@@ -231,10 +244,13 @@ def main() -> int:
     ratio = median / bare
     verdict = "met" if ratio <= TARGET_RATIO else "NOT met"
     print(f"hook / bare interpreter (medians): {ratio:.2f}x; target <= {TARGET_RATIO}x: {verdict}")
-    record("hook_vs_bare", ratio, "x")
-    record("hook_cpu_vs_bare", statistics.median(hook_cpu) / statistics.median(bare_cpu), "x")
+    path = "server_" if args.server else ""
+    record(f"{path}hook_vs_bare", ratio, "x")
+    record(
+        f"{path}hook_cpu_vs_bare", statistics.median(hook_cpu) / statistics.median(bare_cpu), "x"
+    )
     if other_times:
-        record("compared_hook_vs_bare", statistics.median(other_times) / bare, "x")
+        record(f"{path}compared_hook_vs_bare", statistics.median(other_times) / bare, "x")
     return 0
 
 
