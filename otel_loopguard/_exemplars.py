@@ -14,12 +14,16 @@ from __future__ import annotations
 from contextvars import ContextVar, Token
 from typing import Final
 
-__all__ = ["DROPPED", "counting", "current_call", "exemplar_labels"]
+__all__ = ["COUNTED_CALL", "DROPPED", "counting", "current_call", "exemplar_labels"]
 
 #: (trace id, span id) of the call being counted on this thread or task, when a span named it.
-_CALL: Final[ContextVar[tuple[object, object] | None]] = ContextVar(
+#: The hot path (:mod:`._span_calls`, around every call a span reports) sets and resets it
+#: itself, ``token = COUNTED_CALL.set(ids)`` … ``COUNTED_CALL.reset(token)`` in ``finally``: no
+#: object and no method calls of ours per call; elsewhere :class:`counting` does the same.
+COUNTED_CALL: Final[ContextVar[tuple[object, object] | None]] = ContextVar(
     "otel_loopguard_counted_call", default=None
 )
+_CALL: Final = COUNTED_CALL
 _MAX_TRACE_ID: Final = (1 << 128) - 1
 _MAX_SPAN_ID: Final = (1 << 64) - 1
 

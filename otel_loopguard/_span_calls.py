@@ -27,7 +27,7 @@ from ._conventions import (
     tool_call_from_span,
 )
 from ._conventions._readers import tool_call_at_start, tool_outcome_from_span
-from ._exemplars import counting
+from ._exemplars import COUNTED_CALL, counting
 from ._prices import ModelUsage
 from ._spans import START_NAME_PREFIXES
 
@@ -113,8 +113,11 @@ def call_started(
     session, agent, call_id = keys
     if span is None:
         return guard.decide_at_span_start(tool, arguments, session, agent, call_id)
-    with counting(*span):
+    named = COUNTED_CALL.set(span)  # counting(*span), inline: around every call a span reports
+    try:
         return guard.decide_at_span_start(tool, arguments, session, agent, call_id)
+    finally:
+        COUNTED_CALL.reset(named)
 
 
 def call_ended(
@@ -153,7 +156,8 @@ def call_ended(
             duration_seconds=duration,
         )
         return keys, arguments, decision
-    with counting(*span):
+    named = COUNTED_CALL.set(span)  # as in call_started
+    try:
         decision = guard.after_tool(
             tool,
             arguments,
@@ -164,6 +168,8 @@ def call_ended(
             result=result,
             duration_seconds=duration,
         )
+    finally:
+        COUNTED_CALL.reset(named)
     return keys, arguments, decision
 
 
