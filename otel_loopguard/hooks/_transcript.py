@@ -29,7 +29,6 @@ not there is not read. Pure but for the one bounded read of the file.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import stat
 from collections.abc import Callable, Mapping, Sequence
@@ -499,6 +498,8 @@ class KnownPrices:
 def _snapshot_key() -> str | None:
     """Which genai-prices snapshot is installed (its data file's size and time), found without
     importing it; ``None`` when it is not installed."""
+    import importlib.util  # here: only a transcript with model usage needs it
+
     try:
         spec = importlib.util.find_spec("genai_prices")
     except (ImportError, ValueError):
