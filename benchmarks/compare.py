@@ -25,9 +25,12 @@ intent) measure detection, not speed; they run only with ``--corpus DIR`` (the f
 Exit status 0 whenever the comparison ran (regressions are reported, not failed: machines are
 noisy); 2 for a usage error or a REF that is not a commit of the repository.
 
-Each benchmark has a default argument set (about 10 minutes in all with 3 rounds, on the
-project's 2-core machine kind) and a --quick one (about 2 minutes with 2 rounds: a smoke
-check, not a measurement). --repo and --bench-dir point the harness at another repository and
+Each benchmark has a default argument set and a --quick one (a smoke check, not a
+measurement: one round, no spread). On the project's 2-core machine kind, with --corpus, the
+default run takes about 7 minutes of CPU (wall time: about as much on a quiet machine, 15-20
+minutes at a load average of 5-12) and --quick about 1.5 minutes of CPU (about 2 minutes on a
+quiet machine, 4-5 at a load average of 10). Each run is timed (wall and CPU) and the totals
+per benchmark are printed under the table. --repo and --bench-dir point the harness at another repository and
 folder of scripts (the tests use them); scripts there named ``bench_*.py`` that the table below
 does not know run without arguments.
 """
@@ -40,6 +43,7 @@ import json
 import math
 import os
 import platform
+import resource
 import shlex
 import signal
 import statistics
@@ -63,30 +67,35 @@ class Bench:
     quick: str
     corpus: str | None = None  # the subfolder of --corpus passed as its --corpus
     timeout: float = 600.0  # seconds per run
+    caveat: str = ""  # printed under the table when it ran
 
 
 BENCHMARKS: tuple[Bench, ...] = (
     Bench(
         "bench_engine",
-        "--repeat 3 --pairs 15000 --sessions 2000",
+        "--repeat 3 --pairs 10000 --sessions 2000",
         "--repeat 1 --pairs 4000 --sessions 500",
     ),
     Bench("bench_hook", "--runs 30 --warm 3", "--runs 30 --warm 1"),  # at least 30 runs
     Bench("bench_processor", "--rounds 100 --warmup 10", "--rounds 30 --warmup 5"),
     Bench(
         "bench_exporter",  # the paced rounds drop 2, the busy ones --warmup: 2 left at least
-        "--rounds 60 --warmup 4 --busy-rounds 8 --paced-rounds 4 --batches 6 --repeat 1",
+        "--rounds 40 --warmup 3 --busy-rounds 5 --busy-spans 512 --paced-rounds 4"
+        " --paced-spans 256 --batches 4 --repeat 1",
         "--rounds 20 --warmup 2 --busy-rounds 4 --busy-spans 512 --paced-rounds 4"
-        " --paced-spans 256 --batches 2 --repeat 1",
+        " --paced-spans 128 --batches 2 --repeat 1",
     ),
     Bench(
         "bench_serve",
         "--workloads mixed --batches 40 --repeat 1 --decisions 300",
         "--workloads mixed --batches 10 --repeat 1 --decisions 100",
+        # drop this once bench_serve.py's Variant.env puts PYTHONPATH before its own tree
+        caveat="its serve subprocess puts this tree's folder first on PYTHONPATH, so both"
+        " columns measure this tree's serve (bench_serve --baseline REF compares serve itself)",
     ),
     Bench(
         "bench_store",
-        "--pairs 1000 --processes 1,4 --repeat 1 --decisions 200",
+        "--pairs 600 --processes 1,4 --repeat 1 --decisions 100",
         "--pairs 500 --processes 1 --repeat 1 --decisions 0",
     ),
     Bench("bench_conventions", "--repeat 5 --min-seconds 0.05", "--repeat 2 --min-seconds 0.02"),
@@ -155,11 +164,18 @@ class Outcome:
     figures: dict[str, Figure] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)  # side -> message
     seconds: dict[str, list[float]] = field(default_factory=lambda: {"ref": [], "current": []})
+    cpu: list[float] = field(default_factory=list)  # CPU seconds of each run, both sides
 
 
 def last_line(text: str) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return lines[-1][:200] if lines else "(no output on stderr)"
+
+
+def children_cpu() -> float:
+    """CPU seconds of the processes waited for so far (and of those they waited for)."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
 
 
 def run_once(
@@ -211,10 +227,12 @@ def run_bench(
             if side in outcome.failed:
                 continue
             results = scratch / f"{bench.name}-{side}-{round_}.jsonl"
+            cpu = children_cpu()
             figures, failure, seconds = run_once(
                 script, args, trees[side], trees["current"], results, bench.timeout
             )
             outcome.seconds[side].append(seconds)
+            outcome.cpu.append(children_cpu() - cpu)
             label = "REF" if side == "ref" else "current"
             print(
                 f"  {bench.name} round {round_ + 1}/{rounds}, {label}: {seconds:.1f} s"
@@ -469,10 +487,16 @@ def compare(options: argparse.Namespace) -> int:
     print()
     for note in notes:
         print(note)
+    for bench in chosen:
+        if bench.caveat:
+            print(f"{bench.name}: {bench.caveat}")
     for outcome in outcomes:
         seconds = outcome.seconds["current"] + outcome.seconds["ref"]
         if seconds:
-            print(f"{outcome.bench}: {sum(seconds):.0f} s over {len(seconds)} runs")
+            print(
+                f"{outcome.bench}: {sum(seconds):.0f} s over {len(seconds)} runs"
+                f" ({sum(outcome.cpu):.0f} s of CPU)"
+            )
     print(
         f"machine: {cpu_model()}, {os.cpu_count()} cores; load average (1, 5, 15 min)"
         f" {load_start} at the start, {load_average()} at the end;"
