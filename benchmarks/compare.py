@@ -276,8 +276,10 @@ def verdict(figure: Figure, tolerance: float) -> tuple[str, str]:
         ratio = after / before
         ratio_text = f"{ratio:.3f}"
         change = ratio - 1 if before > 0 else 1 - ratio
-    if abs(change) <= limit or change == 0:
-        return ratio_text, "same" if exact else f"same (within {limit:.0%})"
+    if change == 0:
+        return ratio_text, "same"
+    if abs(change) <= limit:
+        return ratio_text, f"same (within {limit:.0%})"
     improved = (change < 0) == (figure.better == "lower")
     return ratio_text, "better" if improved else "worse"
 
