@@ -39,7 +39,8 @@ trips; p50 / p99 / max.
 
 Variants, side by side in one run (each its own serve subprocess, all pinned to the same CPU,
 only one busy at a time):
-  - current: this working tree's serve (always).
+  - current: this working tree's serve (always); with ``PYTHONPATH`` naming another tree
+    first (``benchmarks/compare.py``), that tree's.
   - baseline (``--baseline REV``): the serve of a git revision of this repository (e.g.
     ``8a4c614^``), checked out with ``git worktree add --detach`` into a temporary directory
     (removed at the end) and run from there with ``PYTHONPATH`` set to it; only the optional
@@ -799,15 +800,19 @@ def bench(args: argparse.Namespace) -> int:
         f" {platform.machine()}, {os.cpu_count()} CPUs; server pinned to CPU {server_cpu},"
         f" client to CPU {','.join(map(str, cpus[1:] or cpus))}"
     )
+    # The package this Python imports: this working tree's, or that of the tree PYTHONPATH
+    # names first (benchmarks/compare.py runs this script so against a git ref's worktree).
+    import otel_loopguard
+
+    tree = Path(otel_loopguard.__file__).resolve().parents[1]
+    here = "this working tree" if tree == ROOT else f"the tree on PYTHONPATH, {tree}"
     with contextlib.ExitStack() as stack:
-        variants = [Variant("current", ROOT, "this working tree")]
+        variants = [Variant("current", tree, here)]
         if args.baseline:
             tree, subject = stack.enter_context(worktree(args.baseline))
             variants.append(Variant("baseline", tree, f"{args.baseline} = {subject}"))
         if args.state_dir:
-            variants.append(
-                Variant("state-dir", ROOT, f"this working tree, {STATE_DIR_FLAG} DIR", True)
-            )
+            variants.append(Variant("state-dir", tree, f"{here}, {STATE_DIR_FLAG} DIR", True))
         for variant in variants:
             variant.prepare()
             dropped = f"; not passed (unknown to it): {' '.join(variant.dropped)}"
