@@ -26,10 +26,10 @@ Exit status 0 whenever the comparison ran (regressions are reported, not failed:
 noisy); 2 for a usage error or a REF that is not a commit of the repository.
 
 Each benchmark has a default argument set and a --quick one (a smoke check, not a
-measurement: one round, no spread). On the project's 2-core machine kind, with --corpus, the
-default run takes about 7 minutes of CPU (wall time: about as much on a quiet machine, 15-20
-minutes at a load average of 5-12) and --quick about 1.5 minutes of CPU (about 2 minutes on a
-quiet machine, 4-5 at a load average of 10). Each run is timed (wall and CPU) and the totals
+measurement: one round, no spread). On the project's 2-core machine kind, with --corpus
+(2026-12-03), the default run took 8.6 minutes (6.8 minutes of CPU) at a load average falling
+from 5 to 1.5, and --quick 1.9 minutes (1 minute of CPU) at a load average of 5-6; at a load
+average of 10 expect about twice that. Each run is timed (wall and CPU) and the totals
 per benchmark are printed under the table. --repo and --bench-dir point the harness at another repository and
 folder of scripts (the tests use them); scripts there named ``bench_*.py`` that the table below
 does not know run without arguments.
