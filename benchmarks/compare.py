@@ -67,7 +67,6 @@ class Bench:
     quick: str
     corpus: str | None = None  # the subfolder of --corpus passed as its --corpus
     timeout: float = 600.0  # seconds per run
-    caveat: str = ""  # printed under the table when it ran
 
 
 BENCHMARKS: tuple[Bench, ...] = (
@@ -89,9 +88,6 @@ BENCHMARKS: tuple[Bench, ...] = (
         "bench_serve",
         "--workloads mixed --batches 40 --repeat 1 --decisions 300",
         "--workloads mixed --batches 10 --repeat 1 --decisions 100",
-        # drop this once bench_serve.py's Variant.env puts PYTHONPATH before its own tree
-        caveat="its serve subprocess puts this tree's folder first on PYTHONPATH, so both"
-        " columns measure this tree's serve (bench_serve --baseline REF compares serve itself)",
     ),
     Bench(
         "bench_store",
@@ -448,6 +444,7 @@ def compare(options: argparse.Namespace) -> int:
     commit = resolve(repo, options.ref)
     chosen, notes = select(options, bench_dir)
     started = datetime.datetime.now(datetime.timezone.utc)
+    current = current_state(repo)  # at the start: others may commit while it runs
     load_start = load_average()
     with tempfile.TemporaryDirectory(prefix="loopguard-compare-") as scratch:
         tree = Path(scratch) / "ref"
@@ -478,7 +475,7 @@ def compare(options: argparse.Namespace) -> int:
             )
     ended = datetime.datetime.now(datetime.timezone.utc)
     print(f"REF: {describe(repo, commit)}")
-    print(f"current: {current_state(repo)}")
+    print(f"current: {current} (at the start)")
     mode = "quick" if options.quick else "default"
     if options.rounds == 1:
         print(f"1 round, {mode} arguments: no spread measured, verdicts on --tolerance alone")
@@ -489,9 +486,6 @@ def compare(options: argparse.Namespace) -> int:
     print()
     for note in notes:
         print(note)
-    for bench in chosen:
-        if bench.caveat:
-            print(f"{bench.name}: {bench.caveat}")
     for outcome in outcomes:
         seconds = outcome.seconds["current"] + outcome.seconds["ref"]
         if seconds:
