@@ -53,7 +53,7 @@ from opentelemetry.trace import (
     Tracer,
 )
 
-from otel_loopguard import PRESETS, Action, Decision, LoopGuard, Mode, Rule
+from otel_loopguard import PRESETS, Action, Decision, LoopGuard, Mode, Rule, _request_ledger
 from otel_loopguard import processor as processor_module
 from otel_loopguard._conventions import MAX_DECODE_CHARS
 from otel_loopguard._spans import KeyBy
@@ -886,14 +886,14 @@ def test_spans_decided_at_start_and_never_ended_are_forgotten() -> None:
     )
     provider.add_span_processor(processor)
     tracer = provider.get_tracer("t")
-    before = len(processor_module._START_DECISIONS)
+    before = len(_request_ledger._START_DECISIONS)
     try:
         agent = agent_span(tracer, "a")
         for n in range(5 * max_spans):
             pydantic_tool_span(tracer, agent, f"c{n}", f'{{"q": {n}}}', end=False)
         assert len(processor._open) <= max_spans
         assert len(processor._started) <= max_spans
-        assert len(processor_module._START_DECISIONS) - before <= max_spans
+        assert len(_request_ledger._START_DECISIONS) - before <= max_spans
     finally:
         processor.shutdown()
 
@@ -908,7 +908,7 @@ def test_a_span_pruned_in_its_own_on_start_leaves_nothing_behind() -> None:
     )
     provider.add_span_processor(processor)
     tracer = provider.get_tracer("t")
-    before = len(processor_module._START_DECISIONS)
+    before = len(_request_ledger._START_DECISIONS)
     an_hour_before_the_ttl = time.time_ns() - int(2 * 3600 * 1e9)  # default TTL: 3600 s
     try:
         for n in range(100 * max_spans):
@@ -924,7 +924,7 @@ def test_a_span_pruned_in_its_own_on_start_leaves_nothing_behind() -> None:
             )
         assert len(processor._open) <= max_spans
         assert set(processor._started) <= set(processor._open)
-        assert len(processor_module._START_DECISIONS) - before <= max_spans
+        assert len(_request_ledger._START_DECISIONS) - before <= max_spans
     finally:
         processor.shutdown()
 
