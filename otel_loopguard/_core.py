@@ -11,12 +11,10 @@ catches what it raises.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from ._asks import Rescues, Reserved
@@ -31,7 +29,21 @@ from ._calls import (
     tool_name,
 )
 from ._classifier import Classifier
-from ._core_memory import MemoryKeeping, MemoryWork
+from ._core_memory import MemoryWork
+from ._core_records import (
+    Call,
+    LoopAndRun,
+    Moved,
+    Outcome,
+    Ran,
+    Rescue,
+    awaits,
+    cut_utf8,
+    ended,
+    outputtext_of,
+    trail_attempt,
+)
+from ._core_spend import SpendKeeping
 from ._engine import Pending, SessionState
 from ._ledger import ReportLedger, Settled
 from ._memory import Memory, open_memory
@@ -52,10 +64,10 @@ from ._policy import (
 )
 from ._prices import Pricer
 from ._reporter import Reporter
-from ._rules import Overspent, Verdict, budget, evaluate, no_progress_after_failures, trend
+from ._rules import Verdict, evaluate, no_progress_after_failures, trend
 from ._session_store import SessionStore
-from ._spend import Spend, Spent
-from ._trail import MAX_TRAIL_ARGUMENT_CHARS, MAX_TRAIL_OUTPUT_CHARS, Trail
+from ._spend import Spent
+from ._trail import MAX_TRAIL_ARGUMENT_CHARS
 from ._triplog import TripLog
 from ._upkeep import MAX_SETTLED_CALLS, MAX_SETTLED_SESSIONS, text_of
 from .config import Mode, Policy, Rule
@@ -68,8 +80,6 @@ if TYPE_CHECKING:
 
 __all__ = ["GuardCore"]
 
-_log = logging.getLogger("otel_loopguard")
-
 
 #: Enum members the hot path reads, read once: on Python 3.11 a member read through its class
 #: goes through the enum metaclass's ``__getattr__`` hook (several times a plain attribute).
@@ -77,85 +87,7 @@ _STOP: Final = Action.STOP
 _RESCUE: Final = Action.RESCUE
 
 
-def _cut_utf8(data: bytes, limit: int) -> str:
-    """The first ``limit`` characters of UTF-8 ``data``, decoding no more than needed."""
-    return data[: limit * 4].decode("utf-8", "ignore")[:limit]
-
-
-def _outputtext_of(result: object) -> str | None:
-    """A call's result as text for the advisor's question, cut (``None`` when there is none).
-    Only a guard that keeps trails pays for this."""
-    if result is None:
-        return None
-    if type(result) is str:
-        return result[:MAX_TRAIL_OUTPUT_CHARS]
-    if isinstance(result, (bytes, bytearray)):
-        return _cut_utf8(bytes(result[: MAX_TRAIL_OUTPUT_CHARS * 4]), MAX_TRAIL_OUTPUT_CHARS)
-    return _cut_utf8(canonical_json(canonical_arguments(result)), MAX_TRAIL_OUTPUT_CHARS)
-
-
-def _ended(error: bool | None) -> str:
-    """How a call that ran ended, as the advisor's question says it."""
-    return "error" if error is True else "ok" if error is False else "ran"
-
-
-@dataclass(slots=True)
-class _Ran:
-    """A call reported only after it ran: how ``after_tool`` classified and keyed it (so nothing
-    is computed twice) and how it ended."""
-
-    mutating: bool
-    canonical: bytes
-    key: str
-    outcome: str | None
-    error: bool | None
-    duration_seconds: float | None
-    output: str | None = None  # cut result text, only when the guard keeps trails
-
-
-@dataclass(slots=True)
-class _Call:
-    """One attempt, keyed: the tool's name, canonical arguments, args key, and the bounded
-    session and agent ids."""
-
-    name: str
-    canonical: bytes
-    key: str
-    sid: str
-    aid: str | None
-    loop: Spent | None = None  # what the loop now running has used, when model turns were
-    run: Spent | None = None  # what the run has used, under a run budget
-
-
-@dataclass(slots=True)
-class _Rescue:
-    """What counting an attempt at rescue reserved under the lock: the cached advice, the
-    rescue metric's outcome, and the ask to make (with its question's context) if any."""
-
-    advice: str | None
-    outcome: str | None
-    ask: Reserved | None
-    context: dict[str, Any] | None
-    scope: str | None = None  # the session's memory scope, when it has its own
-    store_key: object = None
-
-
-#: What a counted call moved into loop spend (tokens, USD) and what it avoided, refused after
-#: a stop (tokens, USD: an estimate); what the loop and the run have spent (either ``None``).
-_Moved = tuple[int, float, int, float]
-_Spent = tuple[Spent | None, Spent | None]
-
-#: How a reported call ended (``after_tool``'s report): (call id as text, outcome key, error,
-#: cut output, duration seconds). A tuple, not an object: built for every report.
-_Outcome = tuple[str | None, str | None, bool | None, str | None, float | None]
-
-
-def _awaits(pending: Pending, outcome: str | None) -> bool:
-    """Whether a reported call still lacks its outcome (a blocked call never has one)."""
-    return outcome is None and not pending.blocked and not pending.mutating
-
-
-class GuardCore(MemoryKeeping):
+class GuardCore(SpendKeeping):
     """What a :class:`~otel_loopguard._guard.LoopGuard` keeps and does; see the module."""
 
     def __init__(
@@ -251,7 +183,7 @@ class GuardCore(MemoryKeeping):
         call_id: object,
         *,
         wait_for_advice: bool,
-        ran: _Ran | None = None,
+        ran: Ran | None = None,
     ) -> Decision:
         """Count one attempt and decide. ``ran``: the attempt already ran (reported only when it
         ended, keyed by ``after_tool``), so its outcome is recorded at once and it is never
@@ -270,7 +202,7 @@ class GuardCore(MemoryKeeping):
         else:
             sid, aid = self._ids(session, agent)
             store_key = self._store_key(sid, aid)
-        trail_arguments = _cut_utf8(canonical, MAX_TRAIL_ARGUMENT_CHARS) if self._keep_trail else ""
+        trail_arguments = cut_utf8(canonical, MAX_TRAIL_ARGUMENT_CHARS) if self._keep_trail else ""
         with self._lock:
             state: SessionState = self.store.get(store_key)  # type: ignore[assignment]
             if ran is None:
@@ -299,7 +231,7 @@ class GuardCore(MemoryKeeping):
             recorder.wasted(aid, name, ran.duration_seconds)
         if step is ALLOW_STEP and not repeated and post is None:
             return ALLOW  # the common case: a call nothing repeats, before it ran
-        call = _Call(name, canonical, key, sid, aid)
+        call = Call(name, canonical, key, sid, aid)
         if spent is not None:
             call.loop, call.run = spent
         return self._decided(step, repeated, post, rescue, call, wait_for_advice)
@@ -309,8 +241,8 @@ class GuardCore(MemoryKeeping):
         step: Step,
         repeated: bool,
         post: Step | None,
-        rescue: _Rescue | None,
-        call: _Call,
+        rescue: Rescue | None,
+        call: Call,
         wait: bool,
     ) -> Decision:
         """Off the lock: the decision on a counted attempt that repeats (or concluded a stop
@@ -355,7 +287,7 @@ class GuardCore(MemoryKeeping):
         key: str,
         mutating: bool,
         call_id: object,
-        ran: _Ran | None,
+        ran: Ran | None,
         trail_arguments: str,
         canonical: bytes = b"",
     ) -> tuple[
@@ -363,9 +295,9 @@ class GuardCore(MemoryKeeping):
         bool,
         bool,
         Step | None,
-        _Rescue | None,
-        _Moved | None,
-        _Spent | None,
+        Rescue | None,
+        Moved | None,
+        LoopAndRun | None,
         MemoryWork | None,
     ]:
         """Under the lock: count the attempt in ``state``, keep it pending (or record how it
@@ -437,85 +369,13 @@ class GuardCore(MemoryKeeping):
             if call_id is not None and self._settled:
                 self._settled.take(store_key, ref)  # a new attempt under a reused call id
         if self._keep_trail:
-            self._trail_attempt(state, name, key, trail_arguments, enforced_block, ran)
+            trail_attempt(state, name, key, trail_arguments, enforced_block, ran)
         rescue = None
         if action is _RESCUE:
             advice, outcome, ask = self.rescues.reserve(state, key, store_key)
             context = Rescues.context(state, key) if ask is not None else None
-            rescue = _Rescue(advice, outcome, ask, context, state.scope, store_key)
+            rescue = Rescue(advice, outcome, ask, context, state.scope, store_key)
         return step, repeated, newly_stopped, post, rescue, moved, spent, work
-
-    def _over_budget(
-        self, state: SessionState, store_key: object, key: str
-    ) -> tuple[Overspent | None, Spent | None]:
-        """Under the lock, before the call is counted: the budget it passes, if any, and what
-        the run has spent (``None`` without a run budget)."""
-        policy = self.policy
-        spend = state.spend
-        stopped = state.stopped
-        loop = None
-        # The loop as it is once this call is counted: only a repeat adds to it (a session
-        # stopped keeps what passed its budget); an enforced stop ends it.
-        if spend is not None and (stopped or key in state.signatures):
-            frozen = stopped and policy.mode is Mode.ENFORCE
-            loop = spend.current_loop(key in state.signatures, frozen)
-        run = self._run_spent(state, store_key) if self._run_budget else None
-        return budget(loop, run, policy), run
-
-    def _run_spent(self, state: SessionState, store_key: object) -> Spent:
-        """Under the lock: what the whole run has spent (the run budget's figure): every model
-        turn of the session, its own state's (``state`` is ``store_key``'s) and each of its
-        agents'."""
-        own = state.spend
-        total = own.run() if own is not None else Spent()
-        store = self.store
-        sid = store_key[0] if type(store_key) is tuple else store_key
-        for key in (sid, *store.agent_keys(sid)) if sid is not store_key else store.agent_keys(sid):
-            if key == store_key:
-                continue
-            other = store.get(key, create=False)
-            if other is not None and other.spend is not None:
-                total = total.plus(other.spend.run())
-        return total
-
-    @staticmethod
-    def _spent(spend: Spend | None, run: Spent | None) -> _Spent | None:
-        """What the loop now running has used (and the run, under a run budget), for a
-        decision's text and fields; ``None`` when neither has a turn."""
-        loop = spend.current_loop() if spend is not None else None
-        if loop is not None and not loop.turns:
-            loop = None
-        if run is not None and not run.turns:
-            run = None
-        return None if loop is None and run is None else (loop, run)
-
-    def _spent_in_loop(self, aid: str | None, moved: _Moved) -> None:
-        """Off the lock: a model turn's spend moved into a loop, and what a call refused
-        because the run was stopped avoided (an estimate), to the metrics."""
-        tokens, usd, avoided_tokens, avoided_usd = moved
-        recorder = self.reporter.recorder
-        if tokens or usd:
-            recorder.loop_spend(aid, tokens, usd)
-        if avoided_tokens or avoided_usd:
-            recorder.avoided(aid, avoided_tokens, avoided_usd)
-
-    @staticmethod
-    def _trail_attempt(
-        state: SessionState,
-        name: str,
-        key: str,
-        trail_arguments: str,
-        refused: bool,
-        ran: _Ran | None,
-    ) -> None:
-        """Under the lock: the attempt in the session's trail (kept for the advisor)."""
-        trail = state.trail
-        if trail is None:
-            trail = state.trail = Trail()
-        if ran is None:
-            trail.add(name, trail_arguments, key, "refused" if refused else None, None)
-        else:
-            trail.add(name, trail_arguments, key, _ended(ran.error), ran.output)
 
     def finish(
         self,
@@ -529,8 +389,8 @@ class GuardCore(MemoryKeeping):
         duration_seconds: float | None,
     ) -> Decision | None:
         ref = text_of(call_id) if call_id is not None else None
-        output = _outputtext_of(result) if self._keep_trail else None
-        done: _Outcome = (ref, outcome_key(result, error), error, output, duration_seconds)
+        output = outputtext_of(result) if self._keep_trail else None
+        done: Outcome = (ref, outcome_key(result, error), error, output, duration_seconds)
         last = getattr(self._last, "call", None)
         if (
             last is not None
@@ -559,7 +419,7 @@ class GuardCore(MemoryKeeping):
         tool: object,
         session: object,
         agent: object,
-        done: _Outcome,
+        done: Outcome,
         known_key: str | None,
         known_state: SessionState | None,
         known_store_key: object,
@@ -592,15 +452,15 @@ class GuardCore(MemoryKeeping):
                 if state is not None and ref is not None:
                     pending = state.take_pending(ref)
                     if pending is not None:
-                        awaits = _awaits(pending, outcome)
-                        self._settled.settle(store_key, ref, pending.args_key, awaits)
+                        waiting = awaits(pending, outcome)
+                        self._settled.settle(store_key, ref, pending.args_key, waiting)
                 if state is not None and pending is None and known_key is not None:
                     pending = state.take_pending(known_key)
                     if pending is not None and ref is None:
                         # Reported without an id: a second report of it (the span's, or the
                         # hook's) is matched by its arguments and adds nothing.
-                        awaits = _awaits(pending, outcome)
-                        self._settled.settle(store_key, known_key, known_key, awaits)
+                        waiting = awaits(pending, outcome)
+                        self._settled.settle(store_key, known_key, known_key, waiting)
                 if pending is not None:
                     post = self._apply_outcome(state, pending, done)  # type: ignore[arg-type]
         if settled is not None:
@@ -621,7 +481,7 @@ class GuardCore(MemoryKeeping):
         session: object,
         agent: object,
         call_id: object,
-        done: _Outcome,
+        done: Outcome,
     ) -> Decision | None:
         """A report matched by session and arguments: the pending attempt it ends, an earlier
         report it repeats, or else a call heard of only now (counted as it ran)."""
@@ -656,13 +516,13 @@ class GuardCore(MemoryKeeping):
             if post is None:
                 return None
             return self._post_decision(post, name, key, *self._ids(session, agent))
-        ran = _Ran(mutating, canonical, key, outcome, error, duration_seconds, output)
+        ran = Ran(mutating, canonical, key, outcome, error, duration_seconds, output)
         return self.attempt(
             name, arguments, session, agent, call_id, wait_for_advice=False, ran=ran
         )
 
     def _take_by_arguments(
-        self, state: SessionState, store_key: object, key: str, done: _Outcome
+        self, state: SessionState, store_key: object, key: str, done: Outcome
     ) -> Pending | None:
         """Under the lock: the hook may have counted this call without an id (pending under its
         args key), or under an id this report does not carry: match it by its arguments."""
@@ -671,7 +531,7 @@ class GuardCore(MemoryKeeping):
         if pending is not None and ref is None:
             # Counted without an id, reported without one: remember it, so that the other
             # report of the same call (hook or span, either order) adds nothing.
-            self._settled.settle(store_key, key, key, _awaits(pending, outcome))
+            self._settled.settle(store_key, key, key, awaits(pending, outcome))
         elif pending is None and state.pending:
             pending = self._settled.take_pending_by_args(state, store_key, key, outcome is None)
         return pending
@@ -690,12 +550,12 @@ class GuardCore(MemoryKeeping):
         canonical = canonical_json(value)
         return mutating, canonical, args_key(name, canonical)
 
-    def _apply_outcome(self, state: SessionState, pending: Pending, done: _Outcome) -> Step | None:
+    def _apply_outcome(self, state: SessionState, pending: Pending, done: Outcome) -> Step | None:
         if pending.blocked:
             return None  # a denied call never ran: its "result" is our message, never progress
         _, outcome, error, output, _ = done
         if state.trail is not None:
-            state.trail.settle(pending.args_key, _ended(error), output)
+            state.trail.settle(pending.args_key, ended(error), output)
         return self._ran(state, pending.args_key, pending.mutating, outcome, error)
 
     def _late_outcome(
@@ -771,7 +631,7 @@ class GuardCore(MemoryKeeping):
             self.reporter.recorder.wasted(aid, tool_name(tool), duration_seconds)
 
     def _ask(
-        self, ask: Reserved, call: _Call, step: Step, context: dict[str, Any], wait: bool
+        self, ask: Reserved, call: Call, step: Step, context: dict[str, Any], wait: bool
     ) -> tuple[str | None, bool]:
         """Ask the advisor off the lock; wait only when ``wait`` (hooks), never for spans.
         Returns (advice, whether an ask waited for failed).

@@ -76,6 +76,8 @@ LOCAL = COMMON | {
     "otel_loopguard._classifier",
     "otel_loopguard._core",
     "otel_loopguard._core_memory",
+    "otel_loopguard._core_records",
+    "otel_loopguard._core_spend",
     "otel_loopguard._early",
     "otel_loopguard._exemplars",
     "otel_loopguard._guard",
