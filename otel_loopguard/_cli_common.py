@@ -52,8 +52,14 @@ def port_number(text: str) -> int:
 
 
 def policy_options(
-    parser: argparse.ArgumentParser, preset_default: str | None, *, plugin_config: bool = True
+    parser: argparse.ArgumentParser,
+    preset_default: str | None,
+    *,
+    plugin_config: bool = True,
+    mode: bool = False,
 ) -> None:
+    """``--preset``, ``--config``, ``--plugin-config`` (unless ``plugin_config`` is false)
+    and, with ``mode``, ``--mode`` (the policy's mode overridden)."""
     from otel_loopguard.config import PRESETS
 
     names = ", ".join(PRESETS)
@@ -78,6 +84,12 @@ def policy_options(
             " plugin, as is (YAML, JSON or TOML: its entry with id and config, or"
             " NAME=FILE for a bare config); its preset is the base instead of --preset,"
             " and --config still applies on top",
+        )
+    if mode:
+        parser.add_argument(
+            "--mode",
+            choices=("observe", "advise", "enforce"),
+            help="override the policy's mode (default: the policy's own)",
         )
 
 

@@ -100,12 +100,7 @@ def _add_replay(commands: argparse._SubParsersAction[CommandParser]) -> None:
         help="also write a self-contained HTML report to FILE: per session a timeline of its"
         " calls, repeats, reminders, denials, stops and user messages, for tuning a policy",
     )
-    policy_options(parser, None)
-    parser.add_argument(
-        "--mode",
-        choices=("observe", "advise", "enforce"),
-        help="override the policy's mode (default: the policy's own)",
-    )
+    policy_options(parser, None, mode=True)
     parser.add_argument(
         "--format",
         metavar="NAME",

@@ -106,12 +106,7 @@ def add_serve(commands: argparse._SubParsersAction[CommandParser]) -> None:
     parser.add_argument(
         "--insecure", action="store_true", help="allow a non-loopback --host without a token"
     )
-    policy_options(parser, None)
-    parser.add_argument(
-        "--mode",
-        choices=("observe", "advise", "enforce"),
-        help="override the policy's mode (default: the policy's own)",
-    )
+    policy_options(parser, None, mode=True)
     parser.add_argument(
         "--hold-seconds",
         metavar="SECONDS",
