@@ -170,13 +170,11 @@ class MemoryKeeping(Upkeep):
         finally:
             with self._lock:
                 self._recalling.discard((work.store_key, work.key))
-                if not done:
-                    pass  # the store failed: nothing settled, asked again next time
-                elif history is None:
-                    if not entries or work.outcome is not None:
-                        work.state.mark_memory(work.key, CLEARED)
-                else:
+                # A store that failed settles nothing: the call is asked about again next time.
+                if done and history is not None:
                     work.state.mark_memory(work.key, REMINDED)
+                elif done and (not entries or work.outcome is not None):
+                    work.state.mark_memory(work.key, CLEARED)
         if history is None:
             return work.step
         history.failed = work.failed
