@@ -66,10 +66,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     provider.add_span_processor(LoopGuardSpanProcessor(guard))  # setup
 
     looping_agent(provider.get_tracer("example-agent"))
-    print(f"metrics: {server.url}", flush=True)
-
     stopped = threading.Event()
+    # Before the URL is printed: a caller that reads it may send SIGTERM at once.
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    print(f"metrics: {server.url}", flush=True)
     try:
         stopped.wait()
     except KeyboardInterrupt:

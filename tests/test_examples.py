@@ -179,3 +179,14 @@ def test_processor_with_metrics_example_refuses_a_port_out_of_range_in_one_line(
     assert result.returncode == 2, result.stderr
     assert "error: --port 70000: a port is 0 to 65535" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_processor_with_metrics_example_handles_sigterm_before_it_prints_the_url() -> None:
+    # The URL line tells a caller the example is up, and a caller may send SIGTERM the moment it
+    # reads it (the test above does): the handler must already be there, or SIGTERM kills the
+    # process (CI once saw exit -15). The window is microseconds, so the order is checked in the
+    # source rather than raced.
+    source = (EXAMPLES / "processor_with_metrics.py").read_text(encoding="utf-8")
+    handler = source.index("signal.signal(signal.SIGTERM")
+    announced = source.index('print(f"metrics: {server.url}"')
+    assert handler < announced
