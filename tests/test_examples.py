@@ -183,7 +183,7 @@ def test_processor_with_metrics_example_refuses_a_port_out_of_range_in_one_line(
 
 def test_processor_with_metrics_example_handles_sigterm_before_it_prints_the_url() -> None:
     # The URL line tells a caller the example is up, and a caller may send SIGTERM the moment it
-    # reads it (the test above does): the handler must already be there, or SIGTERM kills the
+    # reads it (test_processor_with_metrics_example_serves_the_loop does): the handler must already be there, or SIGTERM kills the
     # process (CI once saw exit -15). The window is microseconds, so the order is checked in the
     # source rather than raced.
     source = (EXAMPLES / "processor_with_metrics.py").read_text(encoding="utf-8")
