@@ -17,11 +17,12 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any, Final
 
 import orjson
 from xxhash import xxh3_128_hexdigest
+
+from ._record import FrozenRecord
 
 __all__ = [
     "MAX_DEPTH",
@@ -302,23 +303,56 @@ def outcome_key(result: object, is_error: bool | None) -> str | None:
     return _digest(prefix + _SEPARATOR + canonical)
 
 
-@dataclass(frozen=True, slots=True)
-class ToolCall:
+class ToolCall(FrozenRecord):
     """One tool-call attempt, reduced to what detection needs.
 
     ``args_key`` identifies tool + canonical arguments; ``outcome_key`` the normalised result or
     error (``None`` while unknown). ``canonical`` is kept so messages can preview the arguments.
     """
 
+    __slots__ = (
+        "tool",
+        "canonical",
+        "args_key",
+        "session",
+        "agent",
+        "call_id",
+        "is_error",
+        "outcome_key",
+        "duration_seconds",
+    )
+
     tool: str
     canonical: bytes
     args_key: str
     session: str
-    agent: str | None = None
-    call_id: str | None = None
-    is_error: bool | None = None
-    outcome_key: str | None = None
-    duration_seconds: float | None = None
+    agent: str | None
+    call_id: str | None
+    is_error: bool | None
+    outcome_key: str | None
+    duration_seconds: float | None
+
+    def __init__(
+        self,
+        tool: str,
+        canonical: bytes,
+        args_key: str,
+        session: str,
+        agent: str | None = None,
+        call_id: str | None = None,
+        is_error: bool | None = None,
+        outcome_key: str | None = None,
+        duration_seconds: float | None = None,
+    ) -> None:
+        object.__setattr__(self, "tool", tool)
+        object.__setattr__(self, "canonical", canonical)
+        object.__setattr__(self, "args_key", args_key)
+        object.__setattr__(self, "session", session)
+        object.__setattr__(self, "agent", agent)
+        object.__setattr__(self, "call_id", call_id)
+        object.__setattr__(self, "is_error", is_error)
+        object.__setattr__(self, "outcome_key", outcome_key)
+        object.__setattr__(self, "duration_seconds", duration_seconds)
 
     @property
     def signature(self) -> str:

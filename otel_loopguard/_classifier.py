@@ -63,14 +63,14 @@ class Classifier:
         self._policy = policy
         # An empty include list means every tool, as in the plugins (Policy stores it as "*").
         self._include = (
-            None if "*" in policy.include or not policy.include else wildcard_union(policy.include)
+            None if "*" in policy.include or not policy.include else _names(policy.include)
         )
         # A final-answer tool is never tracked: a user's exclude list adds to them.
-        self._exclude = wildcard_union((*policy.exclude, *policy.final_answer_tools))
-        self._shell = wildcard_union(policy.shell_tools)
-        self._mutating = wildcard_union(policy.mutating_tools)
-        self._read_operations = wildcard_union(policy.read_operations)
-        self._mutating_operations = wildcard_union(policy.mutating_operations)
+        self._exclude = _names((*policy.exclude, *policy.final_answer_tools))
+        self._shell = _names(policy.shell_tools)
+        self._mutating = _names(policy.mutating_tools)
+        self._read_operations = _names(policy.read_operations)
+        self._mutating_operations = _names(policy.mutating_operations)
         # The command patterns are compiled when a call first carries a command line.
         self._commands_compiled = False
         self._exclude_commands: re.Pattern[str] | _AnyOf | None = None
@@ -138,8 +138,55 @@ def _first_word(text: str) -> str:
     return head[0] if head else ""
 
 
-def _matches(union: re.Pattern[str] | None, name: str) -> bool:
-    return union is not None and union.fullmatch(name) is not None
+def _matches(names: _Names | None, name: str) -> bool:
+    return names is not None and names.matches(name)
+
+
+class _Names:
+    """Tool-name patterns matched as :func:`~otel_loopguard._defaults.wildcard_union`'s regex
+    would match them (whole name, ``*`` any run of characters, case-insensitive), without
+    compiling it for an ASCII name against ASCII patterns: compiling is most of a hook
+    process's start (it builds a guard per call). Other names go to the regex, compiled then.
+    """
+
+    __slots__ = ("_exact", "_globs", "_patterns", "_regex", "_ascii")
+
+    def __init__(self, patterns: tuple[str, ...]) -> None:
+        self._patterns = patterns
+        self._regex: re.Pattern[str] | None = None
+        self._ascii = all(p.isascii() for p in patterns)
+        self._exact = frozenset(p.lower() for p in patterns if "*" not in p)
+        self._globs = tuple(tuple(p.lower().split("*")) for p in patterns if "*" in p)
+
+    def matches(self, name: str) -> bool:
+        if self._ascii and name.isascii() and "\n" not in name:
+            folded = name.lower()
+            return folded in self._exact or any(_glob(parts, folded) for parts in self._globs)
+        if self._regex is None:
+            self._regex = wildcard_union(self._patterns)
+        return self._regex is not None and self._regex.fullmatch(name) is not None
+
+
+def _glob(parts: tuple[str, ...], name: str) -> bool:
+    """``name`` is ``parts`` joined by runs of any characters (a pattern split at ``*``)."""
+    first, last = parts[0], parts[-1]
+    if len(name) < len(first) + len(last) or not name.startswith(first):
+        return False
+    end = len(name) - len(last)
+    if not name.endswith(last):
+        return False
+    at = len(first)
+    for part in parts[1:-1]:
+        found = name.find(part, at, end)
+        if found < 0:
+            return False
+        at = found + len(part)
+    return True
+
+
+def _names(patterns: tuple[str, ...]) -> _Names | None:
+    """The matcher of ``patterns``, or ``None`` when there are none (as ``wildcard_union``)."""
+    return _Names(tuple(patterns)) if patterns else None
 
 
 class _AnyOf:

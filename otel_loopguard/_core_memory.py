@@ -11,13 +11,13 @@ off the lock, so a slow store never holds up other sessions' calls. A base class
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Final
 
 from ._calls import args_key
 from ._engine import CLEARED, RECORDED, REMINDED, SessionState
 from ._memory import DeadEnd, Memory, recalled, scope_of
 from ._policy import BLOCKING_ACTIONS, Step, arguments_preview, remember
+from ._record import Record
 from ._rules import Verdict
 from ._upkeep import Upkeep
 from .config import MemoryScope, Rule
@@ -31,10 +31,24 @@ _DEAD_END_RULES: Final = frozenset({Rule.CONSECUTIVE, Rule.WINDOW, Rule.NO_PROGR
 _MAX_PENDING_STOPS: Final = 64
 
 
-@dataclass(slots=True)
-class MemoryWork:
+class MemoryWork(Record):
     """What a counted call asks of the memory store, settled under the lock and done off it:
     record a dead end (``record``), or recall the scope's dead ends of ``key`` (else)."""
+
+    __slots__ = (
+        "record",
+        "state",
+        "scope",
+        "store_key",
+        "name",
+        "key",
+        "outcome",
+        "step",
+        "canonical",
+        "failed",
+        "count",
+        "refused",
+    )
 
     record: bool
     state: SessionState
@@ -44,10 +58,38 @@ class MemoryWork:
     key: str
     outcome: str | None  # the call's last outcome
     step: Step
-    canonical: bytes = b""
-    failed: bool = False
-    count: int = 0
-    refused: int = 0
+    canonical: bytes
+    failed: bool
+    count: int
+    refused: int
+
+    def __init__(
+        self,
+        record: bool,
+        state: SessionState,
+        scope: str | None,
+        store_key: object,
+        name: str,
+        key: str,
+        outcome: str | None,
+        step: Step,
+        canonical: bytes = b"",
+        failed: bool = False,
+        count: int = 0,
+        refused: int = 0,
+    ) -> None:
+        self.record = record
+        self.state = state
+        self.scope = scope
+        self.store_key = store_key
+        self.name = name
+        self.key = key
+        self.outcome = outcome
+        self.step = step
+        self.canonical = canonical
+        self.failed = failed
+        self.count = count
+        self.refused = refused
 
 
 class MemoryKeeping(Upkeep):

@@ -5,12 +5,12 @@ loop spend (:data:`Moved`); and the attempt written to the session's trail for t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from ._asks import Reserved
 from ._calls import canonical_arguments, canonical_json
 from ._engine import Pending, SessionState
+from ._record import Record
 from ._spend import Spent
 from ._trail import MAX_TRAIL_OUTPUT_CHARS, Trail
 
@@ -51,45 +51,97 @@ def ended(error: bool | None) -> str:
     return "error" if error is True else "ok" if error is False else "ran"
 
 
-@dataclass(slots=True)
-class Ran:
+class Ran(Record):
     """A call reported only after it ran: how ``after_tool`` classified and keyed it (so nothing
     is computed twice) and how it ended."""
 
+    __slots__ = ("mutating", "canonical", "key", "outcome", "error", "duration_seconds", "output")
     mutating: bool
     canonical: bytes
     key: str
     outcome: str | None
     error: bool | None
     duration_seconds: float | None
-    output: str | None = None  # cut result text, only when the guard keeps trails
+    output: str | None  # cut result text, only when the guard keeps trails
+
+    def __init__(
+        self,
+        mutating: bool,
+        canonical: bytes,
+        key: str,
+        outcome: str | None,
+        error: bool | None,
+        duration_seconds: float | None,
+        output: str | None = None,
+    ) -> None:
+        self.mutating = mutating
+        self.canonical = canonical
+        self.key = key
+        self.outcome = outcome
+        self.error = error
+        self.duration_seconds = duration_seconds
+        self.output = output
 
 
-@dataclass(slots=True)
-class Call:
+class Call(Record):
     """One attempt, keyed: the tool's name, canonical arguments, args key, and the bounded
     session and agent ids."""
 
+    __slots__ = ("name", "canonical", "key", "sid", "aid", "loop", "run")
     name: str
     canonical: bytes
     key: str
     sid: str
     aid: str | None
-    loop: Spent | None = None  # what the loop now running has used, when model turns were
-    run: Spent | None = None  # what the run has used, under a run budget
+    loop: Spent | None  # what the loop now running has used, when model turns were
+    run: Spent | None  # what the run has used, under a run budget
+
+    def __init__(
+        self,
+        name: str,
+        canonical: bytes,
+        key: str,
+        sid: str,
+        aid: str | None,
+        loop: Spent | None = None,
+        run: Spent | None = None,
+    ) -> None:
+        self.name = name
+        self.canonical = canonical
+        self.key = key
+        self.sid = sid
+        self.aid = aid
+        self.loop = loop
+        self.run = run
 
 
-@dataclass(slots=True)
-class Rescue:
+class Rescue(Record):
     """What counting an attempt at rescue reserved under the lock: the cached advice, the
     rescue metric's outcome, and the ask to make (with its question's context) if any."""
 
+    __slots__ = ("advice", "outcome", "ask", "context", "scope", "store_key")
     advice: str | None
     outcome: str | None
     ask: Reserved | None
     context: dict[str, Any] | None
-    scope: str | None = None  # the session's memory scope, when it has its own
-    store_key: object = None
+    scope: str | None  # the session's memory scope, when it has its own
+    store_key: object
+
+    def __init__(
+        self,
+        advice: str | None,
+        outcome: str | None,
+        ask: Reserved | None,
+        context: dict[str, Any] | None,
+        scope: str | None = None,
+        store_key: object = None,
+    ) -> None:
+        self.advice = advice
+        self.outcome = outcome
+        self.ask = ask
+        self.context = context
+        self.scope = scope
+        self.store_key = store_key
 
 
 #: What a counted call moved into loop spend (tokens, USD) and what it avoided, refused after

@@ -9,6 +9,7 @@ from enum import Enum
 from typing import Final
 
 from ._memory import Recalled
+from ._record import FrozenRecord
 from ._rules import Overspent
 from .config import Rule
 
@@ -91,33 +92,75 @@ class Decision:
 ALLOW: Final = Decision(Action.ALLOW)
 
 
-@dataclass(frozen=True, slots=True)
-class Step:
+class Step(FrozenRecord):
     """Where the evidence stands on the ladder: the action and why."""
 
+    __slots__ = (
+        "action",
+        "rule",
+        "count",
+        "threshold",
+        "detailed",
+        "polling",
+        "denials",
+        "failures",
+        "refused",
+        "deny_threshold",
+        "over",
+        "recalled",
+    )
+
     action: Action
-    rule: Rule | None = None
-    count: int = 0
-    threshold: int = 0
+    rule: Rule | None
+    count: int
+    threshold: int
     #: Reminder flavour: gentle (first threshold), detailed (later), polling (spared by outcome).
-    detailed: bool = False
-    polling: bool = False
+    detailed: bool
+    polling: bool
     #: Attempts already denied in the epoch before this one (set on blocking steps: a stop says
     #: how many were retried, a denial how many more the policy allows before it stops).
     #: ``failures``: for a stop concluded after the call ran, how many times the same call
     #: failed the same way.
-    denials: int = 0
-    failures: int = 0
+    denials: int
+    failures: int
     #: Refused attempts among ``count`` (earlier ones: never this attempt) that the rule's own
     #: count leaves out: no_progress compares results, and a refused attempt has none.
-    refused: int = 0
+    refused: int
     #: On a rescue: the deny threshold that applied, which a rescue without advice shows as
     #: the denial it becomes.
-    deny_threshold: int = 0
+    deny_threshold: int
     #: On a budget stop: the budget passed.
-    over: Overspent | None = None
+    over: Overspent | None
     #: On a reminder from memory (rule ``memory``): what earlier runs of the scope ended in.
-    recalled: Recalled | None = None
+    recalled: Recalled | None
+
+    def __init__(
+        self,
+        action: Action,
+        rule: Rule | None = None,
+        count: int = 0,
+        threshold: int = 0,
+        detailed: bool = False,
+        polling: bool = False,
+        denials: int = 0,
+        failures: int = 0,
+        refused: int = 0,
+        deny_threshold: int = 0,
+        over: Overspent | None = None,
+        recalled: Recalled | None = None,
+    ) -> None:
+        object.__setattr__(self, "action", action)
+        object.__setattr__(self, "rule", rule)
+        object.__setattr__(self, "count", count)
+        object.__setattr__(self, "threshold", threshold)
+        object.__setattr__(self, "detailed", detailed)
+        object.__setattr__(self, "polling", polling)
+        object.__setattr__(self, "denials", denials)
+        object.__setattr__(self, "failures", failures)
+        object.__setattr__(self, "refused", refused)
+        object.__setattr__(self, "deny_threshold", deny_threshold)
+        object.__setattr__(self, "over", over)
+        object.__setattr__(self, "recalled", recalled)
 
 
 #: The step of a call nothing repeats (the guard's common case skips :func:`climb` with it).

@@ -27,10 +27,10 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Collection
-from dataclasses import dataclass
 from typing import Final
 
 from ._policy import Decision
+from ._record import Record
 
 __all__ = ["MAX_EARLY_SESSIONS", "MAX_REQUESTED_CALLS", "Early", "EarlyDecisions"]
 
@@ -44,18 +44,38 @@ MAX_RECENT_CALLS: Final = 64
 _Session = tuple[str, str | None]
 
 
-@dataclass(slots=True, eq=False)
-class Early:
+class Early(Record):
     """One requested call and its decision. ``key``: its args key (``""`` when the policy does
     not track the tool: its decision is allow and it is kept only to be matched). ``span``: the
     tool span that claimed it; ``used``: a hook's ``before_tool`` got it."""
+
+    __slots__ = ("tool", "key", "call_id", "decision", "span", "used")
 
     tool: str
     key: str
     call_id: str | None
     decision: Decision
-    span: int | None = None
-    used: bool = False
+    span: int | None
+    used: bool
+
+    __eq__ = object.__eq__  # identity, as with ``eq=False``
+    __hash__ = object.__hash__  # type: ignore[assignment]
+
+    def __init__(
+        self,
+        tool: str,
+        key: str,
+        call_id: str | None,
+        decision: Decision,
+        span: int | None = None,
+        used: bool = False,
+    ) -> None:
+        self.tool = tool
+        self.key = key
+        self.call_id = call_id
+        self.decision = decision
+        self.span = span
+        self.used = used
 
 
 class EarlyDecisions:

@@ -15,7 +15,6 @@ one process per call and keep sessions in a file between calls.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Final
 
 import orjson
@@ -28,6 +27,7 @@ from ._plain import (
     read_optional_text,
     read_text,
 )
+from ._record import Record
 from ._spend import Spend
 from ._trail import Trail
 from .config import Policy
@@ -85,14 +85,27 @@ class SignatureState:
         self.refused = 0
 
 
-@dataclass(slots=True)
-class Pending:
+class Pending(Record):
     """A hook attempt whose outcome has not been reported yet."""
+
+    __slots__ = ("args_key", "blocked", "mutating", "outstanding")
 
     args_key: str
     blocked: bool
     mutating: bool
-    outstanding: int = 1
+    outstanding: int
+
+    def __init__(
+        self,
+        args_key: str,
+        blocked: bool,
+        mutating: bool,
+        outstanding: int = 1,
+    ) -> None:
+        self.args_key = args_key
+        self.blocked = blocked
+        self.mutating = mutating
+        self.outstanding = outstanding
 
 
 class SessionState:

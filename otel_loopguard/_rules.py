@@ -15,10 +15,10 @@ people see.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from enum import Enum
 from typing import Final, Protocol
 
+from ._record import FrozenRecord
 from ._spend import Spent
 from .config import Policy, Rule
 
@@ -53,15 +53,26 @@ class Trend(str, Enum):
     CHANGING = "changing"
 
 
-@dataclass(frozen=True, slots=True)
-class Verdict:
+class Verdict(FrozenRecord):
     """A rule's finding: ``count`` attempts count as evidence under ``rule`` (what thresholds
     are compared with); ``refused``: attempts of the same evidence that were refused, so not in
     ``count`` (only no_progress has them: a refused attempt returned no result to compare)."""
 
+    __slots__ = ("rule", "count", "refused")
+
     rule: Rule
     count: int
-    refused: int = 0
+    refused: int
+
+    def __init__(
+        self,
+        rule: Rule,
+        count: int,
+        refused: int = 0,
+    ) -> None:
+        object.__setattr__(self, "rule", rule)
+        object.__setattr__(self, "count", count)
+        object.__setattr__(self, "refused", refused)
 
     @property
     def attempts(self) -> int:
@@ -191,15 +202,28 @@ LOOP: Final = "loop"
 RUN: Final = "run"
 
 
-@dataclass(frozen=True, slots=True)
-class Overspent:
+class Overspent(FrozenRecord):
     """The budget rule's finding: ``scope`` (:data:`LOOP` or :data:`RUN`) has ``spent`` more
     than its ``limit``, in US dollars (``usd``) or in tokens."""
+
+    __slots__ = ("scope", "usd", "limit", "spent")
 
     scope: str
     usd: bool
     limit: float
     spent: Spent
+
+    def __init__(
+        self,
+        scope: str,
+        usd: bool,
+        limit: float,
+        spent: Spent,
+    ) -> None:
+        object.__setattr__(self, "scope", scope)
+        object.__setattr__(self, "usd", usd)
+        object.__setattr__(self, "limit", limit)
+        object.__setattr__(self, "spent", spent)
 
 
 def budget(loop: Spent | None, run: Spent | None, policy: Policy) -> Overspent | None:

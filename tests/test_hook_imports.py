@@ -53,6 +53,7 @@ COMMON = {
     "otel_loopguard._policy_fields",
     "otel_loopguard._policy_texts",
     "otel_loopguard._prices",
+    "otel_loopguard._record",
     "otel_loopguard._rules",
     "otel_loopguard._settings",
     "otel_loopguard._spend",

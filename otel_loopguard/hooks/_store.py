@@ -35,7 +35,6 @@ import sqlite3
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
@@ -44,6 +43,7 @@ import orjson
 from .._env import LOOPGUARD_HOOK_STORE
 from .._memory_records import move_aside
 from .._memory_sqlite import MEMORY_TABLE
+from .._record import Record
 
 __all__ = [
     "DEFAULT_BUSY_TIMEOUT_SECONDS",
@@ -121,26 +121,56 @@ def default_store_path(environ: Mapping[str, str] | None = None) -> Path:
     return home / ".local" / "state" / _APP_DIRECTORY / _FILE_NAME
 
 
-@dataclass(slots=True)
-class Row:
+class Row(Record):
     """One session's row, as read; set :attr:`save` to write a new state back."""
+
+    __slots__ = (
+        "state",
+        "notes",
+        "problems",
+        "save",
+        "related",
+        "related_save",
+        "transcript",
+        "transcript_save",
+    )
 
     #: The saved state bytes (``None`` for a session not seen before).
     state: bytes | None
     #: Reminders waiting for the result of their call: call reference -> text.
-    notes: dict[str, str] = field(default_factory=dict)
+    notes: dict[str, str]
     #: What is wrong with the row as read (the session then starts afresh).
-    problems: list[str] = field(default_factory=list)
+    problems: list[str]
     #: The state to store at the end of the transaction (``None``: leave the row as it is).
-    save: bytes | None = None
+    save: bytes | None
     #: With ``related_prefix``: the other rows whose key starts with it, key -> state bytes.
-    related: dict[str, bytes] = field(default_factory=dict)
+    related: dict[str, bytes]
     #: New states for some of :attr:`related`, written at the end of the transaction.
-    related_save: dict[str, bytes] = field(default_factory=dict)
+    related_save: dict[str, bytes]
     #: With ``transcript=True``: where the session's transcript was last read (``None``: never).
-    transcript: bytes | None = None
+    transcript: bytes | None
     #: The new transcript mark to store at the end of the transaction (``None``: leave it).
-    transcript_save: bytes | None = None
+    transcript_save: bytes | None
+
+    def __init__(
+        self,
+        state: bytes | None,
+        notes: dict[str, str] | None = None,
+        problems: list[str] | None = None,
+        save: bytes | None = None,
+        related: dict[str, bytes] | None = None,
+        related_save: dict[str, bytes] | None = None,
+        transcript: bytes | None = None,
+        transcript_save: bytes | None = None,
+    ) -> None:
+        self.state = state
+        self.notes = {} if notes is None else notes
+        self.problems = [] if problems is None else problems
+        self.save = save
+        self.related = {} if related is None else related
+        self.related_save = {} if related_save is None else related_save
+        self.transcript = transcript
+        self.transcript_save = transcript_save
 
 
 class HookStore:

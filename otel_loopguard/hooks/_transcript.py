@@ -32,13 +32,14 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Final
 
 import orjson
 
 from .._prices import ModelUsage, Price, Pricer
+from .._record import FrozenRecord, Record
 from ._hosts import HookEvent
 
 __all__ = [
@@ -67,16 +68,31 @@ MAX_REMEMBERED_IDS: Final = 64
 _MARK_VERSION: Final = 1
 
 
-@dataclass(frozen=True, slots=True)
-class Mark:
+class Mark(FrozenRecord):
     """Where the last read of a transcript stopped: the file (path, device and inode), the byte
     offset of the first line not read yet, and the message ids charged last (oldest first)."""
+
+    __slots__ = ("path", "device", "inode", "offset", "ids")
 
     path: str
     device: int
     inode: int
     offset: int
-    ids: tuple[str, ...] = ()
+    ids: tuple[str, ...]
+
+    def __init__(
+        self,
+        path: str,
+        device: int,
+        inode: int,
+        offset: int,
+        ids: tuple[str, ...] = (),
+    ) -> None:
+        object.__setattr__(self, "path", path)
+        object.__setattr__(self, "device", device)
+        object.__setattr__(self, "inode", inode)
+        object.__setattr__(self, "offset", offset)
+        object.__setattr__(self, "ids", ids)
 
     def to_bytes(self) -> bytes:
         return orjson.dumps(
@@ -110,29 +126,57 @@ def _whole(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-@dataclass(frozen=True, slots=True)
-class Turn:
+class Turn(FrozenRecord):
     """One model response read from a transcript: its id, the agent whose line it is (``None``:
     the main agent), its usage."""
+
+    __slots__ = ("id", "agent", "usage")
 
     id: str
     agent: str | None
     usage: ModelUsage
 
+    def __init__(
+        self,
+        id: str,
+        agent: str | None,
+        usage: ModelUsage,
+    ) -> None:
+        object.__setattr__(self, "id", id)
+        object.__setattr__(self, "agent", agent)
+        object.__setattr__(self, "usage", usage)
 
-@dataclass(slots=True)
-class Reading:
+
+class Reading(Record):
     """What one read gave: the new turns of the agent asked for (in the transcript's order), the
     mark to keep for the next read, lines skipped by reason, bytes of backlog not read, and why
     the file could not be read (``None``: it could)."""
 
+    __slots__ = ("turns", "mark", "skipped", "skipped_bytes", "problem", "start")
+
     turns: list[Turn]
     mark: Mark | None
-    skipped: dict[str, int] = field(default_factory=dict)
-    skipped_bytes: int = 0
-    problem: str | None = None
+    skipped: dict[str, int]
+    skipped_bytes: int
+    problem: str | None
     #: The offset of the first whole line read.
-    start: int = 0
+    start: int
+
+    def __init__(
+        self,
+        turns: list[Turn],
+        mark: Mark | None,
+        skipped: dict[str, int] | None = None,
+        skipped_bytes: int = 0,
+        problem: str | None = None,
+        start: int = 0,
+    ) -> None:
+        self.turns = turns
+        self.mark = mark
+        self.skipped = {} if skipped is None else skipped
+        self.skipped_bytes = skipped_bytes
+        self.problem = problem
+        self.start = start
 
 
 #: A host's reader of one transcript line: ``None`` for a line that is no model response;
@@ -349,7 +393,7 @@ def read_transcript(
     reading = read_new_turns(path, Mark.from_bytes(saved), agent=event.agent, turn_of=turn_of)
     if event.model is not None:  # lines that do not name their model (Codex's): the event's
         reading.turns = [
-            t if t.usage.model else replace(t, usage=replace(t.usage, model=event.model))
+            t if t.usage.model else Turn(t.id, t.agent, replace(t.usage, model=event.model))
             for t in reading.turns
         ]
     if reading.problem is not None:

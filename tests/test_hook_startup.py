@@ -1,0 +1,224 @@
+"""What the command hook's start gave up stays what it was (issue 29 item 1).
+
+The private records on the hook's path are plain slotted classes (:mod:`otel_loopguard._record`)
+instead of dataclasses, and the classifier matches tool names without compiling a regex: each
+is compared here with what it replaced, built in the test (a dataclass with the same fields and
+defaults, the regex of ``wildcard_union``).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import inspect
+import itertools
+import pickle
+import random
+from typing import Any
+
+import pytest
+
+from otel_loopguard._calls import ToolCall
+from otel_loopguard._classifier import _names
+from otel_loopguard._core_memory import MemoryWork
+from otel_loopguard._core_records import Call, Ran, Rescue
+from otel_loopguard._decision import Step
+from otel_loopguard._early import Early
+from otel_loopguard._engine import Pending
+from otel_loopguard._record import FrozenRecord, Record
+from otel_loopguard._rules import Overspent, Verdict
+from otel_loopguard.config import wildcard_union
+from otel_loopguard.hooks._store import Row
+from otel_loopguard.hooks._transcript import Mark, Reading, Turn
+
+#: Each record and the ``@dataclass`` arguments of the class it replaced.
+RECORDS: list[tuple[type[Record], dict[str, bool]]] = [
+    (Ran, {}),
+    (Call, {}),
+    (Rescue, {}),
+    (MemoryWork, {}),
+    (Pending, {}),
+    (Early, {"eq": False}),
+    (Row, {}),
+    (Reading, {}),
+    (Mark, {"frozen": True}),
+    (Turn, {"frozen": True}),
+    (Verdict, {"frozen": True}),
+    (Overspent, {"frozen": True}),
+    (Step, {"frozen": True}),
+    (ToolCall, {"frozen": True}),
+]
+
+
+#: The fields whose default was a new container (``field(default_factory=...)``).
+FACTORIES: dict[type[Record], dict[str, Any]] = {
+    Row: {"notes": dict, "problems": list, "related": dict, "related_save": dict},
+    Reading: {"skipped": dict},
+}
+
+
+def reference(cls: type[Record], options: dict[str, bool]) -> type[Any]:
+    """The dataclass ``cls`` replaced: the same name, fields, defaults and options."""
+    fields: list[Any] = []
+    factories = FACTORIES.get(cls, {})
+    for parameter in list(inspect.signature(cls.__init__).parameters.values())[1:]:
+        if parameter.name in factories:
+            factory = factories[parameter.name]
+            fields.append((parameter.name, object, dataclasses.field(default_factory=factory)))
+        elif parameter.default is inspect.Parameter.empty:
+            fields.append((parameter.name, object))
+        else:
+            fields.append((parameter.name, object, dataclasses.field(default=parameter.default)))
+    made = dataclasses.make_dataclass(
+        cls.__name__,
+        fields,
+        slots=True,
+        eq=options.get("eq", True),
+        frozen=options.get("frozen", False),
+    )
+    made.__qualname__ = cls.__qualname__
+    return made
+
+
+def values(cls: type[Record], seed: int) -> list[object]:
+    """One value for each field, hashable, different for each ``seed``."""
+    return [f"{name}-{seed}" if seed % 2 else (seed, name) for name in cls.__match_args__]
+
+
+@pytest.mark.parametrize(("cls", "options"), RECORDS, ids=lambda x: getattr(x, "__name__", ""))
+def test_a_record_behaves_as_the_dataclass_it_replaced(
+    cls: type[Record], options: dict[str, bool]
+) -> None:
+    old = reference(cls, options)
+    assert cls.__match_args__ == old.__match_args__
+    assert cls.__slots__ == tuple(f.name for f in dataclasses.fields(old))
+    frozen = options.get("frozen", False)
+    assert issubclass(cls, FrozenRecord) is frozen
+    for first, second in itertools.product(range(3), repeat=2):
+        a, b = cls(*values(cls, first)), cls(*values(cls, second))
+        x, y = old(*values(cls, first)), old(*values(cls, second))
+        assert repr(a) == repr(x)
+        assert (a == b) is (x == y)
+        assert (a != b) is (x != y)
+        assert (a == a) is (x == x)
+    a, x = cls(*values(cls, 1)), old(*values(cls, 1))
+    assert (a == values(cls, 1)) is (x == values(cls, 1)) is False
+    assert a.__eq__(object()) is NotImplemented or not options.get("eq", True)
+    # The defaults: only the fields without one given.
+    required = [n for n in cls.__match_args__ if n not in _defaults(cls)]
+    assert repr(cls(*values(cls, 2)[: len(required)])) == repr(
+        old(*values(cls, 2)[: len(required)])
+    )
+    if frozen:
+        assert hash(a) == hash(x) == hash(cls(*values(cls, 1)))
+        with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign to field"):
+            a.__setattr__(cls.__match_args__[0], 1)
+        with pytest.raises(dataclasses.FrozenInstanceError, match="cannot delete field"):
+            a.__delattr__(cls.__match_args__[0])
+        for copied in (copy.copy(a), copy.deepcopy(a), pickle.loads(pickle.dumps(a))):
+            assert copied == a and copied is not a and repr(copied) == repr(a)
+    elif options.get("eq", True):
+        with pytest.raises(TypeError, match="unhashable"):
+            hash(a)
+        setattr(a, cls.__match_args__[0], "changed")
+        assert getattr(a, cls.__match_args__[0]) == "changed"
+        assert a != cls(*values(cls, 1))
+    else:  # eq=False: identity, hashed by identity
+        assert a != cls(*values(cls, 1)) and a == a
+        assert hash(a) == object.__hash__(a)
+    with pytest.raises(AttributeError):
+        a.__setattr__("not_a_field", 1)
+
+
+def _defaults(cls: type[Record]) -> set[str]:
+    parameters = inspect.signature(cls.__init__).parameters.values()
+    return {p.name for p in parameters if p.default is not inspect.Parameter.empty}
+
+
+def test_a_row_has_its_own_containers() -> None:
+    first, second = Row(None), Row(None)
+    first.notes["a"] = "b"
+    first.problems.append("x")
+    assert second.notes == {} and second.problems == [] and second.related == {}
+    assert Row(b"s") == Row(b"s", {}, [], None, {}, {}, None, None)
+
+
+PATTERNS = [
+    (),
+    ("bash",),
+    ("Bash", "shell", "sh"),
+    ("mcp__claude__*",),
+    ("*",),
+    ("a*b*c", "*_file", "read*"),
+    ("ab*bc",),
+    ("a.b", "x+y", "(z)", "[q]"),
+    ("straße", "K"),  # non-ASCII patterns: the regex decides
+    ("edit", "*edit*"),
+]
+
+NAMES = [
+    "",
+    "bash",
+    "BASH",
+    "Bash",
+    "shell",
+    "sh",
+    "shx",
+    "mcp__claude__x",
+    "MCP__Claude__",
+    "mcp__claude_",
+    "abc",
+    "abbc",
+    "abc_file",
+    "a_b_c",
+    "acb",
+    "read",
+    "reader",
+    "xread",
+    "a.b",
+    "axb",
+    "x+y",
+    "xxy",
+    "(z)",
+    "z",
+    "[q]",
+    "q",
+    "multi_edit",
+    "edit",
+    "ed",
+    "ba\nsh",
+    "a\nb",
+    "mcp__claude__\n",
+    "STRASSE",
+    "straße",
+    "k",
+    "\u212a",  # the Kelvin sign: case-insensitively a k to the regex
+    "ſh",  # long s: case-insensitively an s to the regex
+    "bash\u0131",
+]
+
+
+@pytest.mark.parametrize("patterns", PATTERNS, ids=repr)
+def test_tool_names_match_as_the_wildcard_regex_matches(patterns: tuple[str, ...]) -> None:
+    regex = wildcard_union(patterns)
+    names = _names(patterns)
+    assert (names is None) is (regex is None)
+    for name in NAMES:
+        expected = regex is not None and regex.fullmatch(name) is not None
+        assert (names is not None and names.matches(name)) is expected, name
+
+
+def test_tool_names_match_as_the_wildcard_regex_matches_on_random_names() -> None:
+    rng = random.Random(29)
+    alphabet = "abAB*_.\n\u212aſ"
+    for _ in range(3000):
+        patterns = tuple(
+            "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 5)))
+            for _ in range(rng.randrange(1, 4))
+        )
+        regex = wildcard_union(patterns)
+        names = _names(patterns)
+        assert regex is not None and names is not None
+        for _ in range(8):
+            name = "".join(rng.choice(alphabet.replace("*", "")) for _ in range(rng.randrange(6)))
+            assert names.matches(name) is (regex.fullmatch(name) is not None), (patterns, name)
