@@ -13,7 +13,6 @@ still differ), and every key derivation is linear in the size of its input.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Iterable, Mapping
@@ -166,7 +165,9 @@ def _parse_json_string(text: str) -> object:
         except orjson.JSONDecodeError:
             pass
     # Python's json keeps big integers exact and reads NaN/Infinity, as models may send them;
-    # nesting too deep for it stays raw.
+    # nesting too deep for it stays raw. Imported here: most calls never come this far.
+    import json
+
     try:
         return json.loads(text)
     except (ValueError, RecursionError):

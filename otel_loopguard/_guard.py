@@ -28,12 +28,12 @@ from ._prices import Cost, ModelUsage
 from ._session_store import SessionStore
 from ._spend import MAX_ANCESTORS, Spend
 from ._triplog import TripLog
-from ._wrap import wrap_tool
 from .config import Policy, policy_from_env
-from .metrics import MetricsServer, Recorder
+from .metrics import Recorder
 
 if TYPE_CHECKING:
     from ._advice import Advisor
+    from .metrics import MetricsServer
 
 __all__ = ["LoopGuard"]
 
@@ -635,6 +635,8 @@ class LoopGuard:
             return lambda f: self.wrap(f, **options)
         if not callable(fn):
             raise ValueError(f"fn: expected a callable, got {type(fn).__name__}")
+        from ._wrap import wrap_tool  # here: a command hook wraps no function
+
         return cast(F, wrap_tool(self, fn, **options))
 
     def report_internal_error(self, where: str, exc: BaseException) -> None:

@@ -1,13 +1,29 @@
 """Names a module imports on first use (PEP 562): the one loader of the package root,
-``metrics``, ``hooks`` and ``_memory``, so that importing them imports nothing they only name.
-Standard library only; imports nothing."""
+``metrics``, ``hooks`` and ``_memory``, so that importing them imports nothing they only name;
+and the package's logger (:func:`logger`), with :mod:`logging` imported when the first message
+is logged. Standard library only; imports nothing."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["lazy_names"]
+if TYPE_CHECKING:
+    import logging
+
+__all__ = ["LOGGER_NAME", "lazy_names", "logger"]
+
+#: The name every module of the package logs under.
+LOGGER_NAME = "otel_loopguard"
+
+
+def logger() -> logging.Logger:
+    """The package's logger (``logging.getLogger(LOGGER_NAME)``, the same object each time),
+    :mod:`logging` imported here: a command hook process that logs nothing does not import it.
+    Called at the call site (``logger().warning(...)``), so that the record names that line."""
+    import logging
+
+    return logging.getLogger(LOGGER_NAME)
 
 
 def lazy_names(

@@ -8,7 +8,6 @@ moving aside of a damaged file that the stores (:mod:`._memory_file`, :mod:`._me
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from collections.abc import Iterable
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any, Final, Protocol
 
 from ._defaults import MemoryScope
+from ._lazy import logger
 from .config import Policy
 
 __all__ = [
@@ -40,7 +40,6 @@ __all__ = [
     "scope_of",
 ]
 
-_log = logging.getLogger("otel_loopguard")
 
 #: The layout of a record (``"v"`` in each); records of another version are not read.
 FORMAT_VERSION: Final = 1
@@ -326,7 +325,7 @@ class Notes:
     def once(self, kind: str, message: str, *args: object) -> None:
         if kind not in self._said:
             self._said.add(kind)
-            _log.warning("memory: " + message, *args)
+            logger().warning("memory: " + message, *args)
 
 
 def move_aside(path: Path) -> Path:

@@ -19,7 +19,6 @@ configurations (:mod:`otel_loopguard._plugins`, which builds on this module).
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
@@ -53,6 +52,7 @@ from ._defaults import (  # the policy's vocabulary, re-exported with it
     wildcard_union,
 )
 from ._env import DECLARED, LOOPGUARD_PRESET
+from ._lazy import logger
 from ._policy_fields import FIELD_NAMES, FIELDS, Policy, kind_of, validate_field
 from ._validation import (
     LIST_KINDS,
@@ -98,8 +98,6 @@ __all__ = [
     "wildcard_regex",
     "wildcard_union",
 ]
-
-_log = logging.getLogger("otel_loopguard")
 
 
 #: Every ``LOOPGUARD_*`` variable something reads: one per policy field (:func:`env_var`) and
@@ -311,11 +309,11 @@ def policy_from_env(base: Policy | None = None, environ: Mapping[str, str] | Non
     for name, warning in unknown_variables(env).items():
         if name not in _WARNED_VARIABLES:
             _WARNED_VARIABLES.add(name)
-            _log.warning("%s", warning)
+            logger().warning("%s", warning)
     if base is None:
         preset = env.get(LOOPGUARD_PRESET, "default").strip() or "default"
         if preset not in PRESETS:
-            _log.warning(
+            logger().warning(
                 "%s=%r is not one of %s; using the default preset",
                 LOOPGUARD_PRESET,
                 preset,
@@ -332,7 +330,7 @@ def policy_from_env(base: Policy | None = None, environ: Mapping[str, str] | Non
         try:
             changes[name] = _parse_env(name, text)
         except (ValueError, TypeError) as exc:
-            _log.warning("%s=%r ignored: %s", variable, text, exc)
+            logger().warning("%s=%r ignored: %s", variable, text, exc)
     if not changes:
         return base
     try:
@@ -348,5 +346,5 @@ def policy_from_env(base: Policy | None = None, environ: Mapping[str, str] | Non
             shown = env[env_var(name)]
             if kind_of(name) is Kind.URL:
                 shown = redact_url(shown)  # a URL may carry a password
-            _log.warning("%s=%r ignored: %s", env_var(name), shown, exc)
+            logger().warning("%s=%r ignored: %s", env_var(name), shown, exc)
     return policy

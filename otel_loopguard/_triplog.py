@@ -18,7 +18,6 @@ once; it never raises into the caller.
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 from datetime import datetime, timezone
@@ -26,9 +25,9 @@ from pathlib import Path
 
 import orjson
 
-__all__ = ["TripLog"]
+from ._lazy import logger
 
-_log = logging.getLogger("otel_loopguard")
+__all__ = ["TripLog"]
 
 
 class TripLog:
@@ -110,7 +109,7 @@ class TripLog:
                 self.failures += 1
                 warn, self._warned = not self._warned, True
             if warn:
-                _log.warning(
+                logger().warning(
                     "loopguard trip log %s not written: %s (further failures are"
                     " counted, not logged)",
                     self.path,

@@ -6,7 +6,6 @@ cached advice, model-call spend, metrics wiring and internal errors. A base clas
 from __future__ import annotations
 
 import dataclasses
-import logging
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 from ._asks import Rescues
 from ._calls import MAX_ID_CHARS, bounded_id, tool_name
 from ._engine import SessionState
+from ._lazy import logger
 from ._ledger import ReportLedger
 from ._policy import Action, Decision, has_advice, with_advice
 from ._prices import Cost, ModelUsage, Pricer
@@ -32,7 +32,6 @@ if TYPE_CHECKING:
 
 __all__ = ["MAX_SETTLED_CALLS", "MAX_SETTLED_SESSIONS", "SNAPSHOT_VERSION", "Upkeep", "text_of"]
 
-_log = logging.getLogger("otel_loopguard")
 
 #: Calls remembered as reported, per session, so that a second report of the same call (a
 #: framework hook's and its span's, in either order) does not count it again; and sessions kept.
@@ -379,7 +378,7 @@ class Upkeep:
         signature = (kind, type(exc).__name__)
         if signature not in self._logged:
             self._logged.add(signature)
-            _log.warning(
+            logger().warning(
                 "loopguard %s unavailable: %s (further such failures are not logged)", kind, exc
             )
 
@@ -393,7 +392,7 @@ class Upkeep:
                 first = (where, type(exc).__name__) not in self._logged
                 self._logged.add((where, type(exc).__name__))
             if first:
-                _log.error(
+                logger().error(
                     "loopguard internal error in %s; falling back to allow"
                     " (further %s errors here are counted, not logged)",
                     where,

@@ -88,9 +88,7 @@ LOCAL = COMMON | {
     "otel_loopguard._session_store",
     "otel_loopguard._triplog",
     "otel_loopguard._upkeep",
-    "otel_loopguard._wrap",
     "otel_loopguard.metrics",
-    "otel_loopguard.metrics._exposition",
     "otel_loopguard.metrics._labels",
     "otel_loopguard.metrics._spec",
 }
@@ -102,9 +100,18 @@ SERVER = COMMON | {"otel_loopguard.hooks._remote", "otel_loopguard.hooks._wire"}
 THIRD_PARTY = {"orjson", "xxhash"}
 
 #: Standard-library modules neither path needs on an ordinary call: the advisor's process runner
-#: and thread pool (a rescue imports them), what serve uses, and argparse (an ordinary hook
-#: command line is read without it).
-NOT_STDLIB = {"argparse", "asyncio", "concurrent.futures", "shutil", "subprocess", "tomllib"}
+#: and thread pool (a rescue imports them), what serve uses, argparse (an ordinary hook command
+#: line is read without it) and json (orjson reads and writes; json only reads what orjson
+#: cannot).
+NOT_STDLIB = {
+    "argparse",
+    "asyncio",
+    "concurrent.futures",
+    "json",
+    "shutil",
+    "subprocess",
+    "tomllib",
+}
 
 
 def added_modules(event: dict[str, object], *args: str, env: dict[str, str]) -> list[str]:
@@ -151,6 +158,8 @@ def test_the_sqlite_hook_imports_the_guard_and_nothing_else(tmp_path: Path) -> N
         "otel_loopguard._memory_file",  # the other memory stores
         "otel_loopguard._memory_redis",
         "otel_loopguard._advice",
+        "otel_loopguard._wrap",  # guard.wrap, for plain tool functions
+        "otel_loopguard.metrics._exposition",  # serving /metrics
         "otel_loopguard.metrics.prometheus",
         "otel_loopguard.metrics.otel",
         "otel_loopguard.replay",

@@ -12,6 +12,7 @@ import copy
 import dataclasses
 import inspect
 import itertools
+import logging
 import pickle
 import random
 from typing import Any
@@ -25,9 +26,10 @@ from otel_loopguard._core_records import Call, Ran, Rescue
 from otel_loopguard._decision import Step
 from otel_loopguard._early import Early
 from otel_loopguard._engine import Pending
+from otel_loopguard._lazy import logger
 from otel_loopguard._record import FrozenRecord, Record
 from otel_loopguard._rules import Overspent, Verdict
-from otel_loopguard.config import wildcard_union
+from otel_loopguard.config import Policy, policy_from_env, wildcard_union
 from otel_loopguard.hooks._store import Row
 from otel_loopguard.hooks._transcript import Mark, Reading, Turn
 
@@ -222,3 +224,16 @@ def test_tool_names_match_as_the_wildcard_regex_matches_on_random_names() -> Non
         for _ in range(8):
             name = "".join(rng.choice(alphabet.replace("*", "")) for _ in range(rng.randrange(6)))
             assert names.matches(name) is (regex.fullmatch(name) is not None), (patterns, name)
+
+
+def test_the_package_logger_logs_as_before_from_the_line_that_logs(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    assert logger() is logging.getLogger("otel_loopguard")
+    with caplog.at_level(logging.WARNING, logger="otel_loopguard"):
+        policy = policy_from_env(environ={"LOOPGUARD_DENY_THRESHOLD": "many"})
+    assert policy.deny_threshold == Policy().deny_threshold
+    [record] = caplog.records
+    assert record.name == "otel_loopguard" and record.levelno == logging.WARNING
+    assert record.getMessage().startswith("LOOPGUARD_DENY_THRESHOLD='many' ignored: ")
+    assert record.pathname.endswith("_settings.py") and record.funcName == "policy_from_env"

@@ -34,7 +34,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .._lazy import lazy_names
-from ._exposition import MetricsServer
 from ._labels import DEFAULT_MAX_LABEL_VALUES, DEFAULT_MAX_SERIES, MAX_LABEL_CHARS, OTHER
 from ._spec import (
     ACTIONS,
@@ -74,6 +73,7 @@ from ._spec import UNPRICED_MODEL_CALLS as UNPRICED_MODEL_CALLS
 from ._spec import WASTED_SECONDS as WASTED_SECONDS
 
 if TYPE_CHECKING:
+    from ._exposition import MetricsServer
     from .otel import OpenTelemetryRecorder
     from .prometheus import PrometheusRecorder
 
@@ -101,7 +101,11 @@ __all__ = [
 ]
 
 
-# The two recorders' modules are imported on first use (PEP 562): a guard without a recorder (a
-# command hook's) does not import them.
-_BACKENDS = {"OpenTelemetryRecorder": "otel", "PrometheusRecorder": "prometheus"}
+# The two recorders' modules and the server are imported on first use (PEP 562): a guard without
+# a recorder (a command hook's) does not import them.
+_BACKENDS = {
+    "MetricsServer": "_exposition",
+    "OpenTelemetryRecorder": "otel",
+    "PrometheusRecorder": "prometheus",
+}
 __getattr__, __dir__ = lazy_names(__name__, __name__, _BACKENDS, globals(), __all__)
