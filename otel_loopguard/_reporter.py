@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from ._attributes import Shape, decision_attributes
-from ._exemplars import current_call, exemplar_labels
 from ._policy import Action, Decision, Phase, Step, arguments_preview
 from ._triplog import TripLog
 from .config import Policy, Rule
@@ -97,6 +95,10 @@ class Reporter:
         trip_log = self.trip_log
         if trip_log is None:
             return None
+        # Imported here: a guard without a trip log (a command hook's, usually) never needs them.
+        from ._attributes import Shape, decision_attributes
+        from ._exemplars import current_call, exemplar_labels
+
         policy = self._policy
         arguments = (
             arguments_preview(canonical, policy.arguments_preview_chars)

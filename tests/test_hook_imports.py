@@ -73,14 +73,12 @@ COMMON = {
 #: With the SQLite store: the guard, without its advisor, metrics backends or span machinery.
 LOCAL = COMMON | {
     "otel_loopguard._asks",
-    "otel_loopguard._attributes",
     "otel_loopguard._classifier",
     "otel_loopguard._core",
     "otel_loopguard._core_memory",
     "otel_loopguard._core_records",
     "otel_loopguard._core_spend",
     "otel_loopguard._early",
-    "otel_loopguard._exemplars",
     "otel_loopguard._guard",
     "otel_loopguard._intent",
     "otel_loopguard._ledger",
@@ -159,6 +157,9 @@ def test_the_sqlite_hook_imports_the_guard_and_nothing_else(tmp_path: Path) -> N
         "otel_loopguard._memory_redis",
         "otel_loopguard._advice",
         "otel_loopguard._wrap",  # guard.wrap, for plain tool functions
+        "otel_loopguard._attributes",  # a trip line's fields: only with a trip log
+        "otel_loopguard._exemplars",
+        "contextvars",
         "otel_loopguard.metrics._exposition",  # serving /metrics
         "otel_loopguard.metrics.prometheus",
         "otel_loopguard.metrics.otel",
