@@ -44,8 +44,8 @@ class Phase(str, Enum):
 BLOCKING_ACTIONS: Final = frozenset({Action.DENY, Action.RESCUE, Action.STOP})
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
+@dataclass(frozen=True, slots=True, init=False, repr=False, eq=False)
+class Decision(FrozenRecord):
     """The answer to "may this call run?".
 
     ``action`` is what the caller should do (already softened by the mode); ``detected`` is what
@@ -80,6 +80,38 @@ class Decision:
     phase: Phase = Phase.PRE
     loop_tokens: int | None = None
     loop_cost_usd: float | None = None
+
+    def __init__(
+        self,
+        action: Action,
+        message: str = "",
+        rule: Rule | None = None,
+        count: int = 0,
+        threshold: int = 0,
+        signature: str = "",
+        tool: str = "",
+        session: str = "",
+        repeated: bool = False,
+        detected: Action = Action.ALLOW,
+        hash_prefix: str = "",
+        phase: Phase = Phase.PRE,
+        loop_tokens: int | None = None,
+        loop_cost_usd: float | None = None,
+    ) -> None:
+        object.__setattr__(self, "action", action)
+        object.__setattr__(self, "message", message)
+        object.__setattr__(self, "rule", rule)
+        object.__setattr__(self, "count", count)
+        object.__setattr__(self, "threshold", threshold)
+        object.__setattr__(self, "signature", signature)
+        object.__setattr__(self, "tool", tool)
+        object.__setattr__(self, "session", session)
+        object.__setattr__(self, "repeated", repeated)
+        object.__setattr__(self, "detected", detected)
+        object.__setattr__(self, "hash_prefix", hash_prefix)
+        object.__setattr__(self, "phase", phase)
+        object.__setattr__(self, "loop_tokens", loop_tokens)
+        object.__setattr__(self, "loop_cost_usd", loop_cost_usd)
 
     @property
     def blocks(self) -> bool:

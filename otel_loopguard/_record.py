@@ -8,6 +8,11 @@ give what ``@dataclass(slots=True)`` (:class:`Record`) and ``@dataclass(frozen=T
 ``NotImplemented``), ``repr`` as ``Name(field=value, ...)``, unhashable when mutable, hashed by
 its fields and :class:`dataclasses.FrozenInstanceError` on assignment when frozen (and copied or
 pickled as the frozen dataclass is). The fields are the class's ``__slots__``, in order.
+
+A public dataclass on that path stays one (``dataclasses.fields``, ``replace``, ``asdict`` work)
+without the generated methods: ``@dataclass(frozen=True, slots=True, init=False, repr=False,
+eq=False)`` on :class:`FrozenRecord` with a hand-written ``__init__`` generates only
+``__setattr__`` and ``__delattr__``; ``repr``, equality and hash come from the base as above.
 Standard library only.
 """
 
@@ -25,7 +30,8 @@ class Record:
     __match_args__: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls) -> None:
-        type.__setattr__(cls, "__match_args__", cls.__dict__.get("__slots__", ()))
+        if "__slots__" in cls.__dict__:  # a dataclass's: once it has added them
+            type.__setattr__(cls, "__match_args__", cls.__dict__["__slots__"])
 
     def _fields(self) -> tuple[str, ...]:
         fields: tuple[str, ...] = self.__slots__

@@ -1,9 +1,10 @@
 """What the command hook's start gave up stays what it was (issue 29 item 1).
 
 The private records on the hook's path are plain slotted classes (:mod:`otel_loopguard._record`)
-instead of dataclasses, and the classifier matches tool names without compiling a regex: each
-is compared here with what it replaced, built in the test (a dataclass with the same fields and
-defaults, the regex of ``wildcard_union``).
+instead of dataclasses; the public dataclasses on it keep the dataclass API without its
+generated methods; the classifier matches tool names without compiling a regex; the package's
+logger imports logging on the first message. Each is compared here with what it replaced, built
+in the test (a dataclass with the same fields and defaults, the regex of ``wildcard_union``).
 """
 
 from __future__ import annotations
@@ -23,15 +24,17 @@ from otel_loopguard._calls import ToolCall
 from otel_loopguard._classifier import _names
 from otel_loopguard._core_memory import MemoryWork
 from otel_loopguard._core_records import Call, Ran, Rescue
-from otel_loopguard._decision import Step
+from otel_loopguard._decision import Decision, Step
 from otel_loopguard._early import Early
 from otel_loopguard._engine import Pending
 from otel_loopguard._lazy import logger
 from otel_loopguard._record import FrozenRecord, Record
 from otel_loopguard._rules import Overspent, Verdict
 from otel_loopguard.config import Policy, policy_from_env, wildcard_union
+from otel_loopguard.hooks._hosts import Answer, HookEvent
 from otel_loopguard.hooks._store import Row
 from otel_loopguard.hooks._transcript import Mark, Reading, Turn
+from otel_loopguard.metrics import MetricSpec
 
 #: Each record and the ``@dataclass`` arguments of the class it replaced.
 RECORDS: list[tuple[type[Record], dict[str, bool]]] = [
@@ -237,3 +240,66 @@ def test_the_package_logger_logs_as_before_from_the_line_that_logs(
     assert record.name == "otel_loopguard" and record.levelno == logging.WARNING
     assert record.getMessage().startswith("LOOPGUARD_DENY_THRESHOLD='many' ignored: ")
     assert record.pathname.endswith("_settings.py") and record.funcName == "policy_from_env"
+
+
+#: The public dataclasses that keep the dataclass API without its generated methods.
+DATACLASSES: list[type[Any]] = [Decision, HookEvent, Answer, MetricSpec]
+
+
+def full_dataclass(cls: type[Any]) -> type[Any]:
+    """``cls`` as ``@dataclass(frozen=True, slots=True)`` generates it, from its own fields."""
+    fields = [
+        (f.name, f.type, dataclasses.field(default=f.default)) for f in dataclasses.fields(cls)
+    ]
+    made = dataclasses.make_dataclass(cls.__name__, fields, frozen=True, slots=True)
+    made.__qualname__ = cls.__qualname__
+    return made
+
+
+def samples(cls: type[Any]) -> list[dict[str, object]]:
+    """Keyword arguments for a few instances: required fields only, then every field set."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    required = [
+        f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING
+    ] or names[:1]
+    return [
+        {name: f"{name}-a" for name in required},
+        {name: f"{name}-b" for name in required},
+        {name: (index, name) for index, name in enumerate(names)},
+        {name: [index] if index % 2 else f"{name}-c" for index, name in enumerate(names)},
+    ]
+
+
+@pytest.mark.parametrize("cls", DATACLASSES, ids=lambda cls: cls.__name__)
+def test_a_public_dataclass_behaves_as_it_did(cls: type[Any]) -> None:
+    old = full_dataclass(cls)
+    assert cls.__match_args__ == old.__match_args__
+    assert cls.__slots__ == old.__slots__
+    ours, theirs = inspect.signature(cls), inspect.signature(old)
+    assert [(p.name, p.kind, p.default) for p in ours.parameters.values()] == [
+        (p.name, p.kind, p.default) for p in theirs.parameters.values()
+    ]
+    for first, second in itertools.product(samples(cls), repeat=2):
+        a, b, x, y = cls(**first), cls(**second), old(**first), old(**second)
+        assert repr(a) == repr(x)
+        assert (a == b) is (x == y) and (a != b) is (x != y)
+        assert dataclasses.asdict(a) == dataclasses.asdict(x)
+        assert dataclasses.astuple(a) == dataclasses.astuple(x)
+    a, x = cls(**samples(cls)[0]), old(**samples(cls)[0])
+    assert hash(a) == hash(x)
+    assert (a == dataclasses.astuple(a)) is False and a.__eq__(x) is NotImplemented
+    name = dataclasses.fields(cls)[-1].name
+    changed = dataclasses.replace(a, **{name: "changed"})
+    assert type(changed) is cls and getattr(changed, name) == "changed" and changed != a
+    assert repr(changed) == repr(dataclasses.replace(x, **{name: "changed"}))
+    with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign to field"):
+        setattr(a, name, 1)
+    with pytest.raises(dataclasses.FrozenInstanceError, match="cannot delete field"):
+        delattr(a, name)
+    with pytest.raises(Exception) as raised:  # noqa: PT011 - the same as the dataclass's
+        a.__setattr__("not_a_field", 1)
+    with pytest.raises(raised.type):
+        x.__setattr__("not_a_field", 1)
+    for copied in (copy.copy(a), copy.deepcopy(a), pickle.loads(pickle.dumps(a))):
+        assert copied == a and copied is not a and repr(copied) == repr(a)
+    assert dataclasses.is_dataclass(cls) and dataclasses.is_dataclass(a)

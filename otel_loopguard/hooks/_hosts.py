@@ -35,6 +35,7 @@ from enum import Enum
 from typing import Final, Protocol
 
 from .._policy import BLOCKING_ACTIONS, Action
+from .._record import FrozenRecord
 
 __all__ = [
     "HOSTS",
@@ -68,8 +69,8 @@ class MalformedEvent(ValueError):
     """Stdin JSON that is not an event this host sends (the hook then allows and says why)."""
 
 
-@dataclass(frozen=True, slots=True)
-class HookEvent:
+@dataclass(frozen=True, slots=True, init=False, repr=False, eq=False)
+class HookEvent(FrozenRecord):
     """One host event, reduced to what the guard needs."""
 
     kind: EventKind
@@ -96,15 +97,57 @@ class HookEvent:
     #: the repository scope of dead-end memory.
     cwd: str | None = None
 
+    def __init__(
+        self,
+        kind: EventKind,
+        name: str,
+        session: str = "",
+        agent: str | None = None,
+        tool: str = "",
+        arguments: object = None,
+        call_id: str | None = None,
+        result: object = None,
+        error: bool | None = False,
+        duration_seconds: float | None = None,
+        prompt: str | None = None,
+        transcript_path: str | None = None,
+        model: str | None = None,
+        cwd: str | None = None,
+    ) -> None:
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "session", session)
+        object.__setattr__(self, "agent", agent)
+        object.__setattr__(self, "tool", tool)
+        object.__setattr__(self, "arguments", arguments)
+        object.__setattr__(self, "call_id", call_id)
+        object.__setattr__(self, "result", result)
+        object.__setattr__(self, "error", error)
+        object.__setattr__(self, "duration_seconds", duration_seconds)
+        object.__setattr__(self, "prompt", prompt)
+        object.__setattr__(self, "transcript_path", transcript_path)
+        object.__setattr__(self, "model", model)
+        object.__setattr__(self, "cwd", cwd)
 
-@dataclass(frozen=True, slots=True)
-class Answer:
+
+@dataclass(frozen=True, slots=True, init=False, repr=False, eq=False)
+class Answer(FrozenRecord):
     """What to tell the host: allow (nothing), a reminder, a denial, or stop; and the text.
     ``notice``: a line for the user (not the model), whatever the action; ``""``: none."""
 
     action: Action = Action.ALLOW
     message: str = ""
     notice: str = ""
+
+    def __init__(
+        self,
+        action: Action = Action.ALLOW,
+        message: str = "",
+        notice: str = "",
+    ) -> None:
+        object.__setattr__(self, "action", action)
+        object.__setattr__(self, "message", message)
+        object.__setattr__(self, "notice", notice)
 
 
 ALLOWED: Final = Answer()

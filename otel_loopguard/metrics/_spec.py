@@ -14,6 +14,7 @@ from typing import Final, Protocol
 
 from .._policy import Action
 from .._prices import COMPUTED, PROVIDER
+from .._record import FrozenRecord
 from ..config import Rule
 
 
@@ -138,8 +139,8 @@ class MetricKind(str, Enum):
     HISTOGRAM = "histogram"
 
 
-@dataclass(frozen=True, slots=True)
-class MetricSpec:
+@dataclass(frozen=True, slots=True, init=False, repr=False, eq=False)
+class MetricSpec(FrozenRecord):
     """One metric: ``name`` is the OpenTelemetry instrument name; Prometheus adds ``_total`` to
     a counter's (:attr:`prometheus_name`), as OpenTelemetry's Prometheus exporters do."""
 
@@ -149,6 +150,22 @@ class MetricSpec:
     labels: tuple[str, ...] = ()
     unit: str = "1"
     buckets: tuple[float, ...] = ()
+
+    def __init__(
+        self,
+        name: str,
+        kind: MetricKind,
+        description: str,
+        labels: tuple[str, ...] = (),
+        unit: str = "1",
+        buckets: tuple[float, ...] = (),
+    ) -> None:
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "description", description)
+        object.__setattr__(self, "labels", labels)
+        object.__setattr__(self, "unit", unit)
+        object.__setattr__(self, "buckets", buckets)
 
     @property
     def prometheus_name(self) -> str:
