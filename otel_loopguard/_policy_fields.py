@@ -31,6 +31,7 @@ from ._defaults import (
     unknown_message,
 )
 from ._prices import Price
+from ._record import FrozenRecord
 from ._validation import Kind, check_value
 
 __all__ = ["FIELDS", "FIELD_NAMES", "SPECS", "Policy", "kind_of", "validate_field"]
@@ -42,8 +43,10 @@ def _doc(
     return {"doc": text, "kind": kind, "minimum": minimum, "choices": choices}
 
 
-@dataclass(frozen=True, slots=True)
-class Policy:
+# ``repr``, equality and hash come from FrozenRecord (as the dataclass would generate them, without
+# compiling them at import: a command hook process pays for every module-level class it builds).
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
+class Policy(FrozenRecord):
     """Everything that decides what the guard detects and what it does about it.
 
     Counts are attempts of one signature (tool + canonical arguments) in the current progress

@@ -30,7 +30,7 @@ from otel_loopguard._engine import Pending
 from otel_loopguard._lazy import logger
 from otel_loopguard._record import FrozenRecord, Record
 from otel_loopguard._rules import Overspent, Verdict
-from otel_loopguard.config import Policy, policy_from_env, wildcard_union
+from otel_loopguard.config import PRESETS, Mode, Policy, policy_from_env, wildcard_union
 from otel_loopguard.hooks._hosts import Answer, HookEvent
 from otel_loopguard.hooks._store import Row
 from otel_loopguard.hooks._transcript import Mark, Reading, Turn
@@ -303,3 +303,19 @@ def test_a_public_dataclass_behaves_as_it_did(cls: type[Any]) -> None:
     for copied in (copy.copy(a), copy.deepcopy(a), pickle.loads(pickle.dumps(a))):
         assert copied == a and copied is not a and repr(copied) == repr(a)
     assert dataclasses.is_dataclass(cls) and dataclasses.is_dataclass(a)
+
+
+def test_the_policy_compares_hashes_and_shows_as_the_generated_methods_did() -> None:
+    old = full_dataclass(Policy)
+    policies = [*PRESETS.values(), Policy(), Policy().replace(window_size=7)]
+    for a, b in itertools.product(policies, repeat=2):
+        x = old(**{f.name: getattr(a, f.name) for f in dataclasses.fields(Policy)})
+        y = old(**{f.name: getattr(b, f.name) for f in dataclasses.fields(Policy)})
+        assert repr(a) == repr(x)
+        assert (a == b) is (x == y) and (a != b) is (x != y)
+        assert hash(a) == hash(x)
+    assert Policy.__match_args__ == old.__match_args__ and Policy.__slots__ == old.__slots__
+    assert Policy().__eq__(old()) is NotImplemented
+    with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign to field"):
+        Policy().__setattr__("mode", Mode.OBSERVE)
+    assert pickle.loads(pickle.dumps(Policy())) == Policy() == copy.deepcopy(Policy())
