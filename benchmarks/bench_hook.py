@@ -251,6 +251,16 @@ def main() -> int:
     )
     if other_times:
         record(f"{path}compared_hook_vs_bare", statistics.median(other_times) / bare, "x")
+        record(
+            f"{path}compared_hook_cpu_vs_bare",
+            statistics.median(other_cpu) / statistics.median(bare_cpu),
+            "x",
+        )
+        print(
+            f"hook / the same command importing {args.compare} (medians):"
+            f" wall {median / statistics.median(other_times):.2f}x,"
+            f" CPU {statistics.median(hook_cpu) / statistics.median(other_cpu):.2f}x"
+        )
     return 0
 
 

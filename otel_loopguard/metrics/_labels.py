@@ -24,9 +24,18 @@ DEFAULT_MAX_SERIES: Final = 10_000
 MAX_LABEL_CHARS: Final = 128
 #: Raw (agent, tool) pairs whose label children are cached; beyond it they are looked up per call.
 MAX_CACHED_PAIRS: Final = 4096
-_ID_LIKE: Final = re.compile(
+#: Label values that look like ids (long hex, UUIDs) report as ``other``; compiled on the first
+#: new value (:func:`_id_like`): a process that labels nothing (a command hook's) never does.
+_ID_LIKE: Final = (
     r"[0-9a-fA-F]{16,}|[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
 )
+_compiled: list[re.Pattern[str]] = []
+
+
+def _id_like() -> re.Pattern[str]:
+    if not _compiled:
+        _compiled.append(re.compile(_ID_LIKE))
+    return _compiled[0]
 
 
 def check_max_label_values(value: object) -> int:
@@ -62,7 +71,7 @@ class Bounded:
             type(raw) is not str
             or not raw
             or len(raw) > MAX_LABEL_CHARS
-            or _ID_LIKE.search(raw) is not None
+            or _id_like().search(raw) is not None
         ):
             return OTHER
         with self._lock:
