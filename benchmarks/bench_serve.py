@@ -10,8 +10,23 @@ TracerProvider recorded, fresh trace ids in every batch) over two keep-alive con
 fast as the server answers. Every run (every repeat, every variant) sends the same bodies with
 the trace ids changed (XOR with a fresh random mask), so no span is one the server already
 received (it drops those as an exporter's retry, far faster than it ingests). The time runs
-from the first request until the server's ingest queue is empty and every span was fed to the
-guard (read from its /metrics). Spans/s on one core = spans / that time. Server CPU time (user + system, from /proc) is reported too.
+from the first request until every span was fed to the guard: once the client has every
+answer (a request is answered once its spans are queued), the server's threads are read from
+/proc every millisecond, and the run ends at the first of two reads in a row where none ran,
+when /metrics then shows every span accepted and none queued (else the reads go on). Spans/s
+on one core = spans / that time. Server CPU time (user + system, from /proc, up to the same
+read) is reported too.
+
+Why so (measured 2026-12-04): the run used to end at a /metrics poll spaced by an estimate of
+the work left. The estimate came from the rate while the server was still decoding requests,
+so after the last answer it slept 0.45 s while the server drained its queue in 0.22 s: the
+server was busy 72% of a 40-batch run (``benchmarks/compare.py``'s), which showed 20.4k spans/s
+for 28k spans per second of server CPU, and 64% of a 10-batch run. And each poll makes the server
+build its whole /metrics page on the core it ingests on (about 10 ms): a 10-batch run cost 49 µs
+of server CPU a span against 35 µs for 40 to 200 batches. Reading /proc costs the server
+nothing: now 10 and 200 batches cost the same CPU a span (33 µs on that loaded machine; the
+20 warm-up batches suffice). Short runs stay noisier in wall time: a moment's load on the
+machine weighs more in them.
 
 Baseline: a bare protobuf parse of the same bytes (``ExportTraceServiceRequest.FromString``) in
 this process, on one core; the ratio is ingest seconds per span over parse seconds per span.
@@ -518,15 +533,36 @@ class Server:
             f" {shlex.join(self.command)}\n  {said}"
         )
 
-    def metric(self, name: str, **labels: str) -> float:
+    def page(self) -> str:
+        """The server's /metrics page (building it costs the server a few ms of CPU)."""
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
         conn.request("GET", "/metrics")
         text = conn.getresponse().read().decode()
         conn.close()
+        return text
+
+    def metric(self, name: str, text: str | None = None, **labels: str) -> float:
+        """One sample of ``text`` (a fresh page when None); 0 when missing."""
+        if text is None:
+            text = self.page()
         wanted = ",".join(f'{k}="{v}"' for k, v in labels.items())
         pattern = re.escape(f"{name}{{{wanted}}}" if labels else name) + r" ([0-9.e+]+)"
         found = re.search(pattern, text)
         return float(found.group(1)) if found else 0.0
+
+    def busy(self) -> bool:
+        """Whether a thread of the server is running or runnable (``R``) or in uninterruptible
+        I/O (``D``: an fsync of --state-dir), read from /proc: free for the server, unlike a
+        /metrics poll. A thread waiting for the GIL sleeps (``S``), but then another holds it."""
+        busy = False
+        with contextlib.suppress(OSError):
+            for task in os.scandir(f"/proc/{self.process.pid}/task"):
+                with contextlib.suppress(OSError):
+                    stat = Path(task.path, "stat").read_text()
+                    if stat[stat.rindex(")") + 2] in "RD":
+                        busy = True
+                        break
+        return busy
 
     def cpu_seconds(self) -> float:
         fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -589,31 +625,47 @@ def send_all(port: int, bodies: list[bytes], connections: int = 2) -> None:
 
 
 def ingest_run(server: Server, bodies: list[bytes], spans: int) -> tuple[float, float]:
-    """(wall seconds, server CPU seconds) to take and judge ``bodies``."""
-    duplicates = server.metric("loopguard_otlp_spans_total", result="duplicate")
-    before = server.metric("loopguard_otlp_spans_total", result="accepted")
+    """(wall seconds, server CPU seconds) from the first request until every span was fed to
+    the guard. Once the client got every answer (each request is answered once its spans are
+    queued), the server's threads are read from /proc every millisecond; when none ran for two
+    reads in a row the queue is checked on /metrics, and the run ended at the first idle read.
+    Polling /metrics while the queue drains would cost the server's core a few ms a poll, and
+    sleeping by an estimate of the work left overshot the end (see the module docstring)."""
+    page = server.page()
+    duplicates = server.metric("loopguard_otlp_spans_total", page, result="duplicate")
+    before = server.metric("loopguard_otlp_spans_total", page, result="accepted")
     cpu = server.cpu_seconds()
     started = time.perf_counter()
     client = threading.Thread(target=send_all, args=(server.port, bodies))
     client.start()
     client.join()
-    # Each poll makes the server build its whole /metrics page on the core it ingests on (a few
-    # ms): polling every 2 ms took a third of its CPU while it drained its queue. So sleep half
-    # the time the spans left should take at the rate since the last poll (2 ms to 0.5 s):
-    # about a dozen polls a run, the last ones 2 ms apart.
-    last = (started, 0.0)
+    idle_since: tuple[float, float] | None = None
+    last_page = time.perf_counter()
     while True:
-        accepted = server.metric("loopguard_otlp_spans_total", result="accepted") - before
-        queued = server.metric("loopguard_ingest_queue_spans")
-        if accepted >= spans and queued == 0:
-            break
-        now, done = time.perf_counter(), accepted - queued
-        rate = (done - last[1]) / max(now - last[0], 1e-3)
-        last = (now, done)
-        left = (spans - done) / rate if rate > 0 else 0.1
-        time.sleep(min(0.5, max(0.002, left / 2)))
-    wall, cpu = time.perf_counter() - started, server.cpu_seconds() - cpu
-    dropped = server.metric("loopguard_otlp_spans_total", result="duplicate") - duplicates
+        now = time.perf_counter()
+        if server.busy():
+            idle_since = None
+        elif idle_since is None:
+            idle_since = (now, server.cpu_seconds())
+        else:
+            page = server.page()  # idle twice: done, unless the queue still holds spans
+            last_page = time.perf_counter()
+            accepted = server.metric("loopguard_otlp_spans_total", page, result="accepted")
+            queued = server.metric("loopguard_ingest_queue_spans", page)
+            if accepted - before >= spans and queued == 0:
+                wall, cpu = idle_since[0] - started, idle_since[1] - cpu
+                break
+            idle_since = None
+        if now - last_page > 1.0:  # never seen idle for a second: /metrics then, as a fallback
+            page = server.page()
+            last_page = time.perf_counter()
+            accepted = server.metric("loopguard_otlp_spans_total", page, result="accepted")
+            queued = server.metric("loopguard_ingest_queue_spans", page)
+            if accepted - before >= spans and queued == 0:
+                wall, cpu = time.perf_counter() - started, server.cpu_seconds() - cpu
+                break
+        time.sleep(0.001)
+    dropped = server.metric("loopguard_otlp_spans_total", page, result="duplicate") - duplicates
     if dropped:
         print(
             f"warning: {server.variant.name} dropped {dropped:.0f} duplicate spans", file=sys.stderr
@@ -903,6 +955,10 @@ def measure(
         if "baseline" in walls:
             base = statistics.median(walls["baseline"])
             record(f"{name}: spans/s ratio to baseline", base / wall, "x", better="higher")
+            # CPU time a span is steadier than wall time on a loaded machine (other processes
+            # on the server's core stretch the wall time, barely its CPU time)
+            base_cpu = statistics.median(cpus_used["baseline"])
+            record(f"{name}: server CPU per span ratio to baseline", cpu / base_cpu, "x")
         print(
             f"\n{name}, median of {args.repeat} (rotating order; ratio = variant spans/s over"
             " current's):\n"
