@@ -61,7 +61,7 @@ def _required(record: Mapping[str, Any], name: str) -> Any:
 # Events: what a buffered trace gives, in the span processor's order
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # built per span: not frozen (4x the __init__), never set
 class RecordedSpan:
     """One finished span as a trace reader decoded it.
 

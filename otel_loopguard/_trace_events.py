@@ -26,7 +26,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # built per span: not frozen (4x the __init__), never set
 class SpanRef:
     """Where a call's tool span is in its trace: its ids, its parent's id (``None`` for a root)
     and whether that parent is in another process. What an entrance needs to put something
@@ -38,7 +38,7 @@ class SpanRef:
     parent_remote: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # built per span: not frozen (4x the __init__), never set
 class CallDecidedAtStart:
     """A tool call decided when its span started, because the span carried the arguments then
     (Pydantic AI). Fed to the guard's span-start decision, which counts it; the span's end comes
@@ -56,7 +56,7 @@ class CallDecidedAtStart:
     span: SpanRef | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # built per span: not frozen (4x the __init__), never set
 class CallObserved:
     """A tool call seen only once it had run (a tool span at its end), fed to ``after_tool``.
 
@@ -81,7 +81,7 @@ class CallObserved:
     without_arguments: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # built per span: not frozen (4x the __init__), never set
 class RunStarted:
     """An agent run started in a conversation (keyed by conversation only): as the span
     processor does at an agent span's start, fed to ``new_run`` (a new progress epoch)."""
@@ -91,7 +91,7 @@ class RunStarted:
     timestamp: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # built per span: not frozen (4x the __init__), never set
 class ModelUsed:
     """A model call's span ended with its usage (not yet checked: :func:`feed` checks it, a bad
     value being a counted skip), under the session and agent its turn's tool calls get. Fed to

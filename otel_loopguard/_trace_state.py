@@ -30,7 +30,7 @@ _MAX_DEPTH: Final = 1024
 _NO_ATTRIBUTES: Final[Mapping[str, object]] = {}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # built per span: not frozen (4x the __init__), never set
 class HeldTool:
     """What a buffered tool span keeps: its calls as decoded at start and at end."""
 
@@ -46,7 +46,7 @@ class HeldTool:
     ref: SpanRef
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # built per span: not frozen (4x the __init__), never set
 class HeldModel:
     """What a buffered model-call span keeps: its usage as read, and where it is."""
 

@@ -27,6 +27,7 @@ ids as the exemplars of the metrics it counted. Never the call's arguments or re
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Mapping
 from typing import Any, Final, TextIO
@@ -216,9 +217,14 @@ def _shown(value: object) -> str:
     """A field's value in a text line: as is, or as a JSON string when it has a space, ``=`` or
     ``"`` in it (so it cannot pass for further fields), or is empty."""
     text = str(value)
-    if not text or any(c.isspace() or c in '="' for c in text):
+    if not text or _QUOTED(text) is not None:
         return orjson.dumps(text).decode()
     return text
+
+
+#: What makes :func:`_shown` quote a value (``\s`` is ``str.isspace``: both are
+#: ``Py_UNICODE_ISSPACE``); one search instead of a test per character.
+_QUOTED: Final = re.compile(r'[\s="]').search
 
 
 def wants_allow_lines() -> bool:

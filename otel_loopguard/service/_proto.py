@@ -21,7 +21,8 @@ costs ten times the protobuf parse itself, so a request is read in three steps:
    factored as a trie (:func:`_trie`): ``re`` then rejects most positions on one byte.
 3. A candidate becomes a :class:`~otel_loopguard._otlp_json.RecordedSpan` with every attribute
    and event: its attributes read from their ``KeyValue`` bytes when each is written key then
-   value, once (:func:`_fast_attributes`: no message built per attribute), its events and
+   value, once (:func:`_fast_attributes`: no message built per attribute; the same bytes seen
+   before give the same key and value from a bounded cache, :data:`_PAIRS`), its events and
    status by the runtime. A span in any other shape (or a bad one) is parsed again as a real
    ``opentelemetry.proto.trace.v1.Span``, as every candidate was before, and gives the same
    attributes (or names the same problem).
@@ -351,13 +352,31 @@ def _string_array(data: bytes, at: int, end: int) -> tuple[str, ...] | None:
     return tuple(items)
 
 
+#: ``KeyValue`` encodings already read, and what they gave: most attributes of the spans that
+#: can matter repeat exactly from span to span (operation, provider, model, server, tool name
+#: and type, token counts), so one dict lookup replaces reading them again. Only pairs of at
+#: most :data:`_CACHED_PAIR_BYTES` whose value is immutable (text, a number, a bool, a tuple of
+#: text) are kept, at most :data:`_CACHED_PAIRS` of them (then the cache starts over). Shared
+#: by the decoding threads: a lost race only reads a pair once more.
+_PAIRS: Final[dict[bytes, tuple[str, object]]] = {}
+_CACHED_PAIRS: Final = 4096
+_CACHED_PAIR_BYTES: Final = 256
+_IMMUTABLE: Final = frozenset((str, int, float, bool))
+
+
 def _fast_attributes(pairs: Iterable[bytes]) -> dict[str, object]:
     """``KeyValue`` encodings as :func:`_attributes` reads the messages: each ``key`` then
     ``value``, once, in field order (what every encoder writes) is read here without building
-    a message per attribute. ``ValueError``/``IndexError`` on any other shape, for the caller
-    to read the span the general way (which also names the problem of a span that is bad)."""
+    a message per attribute (or taken from :data:`_PAIRS`). ``ValueError``/``IndexError`` on
+    any other shape, for the caller to read the span the general way (which also names the
+    problem of a span that is bad)."""
     attributes: dict[str, object] = {}
+    known = _PAIRS.get
     for pair in pairs:
+        hit = known(pair)
+        if hit is not None:
+            attributes[hit[0]] = hit[1]
+            continue
         end = len(pair)
         if pair[0] != 0x0A:
             raise ValueError("KeyValue.key first")
@@ -384,11 +403,19 @@ def _fast_attributes(pairs: Iterable[bytes]) -> dict[str, object]:
                 size, start = _read_varint(pair, at + 1)
             if start + size != end:
                 raise ValueError("not one string_value")
-            attributes[key] = pair[start:end].decode()  # UnicodeDecodeError: a ValueError
-            continue
-        decoded = _any_value(pair, at, end)
-        if decoded is not None:
-            attributes[key] = decoded
+            decoded: object = pair[start:end].decode()  # UnicodeDecodeError: a ValueError
+        else:
+            decoded = _any_value(pair, at, end)
+            if decoded is None:
+                continue
+        attributes[key] = decoded
+        if end <= _CACHED_PAIR_BYTES and (
+            type(decoded) in _IMMUTABLE
+            or (type(decoded) is tuple and all(type(item) is str for item in decoded))
+        ):
+            if len(_PAIRS) >= _CACHED_PAIRS:
+                _PAIRS.clear()
+            _PAIRS[pair] = (key, decoded)
     return attributes
 
 
