@@ -373,11 +373,12 @@ def _fast_attributes(pairs: Iterable[bytes]) -> dict[str, object]:
     attributes: dict[str, object] = {}
     known = _PAIRS.get
     for pair in pairs:
-        hit = known(pair)
-        if hit is not None:
-            attributes[hit[0]] = hit[1]
-            continue
         end = len(pair)
+        if end <= _CACHED_PAIR_BYTES:  # a longer pair is never kept: not hashed for nothing
+            hit = known(pair)
+            if hit is not None:
+                attributes[hit[0]] = hit[1]
+                continue
         if pair[0] != 0x0A:
             raise ValueError("KeyValue.key first")
         size = pair[1]
@@ -409,14 +410,19 @@ def _fast_attributes(pairs: Iterable[bytes]) -> dict[str, object]:
             if decoded is None:
                 continue
         attributes[key] = decoded
-        if end <= _CACHED_PAIR_BYTES and (
-            type(decoded) in _IMMUTABLE
-            or (type(decoded) is tuple and all(type(item) is str for item in decoded))
-        ):
-            if len(_PAIRS) >= _CACHED_PAIRS:
-                _PAIRS.clear()
-            _PAIRS[pair] = (key, decoded)
+        if end <= _CACHED_PAIR_BYTES:
+            _keep(pair, key, decoded)
     return attributes
+
+
+def _keep(pair: bytes, key: str, value: object) -> None:
+    """Put a short pair read in full into :data:`_PAIRS` when its value is immutable."""
+    if type(value) in _IMMUTABLE or (
+        type(value) is tuple and all(type(item) is str for item in value)
+    ):
+        if len(_PAIRS) >= _CACHED_PAIRS:
+            _PAIRS.clear()
+        _PAIRS[pair] = (key, value)
 
 
 def _value_field(pair: bytes, at: int) -> tuple[int, int]:
