@@ -18,7 +18,7 @@ import logging
 import math
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Final
 
 from ._defaults import wildcard_regex
@@ -126,6 +126,44 @@ class ModelUsage:
         """The usage of these values; ``ValueError`` naming the field for a count that is not a
         whole number from 0 to :data:`MAX_TOKENS_PER_CALL`, cache counts above the input, or a
         reported cost that is not a finite number >= 0."""
+        if (
+            type(input_tokens) is int
+            and type(output_tokens) is int
+            and type(cache_read_tokens) is int
+            and type(cache_write_tokens) is int
+            and reported_cost_usd is None
+            and 0 <= output_tokens <= MAX_TOKENS_PER_CALL
+            and cache_read_tokens >= 0
+            and cache_write_tokens >= 0
+            and cache_read_tokens + cache_write_tokens <= input_tokens <= MAX_TOKENS_PER_CALL
+        ):
+            # The usual case (plain ints in range, no reported cost), checked at once: what the
+            # general checks below accept unchanged, so the same usage.
+            model = str(model) if model is not None else None
+            provider = str(provider) if provider is not None else None
+            if cls is not ModelUsage:
+                return cls(
+                    model,
+                    provider,
+                    input_tokens,
+                    output_tokens,
+                    cache_read_tokens,
+                    cache_write_tokens,
+                )
+            # Made as the dataclass's __init__ makes it, each field set through its slot's
+            # descriptor rather than object.__setattr__ (half the cost).
+            usage = _new_object(cls)
+            model_slot, provider_slot, input_slot, output_slot, read_slot, write_slot, cost_slot = (
+                _USAGE_SLOTS
+            )
+            model_slot(usage, model)
+            provider_slot(usage, provider)
+            input_slot(usage, input_tokens)
+            output_slot(usage, output_tokens)
+            read_slot(usage, cache_read_tokens)
+            write_slot(usage, cache_write_tokens)
+            cost_slot(usage, None)
+            return usage
         counts = {
             name: _count(name, value)
             for name, value in zip(
@@ -158,6 +196,13 @@ class ModelUsage:
     def tokens(self) -> int:
         """Every token of the call: its input (cached ones included) and its output."""
         return self.input_tokens + self.output_tokens
+
+
+_new_object: Final = object.__new__
+#: The setters of :class:`ModelUsage`'s slots, in field order (:meth:`ModelUsage.checked`).
+_USAGE_SLOTS: Final[tuple[Any, ...]] = tuple(
+    ModelUsage.__dict__[field.name].__set__ for field in fields(ModelUsage)
+)
 
 
 def _per_million(name: str, value: object, optional: bool) -> float | None:

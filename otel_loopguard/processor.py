@@ -62,10 +62,15 @@ from ._conventions import (
     SpanToolCall,
     may_be_model_span,
     may_be_tool_span,
-    may_matter_at_end,
     may_request_calls,
     model_call_from_span,
 )
+from ._conventions._gates import (
+    END_GATE_KEYS,
+    END_GATE_OPERATIONS,
+    name_may_matter_at_end,
+)
+from ._conventions._keys import GEN_AI_OPERATION_NAME as _OPERATION
 from ._decision_spans import DECISION_EVENT as DECISION_EVENT
 from ._decision_spans import SCOPE_NAME as SCOPE_NAME
 from ._decision_spans import DecisionSpans
@@ -116,6 +121,30 @@ _MAX_CONCLUDED: Final = 1024
 # An open span as the processor tracks it (see the module docstring): a weak reference, one
 # fixed-size object made in C, so tracking costs about a dict insert.
 _track: Final = weakref.ref
+
+#: Span names known to be plain: no name gate at a span's end opens for one
+#: (:func:`name_may_matter_at_end`) and no agent run or tool span starts with one
+#: (:data:`START_NAME_PREFIXES`). A name decides nothing alone (the attributes are tested too):
+#: this answers the name's part of both tests with one set lookup. Learned by
+#: :func:`_plain_name`, emptied when it holds :data:`_MAX_PLAIN_NAMES` (names of unbounded
+#: cardinality then cost a test each, as without it). Shared by every processor: the tests are
+#: the tables', the same for all.
+_PLAIN_NAMES: Final[set[str]] = set()
+_MAX_PLAIN_NAMES: Final = 4096
+
+
+def _plain_name(name: object) -> bool:
+    """Whether no name gate at a span's end opens for ``name`` (``False`` for a name that is
+    not a ``str``: the exact tests decide); remembered in :data:`_PLAIN_NAMES` when no agent
+    run or tool span starts with it either. Never raises."""
+    if type(name) is not str or name_may_matter_at_end(name):
+        return False
+    if name[:4] not in START_NAME_PREFIXES:
+        plain = _PLAIN_NAMES
+        if len(plain) >= _MAX_PLAIN_NAMES:
+            plain.clear()
+        plain.add(name)
+    return True
 
 
 def current_decision() -> Decision | None:
@@ -192,6 +221,9 @@ class LoopGuardSpanProcessor(RequestLedger, DecisionSpans, SpanProcessor):
         ):
             raise ValueError(f"span_ttl_seconds: expected a number > 0, got {span_ttl_seconds!r}")
         self.guard = guard if guard is not None else LoopGuard()
+        # Tool names with a kept requested call (the guard's early table, never replaced):
+        # read at every span's start.
+        self._early_tools = self.guard.early.tools
         self.capture_arguments = bool(capture_arguments)
         if not isinstance(decide_requests, bool):
             raise ValueError(f"decide_requests: expected true or false, got {decide_requests!r}")
@@ -251,18 +283,23 @@ class LoopGuardSpanProcessor(RequestLedger, DecisionSpans, SpanProcessor):
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         """Called on the thread starting ``span``; must not block or raise."""
         try:
-            context = span.get_span_context()
-            if context is None:
-                return
+            try:  # the SDK span's own fields: its properties cost more than a plain span's rest
+                span_id = span._context[1]  # type: ignore[index] # a tuple; .span_id: a property
+                name = span._name
+            except Exception:  # not the SDK's span: its public API
+                context = span.get_span_context()
+                if context is None:
+                    return
+                span_id, name = context.span_id, span.name
             opened = self._open
-            opened[context.span_id] = _track(span)
-            name = span.name
-            if name[:4] in START_NAME_PREFIXES:
-                self._start(span, name, context.span_id, context.trace_id)
-            elif self.guard.early.tools:  # calls a model requested wait for their tool spans
-                self._claim(span, name, context.span_id, context.trace_id, None)
-            # After _start: pruning also forgets what _start kept for a span it drops (even this
-            # one, when its start time is already older than the TTL).
+            opened[span_id] = _track(span)
+            if name in _PLAIN_NAMES or name[:4] not in START_NAME_PREFIXES:
+                if self._early_tools:  # calls a model requested wait for their tool spans
+                    self._claim(span, name, span_id, span.get_span_context().trace_id, None)
+            else:  # may be an agent run, or a tool span with its arguments already set
+                self._start(span, name, span_id, span.get_span_context().trace_id)
+            # After _start and _claim: pruning also forgets what they kept for a span it drops
+            # (even this one, when its start time is already older than the TTL).
             if len(opened) > self._max_spans:
                 self._prune()
         except Exception as exc:  # the SDK does not catch processor errors
@@ -271,41 +308,77 @@ class LoopGuardSpanProcessor(RequestLedger, DecisionSpans, SpanProcessor):
     def on_end(self, span: ReadableSpan) -> None:
         """Called on the thread ending ``span``; must not block or raise."""
         try:
-            context = span.get_span_context()
-            if context is None:
-                return
-            span_id = context.span_id
-            tracked = self._open.pop(span_id, None)
-            name = span.name
-            try:  # span_attributes(span), inline: every span the application ends comes here
+            try:  # the SDK span's own fields, as on_start, and its attributes' inner dict
+                span_id = span._context[1]  # type: ignore[index]
+                name = span._name
                 attributes = span._attributes._dict  # type: ignore[union-attr]
                 if attributes.__class__ is not dict:
                     attributes = span_attributes(span)
-            except AttributeError:
-                attributes = span_attributes(span)
+            except Exception:  # not the SDK's span: its public API
+                context = span.get_span_context()
+                if context is None:
+                    return
+                span_id, name, attributes = context.span_id, span.name, span_attributes(span)
             # Most spans end here: not decided or claimed at start, and no reader at the end
-            # (tool, model usage, requested calls) can answer anything for them.
-            if span_id not in self._started and not may_matter_at_end(name, attributes):
-                return
-            # A tool span decided at its start (not merely claiming a requested call) is a tool
-            # span: its end skips the gate.
+            # (tool, model usage, requested calls) can answer anything for them. This is
+            # may_matter_at_end, inline (a call costs as much as the test), its name's part
+            # answered by _PLAIN_NAMES; test_processor_plain_spans checks that both agree.
+            started = self._started
             if (
-                (span_id in self._started and span_id not in self._claimed)
-                or may_be_tool_span(name, attributes)
-            ) and self._end(span, name, attributes, span_id, context.trace_id, tracked):
-                return
-            if self._claimed and span_id in self._claimed:
-                self._unclaim(span_id)  # it started like a requested call's tool span; it was not
-            model = None
-            usage = may_be_model_span(attributes)  # a few dict lookups; most spans end here
-            if usage:
-                model = model_call_from_span(name, attributes)
-                if model is not None:
-                    self._model_end(model, span, context.trace_id, attributes)
-            if self.decide_requests and may_request_calls(attributes, usage):
-                self._requested(span, name, attributes, context.trace_id, model, tracked)
+                (not started or span_id not in started)
+                and END_GATE_KEYS.isdisjoint(attributes)
+                and (
+                    _OPERATION not in attributes
+                    or (
+                        (operation := attributes[_OPERATION]).__class__ is str
+                        and operation not in END_GATE_OPERATIONS
+                    )
+                )
+            ):
+                try:
+                    plain = name in _PLAIN_NAMES or _plain_name(name)
+                except TypeError:  # an unhashable name: the exact tests decide
+                    plain = False
+                if plain:
+                    try:
+                        del self._open[span_id]
+                    except KeyError:  # not tracked: started before this processor, or pruned
+                        pass
+                    return
+            tracked = self._open.pop(span_id, None)
+            context = span.get_span_context()
+            if context is not None:
+                self._ended(span, name, attributes, span_id, context.trace_id, tracked)
         except Exception as exc:
             self.guard.report_internal_error("span_processor.on_end", exc)
+
+    def _ended(
+        self,
+        span: ReadableSpan,
+        name: str,
+        attributes: Mapping[str, Any],
+        span_id: int,
+        trace_id: int,
+        tracked: weakref.ref[Span] | None,
+    ) -> None:
+        """A span that may matter has ended (on_end, past its gate)."""
+        # A tool span decided at its start (not merely claiming a requested call) is a tool
+        # span: its end skips the gate.
+        if (
+            (span_id in self._started and span_id not in self._claimed)
+            or may_be_tool_span(name, attributes)
+        ) and self._end(span, name, attributes, span_id, trace_id, tracked):
+            return
+        if self._claimed and span_id in self._claimed:
+            self._unclaim(span_id)  # it started like a requested call's tool span; it was not
+        model = None
+        usage = may_be_model_span(attributes)  # a few dict lookups; most spans end here
+        if usage:
+            model = model_call_from_span(name, attributes)
+            if model is not None:
+                self._model_end(model, span, trace_id, attributes)
+        if self.decide_requests and may_request_calls(attributes, usage):
+            self._requested(span, name, attributes, trace_id, model, tracked)
 
     def shutdown(self) -> None:
         """Forget all bookkeeping and stop the guard's advisor worker."""

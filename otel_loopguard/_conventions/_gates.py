@@ -18,7 +18,12 @@ from ._keys import GEN_AI_OPERATION_NAME
 from ._requested import REQUEST_GATE_KEYS
 from ._usage import MODEL_SPAN_KEYS
 
-__all__ = ["END_GATE_KEYS", "may_matter_at_end"]
+__all__ = [
+    "END_GATE_KEYS",
+    "END_GATE_OPERATIONS",
+    "may_matter_at_end",
+    "name_may_matter_at_end",
+]
 
 #: Tool-gate keys tested by value rather than by presence: present on every GenAI span (model
 #: and agent spans too), so their presence alone would open the check for most of them.
@@ -34,9 +39,16 @@ END_GATE_KEYS: Final = frozenset(
 )
 
 _GATES: Final = dict(_TOOLS.attribute_gates)
-_OPERATION_VALUES: Final = frozenset(_GATES.get(GEN_AI_OPERATION_NAME, {}))
+#: The values of :data:`_BY_VALUE`'s key (``gen_ai.operation.name``) that open the tool gate.
+END_GATE_OPERATIONS: Final = frozenset(_GATES.get(GEN_AI_OPERATION_NAME, {}))
 _NAMES: Final = frozenset(_TOOLS.name_bits)
 _PREFIXES: Final = _TOOLS.prefixes
+
+
+def name_may_matter_at_end(name: str) -> bool:
+    """The name's part of :func:`may_matter_at_end`: whether ``name`` passes a tool name gate
+    (a whole name or a prefix). A ``str`` only."""
+    return name in _NAMES or name.startswith(_PREFIXES)
 
 
 def may_matter_at_end(name: str, attributes: Mapping[str, object]) -> bool:
@@ -51,9 +63,9 @@ def may_matter_at_end(name: str, attributes: Mapping[str, object]) -> bool:
             return True
         operation = attributes.get(GEN_AI_OPERATION_NAME)
         if operation is not None and (
-            operation.__class__ is not str or operation in _OPERATION_VALUES
+            operation.__class__ is not str or operation in END_GATE_OPERATIONS
         ):
             return True
-        return name in _NAMES or name.startswith(_PREFIXES)
+        return name_may_matter_at_end(name)
     except Exception:  # not a str name, not a mapping: let the exact gates answer
         return True
