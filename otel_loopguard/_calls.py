@@ -250,6 +250,22 @@ def canonical_json(value: object) -> bytes:
     return data
 
 
+def canonical_and_key(tool: str, value: object) -> tuple[bytes, str]:
+    """``canonical_json(value)`` and :func:`args_key` of ``tool`` and it, in one call: the guard
+    keys every call with this (the same bytes and key as the two, written out here since two
+    calls cost a tenth of the rest)."""
+    try:
+        canonical = orjson.dumps(value, option=_SORT)
+    except (TypeError, orjson.JSONEncodeError, RecursionError):
+        canonical = canonical_json(value)
+    else:
+        if b"null" in canonical:
+            canonical = canonical_json(value)  # NaN or an infinity, maybe: see canonical_json
+    return canonical, xxh3_128_hexdigest(
+        tool.encode("utf-8", "surrogatepass") + _SEPARATOR + canonical
+    )
+
+
 def _has_non_finite(value: object, depth: int) -> bool:
     if isinstance(value, float):
         return not math.isfinite(value)

@@ -22,9 +22,8 @@ from ._calls import (
     MAX_ID_CHARS,
     MAX_TOOL_NAME_CHARS,
     SIGNATURE_CHARS,
-    args_key,
+    canonical_and_key,
     canonical_arguments,
-    canonical_json,
     outcome_key,
     tool_name,
 )
@@ -190,10 +189,17 @@ class GuardCore(SpendKeeping):
         pending; ``None`` for an attempt about to run."""
         name = tool if type(tool) is str and len(tool) <= MAX_TOOL_NAME_CHARS else tool_name(tool)
         if ran is None:
-            known = self._key_call(name, arguments)
-            if known is None:
+            # _key_call, written out (this runs for every call)
+            ignored = self._ignored
+            value: object
+            if type(arguments) is dict and ignored.isdisjoint(arguments):
+                value = arguments
+            else:
+                value = canonical_arguments(arguments, ignored)
+            tracked, mutating = self._classifier.classify(name, value)
+            if not tracked:
                 return ALLOW
-            mutating, canonical, key = known
+            canonical, key = canonical_and_key(name, value)
         else:
             mutating, canonical, key = ran.mutating, ran.canonical, ran.key
         store_key: object
@@ -219,12 +225,10 @@ class GuardCore(SpendKeeping):
         if evictions:
             for reason in evictions:
                 recorder.evicted(reason)
-        recorder.tool_call(aid, name, repeated)
+        if type(recorder) is not NoopRecorder:  # (no call at all without metrics)
+            recorder.tool_call(aid, name, repeated)
         if moved is not None:
-            self._spent_in_loop(aid, moved)
-            if (moved[0] or moved[1]) and state.spend is not None and state.spend.ancestors:
-                # A sub-agent's turn spent in a loop: in each ancestor's loop total too.
-                self.charge_ancestors(sid, state.spend.ancestors, moved[0], moved[1], loop=True)
+            self._moved(state, sid, aid, moved)
         if newly_stopped:
             self.reporter.stopped(step, aid, name)
         if ran is not None and repeated and ran.duration_seconds:
@@ -235,6 +239,13 @@ class GuardCore(SpendKeeping):
         if spent is not None:
             call.loop, call.run = spent
         return self._decided(step, repeated, post, rescue, call, wait_for_advice)
+
+    def _moved(self, state: SessionState, sid: str, aid: str | None, moved: Moved) -> None:
+        """Off the lock: what a counted attempt moved into loop spend, in the metrics."""
+        self._spent_in_loop(aid, moved)
+        if (moved[0] or moved[1]) and state.spend is not None and state.spend.ancestors:
+            # A sub-agent's turn spent in a loop: in each ancestor's loop total too.
+            self.charge_ancestors(sid, state.spend.ancestors, moved[0], moved[1], loop=True)
 
     def _decided(
         self,
@@ -458,11 +469,24 @@ class GuardCore(SpendKeeping):
                     pending = state.take_pending(known_key)
                     if pending is not None and ref is None:
                         # Reported without an id: a second report of it (the span's, or the
-                        # hook's) is matched by its arguments and adds nothing.
-                        waiting = awaits(pending, outcome)
+                        # hook's) is matched by its arguments and adds nothing. (A known
+                        # outcome awaits nothing: see awaits.)
+                        waiting = outcome is None and awaits(pending, outcome)
                         self._settled.settle(store_key, known_key, known_key, waiting)
                 if pending is not None:
-                    post = self._apply_outcome(state, pending, done)  # type: ignore[arg-type]
+                    if (
+                        outcome is not None
+                        and error is not True
+                        and not pending.mutating
+                        and not pending.blocked
+                        and state.trail is None  # type: ignore[union-attr]
+                    ):
+                        # The common case, what _apply_outcome and _ran come to: a known
+                        # outcome that is no failure, of a call that changes nothing, is
+                        # recorded and concludes nothing.
+                        state.record_outcome(pending.args_key, outcome)  # type: ignore[union-attr]
+                    else:
+                        post = self._apply_outcome(state, pending, done)  # type: ignore[arg-type]
         if settled is not None:
             return True, self._late_decision(early, tool, settled[0], session, agent)
         if pending is None:
@@ -547,8 +571,8 @@ class GuardCore(SpendKeeping):
         tracked, mutating = self._classifier.classify(name, value)
         if not tracked:
             return None
-        canonical = canonical_json(value)
-        return mutating, canonical, args_key(name, canonical)
+        canonical, key = canonical_and_key(name, value)
+        return mutating, canonical, key
 
     def _apply_outcome(self, state: SessionState, pending: Pending, done: Outcome) -> Step | None:
         if pending.blocked:

@@ -9,7 +9,7 @@ from enum import Enum
 from typing import Final
 
 from ._memory import Recalled
-from ._record import FrozenRecord
+from ._record import FrozenRecord, slot_setters
 from ._rules import Overspent
 from .config import Rule
 
@@ -98,20 +98,20 @@ class Decision(FrozenRecord):
         loop_tokens: int | None = None,
         loop_cost_usd: float | None = None,
     ) -> None:
-        object.__setattr__(self, "action", action)
-        object.__setattr__(self, "message", message)
-        object.__setattr__(self, "rule", rule)
-        object.__setattr__(self, "count", count)
-        object.__setattr__(self, "threshold", threshold)
-        object.__setattr__(self, "signature", signature)
-        object.__setattr__(self, "tool", tool)
-        object.__setattr__(self, "session", session)
-        object.__setattr__(self, "repeated", repeated)
-        object.__setattr__(self, "detected", detected)
-        object.__setattr__(self, "hash_prefix", hash_prefix)
-        object.__setattr__(self, "phase", phase)
-        object.__setattr__(self, "loop_tokens", loop_tokens)
-        object.__setattr__(self, "loop_cost_usd", loop_cost_usd)
+        _D_ACTION(self, action)
+        _D_MESSAGE(self, message)
+        _D_RULE(self, rule)
+        _D_COUNT(self, count)
+        _D_THRESHOLD(self, threshold)
+        _D_SIGNATURE(self, signature)
+        _D_TOOL(self, tool)
+        _D_SESSION(self, session)
+        _D_REPEATED(self, repeated)
+        _D_DETECTED(self, detected)
+        _D_HASH_PREFIX(self, hash_prefix)
+        _D_PHASE(self, phase)
+        _D_LOOP_TOKENS(self, loop_tokens)
+        _D_LOOP_COST_USD(self, loop_cost_usd)
 
     @property
     def blocks(self) -> bool:
@@ -119,6 +119,24 @@ class Decision(FrozenRecord):
         the run must end (a stop)."""
         return self.action in BLOCKING_ACTIONS
 
+
+# (Bound once: see _record.slot_setters.)
+(
+    _D_ACTION,
+    _D_MESSAGE,
+    _D_RULE,
+    _D_COUNT,
+    _D_THRESHOLD,
+    _D_SIGNATURE,
+    _D_TOOL,
+    _D_SESSION,
+    _D_REPEATED,
+    _D_DETECTED,
+    _D_HASH_PREFIX,
+    _D_PHASE,
+    _D_LOOP_TOKENS,
+    _D_LOOP_COST_USD,
+) = slot_setters(Decision)
 
 #: The decision for untracked calls and for every internal fallback.
 ALLOW: Final = Decision(Action.ALLOW)
@@ -181,19 +199,34 @@ class Step(FrozenRecord):
         over: Overspent | None = None,
         recalled: Recalled | None = None,
     ) -> None:
-        object.__setattr__(self, "action", action)
-        object.__setattr__(self, "rule", rule)
-        object.__setattr__(self, "count", count)
-        object.__setattr__(self, "threshold", threshold)
-        object.__setattr__(self, "detailed", detailed)
-        object.__setattr__(self, "polling", polling)
-        object.__setattr__(self, "denials", denials)
-        object.__setattr__(self, "failures", failures)
-        object.__setattr__(self, "refused", refused)
-        object.__setattr__(self, "deny_threshold", deny_threshold)
-        object.__setattr__(self, "over", over)
-        object.__setattr__(self, "recalled", recalled)
+        _S_ACTION(self, action)
+        _S_RULE(self, rule)
+        _S_COUNT(self, count)
+        _S_THRESHOLD(self, threshold)
+        _S_DETAILED(self, detailed)
+        _S_POLLING(self, polling)
+        _S_DENIALS(self, denials)
+        _S_FAILURES(self, failures)
+        _S_REFUSED(self, refused)
+        _S_DENY_THRESHOLD(self, deny_threshold)
+        _S_OVER(self, over)
+        _S_RECALLED(self, recalled)
 
+
+(
+    _S_ACTION,
+    _S_RULE,
+    _S_COUNT,
+    _S_THRESHOLD,
+    _S_DETAILED,
+    _S_POLLING,
+    _S_DENIALS,
+    _S_FAILURES,
+    _S_REFUSED,
+    _S_DENY_THRESHOLD,
+    _S_OVER,
+    _S_RECALLED,
+) = slot_setters(Step)
 
 #: The step of a call nothing repeats (the guard's common case skips :func:`climb` with it).
 ALLOW_STEP: Final = Step(Action.ALLOW)

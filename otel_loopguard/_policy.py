@@ -397,21 +397,21 @@ def decide(
         else message_for(step, tool, canonical, policy, advice, action, spent=spent, run=run)
     )
     blocks = phase is not _PHASE_POST and action in BLOCKING_ACTIONS
-    return Decision(
-        action=action,
-        message=message,
-        rule=step.rule,
-        count=step.count,
-        threshold=step.threshold,
-        signature=key[:SIGNATURE_CHARS],
-        tool=tool,
-        session=session,
-        repeated=repeated,
-        detected=step.action,
-        hash_prefix=_hash_prefix(tool, canonical) if blocks else "",
-        phase=phase,
-        loop_tokens=loop_tokens,
-        loop_cost_usd=loop_cost_usd,
+    return Decision(  # (by position: this runs for every repeat)
+        action,
+        message,
+        step.rule,
+        step.count,
+        step.threshold,
+        key[:SIGNATURE_CHARS],
+        tool,
+        session,
+        repeated,
+        step.action,
+        _hash_prefix(tool, canonical) if blocks else "",
+        phase,
+        loop_tokens,
+        loop_cost_usd,
     )
 
 

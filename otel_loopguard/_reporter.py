@@ -13,7 +13,7 @@ from typing import Any, Final
 from ._policy import Action, Decision, Phase, Step, arguments_preview
 from ._triplog import TripLog
 from .config import Policy, Rule
-from .metrics import Recorder
+from .metrics import NoopRecorder, Recorder
 from .metrics._spec import NO_RULE
 
 __all__ = ["Reporter", "TripLine"]
@@ -129,12 +129,14 @@ class Reporter:
         """A decision that detected more than an allow: count it (``loopguard_decisions_total``,
         by what was detected), and, after the call ran (``post``), the run's stop; then its trip
         line (``canonical``: the arguments, ``None`` to leave them out)."""
-        detected = decision.detected
-        rule = _RULE_VALUES[decision.rule] if decision.rule else NO_RULE
-        self.recorder.decision(agent, decision.tool, rule, _ACTION_VALUES[detected], decision.count)
-        if decision.phase is Phase.POST and detected is Action.STOP:
-            # Concluded only for a run not stopped yet: its first stop.
-            self.recorder.stopped_run(agent, decision.tool, rule)
+        recorder = self.recorder
+        if type(recorder) is not NoopRecorder:  # (nothing to count without metrics)
+            detected = decision.detected
+            rule = _RULE_VALUES[decision.rule] if decision.rule else NO_RULE
+            recorder.decision(agent, decision.tool, rule, _ACTION_VALUES[detected], decision.count)
+            if decision.phase is Phase.POST and detected is Action.STOP:
+                # Concluded only for a run not stopped yet: its first stop.
+                recorder.stopped_run(agent, decision.tool, rule)
         if self.trip_log is not None:
             self.write(self.trip_line(decision, agent, canonical, kind))
 

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from enum import Enum
 from typing import Final, Protocol
 
-from ._record import FrozenRecord
+from ._record import FrozenRecord, slot_setters
 from ._spend import Spent
 from .config import Policy, Rule
 
@@ -70,9 +70,9 @@ class Verdict(FrozenRecord):
         count: int,
         refused: int = 0,
     ) -> None:
-        object.__setattr__(self, "rule", rule)
-        object.__setattr__(self, "count", count)
-        object.__setattr__(self, "refused", refused)
+        _V_RULE(self, rule)
+        _V_COUNT(self, count)
+        _V_REFUSED(self, refused)
 
     @property
     def attempts(self) -> int:
@@ -80,6 +80,9 @@ class Verdict(FrozenRecord):
         this one too. It grows by one with each repeat (until the evidence is reset: a new
         result, a new epoch)."""
         return self.count + self.refused
+
+
+_V_RULE, _V_COUNT, _V_REFUSED = slot_setters(Verdict)  # bound once (see _record)
 
 
 class SignatureHistory(Protocol):
