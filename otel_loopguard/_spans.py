@@ -168,6 +168,12 @@ def ancestor_keys(
     return tuple(found)
 
 
+#: Session keys by (trace id, agent span id or None): :func:`session_for` formats each once.
+#: Emptied when full; a racing thread formats the same text, so no lock.
+_SESSIONS: Final[dict[tuple[int, int | None], str]] = {}
+_MAX_SESSIONS: Final = 4096
+
+
 def _agent_label(call: SpanToolCall | SpanModelCall, frame: AgentFrame | None) -> str | None:
     # The agent span's name first: a hook asking from inside that agent's span gets the same
     # key without knowing what the tool span will carry.
@@ -202,7 +208,14 @@ def session_for(
         )
         if conversation:
             return conversation, agent
-    session = f"{trace_id:032x}"
-    if frame is not None:
-        session = f"{session}/{frame.span_id:016x}"
+    # "<trace id hex>[/<agent span id hex>]", formatted once per trace and agent span.
+    key = (trace_id, frame.span_id if frame is not None else None)
+    session = _SESSIONS.get(key)
+    if session is None:
+        session = f"{trace_id:032x}"
+        if frame is not None:
+            session = f"{session}/{frame.span_id:016x}"
+        if len(_SESSIONS) >= _MAX_SESSIONS:
+            _SESSIONS.clear()
+        _SESSIONS[key] = session
     return session, agent
