@@ -244,7 +244,8 @@ def canonical_json(value: object) -> bytes:
         data = orjson.dumps(value, option=_SORT)
     except (TypeError, orjson.JSONEncodeError, RecursionError):
         return orjson.dumps(_normalise(value, 0), option=_SORT)
-    if b"null" in data and _has_non_finite(value, 0):
+    # (find, not ``in``: bytes' ``in`` tries the needle as an int first and clears a TypeError.)
+    if data.find(b"null") >= 0 and _has_non_finite(value, 0):
         # orjson writes NaN/inf as null; take the slow path so they stay distinct.
         return orjson.dumps(_normalise(value, 0), option=_SORT)
     return data
@@ -259,7 +260,7 @@ def canonical_and_key(tool: str, value: object) -> tuple[bytes, str]:
     except (TypeError, orjson.JSONEncodeError, RecursionError):
         canonical = canonical_json(value)
     else:
-        if b"null" in canonical:
+        if canonical.find(b"null") >= 0:
             canonical = canonical_json(value)  # NaN or an infinity, maybe: see canonical_json
     return canonical, xxh3_128_hexdigest(
         tool.encode("utf-8", "surrogatepass") + _SEPARATOR + canonical

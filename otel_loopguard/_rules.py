@@ -255,11 +255,6 @@ def _passed(
     return None
 
 
-# Tie-break between signature rules of equal count: the most specific explanation wins
-# ("in a row" says more than "with the same result", which says more than "recently").
-_PREFERENCE = {Rule.CONSECUTIVE: 0, Rule.NO_PROGRESS: 1, Rule.WINDOW: 2}
-
-
 def evaluate(
     history: History, key: str, policy: Policy
 ) -> tuple[Verdict | None, Verdict | None, Verdict | None]:
@@ -287,19 +282,28 @@ def evaluate(
     ):
         stalled = stall(history, key, policy.stall_threshold) if _STALL in rules else None
         return None, None, stalled
-    best: Verdict | None = None
-    stuck = no_progress(history, key) if _NO_PROGRESS in rules else None
-    candidates = (
-        consecutive(history, key) if _CONSECUTIVE in rules else None,
-        stuck,
-        window(history, key, policy.window_size) if _WINDOW in rules else None,
-    )
-    for verdict in candidates:
-        if verdict is not None and (
-            best is None
-            or verdict.count > best.count
-            or (verdict.count == best.count and _PREFERENCE[verdict.rule] < _PREFERENCE[best.rule])
-        ):
-            best = verdict
-    stalled = stall(history, key, policy.stall_threshold) if _STALL in rules else None
+    # The rules below written out, the signature looked up once and a verdict built only for
+    # the winner (this runs for every repeat): no_progress, consecutive, window, stall.
+    stuck = None
+    if _NO_PROGRESS in rules and signature.last_outcome is not None:
+        stuck = Verdict(_NO_PROGRESS, signature.same_outcomes + 1, signature.refused)
+    # The strongest: the highest count; on a tie the most specific explanation wins ("in a
+    # row" says more than "with the same result", which says more than "recently").
+    run = history.run_length + 1 if _CONSECUTIVE in rules and history.last_key == key else 0
+    best = stuck if stuck is not None and stuck.count > run else None
+    top = best.count if best is not None else run
+    if _WINDOW in rules:
+        size = policy.window_size
+        recent = history.window
+        start = len(recent) - (size - 1)
+        count = 1 + (recent.count(key) if start <= 0 else recent[start:].count(key))
+        if count > 1 and count > top:
+            best = Verdict(_WINDOW, count)
+    if best is None and run:
+        best = Verdict(_CONSECUTIVE, run)
+    stalled = None
+    if _STALL in rules:
+        count = history.redundant + 1  # the signature is seen
+        if count >= policy.stall_threshold:
+            stalled = Verdict(_STALL, count)
     return best, stuck, stalled
