@@ -505,7 +505,7 @@ class LoopGuardSpanProcessor(RequestLedger, DecisionSpans, SpanProcessor):
         """A span that may be an agent run or a tool span with its arguments already set."""
         attributes = span_attributes(span)
         call = call_at_start(name, attributes)
-        if self.guard.early.tools and self._claim(span, name, span_id, trace_id, call):
+        if self._early_tools and self._claim(span, name, span_id, trace_id, call):
             return  # decided from the model's request: not counted again
         if call is None:
             if self.key_by is KeyBy.CONVERSATION:
