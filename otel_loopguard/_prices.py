@@ -14,7 +14,6 @@ OpenRouter) is looked up as its provider's model when the router's own catalogue
 
 from __future__ import annotations
 
-import logging
 import math
 import threading
 from collections.abc import Mapping
@@ -22,6 +21,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Final
 
 from ._defaults import wildcard_regex
+from ._lazy import logger
 
 __all__ = [
     "COMPUTED",
@@ -34,7 +34,6 @@ __all__ = [
     "UNPRICED",
 ]
 
-_log = logging.getLogger("otel_loopguard")
 
 #: Where a cost came from: the provider reported it, we computed it, or nobody knows the price.
 PROVIDER: Final = "provider"
@@ -306,7 +305,7 @@ class Pricer:
             try:
                 usd = self._database_cost(model, usage)
             except Exception as exc:  # a database failure is an unpriced call, never an error
-                _log.debug("genai-prices failed for %r: %s", model, exc)
+                logger().debug("genai-prices failed for %r: %s", model, exc)
                 usd = None
             if usd is not None:
                 return Cost(usd, COMPUTED)
@@ -320,7 +319,7 @@ class Pricer:
                 return
             self.unpriced[model] = (seen or 0) + 1
         if seen is None and self.log_unpriced:
-            _log.warning(
+            logger().warning(
                 "loopguard: no price for model %r: its tokens are counted, its cost is not"
                 " (give it one in the policy's prices, or install otel-loopguard[cost])",
                 model,

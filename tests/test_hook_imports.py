@@ -99,13 +99,14 @@ THIRD_PARTY = {"orjson", "xxhash"}
 
 #: Standard-library modules neither path needs on an ordinary call: the advisor's process runner
 #: and thread pool (a rescue imports them), what serve uses, argparse (an ordinary hook command
-#: line is read without it) and json (orjson reads and writes; json only reads what orjson
-#: cannot).
+#: line is read without it), json (orjson reads and writes; json only reads what orjson
+#: cannot) and logging (the package's logger, ``_lazy.logger()``, imports it on the first message).
 NOT_STDLIB = {
     "argparse",
     "asyncio",
     "concurrent.futures",
     "json",
+    "logging",
     "shutil",
     "subprocess",
     "tomllib",
