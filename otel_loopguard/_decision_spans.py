@@ -20,12 +20,14 @@ from opentelemetry.sdk.trace import (
 )
 from opentelemetry.trace import NonRecordingSpan
 
+from ._lazy import LOGGER_NAME
+
 if TYPE_CHECKING:
     from ._guard import LoopGuard
 
 __all__ = ["DECISION_EVENT", "SCOPE_NAME", "DecisionSpans"]
 
-_log = logging.getLogger("otel_loopguard")
+_log = logging.getLogger(LOGGER_NAME)
 
 #: Name of the span event (and of the fallback span) that records a non-allow decision.
 DECISION_EVENT: Final = "loopguard.decision"

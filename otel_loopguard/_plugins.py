@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from ._lazy import LOGGER_NAME
 from ._settings import PRESETS, AdvisorInput, Policy, Rule, close_names, validate_field
 
 __all__ = [
@@ -58,7 +59,7 @@ __all__ = [
     "read_plugin_config",
 ]
 
-_log = logging.getLogger("otel_loopguard")
+_log = logging.getLogger(LOGGER_NAME)
 
 DSH_LOOP_BRAKE_MAX_REPEATS: Final = "DSH_LOOP_BRAKE_MAX_REPEATS"
 """The brake plugin's ``maxRepeats`` when its configuration has none (the configuration wins);

@@ -44,6 +44,7 @@ from ._advice import Advisor
 from ._calls import tool_name
 from ._core import GuardCore
 from ._engine import SessionState
+from ._lazy import LOGGER_NAME
 from ._ledger import Settled
 from ._plain import read_flag, read_list, read_optional_text, read_text
 from ._policy import ALLOW, Action, Decision
@@ -55,7 +56,7 @@ from .metrics import Recorder
 
 __all__ = ["MAX_TRIES", "RETRY_AFTER_SECONDS", "RedisCore", "RedisSessions", "StoreDown"]
 
-_log = logging.getLogger("otel_loopguard")
+_log = logging.getLogger(LOGGER_NAME)
 
 T = TypeVar("T")
 

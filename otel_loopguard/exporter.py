@@ -78,6 +78,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from ._attributes import Shape, arguments_text, decision_attributes
 from ._conventions import agent_from_span, may_be_model_span, may_be_tool_span
 from ._guard import LoopGuard
+from ._lazy import LOGGER_NAME
 from ._otlp_json import RecordedSpan
 from ._policy import Action, Decision
 from ._sdk_spans import span_attributes, span_events, span_failed
@@ -106,7 +107,7 @@ DEFAULT_HOLD_SECONDS: Final = 2.0
 #: 29's budget is 5%; at 0.5 ms it was up to 9%).
 YIELD_EVERY_NS: Final = 200_000
 
-_log = logging.getLogger("otel_loopguard")
+_log = logging.getLogger(LOGGER_NAME)
 
 _SAMPLED: Final = TraceFlags(TraceFlags.SAMPLED)
 

@@ -76,6 +76,7 @@ from ._decision_spans import SCOPE_NAME as SCOPE_NAME
 from ._decision_spans import DecisionSpans
 from ._early import Early
 from ._guard import LoopGuard
+from ._lazy import LOGGER_NAME
 from ._policy import Action, Decision, Phase
 from ._request_ledger import _START_DECISIONS, MAX_CACHED_FRAMES, NO_CALL, RequestLedger
 
@@ -112,7 +113,7 @@ __all__ = [
     "current_decision",
 ]
 
-_log = logging.getLogger("otel_loopguard")
+_log = logging.getLogger(LOGGER_NAME)
 
 #: Post-call conclusions kept for framework adapters (:meth:`LoopGuardSpanProcessor.
 #: take_concluded`); the oldest is dropped beyond this (nobody took it: no adapter).

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Literal, TypeGuard
 
 from .._guard import LoopGuard
+from .._lazy import LOGGER_NAME
 from .._policy import Action, Decision, Phase
 
 if TYPE_CHECKING:
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_SESSION", "OnStop", "Ticket", "ToolHook", "missing_framework"]
 
-_log = logging.getLogger("otel_loopguard")
+_log = logging.getLogger(LOGGER_NAME)
 
 #: The session used when neither a span, the caller nor the framework names one.
 DEFAULT_SESSION: Final = "default"

@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-_log = logging.getLogger("otel_loopguard")
+from .._lazy import LOGGER_NAME
+
+_log = logging.getLogger(LOGGER_NAME)
 
 
 class Failures:

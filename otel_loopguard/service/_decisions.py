@@ -30,6 +30,7 @@ from otel_loopguard._attributes import Shape, decision_attributes
 from otel_loopguard._calls import bounded_id
 from otel_loopguard._exemplars import DROPPED, counting
 from otel_loopguard._guard import LoopGuard
+from otel_loopguard._lazy import LOGGER_NAME
 from otel_loopguard._memory import MAX_SCOPE_CHARS, repository_scope
 from otel_loopguard._policy import Action, Decision
 from otel_loopguard._prices import ModelUsage
@@ -76,7 +77,7 @@ MAX_DECISION_DEPTH: Final = 128
 MAX_HELD_REMINDERS: Final = 10_000
 
 _Key = tuple[str, str | None, str]
-_log = logging.getLogger("otel_loopguard")
+_log = logging.getLogger(LOGGER_NAME)
 _HEX: Final = re.compile(r"[0-9a-fA-F]+")
 
 

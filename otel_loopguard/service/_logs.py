@@ -36,6 +36,7 @@ import orjson
 
 from otel_loopguard._attributes import Shape, decision_attributes, log_fields_of_answer
 from otel_loopguard._exemplars import exemplar_labels
+from otel_loopguard._lazy import LOGGER_NAME
 from otel_loopguard._policy import Action, Decision
 
 __all__ = [
@@ -141,7 +142,7 @@ def install(level: str, log_format: str, stream: TextIO) -> logging.Handler:
         )
     handler = logging.StreamHandler(stream)
     handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
-    root = logging.getLogger("otel_loopguard")
+    root = logging.getLogger(LOGGER_NAME)
     root.addHandler(handler)
     root.setLevel(level.upper())
     root.propagate = False  # one line per record, whatever the host's root logger does
@@ -150,7 +151,7 @@ def install(level: str, log_format: str, stream: TextIO) -> logging.Handler:
 
 def uninstall(handler: logging.Handler) -> None:
     """Undo :func:`install`."""
-    root = logging.getLogger("otel_loopguard")
+    root = logging.getLogger(LOGGER_NAME)
     root.removeHandler(handler)
     root.setLevel(logging.NOTSET)
     root.propagate = True
