@@ -9,6 +9,7 @@ import dataclasses
 import math
 import pickle
 import random
+from typing import Any
 
 import pytest
 
@@ -52,23 +53,7 @@ def test_canonical_and_key_gives_the_two_functions_bytes_and_key(value: object, 
 
 
 def test_frozen_records_built_through_slot_setters_keep_every_field() -> None:
-    decision = Decision(
-        Action.DENY,
-        "m",
-        Rule.CONSECUTIVE,
-        3,
-        2,
-        "abc",
-        "grep",
-        "s",
-        True,
-        Action.STOP,
-        "hash",
-        Phase.POST,
-        7,
-        0.5,
-    )
-    assert [getattr(decision, f.name) for f in dataclasses.fields(Decision)] == [
+    values: list[Any] = [
         Action.DENY,
         "m",
         Rule.CONSECUTIVE,
@@ -84,6 +69,8 @@ def test_frozen_records_built_through_slot_setters_keep_every_field() -> None:
         7,
         0.5,
     ]
+    decision = Decision(*values)
+    assert [getattr(decision, f.name) for f in dataclasses.fields(Decision)] == values
     assert dataclasses.replace(decision, message="n").message == "n"
     assert dataclasses.replace(decision, message="n").loop_cost_usd == 0.5
     assert pickle.loads(pickle.dumps(decision)) == decision
